@@ -1,0 +1,222 @@
+//! The TOML configuration file, lowered into typed settings before anything runs.
+//!
+//! ```toml
+//! [paths]
+//! dotfiles_cached = true          # paths whose first component starts with "." are cached
+//! cached = []                     # more globs to cache, relative to the mount root
+//! passthrough = []                # globs forced straight to the share (wins over cached)
+//! local_only = [".cache/**"]      # kept in the cache only, never synced (wins over all)
+//!
+//! [sync]
+//! rsync = "rsync"                 # the rsync binary (name on PATH or absolute path)
+//! extra_args = []                 # appended to the rsync command line
+//! timeout_secs = 600              # rsync I/O timeout (--timeout)
+//!
+//! [mount]
+//! threads = 4                     # FUSE request threads
+//! attr_timeout_ms = 1000          # how long the kernel may cache attributes and names
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::policy::{Policy, PolicyError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathsSection {
+    pub dotfiles_cached: bool,
+    pub cached: Vec<String>,
+    pub passthrough: Vec<String>,
+    pub local_only: Vec<String>,
+}
+
+impl Default for PathsSection {
+    fn default() -> Self {
+        Self {
+            dotfiles_cached: true,
+            cached: Vec::new(),
+            passthrough: Vec::new(),
+            local_only: vec![".cache/**".to_string()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyncSection {
+    pub rsync: String,
+    pub extra_args: Vec<String>,
+    pub timeout_secs: u64,
+}
+
+impl Default for SyncSection {
+    fn default() -> Self {
+        Self {
+            rsync: "rsync".to_string(),
+            extra_args: Vec::new(),
+            timeout_secs: 600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MountSection {
+    pub threads: usize,
+    pub attr_timeout_ms: u64,
+}
+
+impl Default for MountSection {
+    fn default() -> Self {
+        Self {
+            threads: 4,
+            attr_timeout_ms: 1000,
+        }
+    }
+}
+
+/// The raw file, as written by the admin.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    pub paths: PathsSection,
+    pub sync: SyncSection,
+    pub mount: MountSection,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config file {path}: {source}")]
+    Policy {
+        path: PathBuf,
+        source: PolicyError,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Value { path: PathBuf, message: String },
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: Policy,
+    pub rsync: String,
+    pub rsync_extra_args: Vec<String>,
+    pub rsync_timeout: Duration,
+    pub threads: usize,
+    pub attr_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            policy: Policy::default_policy(),
+            rsync: "rsync".to_string(),
+            rsync_extra_args: Vec::new(),
+            rsync_timeout: Duration::from_secs(600),
+            threads: 4,
+            attr_timeout: Duration::from_millis(1000),
+        }
+    }
+}
+
+impl Settings {
+    /// Parses and validates config text; `path` is only used in messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })?;
+        Self::lower(raw, path)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    fn lower(raw: ConfigFile, path: &Path) -> Result<Self, ConfigError> {
+        let value_err = |message: &str| ConfigError::Value {
+            path: path.to_path_buf(),
+            message: message.to_string(),
+        };
+        if raw.mount.threads == 0 || raw.mount.threads > 256 {
+            return Err(value_err("[mount].threads must be between 1 and 256"));
+        }
+        if raw.sync.rsync.trim().is_empty() {
+            return Err(value_err("[sync].rsync must name the rsync binary"));
+        }
+        if raw.sync.timeout_secs == 0 {
+            return Err(value_err("[sync].timeout_secs must be at least 1"));
+        }
+        let policy = Policy::new(
+            raw.paths.dotfiles_cached,
+            &raw.paths.cached,
+            &raw.paths.passthrough,
+            &raw.paths.local_only,
+        )
+        .map_err(|source| ConfigError::Policy {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            policy,
+            rsync: raw.sync.rsync,
+            rsync_extra_args: raw.sync.extra_args,
+            rsync_timeout: Duration::from_secs(raw.sync.timeout_secs),
+            threads: raw.mount.threads,
+            attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PathClass;
+
+    #[test]
+    fn empty_file_gives_documented_defaults() {
+        let s = Settings::from_toml("", Path::new("c.toml")).expect("defaults");
+        assert_eq!(s.threads, 4);
+        assert_eq!(s.policy.classify(Path::new(".cache/x")), PathClass::LocalOnly);
+        assert_eq!(s.policy.classify(Path::new(".bashrc")), PathClass::Cached);
+    }
+
+    #[test]
+    fn sections_are_read() {
+        let s = Settings::from_toml(
+            "[paths]\npassthrough = [\".thunderbird/**\"]\n[mount]\nthreads = 8\n[sync]\nextra_args=[\"--bwlimit=1000\"]\n",
+            Path::new("c.toml"),
+        )
+        .expect("valid");
+        assert_eq!(s.threads, 8);
+        assert_eq!(s.rsync_extra_args, vec!["--bwlimit=1000".to_string()]);
+        assert_eq!(s.policy.classify(Path::new(".thunderbird/x")), PathClass::Passthrough);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let e = Settings::from_toml("[paths]\ncahced = []\n", Path::new("c.toml")).expect_err("typo");
+        assert!(e.to_string().contains("cahced"), "{e}");
+        let e = Settings::from_toml("[mount]\nthreads = 0\n", Path::new("c.toml")).expect_err("zero");
+        assert!(e.to_string().contains("threads"), "{e}");
+        let e = Settings::from_toml("[paths]\nlocal_only = [\"[\"]\n", Path::new("c.toml"))
+            .expect_err("glob");
+        assert!(e.to_string().contains("local_only"), "{e}");
+        let e = Settings::from_toml("not toml at all [", Path::new("c.toml")).expect_err("syntax");
+        assert!(e.to_string().contains("c.toml"), "{e}");
+    }
+}

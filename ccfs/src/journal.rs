@@ -1,0 +1,321 @@
+//! The crash-safe record of unsynced work, kept in the cache directory.
+//!
+//! An append-only text file, one [`Record`] a line, each line carrying a checksum and
+//! made durable (`fdatasync`) before the change it describes is made in the cache
+//! (write-ahead). A torn or corrupt tail ends the replay. Compaction writes the current
+//! state to a new file and renames it over the old one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::state::{Origin, OverlayState, Record};
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in bytes {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Escapes a path so it holds no space, newline or backslash: `\xHH` for those bytes and
+/// for anything outside printable ASCII.
+pub fn escape(path: &Path) -> String {
+    let mut out = String::new();
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_graphic() && b != b'\\' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+pub fn unescape(text: &str) -> Option<PathBuf> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            let hex = bytes.get(i + 2..i + 4)?;
+            if bytes.get(i + 1) != Some(&b'x') {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out)))
+}
+
+/// One record as a line body (without checksum and newline).
+fn body(record: &Record) -> String {
+    match record {
+        Record::Dirty(p) => format!("D {}", escape(p)),
+        Record::Origin(p, o) => format!("O {} {} {}", escape(p), o.dev, o.ino),
+        Record::Delete { path, whiteout } => {
+            format!("{} {}", if *whiteout { "X" } else { "R" }, escape(path))
+        }
+        Record::Rename { from, to } => format!("M {} {}", escape(from), escape(to)),
+        Record::Clean(p) => format!("C {}", escape(p)),
+        Record::Deleted(p) => format!("W {}", escape(p)),
+    }
+}
+
+pub fn encode(record: &Record) -> String {
+    let b = body(record);
+    format!("{:08x} {}\n", fnv1a(b.as_bytes()), b)
+}
+
+fn parse_body(b: &str) -> Option<Record> {
+    let mut it = b.split(' ');
+    let op = it.next()?;
+    let path = unescape(it.next()?)?;
+    let rec = match op {
+        "D" => Record::Dirty(path),
+        "O" => Record::Origin(
+            path,
+            Origin {
+                dev: it.next()?.parse().ok()?,
+                ino: it.next()?.parse().ok()?,
+            },
+        ),
+        "X" => Record::Delete {
+            path,
+            whiteout: true,
+        },
+        "R" => Record::Delete {
+            path,
+            whiteout: false,
+        },
+        "M" => Record::Rename {
+            from: path,
+            to: unescape(it.next()?)?,
+        },
+        "C" => Record::Clean(path),
+        "W" => Record::Deleted(path),
+        _ => return None,
+    };
+    if it.next().is_some() {
+        return None;
+    }
+    Some(rec)
+}
+
+/// Decodes journal text; stops at the first torn, corrupt or unknown line.
+/// Returns the records and the number of bytes that were valid.
+pub fn decode(text: &[u8]) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut valid = 0;
+    let mut rest = text;
+    while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+        let line = &rest[..nl];
+        let Ok(line) = std::str::from_utf8(line) else {
+            break;
+        };
+        let Some((sum, b)) = line.split_once(' ') else {
+            break;
+        };
+        if u32::from_str_radix(sum, 16).ok() != Some(fnv1a(b.as_bytes())) {
+            break;
+        }
+        let Some(rec) = parse_body(b) else {
+            break;
+        };
+        records.push(rec);
+        valid += nl + 1;
+        rest = &rest[nl + 1..];
+    }
+    (records, valid)
+}
+
+/// The journal file of one cache directory.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal and replays it. A corrupt tail is cut off.
+    pub fn open(path: &Path) -> io::Result<(Self, OverlayState)> {
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let (records, valid) = decode(&text);
+        let state = OverlayState::replay(&records);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
+        if valid < text.len() {
+            tracing::warn!(
+                journal = %path.display(),
+                dropped_bytes = text.len() - valid,
+                "journal had a torn or corrupt tail; it was cut off"
+            );
+            file.set_len(valid as u64)?;
+            file.sync_all()?;
+        }
+        Ok((
+            Self {
+                path: path.to_path_buf(),
+                file,
+            },
+            state,
+        ))
+    }
+
+    /// Appends records durably (one write, one fdatasync).
+    pub fn append(&mut self, records: &[Record]) -> io::Result<()> {
+        let mut buf = String::new();
+        for r in records {
+            buf.push_str(&encode(r));
+        }
+        self.file.write_all(buf.as_bytes())?;
+        self.file.sync_data()
+    }
+
+    /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename).
+    pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
+        let tmp = self.path.with_extension("compact");
+        {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            let mut buf = String::new();
+            for r in state.snapshot() {
+                buf.push_str(&encode(&r));
+            }
+            f.write_all(buf.as_bytes())?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            fsync_dir(dir)?;
+        }
+        self.file = OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn escape_roundtrip_for_awkward_names() {
+        for name in [".a b", "x\\y", "new\nline", "caf\u{e9}", ".mozilla/firefox/x y/prefs.js"] {
+            let p = PathBuf::from(name);
+            let e = escape(&p);
+            assert!(!e.contains(' ') && !e.contains('\n'), "{e}");
+            assert_eq!(unescape(&e), Some(p));
+        }
+    }
+
+    #[test]
+    fn torn_and_corrupt_tails_end_the_replay() {
+        let a = encode(&Record::Dirty(PathBuf::from(".a")));
+        let b = encode(&Record::Clean(PathBuf::from(".a")));
+        let mut text = format!("{a}{b}").into_bytes();
+        let (r, n) = decode(&text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(n, text.len());
+        text.truncate(text.len() - 1); // torn: no newline
+        assert_eq!(decode(&text).0.len(), 1);
+        let mut bad = format!("{a}{b}").into_bytes();
+        let last = bad.len() - 2;
+        bad[last] = b'b'; // body no longer matches checksum
+        assert_eq!(decode(&bad).0.len(), 1);
+        assert_eq!(decode(b"\0\0\0\0\n").0.len(), 0);
+    }
+
+    #[test]
+    fn journal_survives_reopen_and_compaction() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let (mut j, s) = Journal::open(&path).expect("open");
+        assert!(s.is_clean());
+        j.append(&[
+            Record::Dirty(PathBuf::from(".a")),
+            Record::Delete {
+                path: PathBuf::from(".b"),
+                whiteout: true,
+            },
+        ])
+        .expect("append");
+        drop(j);
+        // A torn line written by a crash mid-append.
+        {
+            let mut f = OpenOptions::new().append(true).open(&path).expect("reopen");
+            f.write_all(b"1234abcd D .tor").expect("write");
+        }
+        let (mut j, s) = Journal::open(&path).expect("open again");
+        assert!(s.is_dirty(Path::new(".a")));
+        assert!(s.is_whiteout(Path::new(".b")));
+        j.append(&[Record::Clean(PathBuf::from(".a"))]).expect("append after cut");
+        let (_, s2) = Journal::open(&path).expect("third open");
+        assert!(!s2.is_dirty(Path::new(".a")));
+        let (mut j, s3) = Journal::open(&path).expect("open");
+        j.compact(&s3).expect("compact");
+        let (_, s4) = Journal::open(&path).expect("after compaction");
+        assert_eq!(s3, s4);
+    }
+
+    fn arb_path() -> impl Strategy<Value = PathBuf> {
+        prop::collection::vec(prop::sample::select(vec![".a", ".b", "c", "d e", "\u{e9}"]), 1..4)
+            .prop_map(|v| v.iter().collect())
+    }
+
+    fn arb_record() -> impl Strategy<Value = Record> {
+        prop_oneof![
+            arb_path().prop_map(Record::Dirty),
+            (arb_path(), any::<u64>(), any::<u64>())
+                .prop_map(|(p, dev, ino)| Record::Origin(p, Origin { dev, ino })),
+            (arb_path(), any::<bool>()).prop_map(|(path, whiteout)| Record::Delete { path, whiteout }),
+            (arb_path(), arb_path()).prop_map(|(from, to)| Record::Rename { from, to }),
+            arb_path().prop_map(Record::Clean),
+            arb_path().prop_map(Record::Deleted),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_roundtrip(records in prop::collection::vec(arb_record(), 0..30)) {
+            let text: String = records.iter().map(encode).collect();
+            let (back, n) = decode(text.as_bytes());
+            prop_assert_eq!(n, text.len());
+            prop_assert_eq!(back, records);
+        }
+
+        #[test]
+        fn compaction_preserves_state(records in prop::collection::vec(arb_record(), 0..40)) {
+            let s = OverlayState::replay(&records);
+            prop_assert_eq!(OverlayState::replay(&s.snapshot()), s);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! ccfs: a FUSE filesystem that keeps writes to configuration files (dotfiles) in a local
+//! cache and syncs them back to the network share with rsync at logout.
+//!
+//! Layers: [`policy`] (which path is which class), [`state`] and [`journal`] (what is
+//! unsynced, crash-safe), [`overlay`] (the filesystem logic over two directories, no FUSE
+//! types), [`sync`] (rsync plan and runner), [`fuse`] (the thin adapter to the kernel).
+
+pub mod config;
+pub mod journal;
+pub mod policy;
+pub mod state;

@@ -1,0 +1,200 @@
+//! Which paths are cached, local-only or passed straight through to the share.
+//!
+//! Pure logic: a [`Policy`] classifies a path relative to the mount root.
+
+use std::path::{Component, Path};
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+
+/// The class of a path below the mount root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PathClass {
+    /// Read and written directly on the share.
+    Passthrough,
+    /// Written to the local cache and synced back to the share at logout.
+    Cached,
+    /// Lives in the local cache only; never read from or synced to the share.
+    LocalOnly,
+}
+
+/// Errors building a policy from configured globs.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("invalid glob {pattern:?} in [paths].{list}: {source}")]
+    Glob {
+        list: &'static str,
+        pattern: String,
+        source: globset::Error,
+    },
+    #[error("glob {pattern:?} in [paths].{list} must be relative to the mount root (no leading '/', no '..')")]
+    NotRelative { list: &'static str, pattern: String },
+}
+
+/// Path classification rules.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    dotfiles_cached: bool,
+    cached: GlobSet,
+    passthrough: GlobSet,
+    local_only: GlobSet,
+}
+
+fn build_set(list: &'static str, patterns: &[String]) -> Result<GlobSet, PolicyError> {
+    let mut builder = GlobSetBuilder::new();
+    for pattern in patterns {
+        if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
+            return Err(PolicyError::NotRelative {
+                list,
+                pattern: pattern.clone(),
+            });
+        }
+        let glob = |p: &str| -> Result<Glob, PolicyError> {
+            GlobBuilder::new(p)
+                .literal_separator(true)
+                .build()
+                .map_err(|source| PolicyError::Glob {
+                    list,
+                    pattern: pattern.clone(),
+                    source,
+                })
+        };
+        builder.add(glob(pattern)?);
+        // "dir/**" also names "dir" itself, so a whole subtree shares one class.
+        if let Some(base) = pattern.strip_suffix("/**") {
+            if !base.is_empty() {
+                builder.add(glob(base)?);
+            }
+        }
+    }
+    builder.build().map_err(|source| PolicyError::Glob {
+        list,
+        pattern: patterns.join(","),
+        source,
+    })
+}
+
+impl Policy {
+    /// Builds a policy. `dotfiles_cached` turns on the default rule (first component starts
+    /// with `.`); `cached` adds more cached paths; `passthrough` forces paths to the share;
+    /// `local_only` keeps paths in the cache only. Precedence: local-only, passthrough, cached.
+    pub fn new(
+        dotfiles_cached: bool,
+        cached: &[String],
+        passthrough: &[String],
+        local_only: &[String],
+    ) -> Result<Self, PolicyError> {
+        Ok(Self {
+            dotfiles_cached,
+            cached: build_set("cached", cached)?,
+            passthrough: build_set("passthrough", passthrough)?,
+            local_only: build_set("local_only", local_only)?,
+        })
+    }
+
+    /// The documented defaults: dotfiles cached, `.cache/**` local-only.
+    pub fn default_policy() -> Self {
+        Self::new(true, &[], &[], &[".cache/**".to_string()]).unwrap_or_else(|_| Self {
+            dotfiles_cached: true,
+            cached: GlobSet::empty(),
+            passthrough: GlobSet::empty(),
+            local_only: GlobSet::empty(),
+        })
+    }
+
+    /// True when `set` matches `rel` or one of its ancestors (so a class covers a subtree).
+    fn matches_self_or_ancestor(set: &GlobSet, rel: &Path) -> bool {
+        if set.is_empty() {
+            return false;
+        }
+        rel.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .any(|a| set.is_match(a))
+    }
+
+    /// Classifies a path relative to the mount root (`""` is the root itself).
+    pub fn classify(&self, rel: &Path) -> PathClass {
+        let Some(Component::Normal(first)) = rel.components().next() else {
+            return PathClass::Passthrough;
+        };
+        if Self::matches_self_or_ancestor(&self.local_only, rel) {
+            return PathClass::LocalOnly;
+        }
+        if Self::matches_self_or_ancestor(&self.passthrough, rel) {
+            return PathClass::Passthrough;
+        }
+        let dotted = first.as_encoded_bytes().first() == Some(&b'.');
+        if (self.dotfiles_cached && dotted) || Self::matches_self_or_ancestor(&self.cached, rel) {
+            return PathClass::Cached;
+        }
+        PathClass::Passthrough
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn default_classes() {
+        let p = Policy::default_policy();
+        assert_eq!(p.classify(Path::new("")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new(".bashrc")), PathClass::Cached);
+        assert_eq!(
+            p.classify(Path::new(".mozilla/firefox/x/prefs.js")),
+            PathClass::Cached
+        );
+        assert_eq!(p.classify(Path::new(".config/gtk-3.0/bookmarks")), PathClass::Cached);
+        assert_eq!(p.classify(Path::new(".cache")), PathClass::LocalOnly);
+        assert_eq!(p.classify(Path::new(".cache/mozilla/a/b")), PathClass::LocalOnly);
+        assert_eq!(p.classify(Path::new(".cachedir")), PathClass::Cached);
+        assert_eq!(p.classify(Path::new("Documents/report.odt")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new("Documents/.hidden")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new("notes.txt")), PathClass::Passthrough);
+    }
+
+    #[test]
+    fn precedence_local_only_then_passthrough_then_cached() {
+        let p = Policy::new(
+            true,
+            &s(&["Desktop/*.desktop"]),
+            &s(&[".thunderbird/**", ".local/share/Trash"]),
+            &s(&[".cache/**", ".mozilla/firefox/*/cache2/**"]),
+        )
+        .expect("valid policy");
+        assert_eq!(p.classify(Path::new(".thunderbird")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new(".thunderbird/a/b")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new(".local/share/Trash/files/x")), PathClass::Passthrough);
+        assert_eq!(p.classify(Path::new(".local/share/recently-used.xbel")), PathClass::Cached);
+        assert_eq!(p.classify(Path::new("Desktop/app.desktop")), PathClass::Cached);
+        assert_eq!(p.classify(Path::new("Desktop/photo.png")), PathClass::Passthrough);
+        assert_eq!(
+            p.classify(Path::new(".mozilla/firefox/ab.default/cache2/entries/1")),
+            PathClass::LocalOnly
+        );
+        assert_eq!(
+            p.classify(Path::new(".mozilla/firefox/ab.default/prefs.js")),
+            PathClass::Cached
+        );
+    }
+
+    #[test]
+    fn dotfile_rule_can_be_turned_off() {
+        let p = Policy::new(false, &s(&[".bashrc"]), &[], &[]).expect("valid");
+        assert_eq!(p.classify(Path::new(".bashrc")), PathClass::Cached);
+        assert_eq!(p.classify(Path::new(".profile")), PathClass::Passthrough);
+    }
+
+    #[test]
+    fn bad_globs_are_refused_with_the_list_named() {
+        let e = Policy::new(true, &s(&["a[b"]), &[], &[]).expect_err("bad glob");
+        assert!(e.to_string().contains("[paths].cached"), "{e}");
+        let e = Policy::new(true, &[], &s(&["/etc/**"]), &[]).expect_err("absolute");
+        assert!(e.to_string().contains("relative"), "{e}");
+        let e = Policy::new(true, &[], &[], &s(&["../x"])).expect_err("dotdot");
+        assert!(e.to_string().contains("local_only"), "{e}");
+    }
+}

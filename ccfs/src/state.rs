@@ -1,0 +1,255 @@
+//! What the cache holds that the share does not have yet, as a pure state machine.
+//!
+//! Every change is a [`Record`]; the state is the fold of the records in order. The
+//! journal ([`crate::journal`]) stores the records, so the running daemon's state and the
+//! state rebuilt after a crash are the same by construction.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The identity of a file on the share when it was copied up (device and inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Origin {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// One change to the overlay's record. Paths are relative to the mount root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// `path` now exists in the cache with content the share lacks. Clears a whiteout.
+    Dirty(PathBuf),
+    /// `path` in the cache was copied up from this share object.
+    Origin(PathBuf, Origin),
+    /// `path` (and all below it) was removed from the cache; with `whiteout` the share's
+    /// copy must be deleted at sync and is hidden until then.
+    Delete { path: PathBuf, whiteout: bool },
+    /// Everything recorded at or below `from` now lives at or below `to`.
+    Rename { from: PathBuf, to: PathBuf },
+    /// The share has `path` as the cache has it.
+    Clean(PathBuf),
+    /// The share no longer has `path`: its whiteout is done.
+    Deleted(PathBuf),
+}
+
+/// The record of unsynced work.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverlayState {
+    dirty: BTreeSet<PathBuf>,
+    whiteouts: BTreeSet<PathBuf>,
+    origins: BTreeMap<PathBuf, Origin>,
+}
+
+/// Keys of `set` equal to `root` or below it.
+fn subtree<'a, V>(map: &'a BTreeMap<PathBuf, V>, root: &'a Path) -> Vec<PathBuf> {
+    map.range(root.to_path_buf()..)
+        .take_while(|(k, _)| k.starts_with(root))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn subtree_set(set: &BTreeSet<PathBuf>, root: &Path) -> Vec<PathBuf> {
+    set.range(root.to_path_buf()..)
+        .take_while(|k| k.starts_with(root))
+        .cloned()
+        .collect()
+}
+
+/// `path` with its prefix `from` replaced by `to`.
+fn reroot(path: &Path, from: &Path, to: &Path) -> PathBuf {
+    match path.strip_prefix(from) {
+        Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
+        Ok(rest) => to.join(rest),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+impl OverlayState {
+    pub fn apply(&mut self, record: &Record) {
+        match record {
+            Record::Dirty(p) => {
+                self.whiteouts.remove(p);
+                self.dirty.insert(p.clone());
+            }
+            Record::Origin(p, o) => {
+                self.origins.insert(p.clone(), *o);
+            }
+            Record::Delete { path, whiteout } => {
+                for k in subtree_set(&self.dirty, path) {
+                    self.dirty.remove(&k);
+                }
+                for k in subtree(&self.origins, path) {
+                    self.origins.remove(&k);
+                }
+                if *whiteout {
+                    self.whiteouts.insert(path.clone());
+                }
+            }
+            Record::Rename { from, to } => {
+                // Whatever was recorded at the target is replaced.
+                for k in subtree_set(&self.dirty, to) {
+                    self.dirty.remove(&k);
+                }
+                for k in subtree(&self.origins, to) {
+                    self.origins.remove(&k);
+                }
+                for k in subtree_set(&self.dirty, from) {
+                    self.dirty.remove(&k);
+                    self.dirty.insert(reroot(&k, from, to));
+                }
+                for k in subtree(&self.origins, from) {
+                    if let Some(o) = self.origins.remove(&k) {
+                        self.origins.insert(reroot(&k, from, to), o);
+                    }
+                }
+                self.whiteouts.remove(to);
+            }
+            Record::Clean(p) => {
+                self.dirty.remove(p);
+            }
+            Record::Deleted(p) => {
+                self.whiteouts.remove(p);
+            }
+        }
+    }
+
+    pub fn replay<'a>(records: impl IntoIterator<Item = &'a Record>) -> Self {
+        let mut s = Self::default();
+        for r in records {
+            s.apply(r);
+        }
+        s
+    }
+
+    /// Records that rebuild this state from nothing (for journal compaction).
+    pub fn snapshot(&self) -> Vec<Record> {
+        // Deletions first: a later Delete would wipe what Dirty/Origin records put below it.
+        let mut out = Vec::new();
+        for p in &self.whiteouts {
+            out.push(Record::Delete {
+                path: p.clone(),
+                whiteout: true,
+            });
+        }
+        for (p, o) in &self.origins {
+            out.push(Record::Origin(p.clone(), *o));
+        }
+        for p in &self.dirty {
+            out.push(Record::Dirty(p.clone()));
+        }
+        out
+    }
+
+    pub fn is_dirty(&self, p: &Path) -> bool {
+        self.dirty.contains(p)
+    }
+
+    pub fn dirty(&self) -> impl Iterator<Item = &PathBuf> {
+        self.dirty.iter()
+    }
+
+    pub fn whiteouts(&self) -> impl Iterator<Item = &PathBuf> {
+        self.whiteouts.iter()
+    }
+
+    pub fn origin(&self, p: &Path) -> Option<Origin> {
+        self.origins.get(p).copied()
+    }
+
+    /// True when `p` or one of its ancestors is deleted: the share's copy is hidden.
+    pub fn hidden(&self, p: &Path) -> bool {
+        if self.whiteouts.is_empty() {
+            return false;
+        }
+        p.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .any(|a| self.whiteouts.contains(a))
+    }
+
+    pub fn is_whiteout(&self, p: &Path) -> bool {
+        self.whiteouts.contains(p)
+    }
+
+    /// True when nothing is left to sync.
+    pub fn is_clean(&self) -> bool {
+        self.dirty.is_empty() && self.whiteouts.is_empty()
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    pub fn whiteout_count(&self) -> usize {
+        self.whiteouts.len()
+    }
+
+    /// Drops origins (used once the cache is emptied at mount).
+    pub fn forget_origins(&mut self) {
+        self.origins.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> PathBuf {
+        PathBuf::from(s)
+    }
+
+    #[test]
+    fn dirty_then_clean() {
+        let mut s = OverlayState::default();
+        s.apply(&Record::Dirty(p(".a")));
+        assert!(s.is_dirty(Path::new(".a")));
+        s.apply(&Record::Clean(p(".a")));
+        assert!(s.is_clean());
+    }
+
+    #[test]
+    fn delete_with_whiteout_hides_subtree_and_dirty_clears_it() {
+        let mut s = OverlayState::default();
+        s.apply(&Record::Dirty(p(".d/x")));
+        s.apply(&Record::Delete {
+            path: p(".d"),
+            whiteout: true,
+        });
+        assert!(!s.is_dirty(Path::new(".d/x")));
+        assert!(s.hidden(Path::new(".d/y")));
+        assert!(s.hidden(Path::new(".d")));
+        assert!(!s.hidden(Path::new(".dd")));
+        s.apply(&Record::Dirty(p(".d")));
+        assert!(!s.hidden(Path::new(".d")));
+    }
+
+    #[test]
+    fn rename_moves_subtree_and_replaces_target() {
+        let mut s = OverlayState::default();
+        s.apply(&Record::Dirty(p(".a/x")));
+        s.apply(&Record::Origin(p(".a/x"), Origin { dev: 1, ino: 7 }));
+        s.apply(&Record::Dirty(p(".b/old")));
+        s.apply(&Record::Dirty(p(".ab")));
+        s.apply(&Record::Rename {
+            from: p(".a"),
+            to: p(".b"),
+        });
+        assert!(s.is_dirty(Path::new(".b/x")));
+        assert!(!s.is_dirty(Path::new(".b/old")));
+        assert!(!s.is_dirty(Path::new(".a/x")));
+        assert!(s.is_dirty(Path::new(".ab")), "a sibling sharing a name prefix is untouched");
+        assert_eq!(s.origin(Path::new(".b/x")), Some(Origin { dev: 1, ino: 7 }));
+    }
+
+    #[test]
+    fn snapshot_replays_to_the_same_state() {
+        let mut s = OverlayState::default();
+        s.apply(&Record::Dirty(p(".a")));
+        s.apply(&Record::Origin(p(".a"), Origin { dev: 2, ino: 3 }));
+        s.apply(&Record::Delete {
+            path: p(".gone"),
+            whiteout: true,
+        });
+        let again = OverlayState::replay(&s.snapshot());
+        assert_eq!(again, s);
+    }
+}
