@@ -1,1 +1,469 @@
-fn main() {}
+//! The `ccfs` command.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+
+use ccfs::control::{self, Request, Status, SyncOutcome};
+use ccfs::daemon::{self, user_error, UserError};
+use ccfs::fuse::CONTROL_XATTR;
+
+/// ccfs keeps writes to configuration files (dotfiles) of a home directory mounted from a
+/// network share in a local cache, and syncs them back to the share at logout.
+#[derive(Debug, Parser)]
+#[command(name = "ccfs", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Mount SHARE at MOUNTPOINT; returns once the mount is live (unless --foreground).
+    Mount(MountArgs),
+    /// Log out: unmount, sync the cache back; exit 0 only if everything reached the share.
+    Umount {
+        /// The ccfs mount point.
+        mountpoint: PathBuf,
+    },
+    /// Sync the cache to the share now and stay mounted.
+    Sync {
+        /// The ccfs mount point.
+        mountpoint: PathBuf,
+    },
+    /// Show dirty files and bytes, pending deletions and the last sync.
+    Status {
+        /// A ccfs mount point (default: every ccfs mount).
+        mountpoint: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Finish what an earlier session left unsynced (safe at boot and before every mount).
+    Recover {
+        /// One cache directory (default: every cache under /var/tmp/ccfs or $CCFS_CACHE_ROOT).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// The config file (default: the one the mount used).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct MountArgs {
+    /// Local cache directory (default /var/tmp/ccfs/UID/NAME-OF-MOUNTPOINT).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// TOML config file (path classes, rsync, threads); see README.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Stay in the foreground and log to stderr.
+    #[arg(long)]
+    foreground: bool,
+    /// The user's home directory on the network share.
+    share: PathBuf,
+    /// Where to mount it (an empty directory).
+    mountpoint: PathBuf,
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CCFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    std::panic::set_hook(Box::new(|info| {
+        tracing::error!("panic: {info}");
+        eprintln!("ccfs: internal error: {info}");
+    }));
+}
+
+/// A failure that is not the user's input: exit code 1.
+struct Failure(String);
+
+enum Error {
+    User(UserError),
+    Failure(Failure),
+}
+
+impl From<UserError> for Error {
+    fn from(e: UserError) -> Self {
+        Error::User(e)
+    }
+}
+
+fn fail(msg: impl Into<String>) -> Error {
+    Error::Failure(Failure(msg.into()))
+}
+
+fn from_anyhow(e: anyhow::Error) -> Error {
+    match e.downcast::<UserError>() {
+        Ok(u) => Error::User(u),
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+fn mount(args: MountArgs) -> Result<(), Error> {
+    let plan = daemon::plan_mount(
+        &args.share,
+        &args.mountpoint,
+        args.cache_dir.as_deref(),
+        args.config.as_deref(),
+    )?;
+    if args.foreground {
+        init_logging("info,fuser=error");
+        return match daemon::run_foreground(&plan) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(fail(format!(
+                "the logout sync did not finish; changes are kept in {} (run `ccfs recover --cache-dir {}`)",
+                plan.cache_dir.display(),
+                plan.cache_dir.display()
+            ))),
+            Err(e) => Err(from_anyhow(e)),
+        };
+    }
+    // Background: start the daemon as a child and return once the mount is live.
+    let created = !plan.cache_exists;
+    daemon::create_cache_dir(&plan.cache_dir)
+        .map_err(|e| fail(format!("cannot create cache dir {}: {e}", plan.cache_dir.display())))?;
+    let log_path = plan.cache_dir.join("ccfs.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| fail(format!("cannot open {}: {e}", log_path.display())))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg("--foreground").arg("--cache-dir").arg(&plan.cache_dir);
+    if let Some(c) = &plan.config {
+        cmd.arg("--config").arg(c);
+    }
+    cmd.arg(&plan.share).arg(&plan.mountpoint);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let log_err = log
+        .try_clone()
+        .map_err(|e| fail(format!("cannot open log: {e}")))?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| fail(format!("cannot start the ccfs daemon: {e}")))?;
+    let start = Instant::now();
+    loop {
+        if daemon::ccfs_mounts()
+            .map(|m| m.contains(&plan.mountpoint))
+            .unwrap_or(false)
+        {
+            println!(
+                "ccfs: mounted {} at {} (cache {}, pid {})",
+                plan.share.display(),
+                plan.mountpoint.display(),
+                plan.cache_dir.display(),
+                child.id()
+            );
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = std::fs::read(&log_path).unwrap_or_default();
+            let text = String::from_utf8_lossy(&text[(log_start as usize).min(text.len())..]).into_owned();
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("ccfs:"))
+                .or_else(|| text.lines().last())
+                .unwrap_or("")
+                .to_string();
+            if created {
+                let _ = std::fs::remove_dir_all(&plan.cache_dir);
+            }
+            return Err(fail(format!(
+                "the ccfs daemon exited ({status}) before the mount was live: {}",
+                last.trim_start_matches("ccfs: error: ")
+            )));
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err(fail(format!(
+                "the mount did not come up in 10 minutes; see {}",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The control socket of a ccfs mount point.
+fn control_socket(mountpoint: &Path) -> Result<(PathBuf, PathBuf), Error> {
+    let mp = mountpoint.canonicalize().map_err(|e| {
+        user_error(
+            format!("mountpoint {} does not exist: {e}", mountpoint.display()),
+            "give the directory where ccfs is mounted",
+        )
+    })?;
+    let is_ccfs = daemon::ccfs_mounts()
+        .map(|m| m.contains(&mp))
+        .unwrap_or(false);
+    if !is_ccfs {
+        return Err(user_error(
+            format!("{} is not a ccfs mount", mp.display()),
+            "see `ccfs status` for the ccfs mounts of this machine",
+        )
+        .into());
+    }
+    let sock = ccfs::sys::lgetxattr(&mp, std::ffi::OsStr::new(CONTROL_XATTR)).map_err(|e| {
+        fail(format!("cannot reach the ccfs daemon of {}: {e}", mp.display()))
+    })?;
+    Ok((mp, PathBuf::from(std::ffi::OsString::from(
+        <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(sock),
+    ))))
+}
+
+fn print_outcome(what: &str, o: &SyncOutcome) {
+    match (&o.report, &o.error) {
+        (Some(r), _) => {
+            println!(
+                "ccfs: {what}: sent {} paths, deleted {} on the share in {:.2}s; left unsynced: {} paths, {} deletions",
+                r.sent, r.deleted, r.seconds, r.remaining_dirty, r.remaining_deletions
+            );
+            for e in &r.errors {
+                println!("ccfs: {what}: {e}");
+            }
+        }
+        (None, Some(e)) => println!("ccfs: {what} failed: {e}"),
+        (None, None) => {}
+    }
+}
+
+fn umount(mountpoint: &Path) -> Result<(), Error> {
+    let (mp, sock) = control_socket(mountpoint)?;
+    let status: Status = serde_json::from_value(
+        control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?,
+    )
+    .map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    let stream = UnixStream::connect(&sock).map_err(|e| fail(format!("daemon: {e}")))?;
+    control::send(&stream, &Request::Wait).map_err(|e| fail(format!("daemon: {e}")))?;
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mp)
+        .output()
+        .map_err(|e| fail(format!("cannot run fusermount3: {e} (install fuse3)")))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(fail(format!(
+            "cannot unmount {}: {err}; close the programs using it (`fuser -vm {}`) and try again",
+            mp.display(),
+            mp.display()
+        )));
+    }
+    let answer = control::read_answer(&stream).map_err(|e| {
+        fail(format!(
+            "the ccfs daemon ended without finishing the sync ({e}); run `ccfs recover --cache-dir {}`",
+            status.cache_dir.display()
+        ))
+    })?;
+    let outcome: SyncOutcome =
+        serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    print_outcome("logout sync", &outcome);
+    if outcome.ok {
+        println!("ccfs: unmounted {}; all changes are on the share", mp.display());
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "unmounted {}, but not everything reached the share; the rest is kept in {} (run `ccfs recover --cache-dir {}`)",
+            mp.display(),
+            status.cache_dir.display(),
+            status.cache_dir.display()
+        )))
+    }
+}
+
+fn sync_cmd(mountpoint: &Path) -> Result<(), Error> {
+    let (_, sock) = control_socket(mountpoint)?;
+    let answer = control::request(&sock, &Request::Sync).map_err(|e| fail(format!("daemon: {e}")))?;
+    let outcome: SyncOutcome =
+        serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    print_outcome("sync", &outcome);
+    if outcome.ok {
+        Ok(())
+    } else {
+        Err(fail("the sync did not finish; the changes stay in the cache"))
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
+    let mps: Vec<PathBuf> = match mountpoint {
+        Some(m) => vec![m.to_path_buf()],
+        None => daemon::ccfs_mounts()
+            .map_err(|e| fail(format!("cannot read the mount table: {e}")))?,
+    };
+    let mut all = Vec::new();
+    for mp in mps {
+        let (_, sock) = control_socket(&mp)?;
+        let v = control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?;
+        let st: Status =
+            serde_json::from_value(v).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+        all.push(st);
+    }
+    if json {
+        let text = if mountpoint.is_some() {
+            serde_json::to_string_pretty(&all[0])
+        } else {
+            serde_json::to_string_pretty(&all)
+        };
+        println!("{}", text.map_err(|e| fail(e.to_string()))?);
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no ccfs mounts");
+    }
+    for st in all {
+        println!(
+            "{}  share {}  cache {}  pid {}",
+            st.mountpoint.display(),
+            st.share.display(),
+            st.cache_dir.display(),
+            st.pid
+        );
+        println!(
+            "  dirty: {} paths, {}   pending deletions: {}",
+            st.dirty_files,
+            human_bytes(st.dirty_bytes),
+            st.pending_deletions
+        );
+        match &st.last_sync {
+            None => println!("  last sync: none yet"),
+            Some(o) => match (&o.report, &o.error) {
+                (Some(r), _) => println!(
+                    "  last sync: {} ({} sent, {} deleted, {:.2}s, unix time {})",
+                    if o.ok { "ok" } else { "incomplete" },
+                    r.sent,
+                    r.deleted,
+                    r.seconds,
+                    r.finished_at
+                ),
+                (None, Some(e)) => println!("  last sync: failed: {e}"),
+                (None, None) => {}
+            },
+        }
+    }
+    Ok(())
+}
+
+fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error> {
+    let dirs = match cache_dir {
+        Some(d) => {
+            if !d.join("meta.json").is_file() {
+                return Err(user_error(
+                    format!("{} is not a ccfs cache directory", d.display()),
+                    "give the --cache-dir of an earlier mount",
+                )
+                .into());
+            }
+            vec![d.to_path_buf()]
+        }
+        None => daemon::all_caches(),
+    };
+    let mut failed = 0;
+    for d in &dirs {
+        if let Some(pid) = daemon::cache_owner(d) {
+            println!("ccfs: {}: in use by a running mount (pid {pid}); skipped", d.display());
+            continue;
+        }
+        match daemon::recover_cache(d, config) {
+            Ok(None) => println!("ccfs: {}: nothing to recover", d.display()),
+            Ok(Some(o)) => {
+                print_outcome(&format!("{}: recover", d.display()), &o);
+                if !o.ok {
+                    failed += 1;
+                }
+            }
+            Err(e) => match from_anyhow(e) {
+                Error::User(u) if cache_dir.is_some() => return Err(Error::User(u)),
+                Error::User(u) => {
+                    println!("ccfs: {}: {u}", d.display());
+                    failed += 1;
+                }
+                Error::Failure(Failure(m)) => {
+                    println!("ccfs: {}: recover failed: {m}", d.display());
+                    failed += 1;
+                }
+            },
+        }
+    }
+    if failed > 0 {
+        return Err(fail(format!("{failed} cache(s) could not be recovered")));
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Mount(args) => mount(args),
+        Cmd::Umount { mountpoint } => umount(&mountpoint),
+        Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
+        Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
+        Cmd::Recover { cache_dir, config } => {
+            init_logging("warn");
+            recover(cache_dir.as_deref(), config.as_deref())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Error::User(e)) => {
+            eprintln!("ccfs: error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Error::Failure(Failure(m))) => {
+            eprintln!("ccfs: error: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn contract_names_parse() {
+        let c = Cli::try_parse_from([
+            "ccfs", "mount", "--cache-dir", "/c", "--config", "/f.toml", "--foreground", "/s", "/m",
+        ])
+        .expect("mount parses");
+        assert!(matches!(c.command, Cmd::Mount(ref a) if a.foreground && a.share == Path::new("/s")));
+        assert!(Cli::try_parse_from(["ccfs", "umount", "/m"]).is_ok());
+        assert!(Cli::try_parse_from(["ccfs", "sync", "/m"]).is_ok());
+        assert!(Cli::try_parse_from(["ccfs", "status", "--json"]).is_ok());
+        assert!(Cli::try_parse_from(["ccfs", "recover", "--cache-dir", "/c"]).is_ok());
+        assert!(Cli::try_parse_from(["ccfs", "mount", "/only-one"]).is_err());
+    }
+}

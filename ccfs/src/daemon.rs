@@ -1,0 +1,546 @@
+//! Mounting: input checks (before anything changes), the daemon's life cycle, recovery.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::control::{self, Daemon, SyncOutcome};
+use crate::fuse::CcfsFs;
+use crate::overlay::Overlay;
+use crate::sync::{self, RsyncOptions};
+
+/// A problem with what the user asked for: one line naming it and the fix. Exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{problem}; {fix}")]
+pub struct UserError {
+    pub problem: String,
+    pub fix: String,
+}
+
+pub fn user_error(problem: impl Into<String>, fix: impl Into<String>) -> UserError {
+    UserError {
+        problem: problem.into(),
+        fix: fix.into(),
+    }
+}
+
+/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs`
+/// where the mount helper drops the subtype).
+pub fn is_ccfs_mount(m: &fsinfo::MountEntry) -> bool {
+    m.fs_type == "fuse.ccfs" || (m.fs_type.starts_with("fuse") && m.source == "ccfs")
+}
+
+/// The mount points of every ccfs mount in this mount namespace.
+pub fn ccfs_mounts() -> std::io::Result<Vec<PathBuf>> {
+    Ok(fsinfo::mounts()?
+        .into_iter()
+        .filter(is_ccfs_mount)
+        .map(|m| m.mount_point)
+        .collect())
+}
+
+/// Where caches live unless `--cache-dir` says otherwise.
+pub fn cache_root() -> PathBuf {
+    std::env::var_os("CCFS_CACHE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/ccfs"))
+}
+
+/// The default cache directory of a mount point: `ROOT/UID/home-alice` for `/home/alice`.
+pub fn default_cache_dir(mountpoint: &Path) -> PathBuf {
+    let name: String = mountpoint
+        .to_string_lossy()
+        .trim_matches('/')
+        .replace('/', "-");
+    let name = if name.is_empty() { "root".to_string() } else { name };
+    cache_root()
+        .join(crate::sys::geteuid().to_string())
+        .join(name)
+}
+
+/// What the cache directory remembers about its mount (for recovery).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheMeta {
+    pub share: PathBuf,
+    pub mountpoint: PathBuf,
+    pub config: Option<PathBuf>,
+}
+
+/// A checked mount request.
+#[derive(Debug, Clone)]
+pub struct MountPlan {
+    pub share: PathBuf,
+    pub mountpoint: PathBuf,
+    pub cache_dir: PathBuf,
+    pub cache_exists: bool,
+    pub config: Option<PathBuf>,
+    pub settings: Settings,
+    pub rsync: PathBuf,
+}
+
+/// Writes a file atomically (temp + fsync + rename).
+pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)
+}
+
+/// The deepest existing ancestor of `p`, canonical, plus the rest.
+fn canonical_prefix(p: &Path) -> PathBuf {
+    let mut missing = Vec::new();
+    let mut cur = p.to_path_buf();
+    loop {
+        if let Ok(c) = cur.canonicalize() {
+            let mut out = c;
+            for m in missing.iter().rev() {
+                out.push(m);
+            }
+            return out;
+        }
+        match (cur.file_name().map(|n| n.to_os_string()), cur.parent()) {
+            (Some(name), Some(parent)) => {
+                missing.push(name);
+                cur = parent.to_path_buf();
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+fn writable(dir: &Path) -> bool {
+    let c = match std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
+        Ok(c) => c,
+        Err(_) => return false,
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// The pid of the daemon holding a cache's lock, if one does.
+pub fn cache_owner(cache_dir: &Path) -> Option<u32> {
+    let f = File::open(cache_dir.join("lock")).ok()?;
+    match crate::sys::try_lock_exclusive(&f) {
+        Ok(true) => None,
+        _ => fs::read_to_string(cache_dir.join("lock"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .or(Some(0)),
+    }
+}
+
+/// Checks a mount request. Changes nothing.
+pub fn plan_mount(
+    share: &Path,
+    mountpoint: &Path,
+    cache_dir: Option<&Path>,
+    config: Option<&Path>,
+) -> Result<MountPlan, UserError> {
+    let settings = match config {
+        Some(c) => Settings::load(c).map_err(|e| {
+            user_error(e.to_string(), "fix the file (see `ccfs mount --help` for the format)")
+        })?,
+        None => Settings::default(),
+    };
+    let share_meta = fs::metadata(share).map_err(|e| {
+        user_error(
+            format!("share {} is not reachable: {e}", share.display()),
+            "mount the network share first, or give the right path",
+        )
+    })?;
+    if !share_meta.is_dir() {
+        return Err(user_error(
+            format!("share {} is not a directory", share.display()),
+            "give the directory of the user's home on the share",
+        ));
+    }
+    let share = share
+        .canonicalize()
+        .map_err(|e| user_error(format!("share {}: {e}", share.display()), "check the path"))?;
+    let mp_meta = fs::metadata(mountpoint).map_err(|_| {
+        user_error(
+            format!("mountpoint {} does not exist", mountpoint.display()),
+            "create it first (mkdir)",
+        )
+    })?;
+    if !mp_meta.is_dir() {
+        return Err(user_error(
+            format!("mountpoint {} is not a directory", mountpoint.display()),
+            "give an empty directory",
+        ));
+    }
+    let mountpoint = mountpoint.canonicalize().map_err(|e| {
+        user_error(format!("mountpoint {}: {e}", mountpoint.display()), "check the path")
+    })?;
+    if fsinfo::is_mount_point(&mountpoint).unwrap_or(false) {
+        return Err(user_error(
+            format!("{} is already mounted", mountpoint.display()),
+            "unmount it first (`ccfs umount` or `fusermount3 -u`)",
+        ));
+    }
+    let non_empty = fs::read_dir(&mountpoint)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(true);
+    if non_empty {
+        return Err(user_error(
+            format!("mountpoint {} is not empty", mountpoint.display()),
+            "use an empty directory, so no local files are hidden by the mount",
+        ));
+    }
+    if mountpoint.starts_with(&share) || share.starts_with(&mountpoint) {
+        return Err(user_error(
+            format!(
+                "mountpoint {} and share {} overlap",
+                mountpoint.display(),
+                share.display()
+            ),
+            "mount somewhere outside the share (the share must stay reachable underneath)",
+        ));
+    }
+    let cache_dir = cache_dir
+        .map(absolute)
+        .unwrap_or_else(|| default_cache_dir(&mountpoint));
+    let cache_canon = canonical_prefix(&cache_dir);
+    if cache_canon.starts_with(&share) {
+        return Err(user_error(
+            format!("cache dir {} is inside the share {}", cache_dir.display(), share.display()),
+            "put the cache on a local disk (default /var/tmp/ccfs)",
+        ));
+    }
+    if share.starts_with(&cache_canon) || cache_canon.starts_with(&mountpoint) {
+        return Err(user_error(
+            format!("cache dir {} overlaps the share or the mountpoint", cache_dir.display()),
+            "use a separate local directory for the cache",
+        ));
+    }
+    let cache_exists = match fs::symlink_metadata(&cache_dir) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(user_error(
+                format!("cache dir {} is a symlink", cache_dir.display()),
+                "remove it; ccfs creates its cache directory itself",
+            ))
+        }
+        Ok(m) if !m.is_dir() => {
+            return Err(user_error(
+                format!("cache dir {} is not a directory", cache_dir.display()),
+                "remove it or choose another --cache-dir",
+            ))
+        }
+        Ok(_) => true,
+        Err(_) => false,
+    };
+    let probe = if cache_exists {
+        cache_dir.clone()
+    } else {
+        let mut p = cache_dir.clone();
+        while !p.exists() {
+            match p.parent() {
+                Some(parent) => p = parent.to_path_buf(),
+                None => break,
+            }
+        }
+        p
+    };
+    if !writable(&probe) {
+        return Err(user_error(
+            format!("cache dir {} is not writable", probe.display()),
+            "choose a --cache-dir this user can write, on a local disk",
+        ));
+    }
+    if cache_exists {
+        if let Some(pid) = cache_owner(&cache_dir) {
+            return Err(user_error(
+                format!("cache dir {} is in use by another ccfs mount (pid {pid})", cache_dir.display()),
+                "unmount that first, or give another --cache-dir",
+            ));
+        }
+    }
+    let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {
+        user_error(
+            format!("rsync ({}) is not installed", settings.rsync),
+            "install it (apt-get install rsync) or set [sync].rsync in the config",
+        )
+    })?;
+    if !Path::new("/dev/fuse").exists() {
+        return Err(user_error(
+            "/dev/fuse is missing",
+            "load the fuse module (modprobe fuse) or install fuse3",
+        ));
+    }
+    if crate::sys::geteuid() != 0 && sync::find_program("fusermount3").is_none() {
+        return Err(user_error(
+            "fusermount3 is not installed",
+            "install fuse3 (apt-get install fuse3)",
+        ));
+    }
+    Ok(MountPlan {
+        share,
+        mountpoint,
+        cache_dir,
+        cache_exists,
+        config: config.map(absolute),
+        settings,
+        rsync,
+    })
+}
+
+/// Creates the cache directory (0700) with its parents.
+pub fn create_cache_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+/// Takes the cache's lock for the life of this process and writes our pid in it.
+pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
+    let path = dir.join("lock");
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| user_error(format!("cannot open {}: {e}", path.display()), "check the cache dir"))?;
+    match crate::sys::try_lock_exclusive(&f) {
+        Ok(true) => {}
+        _ => {
+            return Err(user_error(
+                format!("cache dir {} is in use by another ccfs process", dir.display()),
+                "wait for it to finish, or unmount the mount that uses it",
+            ))
+        }
+    }
+    let _ = f.set_len(0);
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(f)
+}
+
+pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncOptions {
+    RsyncOptions {
+        binary: binary.to_path_buf(),
+        extra_args: settings.rsync_extra_args.clone(),
+        timeout: settings.rsync_timeout,
+        caps: sync::probe_share(share),
+        fsync: sync::rsync_has_fsync(binary),
+    }
+}
+
+/// Brings a cache up to date with the share after an earlier session ended without its
+/// logout sync. Returns the outcome, or None when there was nothing to do.
+pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions, cache_dir: &Path) -> Option<SyncOutcome> {
+    let needs = !overlay.lock().state().is_clean()
+        || fs::read_dir(overlay.upper())
+            .map(|d| {
+                d.flatten().any(|e| {
+                    overlay.policy().classify(Path::new(&e.file_name()))
+                        != crate::policy::PathClass::LocalOnly
+                })
+            })
+            .unwrap_or(false);
+    if !needs {
+        return None;
+    }
+    let list = cache_dir.join("sync-list");
+    let outcome = match sync::run_sync(overlay, rsync, &list, true) {
+        Ok(report) => SyncOutcome {
+            ok: report.ok && report.remaining_dirty == 0 && report.remaining_deletions == 0,
+            report: Some(report),
+            error: None,
+        },
+        Err(e) => SyncOutcome {
+            ok: false,
+            report: None,
+            error: Some(e.to_string()),
+        },
+    };
+    Some(outcome)
+}
+
+/// Runs the mount in this process until it is unmounted; returns whether the final sync
+/// put everything on the share.
+pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
+    create_cache_dir(&plan.cache_dir)?;
+    let _lock = lock_cache(&plan.cache_dir)?;
+    let meta = CacheMeta {
+        share: plan.share.clone(),
+        mountpoint: plan.mountpoint.clone(),
+        config: plan.config.clone(),
+    };
+    write_atomic(&plan.cache_dir.join("meta.json"), &serde_json::to_vec_pretty(&meta)?)?;
+    // Modes passed by the kernel are final: our own umask must not mask them again.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+
+    let overlay = Arc::new(Overlay::new(&plan.share, &plan.cache_dir, plan.settings.policy.clone())?);
+    let rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    if let Some(outcome) = recover_overlay(&overlay, &rsync, &plan.cache_dir) {
+        if outcome.ok {
+            tracing::info!("recovered the unsynced changes of an earlier session");
+        } else {
+            tracing::warn!(
+                error = outcome.error.as_deref().unwrap_or("deletions left"),
+                "could not sync an earlier session's changes; they stay in the cache and are shown"
+            );
+        }
+    }
+    overlay.drop_clean_cache()?;
+
+    let socket = plan.cache_dir.join("control.sock");
+    if socket.as_os_str().len() >= 100 {
+        anyhow::bail!(
+            "cache dir path {} is too long for its control socket; use a shorter --cache-dir",
+            plan.cache_dir.display()
+        );
+    }
+    let daemon = Arc::new(Daemon::new(
+        overlay.clone(),
+        rsync,
+        plan.share.clone(),
+        plan.mountpoint.clone(),
+        plan.cache_dir.clone(),
+    ));
+    control::serve(daemon.clone(), &socket)?;
+
+    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("ccfs".into()),
+        fuser::MountOption::Subtype("ccfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    if crate::sys::geteuid() == 0 {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(plan.settings.threads);
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(fs, &plan.mountpoint, &config)?;
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    std::thread::Builder::new()
+        .name("ccfs-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(signal = sig, "unmounting on signal");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::warn!("unmount on signal failed: {e}");
+                }
+            }
+        })?;
+    tracing::info!(
+        share = %plan.share.display(),
+        mountpoint = %plan.mountpoint.display(),
+        cache = %plan.cache_dir.display(),
+        "ccfs is mounted"
+    );
+    session.run()?;
+    tracing::info!("unmounted; syncing the cache to the share");
+    let outcome = daemon.sync_now(false);
+    let ok = outcome.ok;
+    daemon.set_final(outcome);
+    // Give `ccfs umount` a moment to read the answer before the process exits.
+    std::thread::sleep(Duration::from_millis(50));
+    let _ = fs::remove_file(&socket);
+    Ok(ok)
+}
+
+/// Recovers one cache directory (no daemon may hold it).
+pub fn recover_cache(cache_dir: &Path, config: Option<&Path>) -> anyhow::Result<Option<SyncOutcome>> {
+    let meta_path = cache_dir.join("meta.json");
+    let meta: CacheMeta = serde_json::from_slice(&fs::read(&meta_path).map_err(|e| {
+        user_error(
+            format!("{} is not a ccfs cache ({}: {e})", cache_dir.display(), meta_path.display()),
+            "give the --cache-dir of an earlier mount",
+        )
+    })?)?;
+    let md = fs::symlink_metadata(cache_dir)?;
+    if md.file_type().is_symlink() {
+        anyhow::bail!(user_error(
+            format!("cache dir {} is a symlink", cache_dir.display()),
+            "refusing to follow it; check who created it"
+        ));
+    }
+    if crate::sys::geteuid() != 0 && md.uid() != crate::sys::geteuid() {
+        anyhow::bail!(user_error(
+            format!("cache dir {} belongs to another user", cache_dir.display()),
+            "run recover as that user or as root"
+        ));
+    }
+    let _lock = lock_cache(cache_dir)?;
+    let config = config.map(Path::to_path_buf).or(meta.config.clone());
+    let settings = match &config {
+        Some(c) => Settings::load(c).map_err(|e| user_error(e.to_string(), "fix the config file"))?,
+        None => Settings::default(),
+    };
+    if !meta.share.is_dir() {
+        anyhow::bail!(user_error(
+            format!("share {} is not reachable", meta.share.display()),
+            "run `ccfs recover` again once the share is mounted"
+        ));
+    }
+    let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {
+        user_error(
+            format!("rsync ({}) is not installed", settings.rsync),
+            "install it (apt-get install rsync)",
+        )
+    })?;
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
+    let opts = rsync_options(&settings, &rsync, &meta.share);
+    let outcome = recover_overlay(&overlay, &opts, cache_dir);
+    if outcome.as_ref().is_none_or(|o| o.ok) {
+        overlay.drop_clean_cache()?;
+    }
+    Ok(outcome)
+}
+
+/// Every cache directory under the cache root (ROOT/UID/NAME with a meta.json).
+pub fn all_caches() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(users) = fs::read_dir(cache_root()) else {
+        return out;
+    };
+    for u in users.flatten() {
+        if let Ok(caches) = fs::read_dir(u.path()) {
+            for c in caches.flatten() {
+                if c.path().join("meta.json").is_file() {
+                    out.push(c.path());
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}

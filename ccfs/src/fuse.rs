@@ -1,0 +1,770 @@
+//! The FUSE adapter: the only module that knows fuser's request and reply types.
+//!
+//! Each handler turns node ids into paths, calls the [`Overlay`], and turns the result into
+//! a reply; every error goes through [`reply_err`]. Node ids are allocated per object
+//! identity (see [`crate::overlay::Identity`]), so a file keeps its inode number across
+//! copy-up and rename for the life of the mount.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{File, Metadata};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+
+use crate::error::FsError;
+use crate::overlay::{Ctx, Identity, Overlay, SetAttr};
+use crate::sys::SetTime;
+
+/// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
+/// control socket is. It is not listed by listxattr.
+pub const CONTROL_XATTR: &str = "user.ccfs.control";
+
+const ROOT: u64 = 1;
+
+#[derive(Debug)]
+struct Node {
+    path: PathBuf,
+    lookups: u64,
+}
+
+#[derive(Debug)]
+struct Nodes {
+    by_id: HashMap<u64, Node>,
+    by_identity: HashMap<Identity, u64>,
+    next: u64,
+}
+
+impl Nodes {
+    /// The node id for an object, allocating one on first sight.
+    fn id_for(&mut self, identity: Identity) -> u64 {
+        if let Some(id) = self.by_identity.get(&identity) {
+            return *id;
+        }
+        self.next += 1;
+        let id = self.next;
+        self.by_identity.insert(identity, id);
+        id
+    }
+
+    fn remember(&mut self, identity: Identity, path: &Path) -> u64 {
+        let id = self.id_for(identity);
+        if id == ROOT {
+            return id;
+        }
+        let node = self.by_id.entry(id).or_insert_with(|| Node {
+            path: path.to_path_buf(),
+            lookups: 0,
+        });
+        node.lookups += 1;
+        node.path = path.to_path_buf();
+        id
+    }
+
+    /// After a rename: every known path at or below `from` moves below `to`.
+    fn reroot(&mut self, from: &Path, to: &Path) {
+        for node in self.by_id.values_mut() {
+            if let Ok(rest) = node.path.strip_prefix(from) {
+                node.path = if rest.as_os_str().is_empty() {
+                    to.to_path_buf()
+                } else {
+                    to.join(rest)
+                };
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Handle {
+    File { file: File, writer: Option<u64> },
+    Dir { entries: Vec<(u64, FileType, std::ffi::OsString)> },
+}
+
+/// The ccfs filesystem as fuser sees it.
+#[derive(Debug)]
+pub struct CcfsFs {
+    overlay: Arc<Overlay>,
+    nodes: Mutex<Nodes>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    ttl: Duration,
+    control: Vec<u8>,
+}
+
+fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
+    let n = e.errno();
+    if matches!(n, libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENODATA | libc::EXDEV) {
+        tracing::trace!(op, path = %path.display(), "{e}");
+    } else {
+        tracing::warn!(op, path = %path.display(), errno = n, "{e}");
+    }
+    Errno::from_i32(n)
+}
+
+fn file_type(ft: std::fs::FileType) -> FileType {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        FileType::Directory
+    } else if ft.is_symlink() {
+        FileType::Symlink
+    } else if ft.is_fifo() {
+        FileType::NamedPipe
+    } else if ft.is_socket() {
+        FileType::Socket
+    } else if ft.is_char_device() {
+        FileType::CharDevice
+    } else if ft.is_block_device() {
+        FileType::BlockDevice
+    } else {
+        FileType::RegularFile
+    }
+}
+
+fn time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+fn attr(ino: u64, m: &Metadata) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.size(),
+        blocks: m.blocks(),
+        atime: time(m.atime(), m.atime_nsec()),
+        mtime: time(m.mtime(), m.mtime_nsec()),
+        ctime: time(m.ctime(), m.ctime_nsec()),
+        crtime: time(m.ctime(), m.ctime_nsec()),
+        kind: file_type(m.file_type()),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: m.blksize() as u32,
+        flags: 0,
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => SetTime::At {
+                secs: d.as_secs() as i64,
+                nsecs: i64::from(d.subsec_nanos()),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut secs = -(d.as_secs() as i64);
+                let mut nsecs = i64::from(d.subsec_nanos());
+                if nsecs > 0 {
+                    secs -= 1;
+                    nsecs = 1_000_000_000 - nsecs;
+                }
+                SetTime::At { secs, nsecs }
+            }
+        },
+    }
+}
+
+fn ctx(req: &Request, umask: u32) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        umask,
+    }
+}
+
+impl CcfsFs {
+    pub fn new(overlay: Arc<Overlay>, ttl: Duration, control_socket: &Path) -> std::io::Result<Self> {
+        let root = std::fs::metadata(overlay.share())?;
+        let mut by_identity = HashMap::new();
+        by_identity.insert((root.dev(), root.ino()), ROOT);
+        let mut by_id = HashMap::new();
+        by_id.insert(
+            ROOT,
+            Node {
+                path: PathBuf::new(),
+                lookups: 1,
+            },
+        );
+        Ok(Self {
+            overlay,
+            nodes: Mutex::new(Nodes {
+                by_id,
+                by_identity,
+                next: ROOT,
+            }),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            ttl,
+            control: control_socket.as_os_str().as_bytes().to_vec(),
+        })
+    }
+
+    fn nodes(&self) -> MutexGuard<'_, Nodes> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn handles(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
+        self.nodes()
+            .by_id
+            .get(&ino.0)
+            .map(|n| n.path.clone())
+            .ok_or(Errno::ESTALE)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        Ok(self.path(parent)?.join(name))
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        self.handles().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn add_handle(&self, h: Handle) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles().insert(fh, Arc::new(h));
+        FileHandle(fh)
+    }
+
+    fn entry(&self, path: &Path, found: &crate::overlay::Found, reply: ReplyEntry) {
+        let id = self.nodes().remember(found.identity, path);
+        reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0));
+    }
+
+    /// Forgets the identity of an object about to lose its last name, so a reused inode
+    /// number on the backing filesystem never maps to a node the kernel still holds.
+    fn retire(&self, path: &Path) {
+        if let Ok(found) = self.overlay.resolve(path) {
+            if found.meta.is_dir() || found.meta.nlink() <= 1 {
+                self.nodes().by_identity.remove(&found.identity);
+            }
+        }
+    }
+
+    fn file_of(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        let h = self.handle(fh)?;
+        match &*h {
+            Handle::File { .. } => Ok(h),
+            Handle::Dir { .. } => Err(Errno::EISDIR),
+        }
+    }
+}
+
+macro_rules! try_reply {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(err) => {
+                $reply.error(err);
+                return;
+            }
+        }
+    };
+}
+
+impl Filesystem for CcfsFs {
+    fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+        tracing::info!(share = %self.overlay.share().display(), "mounted");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let path = try_reply!(reply, self.child(parent, name));
+        match self.overlay.resolve(&path) {
+            Ok(found) => self.entry(&path, &found, reply),
+            Err(e) => reply.error(reply_err("lookup", &path, &e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino.0 == ROOT {
+            return;
+        }
+        let mut nodes = self.nodes();
+        if let Some(node) = nodes.by_id.get_mut(&ino.0) {
+            node.lookups = node.lookups.saturating_sub(nlookup);
+            if node.lookups == 0 {
+                nodes.by_id.remove(&ino.0);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(fh) = fh {
+            if let Ok(h) = self.handle(fh) {
+                if let Handle::File { file, .. } = &*h {
+                    if let Ok(m) = file.metadata() {
+                        reply.attr(&self.ttl, &attr(ino.0, &m));
+                        return;
+                    }
+                }
+            }
+        }
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.resolve(&path) {
+            Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
+            Err(e) => reply.error(reply_err("getattr", &path, &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let path = try_reply!(reply, self.path(ino));
+        let handle = fh.and_then(|fh| self.handle(fh).ok());
+        let file = match handle.as_deref() {
+            Some(Handle::File { file, .. }) => Some(file),
+            _ => None,
+        };
+        let change = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        match self.overlay.setattr(&ctx(req, 0), &path, change, file) {
+            Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
+            Err(e) => reply.error(reply_err("setattr", &path, &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.readlink(&path) {
+            Ok(target) => reply.data(target.as_os_str().as_bytes()),
+            Err(e) => reply.error(reply_err("readlink", &path, &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(name);
+        match self
+            .overlay
+            .mknod(&ctx(req, umask), &dir, name, mode, u64::from(rdev))
+        {
+            Ok(found) => self.entry(&path, &found, reply),
+            Err(e) => reply.error(reply_err("mknod", &path, &e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(name);
+        match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
+            Ok(found) => self.entry(&path, &found, reply),
+            Err(e) => reply.error(reply_err("mkdir", &path, &e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(name);
+        self.retire(&path);
+        match self.overlay.unlink(&dir, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err("unlink", &path, &e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(name);
+        match self.overlay.rmdir(&dir, name) {
+            Ok(()) => {
+                self.retire(&path);
+                reply.ok()
+            }
+            Err(e) => reply.error(reply_err("rmdir", &path, &e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(link_name);
+        match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
+            Ok(found) => self.entry(&path, &found, reply),
+            Err(e) => reply.error(reply_err("symlink", &path, &e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let from_dir = try_reply!(reply, self.path(parent));
+        let to_dir = try_reply!(reply, self.path(newparent));
+        let from = from_dir.join(name);
+        let to = to_dir.join(newname);
+        let replaced = self.overlay.resolve(&to).ok();
+        match self
+            .overlay
+            .rename(&ctx(req, 0), &from_dir, name, &to_dir, newname, flags.bits())
+        {
+            Ok(()) => {
+                let mut nodes = self.nodes();
+                if let Some(old) = replaced {
+                    if old.meta.is_dir() || old.meta.nlink() <= 1 {
+                        nodes.by_identity.remove(&old.identity);
+                    }
+                }
+                nodes.reroot(&from, &to);
+                reply.ok()
+            }
+            Err(e) => reply.error(reply_err("rename", &from, &e)),
+        }
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let src = try_reply!(reply, self.path(ino));
+        let dir = try_reply!(reply, self.path(newparent));
+        let path = dir.join(newname);
+        match self.overlay.link(&ctx(req, 0), &src, &dir, newname) {
+            Ok(found) => self.entry(&path, &found, reply),
+            Err(e) => reply.error(reply_err("link", &path, &e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.open(&ctx(req, 0), &path, flags.0) {
+            Ok((file, writer)) => {
+                let fh = self.add_handle(Handle::File { file, writer });
+                reply.opened(fh, FopenFlags::empty());
+            }
+            Err(e) => reply.error(reply_err("open", &path, &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let h = try_reply!(reply, self.file_of(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::EISDIR);
+            return;
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            match file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    reply.error(Errno::from(e));
+                    return;
+                }
+            }
+        }
+        reply.data(&buf[..got]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let h = try_reply!(reply, self.file_of(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::EISDIR);
+            return;
+        };
+        match file.write_all_at(data, offset) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(Errno::from(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let removed = self.handles().remove(&fh.0);
+        if let Some(h) = removed {
+            if let Handle::File {
+                writer: Some(ino), ..
+            } = &*h
+            {
+                self.overlay.release_writer(*ino);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let h = try_reply!(reply, self.file_of(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::EISDIR);
+            return;
+        };
+        let r = if datasync {
+            file.sync_data()
+        } else {
+            file.sync_all()
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(Errno::from(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let path = try_reply!(reply, self.path(ino));
+        let listing = match self.overlay.readdir(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                reply.error(reply_err("opendir", &path, &e));
+                return;
+            }
+        };
+        let mut entries = Vec::with_capacity(listing.len() + 2);
+        entries.push((ino.0, FileType::Directory, ".".into()));
+        entries.push((ino.0, FileType::Directory, "..".into()));
+        {
+            let mut nodes = self.nodes();
+            for e in listing {
+                let id = nodes.id_for(e.identity);
+                entries.push((id, file_type(e.file_type), e.name));
+            }
+        }
+        let fh = self.add_handle(Handle::Dir { entries });
+        reply.opened(fh, FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let h = try_reply!(reply, self.handle(fh));
+        let Handle::Dir { entries } = &*h else {
+            reply.error(Errno::ENOTDIR);
+            return;
+        };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.handles().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.overlay.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_avail,
+                s.files,
+                s.files_free,
+                s.block_size as u32,
+                s.name_max as u32,
+                s.fragment_size as u32,
+            ),
+            Err(e) => reply.error(reply_err("statfs", Path::new(""), &e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if name == CONTROL_XATTR {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.setxattr(&ctx(req, 0), &path, name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err("setxattr", &path, &e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let value = if ino.0 == ROOT && name == CONTROL_XATTR {
+            Ok(self.control.clone())
+        } else {
+            let path = try_reply!(reply, self.path(ino));
+            self.overlay
+                .getxattr(&path, name)
+                .map_err(|e| reply_err("getxattr", &path, &e))
+        };
+        match value {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.listxattr(&path) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(n.as_bytes());
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32);
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE);
+                } else {
+                    reply.data(&buf);
+                }
+            }
+            Err(e) => reply.error(reply_err("listxattr", &path, &e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.removexattr(&ctx(req, 0), &path, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(reply_err("removexattr", &path, &e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission bits are checked by the kernel (default_permissions); this only
+        // answers whether the object still exists.
+        let path = try_reply!(reply, self.path(ino));
+        match self.overlay.resolve(&path) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(reply_err("access", &path, &e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let dir = try_reply!(reply, self.path(parent));
+        let path = dir.join(name);
+        match self.overlay.create(&ctx(req, umask), &dir, name, mode, flags) {
+            Ok((found, file, writer)) => {
+                let id = self.nodes().remember(found.identity, &path);
+                let fh = self.add_handle(Handle::File { file, writer });
+                reply.created(&self.ttl, &attr(id, &found.meta), Generation(0), fh, FopenFlags::empty());
+            }
+            Err(e) => reply.error(reply_err("create", &path, &e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let h = try_reply!(reply, self.file_of(fh));
+        let Handle::File { file, .. } = &*h else {
+            reply.error(Errno::EISDIR);
+            return;
+        };
+        match crate::sys::fallocate(file, mode, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(Errno::from(e)),
+        }
+    }
+}
