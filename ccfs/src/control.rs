@@ -52,6 +52,8 @@ pub struct Daemon {
     last_sync: Mutex<Option<SyncOutcome>>,
     final_sync: Mutex<Option<SyncOutcome>>,
     final_cv: Condvar,
+    /// `ccfs umount` clients waiting for the final answer.
+    waiters: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +78,7 @@ impl Daemon {
             last_sync: Mutex::new(None),
             final_sync: Mutex::new(None),
             final_cv: Condvar::new(),
+            waiters: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -135,6 +138,14 @@ impl Daemon {
         }
     }
 
+    /// Waits (a bounded time) until every `ccfs umount` waiting has been answered.
+    pub fn drain_waiters(&self, timeout: std::time::Duration) {
+        let start = std::time::Instant::now();
+        while self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 && start.elapsed() < timeout {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     fn answer(&self, req: &Request) -> serde_json::Value {
         let v = match req {
             Request::Status => serde_json::to_value(self.status()),
@@ -148,13 +159,23 @@ impl Daemon {
 fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
-    let answer = match serde_json::from_str::<Request>(line.trim()) {
-        Ok(req) => daemon.answer(&req),
+    let req = serde_json::from_str::<Request>(line.trim());
+    let waiting = matches!(req, Ok(Request::Wait));
+    if waiting {
+        daemon.waiters.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    let answer = match &req {
+        Ok(req) => daemon.answer(req),
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
     };
     let mut w = &stream;
-    w.write_all(answer.to_string().as_bytes())?;
-    w.write_all(b"\n")
+    let result = w
+        .write_all(answer.to_string().as_bytes())
+        .and_then(|()| w.write_all(b"\n"));
+    if waiting {
+        daemon.waiters.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    result
 }
 
 /// Binds the socket (owner-only) and answers requests on background threads.

@@ -469,8 +469,7 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
     let outcome = daemon.sync_now(false);
     let ok = outcome.ok;
     daemon.set_final(outcome);
-    // Give `ccfs umount` a moment to read the answer before the process exits.
-    std::thread::sleep(Duration::from_millis(50));
+    daemon.drain_waiters(Duration::from_secs(5));
     let _ = fs::remove_file(&socket);
     Ok(ok)
 }

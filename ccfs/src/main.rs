@@ -270,6 +270,11 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
     })?;
     let outcome: SyncOutcome =
         serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    // The daemon exits right after answering; wait so the cache is free for the next mount.
+    let start = Instant::now();
+    while ccfs::sys::process_alive(status.pid) && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     print_outcome("logout sync", &outcome);
     if outcome.ok {
         println!("ccfs: unmounted {}; all changes are on the share", mp.display());

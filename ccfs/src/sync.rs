@@ -54,6 +54,8 @@ pub fn rsync_args(
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "--archive".into(),
+        // Every listed path changed: never let the size+mtime quick check skip one.
+        "--ignore-times".into(),
         "--hard-links".into(),
         "--delay-updates".into(),
         "--force".into(),
@@ -251,7 +253,7 @@ mod tests {
             false,
         );
         let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-        for want in ["--archive", "--delay-updates", "--hard-links", "--from0", "--xattrs", "--fsync"] {
+        for want in ["--archive", "--ignore-times", "--delay-updates", "--hard-links", "--from0", "--xattrs", "--fsync"] {
             assert!(a.contains(&want.to_string()), "{want} missing from {a:?}");
         }
         assert!(!a.contains(&"--acls".to_string()));

@@ -270,9 +270,14 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
-/// True when `pid` names a live process.
+/// True when `pid` names a live process (a zombie counts as gone).
 pub fn process_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: "PID (comm) S ...".
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+            .unwrap_or(true),
+        Err(_) => false,
+    }
 }

@@ -1,0 +1,184 @@
+//! Shared test harness: a throwaway share, a real ccfs mount over it (RAII), and helpers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// The built `ccfs` binary (next to the test executable's directory), or $CCFS_BIN.
+pub fn ccfs_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CCFS_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("ccfs");
+    assert!(
+        bin.is_file(),
+        "{} not found: build the binaries first (cargo build --workspace --bins)",
+        bin.display()
+    );
+    bin
+}
+
+pub fn ccfs(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(ccfs_bin())
+        .args(args)
+        .output()
+        .expect("run ccfs")
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Where the share lives for this run: a local temp dir, or below $CCFS_TEST_SHARE_ROOT
+/// (for example a GlusterFS client mount) when set.
+fn share_root() -> Option<PathBuf> {
+    std::env::var_os("CCFS_TEST_SHARE_ROOT").map(PathBuf::from)
+}
+
+/// A temporary share, mount point and cache.
+pub struct Fixture {
+    pub tmp: tempfile::TempDir,
+    pub share: PathBuf,
+    pub mnt: PathBuf,
+    pub cache: PathBuf,
+    _share_holder: Option<tempfile::TempDir>,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("ccfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let (share, holder) = match share_root() {
+            Some(root) => {
+                let d = tempfile::Builder::new()
+                    .prefix("share-")
+                    .tempdir_in(root)
+                    .expect("share dir on the test share root");
+                (d.path().to_path_buf(), Some(d))
+            }
+            None => (tmp.path().join("share"), None),
+        };
+        std::fs::create_dir_all(&share).expect("share");
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mnt");
+        let cache = tmp.path().join("cache");
+        Fixture {
+            share,
+            mnt,
+            cache,
+            tmp,
+            _share_holder: holder,
+        }
+    }
+
+    pub fn s(&self, rel: &str) -> PathBuf {
+        self.share.join(rel)
+    }
+
+    pub fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn mount(&self) -> Mount<'_> {
+        self.mount_with(&[])
+    }
+
+    pub fn mount_with(&self, extra: &[&str]) -> Mount<'_> {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["mount".as_ref(), "--cache-dir".as_ref(), self.cache.as_os_str()];
+        for e in extra {
+            args.push(e.as_ref());
+        }
+        args.push(self.share.as_os_str());
+        args.push(self.mnt.as_os_str());
+        let out = ccfs(&args);
+        assert!(out.status.success(), "mount failed: {}", text(&out));
+        Mount {
+            fx: self,
+            active: true,
+        }
+    }
+}
+
+/// A live mount; dropping it unmounts (lazily if a test failed mid-way).
+pub struct Mount<'a> {
+    fx: &'a Fixture,
+    active: bool,
+}
+
+impl Mount<'_> {
+    /// Logs out with `ccfs umount` and returns its output.
+    pub fn umount(mut self) -> Output {
+        self.active = false;
+        ccfs(&["umount".as_ref(), self.fx.mnt.as_os_str()])
+    }
+
+    pub fn daemon_pid(&self) -> u32 {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), self.fx.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["pid"].as_u64().expect("pid") as u32
+    }
+
+    /// Forgets the mount without unmounting (after the test killed the daemon).
+    pub fn abandon(mut self) {
+        self.active = false;
+        let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.fx.mnt).output();
+    }
+}
+
+impl Drop for Mount<'_> {
+    fn drop(&mut self) {
+        if self.active {
+            let out = ccfs(&["umount".as_ref(), self.fx.mnt.as_os_str()]);
+            if !out.status.success() {
+                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.fx.mnt).output();
+            }
+        }
+    }
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn is_mounted(p: &Path) -> bool {
+    let p = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    fsinfo::mounts()
+        .map(|m| m.iter().any(|e| e.mount_point == p))
+        .unwrap_or(false)
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+pub fn write(p: &Path, s: &str) {
+    std::fs::write(p, s).unwrap_or_else(|e| panic!("write {}: {e}", p.display()))
+}
+
+/// A small deterministic pseudo-random byte stream (no rand dependency).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}

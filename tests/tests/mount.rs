@@ -1,0 +1,523 @@
+//! Real ccfs mounts over a temporary share, driven through the `ccfs` binary.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn dotfile_write_stays_local_until_logout_document_goes_through_at_once() {
+    let fx = Fixture::new();
+    write(&fx.s(".bashrc"), "old\n");
+    fs::create_dir(fx.s("Documents")).expect("mkdir");
+    let m = fx.mount();
+    write(&fx.m(".bashrc"), "new\n");
+    write(&fx.m("Documents/report.txt"), "draft\n");
+    assert_eq!(read(&fx.m(".bashrc")), "new\n");
+    assert_eq!(read(&fx.s(".bashrc")), "old\n", "the share must not see the dotfile yet");
+    assert_eq!(read(&fx.s("Documents/report.txt")), "draft\n", "documents go straight through");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&fx.mnt));
+    assert_eq!(read(&fx.s(".bashrc")), "new\n");
+}
+
+#[test]
+fn dotfile_delete_and_rename_reach_the_share_at_logout() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s(".config/app")).expect("mkdir");
+    write(&fx.s(".config/app/old.conf"), "A");
+    write(&fx.s(".config/app/gone.conf"), "B");
+    write(&fx.s(".profile"), "C");
+    let m = fx.mount();
+    fs::rename(fx.m(".config/app/old.conf"), fx.m(".config/app/new.conf")).expect("rename");
+    fs::remove_file(fx.m(".config/app/gone.conf")).expect("unlink");
+    fs::remove_file(fx.m(".profile")).expect("unlink");
+    let names: Vec<_> = fs::read_dir(fx.m(".config/app"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    assert_eq!(names, vec!["new.conf".to_string()]);
+    assert!(!fx.m(".profile").exists());
+    // Not yet on the share.
+    assert!(fx.s(".config/app/old.conf").exists());
+    assert!(fx.s(".profile").exists());
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".config/app/new.conf")), "A");
+    assert!(!fx.s(".config/app/old.conf").exists());
+    assert!(!fx.s(".config/app/gone.conf").exists());
+    assert!(!fx.s(".profile").exists());
+}
+
+#[test]
+fn local_only_cache_content_never_reaches_the_share() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    fs::create_dir_all(fx.m(".cache/mozilla/firefox")).expect("mkdir");
+    write(&fx.m(".cache/mozilla/firefox/blob"), "cache entry");
+    write(&fx.m(".keep"), "synced");
+    assert_eq!(read(&fx.m(".cache/mozilla/firefox/blob")), "cache entry");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!fx.s(".cache").exists(), "local-only paths must never be synced");
+    assert_eq!(read(&fx.s(".keep")), "synced");
+    // The cache survives for the next session on this workstation.
+    let m = fx.mount();
+    assert_eq!(read(&fx.m(".cache/mozilla/firefox/blob")), "cache entry");
+    drop(m);
+}
+
+#[test]
+fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let dir = fx.m(".mozilla/firefox/test.default");
+    fs::create_dir_all(&dir).expect("mkdir");
+    let db = dir.join("places.sqlite");
+    let sql = |q: &str| {
+        let out = Command::new("sqlite3").arg(&db).arg(q).output().expect("sqlite3 installed");
+        assert!(out.status.success(), "sqlite3 {q}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    sql("PRAGMA journal_mode=WAL; CREATE TABLE visits(id INTEGER PRIMARY KEY, url TEXT);");
+    let mut inserts = String::from("BEGIN;");
+    for i in 0..500 {
+        inserts.push_str(&format!("INSERT INTO visits(url) VALUES('https://example.org/{i}');"));
+    }
+    inserts.push_str("COMMIT;");
+    sql(&inserts);
+    // A second process keeps the database open for reading while the first one writes.
+    let mut reader = Command::new("sqlite3")
+        .arg(&db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("reader");
+    sql("INSERT INTO visits(url) VALUES('late');");
+    {
+        let stdin = reader.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(b"SELECT count(*) FROM visits;\nPRAGMA integrity_check;\n.quit\n")
+            .expect("query");
+    }
+    let out = reader.wait_with_output().expect("reader output");
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(answer.lines().collect::<Vec<_>>(), vec!["501", "ok"], "{answer}");
+    assert!(!fx.s(".mozilla").exists(), "the database stays in the cache during the session");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new("sqlite3")
+        .arg(fx.s(".mozilla/firefox/test.default/places.sqlite"))
+        .arg("SELECT count(*) FROM visits; PRAGMA integrity_check;")
+        .output()
+        .expect("sqlite3");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "501\nok");
+}
+
+#[test]
+fn two_processes_append_to_one_cached_file_at_once() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let log = fx.m(".local/share/app.log");
+    fs::create_dir_all(log.parent().expect("parent")).expect("mkdir");
+    let script = "for i in $(seq 1 400); do echo \"$0-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\" >> \"$1\"; done";
+    let a = Command::new("sh").args(["-c", script, "A"]).arg(&log).spawn().expect("a");
+    let b = Command::new("sh").args(["-c", script, "B"]).arg(&log).spawn().expect("b");
+    for mut c in [a, b] {
+        assert!(c.wait().expect("wait").success());
+    }
+    let check = |content: &str| {
+        let lines: Vec<&str> = content.lines().collect();
+        assert_eq!(lines.len(), 800, "every append must land");
+        for who in ["A", "B"] {
+            let mine: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with(who)).collect();
+            assert_eq!(mine.len(), 400);
+            for (i, l) in mine.iter().enumerate() {
+                assert_eq!(*l, format!("{who}-{}-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", i + 1), "torn or reordered line");
+            }
+        }
+    };
+    check(&read(&log));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    check(&read(&fx.s(".local/share/app.log")));
+}
+
+#[test]
+fn inode_numbers_stay_stable_across_copy_up_and_rename() {
+    let fx = Fixture::new();
+    write(&fx.s(".gitconfig"), "[user]\n");
+    let m = fx.mount();
+    let before = fs::metadata(fx.m(".gitconfig")).expect("stat").ino();
+    let mut f = OpenOptions::new().append(true).open(fx.m(".gitconfig")).expect("open");
+    f.write_all(b"\tname = x\n").expect("append");
+    drop(f);
+    let after = fs::metadata(fx.m(".gitconfig")).expect("stat").ino();
+    assert_eq!(before, after, "copy-up must not change the inode number");
+    fs::rename(fx.m(".gitconfig"), fx.m(".gitconfig.bak")).expect("rename");
+    assert_eq!(fs::metadata(fx.m(".gitconfig.bak")).expect("stat").ino(), before);
+    // The number listed by readdir matches stat.
+    let listed = fs::read_dir(&fx.mnt)
+        .expect("readdir")
+        .map(|e| e.expect("entry"))
+        .find(|e| e.file_name() == ".gitconfig.bak")
+        .expect("listed");
+    assert_eq!(std::os::unix::fs::DirEntryExt::ino(&listed), before);
+    drop(m);
+}
+
+#[test]
+fn sync_command_pushes_while_mounted_and_status_counts() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    write(&fx.m(".a"), "12345");
+    write(&fx.m(".b"), "678");
+    let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["dirty_files"], 2);
+    assert_eq!(st["dirty_bytes"], 8);
+    assert_eq!(st["pending_deletions"], 0);
+    assert!(st["last_sync"].is_null());
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(is_mounted(&fx.mnt), "sync must stay mounted");
+    assert_eq!(read(&fx.s(".a")), "12345");
+    fs::remove_file(fx.m(".b")).expect("rm");
+    let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["dirty_files"], 0);
+    assert_eq!(st["pending_deletions"], 1);
+    assert_eq!(st["last_sync"]["ok"], true);
+    // Human output names the numbers too.
+    let out = ccfs(&["status".as_ref(), fx.mnt.as_os_str()]);
+    let human = String::from_utf8_lossy(&out.stdout);
+    assert!(human.contains("pending deletions: 1"), "{human}");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!fx.s(".b").exists());
+}
+
+#[test]
+fn plain_fusermount_unmount_also_syncs() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    write(&fx.m(".vimrc"), "set nu\n");
+    let out = Command::new("fusermount3").arg("-u").arg(&fx.mnt).output().expect("fusermount3");
+    assert!(out.status.success(), "{}", text(&out));
+    m.abandon();
+    wait_until("daemon exit", Duration::from_secs(30), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert_eq!(read(&fx.s(".vimrc")), "set nu\n");
+}
+
+#[test]
+fn after_kill_9_recover_sends_the_unsynced_changes() {
+    let fx = Fixture::new();
+    write(&fx.s(".bashrc"), "old");
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    write(&fx.m(".bashrc"), "new");
+    write(&fx.m(".newfile"), "fresh");
+    fs::create_dir(fx.m(".dir")).expect("mkdir");
+    write(&fx.m(".dir/inner"), "deep");
+    assert!(Command::new("kill").arg("-9").arg(pid.to_string()).status().expect("kill").success());
+    m.abandon();
+    assert_eq!(read(&fx.s(".bashrc")), "old");
+    let out = ccfs(&["recover".as_ref(), "--cache-dir".as_ref(), fx.cache.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".bashrc")), "new");
+    assert_eq!(read(&fx.s(".newfile")), "fresh");
+    assert_eq!(read(&fx.s(".dir/inner")), "deep");
+    let out = ccfs(&["recover".as_ref(), "--cache-dir".as_ref(), fx.cache.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to recover"), "{}", text(&out));
+}
+
+#[test]
+fn a_mount_after_a_crash_shows_and_sends_the_unsynced_changes() {
+    let fx = Fixture::new();
+    write(&fx.s(".bashrc"), "old");
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    write(&fx.m(".bashrc"), "new");
+    fs::remove_file(fx.m(".bashrc")).expect("rm");
+    write(&fx.m(".bashrc"), "newest");
+    assert!(Command::new("kill").arg("-9").arg(pid.to_string()).status().expect("kill").success());
+    m.abandon();
+    let m = fx.mount();
+    assert_eq!(read(&fx.m(".bashrc")), "newest", "never the stale share copy");
+    assert_eq!(read(&fx.s(".bashrc")), "newest", "mount recovers its own cache first");
+    drop(m);
+}
+
+#[test]
+fn readdir_merges_cache_and_share_without_whiteouts() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    for n in ["a", "b", "c"] {
+        write(&fx.s(&format!(".config/{n}")), n);
+    }
+    write(&fx.s("doc.txt"), "d");
+    let m = fx.mount();
+    fs::remove_file(fx.m(".config/b")).expect("rm");
+    write(&fx.m(".config/d"), "d");
+    write(&fx.m(".config/a"), "A2");
+    let mut names: Vec<String> = fs::read_dir(fx.m(".config"))
+        .expect("readdir")
+        .map(|e| e.expect("e").file_name().into_string().expect("utf8"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "c", "d"]);
+    let mut root: Vec<String> = fs::read_dir(&fx.mnt)
+        .expect("readdir")
+        .map(|e| e.expect("e").file_name().into_string().expect("utf8"))
+        .collect();
+    root.sort();
+    assert_eq!(root, [".config", "doc.txt"]);
+    // rmdir of a non-empty merged directory fails; after emptying it, it works.
+    assert_eq!(
+        fs::remove_dir(fx.m(".config")).expect_err("not empty").raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    for n in ["a", "c", "d"] {
+        fs::remove_file(fx.m(&format!(".config/{n}"))).expect("rm");
+    }
+    fs::remove_dir(fx.m(".config")).expect("rmdir");
+    assert!(!fx.m(".config").exists());
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!fx.s(".config").exists());
+    assert!(fx.s("doc.txt").exists());
+}
+
+#[test]
+fn many_threads_write_and_read_their_own_files_concurrently() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    fs::create_dir(fx.m(".stress")).expect("mkdir");
+    fs::create_dir(fx.m("docs")).expect("mkdir");
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let base = fx.mnt.clone();
+            std::thread::spawn(move || {
+                for i in 0..60u64 {
+                    let dir = if i % 2 == 0 { ".stress" } else { "docs" };
+                    let p = base.join(dir).join(format!("t{t}-{i}"));
+                    let data = pattern(1000 + (i as usize * 37) % 5000, t * 1000 + i);
+                    fs::write(&p, &data).expect("write");
+                    assert_eq!(fs::read(&p).expect("read"), data, "{}", p.display());
+                    if i % 5 == 0 {
+                        let q = p.with_extension("renamed");
+                        fs::rename(&p, &q).expect("rename");
+                        fs::remove_file(&q).expect("unlink");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    for t in 0..8u64 {
+        for i in 0..60u64 {
+            let dir = if i % 2 == 0 { ".stress" } else { "docs" };
+            let p = fx.share.join(dir).join(format!("t{t}-{i}"));
+            if i % 5 == 0 {
+                assert!(!p.exists() && !p.with_extension("renamed").exists());
+            } else {
+                let data = pattern(1000 + (i as usize * 37) % 5000, t * 1000 + i);
+                assert_eq!(fs::read(&p).expect("on share"), data);
+            }
+        }
+    }
+}
+
+/// What programs in a home directory rely on, run once per path class.
+fn posix_semantics(fx: &Fixture, dir: &str) {
+    let d = fx.m(dir);
+    fs::create_dir_all(&d).expect("mkdir");
+
+    // rename over an existing file
+    write(&d.join("a"), "AAA");
+    write(&d.join("b"), "BBB");
+    fs::rename(d.join("a"), d.join("b")).expect("rename over");
+    assert_eq!(read(&d.join("b")), "AAA");
+    assert!(!d.join("a").exists());
+
+    // hard links
+    fs::hard_link(d.join("b"), d.join("c")).expect("link");
+    write(&d.join("c"), "CCC");
+    assert_eq!(read(&d.join("b")), "CCC");
+    let (mb, mc) = (fs::metadata(d.join("b")).expect("b"), fs::metadata(d.join("c")).expect("c"));
+    assert_eq!(mb.nlink(), 2);
+    assert_eq!(mb.ino(), mc.ino());
+
+    // symlinks
+    std::os::unix::fs::symlink("b", d.join("l")).expect("symlink");
+    assert_eq!(fs::read_link(d.join("l")).expect("readlink"), Path::new("b"));
+    assert_eq!(read(&d.join("l")), "CCC");
+    assert!(fs::symlink_metadata(d.join("l")).expect("lstat").file_type().is_symlink());
+
+    // xattrs
+    let f = d.join("b");
+    ccfs::sys::lsetxattr(&f, "user.test".as_ref(), b"value", 0).expect("setxattr");
+    assert_eq!(ccfs::sys::lgetxattr(&f, "user.test".as_ref()).expect("getxattr"), b"value");
+    assert!(ccfs::sys::llistxattr(&f).expect("list").iter().any(|n| n == "user.test"));
+    ccfs::sys::lremovexattr(&f, "user.test".as_ref()).expect("removexattr");
+    assert_eq!(
+        ccfs::sys::lgetxattr(&f, "user.test".as_ref()).expect_err("gone").raw_os_error(),
+        Some(libc::ENODATA)
+    );
+
+    // fsync, flock and open-file-description (POSIX) locks
+    let f1 = OpenOptions::new().read(true).write(true).open(d.join("b")).expect("open");
+    f1.sync_all().expect("fsync");
+    let f2 = OpenOptions::new().read(true).write(true).open(d.join("b")).expect("open");
+    // SAFETY: plain flock calls on open descriptors.
+    unsafe {
+        assert_eq!(libc::flock(f1.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+        assert_eq!(libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), -1);
+        assert_eq!(libc::flock(f1.as_raw_fd(), libc::LOCK_UN), 0);
+        assert_eq!(libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+    }
+    let lock = |f: &fs::File, kind: i16| {
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_len = 10;
+        // SAFETY: `fl` is a valid flock structure for F_OFD_SETLK.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) }
+    };
+    assert_eq!(lock(&f1, libc::F_WRLCK as i16), 0);
+    assert_eq!(lock(&f2, libc::F_WRLCK as i16), -1, "conflicting POSIX lock must fail");
+    drop(f1);
+    drop(f2);
+
+    // shared writable mmap
+    let mm = d.join("mapped");
+    fs::write(&mm, vec![b'.'; 8192]).expect("write");
+    let f = OpenOptions::new().read(true).write(true).open(&mm).expect("open");
+    // SAFETY: a fresh mapping of an 8 KiB file we opened read-write; unmapped below.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        std::ptr::copy_nonoverlapping(b"mmap!".as_ptr(), (p as *mut u8).add(4096), 5);
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, 8192), 0);
+    }
+    drop(f);
+    let back = fs::read(&mm).expect("read");
+    assert_eq!(&back[4096..4101], b"mmap!");
+
+    // O_APPEND
+    write(&d.join("app"), "1");
+    let mut f = OpenOptions::new().append(true).open(d.join("app")).expect("open");
+    f.write_all(b"2").expect("append");
+    f.write_all(b"3").expect("append");
+    drop(f);
+    assert_eq!(read(&d.join("app")), "123");
+
+    // sparse and large files
+    let sp = d.join("sparse");
+    let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&sp).expect("create");
+    f.seek(SeekFrom::Start(64 << 20)).expect("seek");
+    f.write_all(b"end").expect("write");
+    drop(f);
+    let meta = fs::metadata(&sp).expect("stat");
+    assert_eq!(meta.len(), (64 << 20) + 3);
+    assert!(meta.blocks() * 512 < 8 << 20, "a hole must not take space");
+    let mut f = fs::File::open(&sp).expect("open");
+    let mut head = [1u8; 4096];
+    f.read_exact(&mut head).expect("read");
+    assert!(head.iter().all(|b| *b == 0));
+    let big = d.join("big");
+    let data = pattern(24 << 20, 7);
+    fs::write(&big, &data).expect("write big");
+    assert!(fs::read(&big).expect("read big") == data, "large file must read back intact");
+
+    // O_EXCL, truncate, chmod
+    let e = OpenOptions::new().write(true).create_new(true).mode(0o600).open(d.join("app"));
+    assert_eq!(e.expect_err("exists").kind(), std::io::ErrorKind::AlreadyExists);
+    let f = OpenOptions::new().write(true).open(d.join("app")).expect("open");
+    f.set_len(1).expect("ftruncate");
+    drop(f);
+    assert_eq!(read(&d.join("app")), "1");
+    fs::set_permissions(d.join("app"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).expect("chmod");
+    assert_eq!(fs::metadata(d.join("app")).expect("stat").mode() & 0o777, 0o640);
+
+    // statfs
+    let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).expect("cstr");
+    // SAFETY: `st` is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    assert!(st.f_blocks > 0 && st.f_bsize > 0);
+}
+
+fn expect_on_share(fx: &Fixture, dir: &str, present: bool) {
+    let s = fx.s(dir);
+    if !present {
+        assert!(!s.exists(), "{dir} must not reach the share");
+        return;
+    }
+    assert_eq!(read(&s.join("b")), "CCC");
+    let (mb, mc) = (fs::metadata(s.join("b")).expect("b"), fs::metadata(s.join("c")).expect("c"));
+    assert_eq!(mb.ino(), mc.ino(), "hard link kept on the share");
+    assert_eq!(fs::read_link(s.join("l")).expect("symlink"), Path::new("b"));
+    assert_eq!(&fs::read(s.join("mapped")).expect("mapped")[4096..4101], b"mmap!");
+    assert_eq!(read(&s.join("app")), "1");
+    assert_eq!(fs::metadata(s.join("app")).expect("stat").mode() & 0o777, 0o640);
+    assert_eq!(fs::metadata(s.join("sparse")).expect("sparse").len(), (64 << 20) + 3);
+    assert!(fs::read(s.join("big")).expect("big") == pattern(24 << 20, 7));
+}
+
+macro_rules! class_test {
+    ($name:ident, $dir:expr, $on_share:expr) => {
+        #[test]
+        fn $name() {
+            let fx = Fixture::new();
+            let m = fx.mount();
+            posix_semantics(&fx, $dir);
+            let out = m.umount();
+            assert!(out.status.success(), "{}", text(&out));
+            expect_on_share(&fx, $dir, $on_share);
+        }
+    };
+}
+
+class_test!(posix_semantics_on_passthrough_paths, "Documents/work", true);
+class_test!(posix_semantics_on_cached_paths, ".config/app", true);
+class_test!(posix_semantics_on_local_only_paths, ".cache/app", false);
+
+#[test]
+fn posix_semantics_on_cached_files_copied_up_from_the_share() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s(".local/app")).expect("mkdir");
+    for n in ["a", "b", "app", "mapped"] {
+        write(&fx.s(&format!(".local/app/{n}")), "from share");
+    }
+    let m = fx.mount();
+    posix_semantics(&fx, ".local/app");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    expect_on_share(&fx, ".local/app", true);
+}
