@@ -16,7 +16,8 @@ use crate::sync::{run_sync, RsyncOptions, SyncReport};
 pub enum Request {
     Status,
     Sync,
-    /// Answered once the daemon's final sync (after unmount) is done.
+    /// Acknowledged at once with `{"waiting":true}`, then answered once the daemon's
+    /// final sync (after unmount) is done.
     Wait,
 }
 
@@ -163,6 +164,9 @@ fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
     let waiting = matches!(req, Ok(Request::Wait));
     if waiting {
         daemon.waiters.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // Acknowledge first: the client unmounts only once we are known to be waiting.
+        let mut w = &stream;
+        w.write_all(b"{\"waiting\":true}\n")?;
     }
     let answer = match &req {
         Ok(req) => daemon.answer(req),
@@ -219,8 +223,13 @@ pub fn send(stream: &UnixStream, req: &Request) -> std::io::Result<()> {
 }
 
 pub fn read_answer(stream: &UnixStream) -> std::io::Result<serde_json::Value> {
+    read_line_value(&mut BufReader::new(stream))
+}
+
+/// Reads one JSON line from a buffered connection (several answers may follow).
+pub fn read_line_value(reader: &mut impl BufRead) -> std::io::Result<serde_json::Value> {
     let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
+    reader.read_line(&mut line)?;
     if line.trim().is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,

@@ -249,6 +249,11 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
     .map_err(|e| fail(format!("daemon answered badly: {e}")))?;
     let stream = UnixStream::connect(&sock).map_err(|e| fail(format!("daemon: {e}")))?;
     control::send(&stream, &Request::Wait).map_err(|e| fail(format!("daemon: {e}")))?;
+    let mut reader = std::io::BufReader::new(&stream);
+    let ack = control::read_line_value(&mut reader).map_err(|e| fail(format!("daemon: {e}")))?;
+    if ack["waiting"] != true {
+        return Err(fail(format!("daemon answered badly: {ack}")));
+    }
     let out = Command::new("fusermount3")
         .arg("-u")
         .arg(&mp)
@@ -262,7 +267,7 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
             mp.display()
         )));
     }
-    let answer = control::read_answer(&stream).map_err(|e| {
+    let answer = control::read_line_value(&mut reader).map_err(|e| {
         fail(format!(
             "the ccfs daemon ended without finishing the sync ({e}); run `ccfs recover --cache-dir {}`",
             status.cache_dir.display()

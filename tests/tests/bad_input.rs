@@ -1,0 +1,198 @@
+//! Bad input gets a one-line error naming the problem and the fix, exit code 2, and
+//! changes nothing: no mount, no cache directory.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Runs `ccfs ARGS` expecting a refusal that mentions every word in `words`.
+fn refused(fx: &Fixture, args: &[&OsStr], words: &[&str]) {
+    let out = ccfs(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    assert!(lines[0].starts_with("ccfs: error: "), "{stderr}");
+    for w in words {
+        assert!(lines[0].contains(w), "{w:?} missing from: {stderr}");
+    }
+    assert!(lines[0].contains(';'), "the line must say what to do: {stderr}");
+    assert!(!is_mounted(&fx.mnt), "nothing may be mounted");
+}
+
+fn mount_args<'a>(cache: &'a Path, share: &'a Path, mnt: &'a Path) -> Vec<&'a OsStr> {
+    vec![
+        "mount".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        share.as_os_str(),
+        mnt.as_os_str(),
+    ]
+}
+
+#[test]
+fn missing_share() {
+    let fx = Fixture::new();
+    let missing = fx.tmp.path().join("nope");
+    refused(&fx, &mount_args(&fx.cache, &missing, &fx.mnt), &["share", "nope"]);
+    assert!(!fx.cache.exists(), "the cache dir must not be created");
+}
+
+#[test]
+fn share_is_a_file() {
+    let fx = Fixture::new();
+    let file = fx.tmp.path().join("file");
+    write(&file, "x");
+    refused(&fx, &mount_args(&fx.cache, &file, &fx.mnt), &["not a directory"]);
+    assert!(!fx.cache.exists());
+}
+
+#[test]
+fn missing_mountpoint() {
+    let fx = Fixture::new();
+    let missing = fx.tmp.path().join("nomnt");
+    refused(&fx, &mount_args(&fx.cache, &fx.share, &missing), &["mountpoint", "does not exist"]);
+    assert!(!fx.cache.exists());
+}
+
+#[test]
+fn non_empty_mountpoint() {
+    let fx = Fixture::new();
+    write(&fx.m("local-file"), "keep me");
+    refused(&fx, &mount_args(&fx.cache, &fx.share, &fx.mnt), &["not empty"]);
+    assert_eq!(read(&fx.m("local-file")), "keep me");
+    assert!(!fx.cache.exists());
+}
+
+#[test]
+fn already_mounted_mountpoint() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let other_cache = fx.tmp.path().join("cache2");
+    let out = ccfs(&mount_args(&other_cache, &fx.share, &fx.mnt));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already mounted"), "{}", text(&out));
+    assert!(!other_cache.exists());
+    drop(m);
+}
+
+#[test]
+fn cache_dir_inside_the_share() {
+    let fx = Fixture::new();
+    let inside = fx.share.join(".ccfs-cache");
+    refused(&fx, &mount_args(&inside, &fx.share, &fx.mnt), &["inside the share"]);
+    assert!(!inside.exists());
+}
+
+#[test]
+fn mountpoint_inside_the_share() {
+    let fx = Fixture::new();
+    let inner = fx.share.join("mnt");
+    fs::create_dir(&inner).expect("mkdir");
+    let out = ccfs(&mount_args(&fx.cache, &fx.share, &inner));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("overlap"), "{}", text(&out));
+    assert!(!is_mounted(&inner));
+}
+
+#[test]
+fn cache_dir_that_is_a_symlink() {
+    let fx = Fixture::new();
+    let target = fx.tmp.path().join("elsewhere");
+    fs::create_dir(&target).expect("mkdir");
+    std::os::unix::fs::symlink(&target, &fx.cache).expect("symlink");
+    refused(&fx, &mount_args(&fx.cache, &fx.share, &fx.mnt), &["symlink"]);
+    assert_eq!(fs::read_dir(&target).expect("ls").count(), 0);
+}
+
+#[test]
+fn cache_dir_not_writable() {
+    let fx = Fixture::new();
+    let ro = fx.tmp.path().join("ro");
+    fs::create_dir(&ro).expect("mkdir");
+    // A read-only filesystem refuses even root.
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(&ro)
+        .status()
+        .expect("mount tmpfs");
+    assert!(st.success(), "needs root to mount a read-only tmpfs");
+    let cache = ro.join("cache");
+    let out = ccfs(&mount_args(&cache, &fx.share, &fx.mnt));
+    let _ = Command::new("umount").arg(&ro).status();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not writable"), "{}", text(&out));
+    assert!(!is_mounted(&fx.mnt));
+}
+
+#[test]
+fn rsync_not_installed() {
+    let fx = Fixture::new();
+    let cfg = fx.tmp.path().join("c.toml");
+    write(&cfg, "[sync]\nrsync = \"/nonexistent/bin/rsync\"\n");
+    let mut args = vec!["mount".as_ref(), "--config".as_ref(), cfg.as_os_str()];
+    args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
+    refused(&fx, &args, &["rsync", "not installed", "apt-get install rsync"]);
+    assert!(!fx.cache.exists());
+    // And with the default name when PATH has no rsync.
+    let out = Command::new(ccfs_bin())
+        .env("PATH", fx.tmp.path())
+        .args(mount_args(&fx.cache, &fx.share, &fx.mnt))
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rsync"), "{}", text(&out));
+}
+
+#[test]
+fn invalid_config_files() {
+    let fx = Fixture::new();
+    let cfg = fx.tmp.path().join("c.toml");
+    for (content, word) in [
+        ("[paths]\ncahced = [\".x\"]\n", "cahced"),
+        ("[paths]\nlocal_only = [\"[oops\"]\n", "local_only"),
+        ("[mount]\nthreads = 0\n", "threads"),
+        ("this is = not [ toml", "c.toml"),
+    ] {
+        write(&cfg, content);
+        let mut args = vec!["mount".as_ref(), "--config".as_ref(), cfg.as_os_str()];
+        args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
+        refused(&fx, &args, &[word]);
+        assert!(!fx.cache.exists());
+    }
+    let missing = fx.tmp.path().join("missing.toml");
+    let mut args = vec!["mount".as_ref(), "--config".as_ref(), missing.as_os_str()];
+    args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
+    refused(&fx, &args, &["missing.toml"]);
+}
+
+#[test]
+fn commands_on_something_that_is_not_a_ccfs_mount() {
+    let fx = Fixture::new();
+    for cmd in ["umount", "sync", "status"] {
+        refused(&fx, &[cmd.as_ref(), fx.mnt.as_os_str()], &["not a ccfs mount"]);
+    }
+    refused(
+        &fx,
+        &["recover".as_ref(), "--cache-dir".as_ref(), fx.tmp.path().as_os_str()],
+        &["not a ccfs cache"],
+    );
+}
+
+#[test]
+fn second_mount_of_a_cache_in_use_is_refused() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let mnt2 = fx.tmp.path().join("mnt2");
+    fs::create_dir(&mnt2).expect("mkdir");
+    let out = ccfs(&mount_args(&fx.cache, &fx.share, &mnt2));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"), "{}", text(&out));
+    assert!(!is_mounted(&mnt2));
+    drop(m);
+}
