@@ -81,6 +81,9 @@ pub struct SyncSnapshot {
     pub files: Vec<PathBuf>,
     /// Paths to delete on the share, deepest first.
     pub deletions: Vec<PathBuf>,
+    /// Paths marked dirty that the cache does not have (an operation failed after the
+    /// mark): nothing to send, the mark is cleared with the others.
+    pub stale: Vec<PathBuf>,
 }
 
 /// Mutable state behind the lock.
@@ -305,6 +308,16 @@ impl Overlay {
                 let meta = lstat(&real)?.ok_or_else(FsError::enoent)?;
                 Ok(self.found(inner, rel, Layer::Lower, real, meta))
             }
+        }
+    }
+
+    /// Checks that `parent` is a directory in the merged view (a stale node may not be).
+    fn check_parent(&self, inner: &Inner, parent: &Path) -> FsResult<()> {
+        let found = self.resolve_locked(inner, parent)?;
+        if found.meta.is_dir() {
+            Ok(())
+        } else {
+            Err(errno(libc::ENOTDIR))
         }
     }
 
@@ -567,6 +580,7 @@ impl Overlay {
     ) -> FsResult<Found> {
         let rel = parent.join(name);
         let mut inner = self.lock();
+        self.check_parent(&inner, parent)?;
         if self.resolve_locked(&inner, &rel).is_ok() {
             return Err(errno(libc::EEXIST));
         }
@@ -671,6 +685,7 @@ impl Overlay {
             return Err(errno(libc::EXDEV));
         }
         let mut inner = self.lock();
+        self.check_parent(&inner, parent)?;
         if self.resolve_locked(&inner, &rel).is_ok() {
             return Err(errno(libc::EEXIST));
         }
@@ -681,15 +696,29 @@ impl Overlay {
                 (self.upper_path(src), self.upper_path(&rel))
             }
             PathClass::Cached => {
+                if self.resolve_locked(&inner, src)?.meta.is_dir() {
+                    return Err(errno(libc::EPERM));
+                }
                 self.copy_up(&mut inner, src, true, ctx)?;
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 self.mark_dirty(&mut inner, src)?;
+                let was_whiteout = inner.state.is_whiteout(&rel);
                 self.mark_dirty(&mut inner, &rel)?;
+                if let Err(e) = fs::hard_link(self.upper_path(src), self.upper_path(&rel)) {
+                    self.record(
+                        &mut inner,
+                        &[Record::Delete {
+                            path: rel.clone(),
+                            whiteout: was_whiteout,
+                        }],
+                    )?;
+                    return Err(e.into());
+                }
                 // Both names share the source's share identity.
                 if let Some(o) = inner.state.origin(src) {
                     self.record(&mut inner, &[Record::Origin(rel.clone(), o)])?;
                 }
-                (self.upper_path(src), self.upper_path(&rel))
+                return self.resolve_locked(&inner, &rel);
             }
         };
         fs::hard_link(&from, &to)?;
@@ -790,6 +819,7 @@ impl Overlay {
         }
         let mut inner = self.lock();
         let src = self.resolve_locked(&inner, &from)?;
+        self.check_parent(&inner, to_parent)?;
         let dst = self.resolve_locked(&inner, &to).ok();
         if from == to {
             return Ok(());
@@ -961,18 +991,63 @@ impl Overlay {
             files.extend(inner.state.dirty().cloned());
         }
         files.retain(|p| self.policy.classify(p) != PathClass::LocalOnly);
-        files.retain(|p| lstat(&self.upper_path(p)).ok().flatten().is_some());
         files.sort();
         files.dedup();
+        let (mut files, stale): (Vec<PathBuf>, Vec<PathBuf>) = files
+            .into_iter()
+            .partition(|p| lstat(&self.upper_path(p)).ok().flatten().is_some());
+        self.add_hard_link_names(&mut files)?;
         let mut deletions: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
         deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        Ok(SyncSnapshot { files, deletions })
+        Ok(SyncSnapshot {
+            files,
+            deletions,
+            stale,
+        })
+    }
+
+    /// A changed file with several names changed under all of them: rsync must see every
+    /// name to keep the link group whole on the share (`--hard-links`).
+    fn add_hard_link_names(&self, files: &mut Vec<PathBuf>) -> io::Result<()> {
+        let mut inodes = HashSet::new();
+        for p in files.iter() {
+            if let Some(m) = lstat(&self.upper_path(p))? {
+                if !m.is_dir() && m.nlink() > 1 {
+                    inodes.insert(m.ino());
+                }
+            }
+        }
+        if inodes.is_empty() {
+            return Ok(());
+        }
+        let mut stack = vec![PathBuf::new()];
+        while let Some(dir) = stack.pop() {
+            for entry in fs::read_dir(self.upper_path(&dir))? {
+                let entry = entry?;
+                let rel = dir.join(entry.file_name());
+                if entry.file_type()?.is_dir() {
+                    stack.push(rel);
+                } else if inodes.contains(&entry.ino())
+                    && self.policy.classify(&rel) != PathClass::LocalOnly
+                {
+                    files.push(rel);
+                }
+            }
+        }
+        files.sort();
+        files.dedup();
+        Ok(())
     }
 
     /// After rsync succeeded: marks clean every sent path not changed since `begin_sync`.
     pub fn finish_sync(&self, snap: &SyncSnapshot) -> FsResult<usize> {
         let mut inner = self.lock();
         let mut clean = Vec::new();
+        for p in &snap.stale {
+            if inner.state.is_dirty(p) && !inner.touched.contains(p) && lstat(&self.upper_path(p))?.is_none() {
+                clean.push(Record::Clean(p.clone()));
+            }
+        }
         for p in &snap.files {
             if !inner.state.is_dirty(p) || inner.touched.contains(p) {
                 continue;

@@ -198,8 +198,8 @@ pub fn run_sync(
                     stderr: tail(&out.stderr, 4),
                 });
             }
-            report.cleaned = overlay.finish_sync(&snap)?;
         }
+        report.cleaned = overlay.finish_sync(&snap)?;
         for d in &snap.deletions {
             match overlay.apply_deletion(d) {
                 Ok(()) => report.deleted += 1,

@@ -1,0 +1,611 @@
+//! The overlay logic without FUSE, over temporary directories, with the real rsync.
+//! Includes a reference model: random operations on ccfs and on a plain in-memory tree,
+//! then logout sync (and crash + recovery); the share must equal the model.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccfs::overlay::{Ctx, Layer, Overlay, SetAttr};
+use ccfs::policy::Policy;
+use ccfs::sync::{run_sync, RsyncOptions};
+use proptest::prelude::*;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    share: PathBuf,
+    cache: PathBuf,
+}
+
+impl Env {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let share = tmp.path().join("share");
+        let cache = tmp.path().join("cache");
+        fs::create_dir(&share).expect("share");
+        fs::create_dir(&cache).expect("cache");
+        Env {
+            share,
+            cache,
+            _tmp: tmp,
+        }
+    }
+
+    fn overlay(&self) -> Overlay {
+        Overlay::new(&self.share, &self.cache, Policy::default_policy()).expect("overlay")
+    }
+
+    fn rsync(&self) -> RsyncOptions {
+        RsyncOptions {
+            binary: ccfs::sync::find_program("rsync").expect("rsync is installed"),
+            extra_args: vec![],
+            timeout: Duration::from_secs(60),
+            caps: ccfs::sync::probe_share(&self.share),
+            fsync: false,
+        }
+    }
+
+    fn sync(&self, o: &Overlay, everything: bool) {
+        let r = run_sync(o, &self.rsync(), &self.cache.join("list"), everything).expect("sync");
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.remaining_dirty, 0, "{r:?}");
+        assert_eq!(r.remaining_deletions, 0, "{r:?}");
+    }
+}
+
+fn ctx() -> Ctx {
+    Ctx {
+        uid: ccfs::sys::geteuid(),
+        gid: 0,
+        umask: 0o022,
+    }
+}
+
+fn write_file(o: &Overlay, rel: &str, data: &[u8]) {
+    let rel = Path::new(rel);
+    let (mut f, writer) = match o.resolve(rel) {
+        Ok(_) => o
+            .open(&ctx(), rel, libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open for write"),
+        Err(_) => {
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            let name = rel.file_name().expect("name");
+            let (_, f, w) = o
+                .create(&ctx(), parent, name, 0o644, libc::O_WRONLY)
+                .expect("create");
+            (f, w)
+        }
+    };
+    f.write_all(data).expect("write");
+    drop(f);
+    if let Some(w) = writer {
+        o.release_writer(w);
+    }
+}
+
+fn read_file(o: &Overlay, rel: &str) -> Vec<u8> {
+    fs::read(o.resolve(Path::new(rel)).expect("resolve").real).expect("read")
+}
+
+#[test]
+fn reads_come_from_the_share_until_the_first_change_copies_up_one_file() {
+    let env = Env::new();
+    fs::create_dir_all(env.share.join(".mozilla/firefox/p")).expect("mkdir");
+    fs::write(env.share.join(".mozilla/firefox/p/prefs.js"), "user_pref(1);").expect("w");
+    fs::write(env.share.join(".mozilla/firefox/p/other.js"), "x").expect("w");
+    let t = env.share.join(".mozilla/firefox/p/prefs.js");
+    fs::set_permissions(&t, fs::Permissions::from_mode(0o640)).expect("chmod");
+    ccfs::sys::lsetxattr(&t, OsStr::new("user.tag"), b"v", 0).expect("xattr");
+    ccfs::sys::utimens(
+        &t,
+        ccfs::sys::SetTime::At { secs: 1_000_000, nsecs: 5 },
+        ccfs::sys::SetTime::At { secs: 2_000_000, nsecs: 7 },
+    )
+    .expect("times");
+    let o = env.overlay();
+    let rel = Path::new(".mozilla/firefox/p/prefs.js");
+    let before = o.resolve(rel).expect("resolve");
+    assert_eq!(before.layer, Layer::Lower);
+    // A metadata-only change copies up with data, mode, times and xattrs.
+    o.setxattr(&ctx(), rel, OsStr::new("user.other"), b"w", 0).expect("setxattr");
+    let after = o.resolve(rel).expect("resolve");
+    assert_eq!(after.layer, Layer::Upper);
+    assert_eq!(after.identity, before.identity, "identity survives copy-up");
+    assert_eq!(fs::read(&after.real).expect("read"), b"user_pref(1);");
+    assert_eq!(after.meta.mode() & 0o7777, 0o640);
+    assert_eq!(after.meta.mtime(), 2_000_000);
+    assert_eq!(after.meta.mtime_nsec(), 7);
+    assert_eq!(o.getxattr(rel, OsStr::new("user.tag")).expect("copied xattr"), b"v");
+    // Only that one file was copied, not its siblings; the parents exist as directories.
+    assert!(!env.cache.join("upper/.mozilla/firefox/p/other.js").exists());
+    assert!(env.cache.join("upper/.mozilla/firefox/p").is_dir());
+    assert_eq!(
+        o.resolve(Path::new(".mozilla/firefox/p/other.js")).expect("r").layer,
+        Layer::Lower
+    );
+    // The share is untouched until sync.
+    assert!(ccfs::sys::lgetxattr(&t, OsStr::new("user.other")).is_err());
+    env.sync(&o, false);
+    assert_eq!(ccfs::sys::lgetxattr(&t, OsStr::new("user.other")).expect("synced"), b"w");
+}
+
+#[test]
+fn whiteouts_hide_share_files_until_sync_deletes_them() {
+    let env = Env::new();
+    fs::create_dir(env.share.join(".d")).expect("mkdir");
+    fs::write(env.share.join(".d/x"), "x").expect("w");
+    fs::write(env.share.join(".d/y"), "y").expect("w");
+    let o = env.overlay();
+    o.unlink(Path::new(".d"), OsStr::new("x")).expect("unlink");
+    assert!(o.resolve(Path::new(".d/x")).is_err());
+    let names: Vec<_> = o.readdir(Path::new(".d")).expect("ls").into_iter().map(|e| e.name).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("y")]);
+    assert!(env.share.join(".d/x").exists());
+    let err = o.rmdir(Path::new(""), OsStr::new(".d")).expect_err("not empty");
+    assert_eq!(err.errno(), libc::ENOTEMPTY);
+    o.unlink(Path::new(".d"), OsStr::new("y")).expect("unlink");
+    o.rmdir(Path::new(""), OsStr::new(".d")).expect("rmdir");
+    // Recreating the directory does not bring back the deleted share files.
+    o.mkdir(&ctx(), Path::new(""), OsStr::new(".d"), 0o755).expect("mkdir");
+    assert!(o.readdir(Path::new(".d")).expect("ls").is_empty());
+    env.sync(&o, false);
+    assert!(env.share.join(".d").is_dir());
+    assert_eq!(fs::read_dir(env.share.join(".d")).expect("ls").count(), 0);
+}
+
+#[test]
+fn renaming_a_share_directory_under_a_cached_path_asks_for_a_copy() {
+    let env = Env::new();
+    fs::create_dir_all(env.share.join(".a/sub")).expect("mkdir");
+    let o = env.overlay();
+    let e = o
+        .rename(&ctx(), Path::new(".a"), OsStr::new("sub"), Path::new(".a"), OsStr::new("moved"), 0)
+        .expect_err("exdev");
+    assert_eq!(e.errno(), libc::EXDEV);
+    // A directory made in this session renames freely.
+    o.mkdir(&ctx(), Path::new(".a"), OsStr::new("new"), 0o755).expect("mkdir");
+    write_file(&o, ".a/new/f", b"f");
+    o.rename(&ctx(), Path::new(".a"), OsStr::new("new"), Path::new(".a"), OsStr::new("renamed"), 0)
+        .expect("rename");
+    assert_eq!(read_file(&o, ".a/renamed/f"), b"f");
+    env.sync(&o, false);
+    assert_eq!(fs::read(env.share.join(".a/renamed/f")).expect("synced"), b"f");
+    assert!(!env.share.join(".a/new").exists());
+}
+
+#[test]
+fn classes_cross_with_exdev_and_local_only_ignores_the_share() {
+    let env = Env::new();
+    fs::create_dir_all(env.share.join(".cache/old")).expect("mkdir");
+    fs::write(env.share.join("doc"), "d").expect("w");
+    let o = env.overlay();
+    assert!(o.resolve(Path::new(".cache")).is_err(), "the share's .cache is not used");
+    let names: Vec<_> = o.readdir(Path::new("")).expect("ls").into_iter().map(|e| e.name).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("doc")]);
+    let e = o
+        .rename(&ctx(), Path::new(""), OsStr::new("doc"), Path::new(""), OsStr::new(".doc"), 0)
+        .expect_err("cross-class");
+    assert_eq!(e.errno(), libc::EXDEV);
+    write_file(&o, "doc", b"changed");
+    assert_eq!(fs::read(env.share.join("doc")).expect("r"), b"changed", "passthrough");
+}
+
+#[test]
+fn sync_snapshot_lists_dirty_files_and_deepest_deletions_first() {
+    let env = Env::new();
+    fs::create_dir_all(env.share.join(".x/y")).expect("mkdir");
+    fs::write(env.share.join(".x/y/z"), "z").expect("w");
+    let o = env.overlay();
+    write_file(&o, ".b", b"b");
+    write_file(&o, ".a", b"a");
+    o.unlink(Path::new(".x/y"), OsStr::new("z")).expect("rm");
+    o.rmdir(Path::new(".x"), OsStr::new("y")).expect("rmdir");
+    let snap = o.begin_sync(false).expect("snap");
+    o.end_sync();
+    assert_eq!(snap.files, vec![PathBuf::from(".a"), PathBuf::from(".b")]);
+    assert_eq!(snap.deletions, vec![PathBuf::from(".x/y/z"), PathBuf::from(".x/y")]);
+}
+
+#[test]
+fn a_write_during_sync_keeps_the_file_dirty() {
+    let env = Env::new();
+    let o = env.overlay();
+    write_file(&o, ".f", b"one");
+    let snap = o.begin_sync(false).expect("snap");
+    // The file changes after rsync read it but before the sync finishes.
+    write_file(&o, ".f", b"two");
+    o.finish_sync(&snap).expect("finish");
+    o.end_sync();
+    assert!(o.lock().state().is_dirty(Path::new(".f")), "must stay dirty");
+    // Same for a handle that stays open across the sync.
+    env.sync(&o, false);
+    let (mut f, w) = o.open(&ctx(), Path::new(".f"), libc::O_WRONLY).expect("open");
+    let snap = o.begin_sync(false).expect("snap");
+    f.write_all(b"three").expect("write");
+    o.finish_sync(&snap).expect("finish");
+    o.end_sync();
+    assert!(o.lock().state().is_dirty(Path::new(".f")));
+    drop(f);
+    o.release_writer(w.expect("writer"));
+}
+
+#[test]
+fn a_failed_rsync_clears_nothing() {
+    let env = Env::new();
+    let o = env.overlay();
+    write_file(&o, ".f", b"data");
+    let mut opts = env.rsync();
+    opts.extra_args = vec!["--no-such-rsync-option".into()];
+    let err = run_sync(&o, &opts, &env.cache.join("list"), false).expect_err("rsync fails");
+    assert!(err.to_string().contains("rsync failed"), "{err}");
+    assert!(o.lock().state().is_dirty(Path::new(".f")));
+    assert!(!env.share.join(".f").exists());
+    env.sync(&o, false);
+    assert_eq!(fs::read(env.share.join(".f")).expect("r"), b"data");
+}
+
+#[test]
+fn setattr_truncate_and_chmod_copy_up() {
+    let env = Env::new();
+    fs::write(env.share.join(".t"), "0123456789").expect("w");
+    let o = env.overlay();
+    let f = o
+        .setattr(&ctx(), Path::new(".t"), SetAttr { size: Some(4), mode: Some(0o600), ..Default::default() }, None)
+        .expect("setattr");
+    assert_eq!(f.layer, Layer::Upper);
+    assert_eq!(f.meta.len(), 4);
+    assert_eq!(f.meta.mode() & 0o777, 0o600);
+    assert_eq!(fs::read(env.share.join(".t")).expect("r"), b"0123456789");
+    env.sync(&o, false);
+    assert_eq!(fs::read(env.share.join(".t")).expect("r"), b"0123");
+    assert_eq!(fs::metadata(env.share.join(".t")).expect("m").mode() & 0o777, 0o600);
+}
+
+// ---- reference model -------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    File(Vec<u8>, u32),
+    Dir,
+}
+
+type Tree = BTreeMap<PathBuf, Node>;
+
+const NAMES: &[&str] = &[".c/a", ".c/b", ".c/d", ".c/d/a", ".c/d/b", ".c/e", ".c/e/a", ".c/e/f", ".c/e/f/a"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write(usize, u8, usize),
+    Append(usize, u8),
+    Unlink(usize),
+    Mkdir(usize),
+    Rmdir(usize),
+    Rename(usize, usize),
+    Chmod(usize, u32),
+    Link(usize, usize),
+    Sync,
+    Crash,
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    let n = NAMES.len();
+    prop_oneof![
+        4 => (0..n, any::<u8>(), 0..3000usize).prop_map(|(p, b, l)| Op::Write(p, b, l)),
+        2 => (0..n, any::<u8>()).prop_map(|(p, b)| Op::Append(p, b)),
+        2 => (0..n).prop_map(Op::Unlink),
+        3 => (0..n).prop_map(Op::Mkdir),
+        1 => (0..n).prop_map(Op::Rmdir),
+        3 => (0..n, 0..n).prop_map(|(a, b)| Op::Rename(a, b)),
+        1 => (0..n, prop::sample::select(vec![0o600u32, 0o644, 0o755])).prop_map(|(p, m)| Op::Chmod(p, m)),
+        1 => (0..n, 0..n).prop_map(|(a, b)| Op::Link(a, b)),
+        1 => Just(Op::Sync),
+        1 => Just(Op::Crash),
+    ]
+}
+
+fn share_tree(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![PathBuf::from(".c")];
+    while let Some(rel) = stack.pop() {
+        let p = root.join(&rel);
+        let Ok(meta) = fs::symlink_metadata(&p) else { continue };
+        if meta.is_dir() {
+            out.insert(rel.clone(), Node::Dir);
+            for e in fs::read_dir(&p).expect("ls") {
+                stack.push(rel.join(e.expect("entry").file_name()));
+            }
+        } else {
+            out.insert(rel, Node::File(fs::read(&p).expect("read"), meta.mode() & 0o7777));
+        }
+    }
+    out
+}
+
+fn parent_is_dir(t: &Tree, p: &Path) -> bool {
+    matches!(p.parent().and_then(|q| t.get(q)), Some(Node::Dir))
+}
+
+fn has_children(t: &Tree, p: &Path) -> bool {
+    t.keys().any(|k| k != p && k.starts_with(p))
+}
+
+/// Applies an op to the model; returns whether POSIX says it succeeds.
+fn model_apply(t: &mut Tree, op: &Op, links: &mut Vec<(PathBuf, PathBuf)>) -> bool {
+    let p = |i: &usize| PathBuf::from(NAMES[*i]);
+    match op {
+        Op::Write(i, b, len) => {
+            let path = p(i);
+            if !parent_is_dir(t, &path) || matches!(t.get(&path), Some(Node::Dir)) {
+                return false;
+            }
+            let mode = match t.get(&path) {
+                Some(Node::File(_, m)) => *m,
+                _ => 0o644,
+            };
+            set_file(t, links, &path, vec![*b; *len], mode);
+            true
+        }
+        Op::Append(i, b) => match t.get(&p(i)).cloned() {
+            Some(Node::File(mut d, m)) => {
+                d.push(*b);
+                set_file(t, links, &p(i), d, m);
+                true
+            }
+            _ => false,
+        },
+        Op::Unlink(i) => match t.get(&p(i)) {
+            Some(Node::File(..)) => {
+                t.remove(&p(i));
+                links.retain(|(a, b)| a != &p(i) && b != &p(i));
+                true
+            }
+            _ => false,
+        },
+        Op::Mkdir(i) => {
+            if !parent_is_dir(t, &p(i)) || t.contains_key(&p(i)) {
+                return false;
+            }
+            t.insert(p(i), Node::Dir);
+            true
+        }
+        Op::Rmdir(i) => {
+            if !matches!(t.get(&p(i)), Some(Node::Dir)) || has_children(t, &p(i)) {
+                return false;
+            }
+            t.remove(&p(i));
+            true
+        }
+        Op::Chmod(i, m) => match t.get_mut(&p(i)) {
+            Some(Node::File(d, mode)) => {
+                *mode = *m;
+                let d = d.clone();
+                set_file(t, links, &p(i), d, *m);
+                true
+            }
+            _ => false,
+        },
+        Op::Rename(..) | Op::Link(..) | Op::Sync | Op::Crash => unreachable!("handled by the caller"),
+    }
+}
+
+/// Writes a file's content in the model and in every name hard-linked to it.
+fn set_file(t: &mut Tree, links: &[(PathBuf, PathBuf)], path: &Path, data: Vec<u8>, mode: u32) {
+    let mut names = vec![path.to_path_buf()];
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (a, b) in links {
+            for (x, y) in [(a, b), (b, a)] {
+                if names.contains(x) && !names.contains(y) {
+                    names.push(y.clone());
+                    changed = true;
+                }
+            }
+        }
+    }
+    for n in names {
+        t.insert(n, Node::File(data.clone(), mode));
+    }
+}
+
+fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let env = Env::new();
+    fs::create_dir(env.share.join(".c")).expect("mkdir");
+    let mut model = Tree::new();
+    model.insert(PathBuf::from(".c"), Node::Dir);
+    for (i, b) in initial {
+        let path = PathBuf::from(NAMES[i]);
+        if parent_is_dir(&model, &path) && !model.contains_key(&path) {
+            if b % 3 == 0 {
+                fs::create_dir(env.share.join(&path)).expect("mkdir");
+                model.insert(path, Node::Dir);
+            } else {
+                fs::write(env.share.join(&path), vec![b; 10]).expect("w");
+                fs::set_permissions(env.share.join(&path), fs::Permissions::from_mode(0o644)).expect("chmod");
+                model.insert(path, Node::File(vec![b; 10], 0o644));
+            }
+        }
+    }
+    let mut o = env.overlay();
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for op in &ops {
+        match op {
+            Op::Sync => {
+                env.sync(&o, false);
+                prop_assert_eq!(&share_tree(&env.share), &model, "after sync");
+            }
+            Op::Crash => {
+                // The daemon dies without syncing; the next start recovers from the journal.
+                drop(o);
+                o = env.overlay();
+                env.sync(&o, true);
+                prop_assert_eq!(&share_tree(&env.share), &model, "after crash + recovery");
+            }
+            Op::Rename(a, b) => {
+                let (from, to) = (PathBuf::from(NAMES[*a]), PathBuf::from(NAMES[*b]));
+                let r = o.rename(
+                    &ctx(),
+                    from.parent().expect("p"),
+                    from.file_name().expect("n"),
+                    to.parent().expect("p"),
+                    to.file_name().expect("n"),
+                    0,
+                );
+                let expect = model_rename(&model, &from, &to);
+                match (&r, expect) {
+                    (Ok(()), Some(new_model)) => {
+                        model = new_model;
+                        let (f, t2) = (from.clone(), to.clone());
+                        links.retain(|(x, y)| x != &t2 && y != &t2);
+                        for l in links.iter_mut() {
+                            for side in [&mut l.0, &mut l.1] {
+                                if let Ok(rest) = side.strip_prefix(&f) {
+                                    *side = if rest.as_os_str().is_empty() { t2.clone() } else { t2.join(rest) };
+                                }
+                            }
+                        }
+                    }
+                    (Err(e), Some(_)) if e.errno() == libc::EXDEV => {
+                        prop_assert!(matches!(model.get(&from), Some(Node::Dir)), "EXDEV only for directories");
+                    }
+                    (Err(_), None) => {}
+                    (r, e) => prop_assert!(false, "rename {:?} -> {:?}: ccfs {:?}, model {:?}", from, to, r.is_ok(), e.is_some()),
+                }
+            }
+            Op::Link(a, b) => {
+                let (from, to) = (PathBuf::from(NAMES[*a]), PathBuf::from(NAMES[*b]));
+                let r = o.link(&ctx(), &from, to.parent().expect("p"), to.file_name().expect("n"));
+                let ok = matches!(model.get(&from), Some(Node::File(..)))
+                    && parent_is_dir(&model, &to)
+                    && !model.contains_key(&to);
+                prop_assert_eq!(r.is_ok(), ok, "link {:?} -> {:?}", from, to);
+                if ok {
+                    let node = model.get(&from).cloned().expect("file");
+                    model.insert(to.clone(), node);
+                    links.push((from, to));
+                }
+            }
+            other => {
+                let ok = model_apply(&mut model.clone(), other, &mut links.clone());
+                let r = apply_ccfs(&o, other);
+                prop_assert_eq!(r, ok, "{:?}", other);
+                if ok {
+                    model_apply(&mut model, other, &mut links);
+                }
+            }
+        }
+    }
+    env.sync(&o, false);
+    prop_assert_eq!(&share_tree(&env.share), &model, "after the final logout sync");
+    Ok(())
+}
+
+fn model_rename(t: &Tree, from: &Path, to: &Path) -> Option<Tree> {
+    let src = t.get(from)?.clone();
+    if !parent_is_dir(t, to) || to.starts_with(from) && to != from {
+        return None;
+    }
+    if from == to {
+        return Some(t.clone());
+    }
+    match (&src, t.get(to)) {
+        (Node::Dir, Some(Node::File(..))) | (Node::File(..), Some(Node::Dir)) => return None,
+        (Node::Dir, Some(Node::Dir)) if has_children(t, to) => return None,
+        _ => {}
+    }
+    let mut out = t.clone();
+    out.retain(|k, _| !k.starts_with(to));
+    let moved: Vec<(PathBuf, Node)> = t
+        .iter()
+        .filter(|(k, _)| k.starts_with(from))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, _) in &moved {
+        out.remove(k);
+    }
+    for (k, v) in moved {
+        let rest = k.strip_prefix(from).expect("prefix");
+        let nk = if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) };
+        out.insert(nk, v);
+    }
+    Some(out)
+}
+
+fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
+    let p = |i: &usize| PathBuf::from(NAMES[*i]);
+    let split = |path: &Path| (path.parent().expect("p").to_path_buf(), path.file_name().expect("n").to_os_string());
+    match op {
+        Op::Write(i, b, len) => {
+            let path = p(i);
+            let (parent, name) = split(&path);
+            let file = match o.resolve(&path) {
+                Ok(f) if f.meta.is_dir() => return false,
+                Ok(_) => o.open(&ctx(), &path, libc::O_WRONLY | libc::O_TRUNC).map(|(f, w)| (f, w)),
+                Err(_) => o.create(&ctx(), &parent, &name, 0o644, libc::O_WRONLY).map(|(_, f, w)| (f, w)),
+            };
+            match file {
+                Ok((mut f, w)) => {
+                    f.write_all(&vec![*b; *len]).expect("write");
+                    drop(f);
+                    if let Some(w) = w {
+                        o.release_writer(w);
+                    }
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+        Op::Append(i, b) => match o.resolve(&p(i)) {
+            Ok(f) if f.meta.is_file() => {
+                let (mut f, w) = o.open(&ctx(), &p(i), libc::O_WRONLY | libc::O_APPEND).expect("open");
+                f.write_all(&[*b]).expect("append");
+                drop(f);
+                if let Some(w) = w {
+                    o.release_writer(w);
+                }
+                true
+            }
+            _ => false,
+        },
+        Op::Unlink(i) => {
+            let (parent, name) = split(&p(i));
+            o.unlink(&parent, &name).is_ok()
+        }
+        Op::Mkdir(i) => {
+            let (parent, name) = split(&p(i));
+            o.mkdir(&Ctx { umask: 0, ..ctx() }, &parent, &name, 0o755).is_ok()
+        }
+        Op::Rmdir(i) => {
+            let (parent, name) = split(&p(i));
+            o.rmdir(&parent, &name).is_ok()
+        }
+        Op::Chmod(i, m) => match o.resolve(&p(i)) {
+            Ok(f) if f.meta.is_file() => o
+                .setattr(&ctx(), &p(i), SetAttr { mode: Some(*m), ..Default::default() }, None)
+                .is_ok(),
+            _ => false,
+        },
+        Op::Rename(..) | Op::Link(..) | Op::Sync | Op::Crash => unreachable!(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        max_shrink_iters: 2000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn share_equals_the_model_after_logout(
+        initial in prop::collection::vec((0..NAMES.len(), any::<u8>()), 0..8),
+        ops in prop::collection::vec(arb_op(), 1..40),
+    ) {
+        run_model(initial, ops)?;
+    }
+}
