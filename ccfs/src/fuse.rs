@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{File, Metadata};
+use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,7 +24,7 @@ use fuser::{
 
 use crate::error::FsError;
 use crate::overlay::{Ctx, Identity, Overlay, SetAttr};
-use crate::sys::SetTime;
+use crate::sys::{SetTime, Stat};
 
 /// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
 /// control socket is. It is not listed by listxattr.
@@ -32,9 +32,11 @@ pub const CONTROL_XATTR: &str = "user.ccfs.control";
 
 const ROOT: u64 = 1;
 
+/// A node the kernel knows. A file with several hard links may be known by several
+/// names; the first is the one used to reach it.
 #[derive(Debug)]
 struct Node {
-    path: PathBuf,
+    paths: Vec<PathBuf>,
     lookups: u64,
 }
 
@@ -57,37 +59,58 @@ impl Nodes {
         id
     }
 
+    /// A lookup reply for `path`: counts the lookup and makes `path` the node's first name.
     fn remember(&mut self, identity: Identity, path: &Path) -> u64 {
         let id = self.id_for(identity);
         if id == ROOT {
             return id;
         }
         let node = self.by_id.entry(id).or_insert_with(|| Node {
-            path: path.to_path_buf(),
+            paths: Vec::new(),
             lookups: 0,
         });
         node.lookups += 1;
-        node.path = path.to_path_buf();
+        node.paths.retain(|p| p != path);
+        node.paths.insert(0, path.to_path_buf());
         id
+    }
+
+    /// `path` is gone (unlinked or renamed over): a node keeps its other names.
+    fn drop_name(&mut self, identity: Identity, path: &Path) {
+        let Some(id) = self.by_identity.get(&identity).copied() else {
+            return;
+        };
+        if let Some(node) = self.by_id.get_mut(&id) {
+            if node.paths.len() > 1 {
+                node.paths.retain(|p| p != path);
+            }
+        }
     }
 
     /// After a rename: every known path at or below `from` moves below `to`.
     fn reroot(&mut self, from: &Path, to: &Path) {
         for node in self.by_id.values_mut() {
-            if let Ok(rest) = node.path.strip_prefix(from) {
-                node.path = if rest.as_os_str().is_empty() {
-                    to.to_path_buf()
-                } else {
-                    to.join(rest)
-                };
+            for p in node.paths.iter_mut() {
+                if let Ok(rest) = p.strip_prefix(from) {
+                    *p = if rest.as_os_str().is_empty() {
+                        to.to_path_buf()
+                    } else {
+                        to.join(rest)
+                    };
+                }
             }
+            node.paths.dedup();
         }
     }
 }
 
 #[derive(Debug)]
 enum Handle {
-    File { file: File, writer: Option<u64> },
+    File {
+        file: File,
+        writer: Option<u64>,
+        node: u64,
+    },
     Dir { entries: Vec<(u64, FileType, std::ffi::OsString)> },
 }
 
@@ -104,7 +127,10 @@ pub struct CcfsFs {
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
     let n = e.errno();
-    if matches!(n, libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENODATA | libc::EXDEV) {
+    if matches!(
+        n,
+        libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENODATA | libc::EXDEV | libc::ENAMETOOLONG
+    ) {
         tracing::trace!(op, path = %path.display(), "{e}");
     } else {
         tracing::warn!(op, path = %path.display(), errno = n, "{e}");
@@ -112,22 +138,15 @@ fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
     Errno::from_i32(n)
 }
 
-fn file_type(ft: std::fs::FileType) -> FileType {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        FileType::Directory
-    } else if ft.is_symlink() {
-        FileType::Symlink
-    } else if ft.is_fifo() {
-        FileType::NamedPipe
-    } else if ft.is_socket() {
-        FileType::Socket
-    } else if ft.is_char_device() {
-        FileType::CharDevice
-    } else if ft.is_block_device() {
-        FileType::BlockDevice
-    } else {
-        FileType::RegularFile
+fn file_type(kind: u32) -> FileType {
+    match kind {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
     }
 }
 
@@ -139,15 +158,16 @@ fn time(secs: i64, nsecs: i64) -> SystemTime {
     }
 }
 
-fn attr(ino: u64, m: &Metadata) -> FileAttr {
+fn attr(ino: u64, m: &Stat) -> FileAttr {
+    let t = |(s, n): (i64, i64)| time(s, n);
     FileAttr {
         ino: INodeNo(ino),
-        size: m.size(),
+        size: m.len(),
         blocks: m.blocks(),
-        atime: time(m.atime(), m.atime_nsec()),
-        mtime: time(m.mtime(), m.mtime_nsec()),
-        ctime: time(m.ctime(), m.ctime_nsec()),
-        crtime: time(m.ctime(), m.ctime_nsec()),
+        atime: t(m.atime()),
+        mtime: t(m.mtime()),
+        ctime: t(m.ctime()),
+        crtime: t(m.ctime()),
         kind: file_type(m.file_type()),
         perm: (m.mode() & 0o7777) as u16,
         nlink: m.nlink() as u32,
@@ -191,14 +211,16 @@ fn ctx(req: &Request, umask: u32) -> Ctx {
 
 impl CcfsFs {
     pub fn new(overlay: Arc<Overlay>, ttl: Duration, control_socket: &Path) -> std::io::Result<Self> {
-        let root = std::fs::metadata(overlay.share())?;
+        let root = overlay
+            .resolve(Path::new(""))
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
         let mut by_identity = HashMap::new();
-        by_identity.insert((root.dev(), root.ino()), ROOT);
+        by_identity.insert(root.identity, ROOT);
         let mut by_id = HashMap::new();
         by_id.insert(
             ROOT,
             Node {
-                path: PathBuf::new(),
+                paths: vec![PathBuf::new()],
                 lookups: 1,
             },
         );
@@ -228,7 +250,7 @@ impl CcfsFs {
         self.nodes()
             .by_id
             .get(&ino.0)
-            .map(|n| n.path.clone())
+            .and_then(|n| n.paths.first().cloned())
             .ok_or(Errno::ESTALE)
     }
 
@@ -251,14 +273,24 @@ impl CcfsFs {
         reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0));
     }
 
-    /// Forgets the identity of an object about to lose its last name, so a reused inode
-    /// number on the backing filesystem never maps to a node the kernel still holds.
-    fn retire(&self, path: &Path) {
-        if let Ok(found) = self.overlay.resolve(path) {
+    /// After `path` went away (unlink, rmdir, renamed over): forgets that name of its
+    /// node, and the object's identity when it was its last name, so a reused inode number
+    /// on the backing filesystem never maps to a node the kernel still holds.
+    fn retire(&self, gone: Option<crate::overlay::Found>, path: &Path) {
+        if let Some(found) = gone {
+            let mut nodes = self.nodes();
+            nodes.drop_name(found.identity, path);
             if found.meta.is_dir() || found.meta.nlink() <= 1 {
-                self.nodes().by_identity.remove(&found.identity);
+                nodes.by_identity.remove(&found.identity);
             }
         }
+    }
+
+    fn open_node_stat(&self, node: u64) -> Option<Stat> {
+        self.handles().values().find_map(|h| match &**h {
+            Handle::File { file, node: n, .. } if *n == node => crate::sys::fstat(file).ok(),
+            _ => None,
+        })
     }
 
     fn file_of(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
@@ -313,7 +345,7 @@ impl Filesystem for CcfsFs {
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::File { file, .. } = &*h {
-                    if let Ok(m) = file.metadata() {
+                    if let Ok(m) = crate::sys::fstat(file) {
                         reply.attr(&self.ttl, &attr(ino.0, &m));
                         return;
                     }
@@ -323,7 +355,15 @@ impl Filesystem for CcfsFs {
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.resolve(&path) {
             Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
-            Err(e) => reply.error(reply_err("getattr", &path, &e)),
+            Err(e) => {
+                // fstat of a file unlinked while open comes without a handle: use any
+                // handle still open on the node.
+                if let Some(m) = self.open_node_stat(ino.0) {
+                    reply.attr(&self.ttl, &attr(ino.0, &m));
+                } else {
+                    reply.error(reply_err("getattr", &path, &e));
+                }
+            }
         }
     }
 
@@ -360,7 +400,7 @@ impl Filesystem for CcfsFs {
             mtime: mtime.map(set_time),
         };
         match self.overlay.setattr(&ctx(req, 0), &path, change, file) {
-            Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
+            Ok(meta) => reply.attr(&self.ttl, &attr(ino.0, &meta)),
             Err(e) => reply.error(reply_err("setattr", &path, &e)),
         }
     }
@@ -406,9 +446,12 @@ impl Filesystem for CcfsFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
-        self.retire(&path);
+        let found = self.overlay.resolve(&path).ok();
         match self.overlay.unlink(&dir, name) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                self.retire(found, &path);
+                reply.ok()
+            }
             Err(e) => reply.error(reply_err("unlink", &path, &e)),
         }
     }
@@ -416,9 +459,10 @@ impl Filesystem for CcfsFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
+        let found = self.overlay.resolve(&path).ok();
         match self.overlay.rmdir(&dir, name) {
             Ok(()) => {
-                self.retire(&path);
+                self.retire(found, &path);
                 reply.ok()
             }
             Err(e) => reply.error(reply_err("rmdir", &path, &e)),
@@ -454,13 +498,8 @@ impl Filesystem for CcfsFs {
             .rename(&ctx(req, 0), &from_dir, name, &to_dir, newname, flags.bits())
         {
             Ok(()) => {
-                let mut nodes = self.nodes();
-                if let Some(old) = replaced {
-                    if old.meta.is_dir() || old.meta.nlink() <= 1 {
-                        nodes.by_identity.remove(&old.identity);
-                    }
-                }
-                nodes.reroot(&from, &to);
+                self.retire(replaced, &to);
+                self.nodes().reroot(&from, &to);
                 reply.ok()
             }
             Err(e) => reply.error(reply_err("rename", &from, &e)),
@@ -481,7 +520,11 @@ impl Filesystem for CcfsFs {
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.open(&ctx(req, 0), &path, flags.0) {
             Ok((file, writer)) => {
-                let fh = self.add_handle(Handle::File { file, writer });
+                let fh = self.add_handle(Handle::File {
+                    file,
+                    writer,
+                    node: ino.0,
+                });
                 reply.opened(fh, FopenFlags::empty());
             }
             Err(e) => reply.error(reply_err("open", &path, &e)),
@@ -740,7 +783,11 @@ impl Filesystem for CcfsFs {
         match self.overlay.create(&ctx(req, umask), &dir, name, mode, flags) {
             Ok((found, file, writer)) => {
                 let id = self.nodes().remember(found.identity, &path);
-                let fh = self.add_handle(Handle::File { file, writer });
+                let fh = self.add_handle(Handle::File {
+                    file,
+                    writer,
+                    node: id,
+                });
                 reply.created(&self.ttl, &attr(id, &found.meta), Generation(0), fh, FopenFlags::empty());
             }
             Err(e) => reply.error(reply_err("create", &path, &e)),

@@ -9,12 +9,14 @@
 //! - local-only paths live in the cache only;
 //! - cached paths read from the cache if it has them, else from the share unless a
 //!   whiteout hides them; the first change copies the one file up (temp + fsync + rename).
+//!
+//! All access goes through [`Root`] handles (openat2 with `RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS`): a symlink planted in the cache or the share is never followed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, File, Metadata, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirEntryExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -23,7 +25,7 @@ use crate::error::{errno, FsError, FsResult};
 use crate::journal::Journal;
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
-use crate::sys::{self, SetTime};
+use crate::sys::{self, Root, SetTime, Stat};
 
 /// Who is asking: new files belong to this user when ccfs runs as root.
 #[derive(Debug, Clone, Copy)]
@@ -51,15 +53,18 @@ pub type Identity = (u64, u64);
 #[derive(Debug, Clone)]
 pub struct Found {
     pub layer: Layer,
+    /// The absolute path of the real object (for messages and tests; I/O goes through
+    /// the confined roots).
     pub real: PathBuf,
-    pub meta: Metadata,
+    pub meta: Stat,
     pub identity: Identity,
 }
 
 #[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: OsString,
-    pub file_type: fs::FileType,
+    /// `S_IFMT` bits of the entry's type.
+    pub file_type: u32,
     pub identity: Identity,
 }
 
@@ -107,25 +112,16 @@ impl Inner {
 
 #[derive(Debug)]
 pub struct Overlay {
-    share: PathBuf,
-    upper: PathBuf,
-    work: PathBuf,
+    share: Root,
+    /// The cache directory; the upper layer is its `upper/` subdirectory.
+    cache: Root,
+    upper_abs: PathBuf,
     share_dev: u64,
     policy: Policy,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
     as_root: bool,
     sync_running: AtomicBool,
-}
-
-fn lstat(p: &Path) -> io::Result<Option<Metadata>> {
-    match fs::symlink_metadata(p) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
 }
 
 fn is_not_supported(e: &io::Error) -> bool {
@@ -135,22 +131,27 @@ fn is_not_supported(e: &io::Error) -> bool {
     )
 }
 
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-fn join(root: &Path, rel: &Path) -> PathBuf {
+/// `rel` inside the cache's upper layer, relative to the cache root.
+fn up(rel: &Path) -> PathBuf {
     if rel.as_os_str().is_empty() {
-        root.to_path_buf()
+        PathBuf::from("upper")
     } else {
-        root.join(rel)
+        Path::new("upper").join(rel)
     }
 }
 
-/// Open flags kept when opening the real file.
+/// Open flags kept when opening the real file (the access mode included).
 fn open_flags(flags: i32) -> i32 {
-    let keep = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DSYNC | libc::O_SYNC | libc::O_DIRECT;
-    (flags & keep) | libc::O_NOFOLLOW | libc::O_CLOEXEC
+    let keep = libc::O_ACCMODE
+        | libc::O_APPEND
+        | libc::O_NONBLOCK
+        | libc::O_DSYNC
+        | libc::O_SYNC
+        | libc::O_DIRECT
+        | libc::O_TRUNC
+        | libc::O_CREAT
+        | libc::O_EXCL;
+    flags & keep
 }
 
 fn wants_write(flags: i32) -> bool {
@@ -158,51 +159,52 @@ fn wants_write(flags: i32) -> bool {
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
 }
 
-fn options_for(flags: i32) -> OpenOptions {
-    let mut o = OpenOptions::new();
-    match flags & libc::O_ACCMODE {
-        libc::O_WRONLY => o.write(true),
-        libc::O_RDWR => o.read(true).write(true),
-        _ => o.read(true),
-    };
-    o.custom_flags(open_flags(flags));
-    if flags & libc::O_TRUNC != 0 {
-        o.truncate(true);
+fn at(t: (i64, i64)) -> SetTime {
+    SetTime::At {
+        secs: t.0,
+        nsecs: t.1,
     }
-    o
+}
+
+/// Removes a tree below `root` without following symlinks.
+fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
+    let Some(meta) = root.stat(rel)? else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        for (name, _, _) in root.read_dir(rel)? {
+            remove_tree(root, &rel.join(name))?;
+        }
+        root.rmdir(rel)
+    } else {
+        root.unlink(rel)
+    }
 }
 
 impl Overlay {
     /// Opens the overlay of `share` (canonical) with its cache in `cache_dir`
     /// (`upper/`, `work/` and `journal` are created inside).
     pub fn new(share: &Path, cache_dir: &Path, policy: Policy) -> io::Result<Self> {
-        let upper = cache_dir.join("upper");
-        let work = cache_dir.join("work");
-        for d in [&upper, &work] {
-            match fs::create_dir(d) {
-                Ok(()) => fs::set_permissions(d, fs::Permissions::from_mode(0o700))?,
+        let cache = Root::open(cache_dir)?;
+        for d in ["upper", "work"] {
+            match cache.mkdir(Path::new(d), 0o700) {
+                Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
             }
         }
         // Leftover temp files of an interrupted copy-up are never referenced: drop them.
-        for entry in fs::read_dir(&work)? {
-            let entry = entry?;
-            let p = entry.path();
-            let _ = if entry.file_type()?.is_dir() {
-                fs::remove_dir_all(&p)
-            } else {
-                fs::remove_file(&p)
-            };
+        for (name, _, _) in cache.read_dir(Path::new("work"))? {
+            let _ = remove_tree(&cache, &Path::new("work").join(name));
         }
         let (journal, state) = Journal::open(&cache_dir.join("journal"))?;
-        let share_meta = fs::metadata(share)?;
-        let share_dev = share_meta.dev();
+        let share = Root::open(share)?;
+        let share_meta = share.stat(Path::new(""))?.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let overlay = Self {
-            share: share.to_path_buf(),
-            upper,
-            work,
-            share_dev,
+            share_dev: share_meta.dev(),
+            share,
+            cache,
+            upper_abs: cache_dir.join("upper"),
             policy,
             inner: Mutex::new(Inner {
                 state,
@@ -217,16 +219,16 @@ impl Overlay {
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
-        overlay.copy_meta(share, &share_meta, &overlay.upper)?;
+        overlay.copy_meta(&overlay.share, Path::new(""), &share_meta, Path::new("upper"))?;
         Ok(overlay)
     }
 
     pub fn share(&self) -> &Path {
-        &self.share
+        self.share.path()
     }
 
     pub fn upper(&self) -> &Path {
-        &self.upper
+        &self.upper_abs
     }
 
     pub fn policy(&self) -> &Policy {
@@ -237,17 +239,9 @@ impl Overlay {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn upper_path(&self, rel: &Path) -> PathBuf {
-        join(&self.upper, rel)
-    }
-
-    fn share_path(&self, rel: &Path) -> PathBuf {
-        join(&self.share, rel)
-    }
-
-    fn tmp_path(&self) -> PathBuf {
+    fn tmp_rel(&self) -> PathBuf {
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        self.work.join(format!("tmp-{}-{n}", std::process::id()))
+        PathBuf::from(format!("work/tmp-{}-{n}", std::process::id()))
     }
 
     fn record(&self, inner: &mut Inner, records: &[Record]) -> FsResult<()> {
@@ -267,7 +261,19 @@ impl Overlay {
         Ok(())
     }
 
-    fn found(&self, inner: &Inner, rel: &Path, layer: Layer, real: PathBuf, meta: Metadata) -> Found {
+    fn upper_stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
+        self.cache.stat(&up(rel))
+    }
+
+    /// The root and path of an object found in `layer`.
+    fn place(&self, layer: Layer, rel: &Path) -> (&Root, PathBuf) {
+        match layer {
+            Layer::Upper => (&self.cache, up(rel)),
+            Layer::Lower | Layer::Share => (&self.share, rel.to_path_buf()),
+        }
+    }
+
+    fn found(&self, inner: &Inner, rel: &Path, layer: Layer, meta: Stat) -> Found {
         let identity = match layer {
             Layer::Upper => inner
                 .state
@@ -276,9 +282,10 @@ impl Overlay {
                 .unwrap_or((meta.dev(), meta.ino())),
             Layer::Lower | Layer::Share => (meta.dev(), meta.ino()),
         };
+        let (root, at) = self.place(layer, rel);
         Found {
             layer,
-            real,
+            real: root.path().join(at),
             meta,
             identity,
         }
@@ -287,26 +294,22 @@ impl Overlay {
     fn resolve_locked(&self, inner: &Inner, rel: &Path) -> FsResult<Found> {
         match self.policy.classify(rel) {
             PathClass::Passthrough => {
-                let real = self.share_path(rel);
-                let meta = lstat(&real)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Share, real, meta))
+                let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
+                Ok(self.found(inner, rel, Layer::Share, meta))
             }
             PathClass::LocalOnly => {
-                let real = self.upper_path(rel);
-                let meta = lstat(&real)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Upper, real, meta))
+                let meta = self.upper_stat(rel)?.ok_or_else(FsError::enoent)?;
+                Ok(self.found(inner, rel, Layer::Upper, meta))
             }
             PathClass::Cached => {
-                let up = self.upper_path(rel);
-                if let Some(meta) = lstat(&up)? {
-                    return Ok(self.found(inner, rel, Layer::Upper, up, meta));
+                if let Some(meta) = self.upper_stat(rel)? {
+                    return Ok(self.found(inner, rel, Layer::Upper, meta));
                 }
                 if inner.state.hidden(rel) {
                     return Err(FsError::enoent());
                 }
-                let real = self.share_path(rel);
-                let meta = lstat(&real)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Lower, real, meta))
+                let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
+                Ok(self.found(inner, rel, Layer::Lower, meta))
             }
         }
     }
@@ -328,11 +331,11 @@ impl Overlay {
     }
 
     /// The share's object under a cached path, if it is visible (not whited out).
-    fn lower_meta(&self, inner: &Inner, rel: &Path) -> io::Result<Option<Metadata>> {
+    fn lower_meta(&self, inner: &Inner, rel: &Path) -> io::Result<Option<Stat>> {
         match self.policy.classify(rel) {
             PathClass::LocalOnly => Ok(None),
             PathClass::Cached if inner.state.hidden(rel) => Ok(None),
-            _ => lstat(&self.share_path(rel)),
+            _ => self.share.stat(rel),
         }
     }
 
@@ -344,54 +347,48 @@ impl Overlay {
             return Err(errno(libc::ENOTDIR));
         }
         let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
-        let lower_dir = self
-            .lower_meta(&inner, rel)?
-            .filter(|m| m.is_dir())
-            .map(|_| self.share_path(rel));
-        if let Some(lower) = lower_dir {
-            for entry in fs::read_dir(&lower)? {
-                let entry = entry?;
-                let name = entry.file_name();
+        if self.lower_meta(&inner, rel)?.is_some_and(|m| m.is_dir()) {
+            for (name, ino, kind) in self.share.read_dir(rel)? {
                 let child = rel.join(&name);
                 match self.policy.classify(&child) {
                     PathClass::LocalOnly => continue,
                     PathClass::Cached if inner.state.hidden(&child) => continue,
                     _ => {}
                 }
-                names.insert(
-                    name.clone(),
-                    DirEntry {
-                        name,
-                        file_type: entry.file_type()?,
-                        identity: (self.share_dev, entry.ino()),
-                    },
-                );
-            }
-        }
-        let up = self.upper_path(rel);
-        if lstat(&up)?.is_some_and(|m| m.is_dir()) {
-            for entry in fs::read_dir(&up)? {
-                let entry = entry?;
-                let name = entry.file_name();
-                let child = rel.join(&name);
-                if self.policy.classify(&child) == PathClass::Passthrough {
-                    continue; // the share is authoritative for passthrough names
-                }
-                let identity = inner
-                    .state
-                    .origin(&child)
-                    .map(|o| (o.dev, o.ino))
-                    .unwrap_or_else(|| (0, entry.ino()));
-                let identity = if identity.0 == 0 {
-                    (entry.metadata()?.dev(), identity.1)
+                let kind = if kind == 0 {
+                    self.share.stat(&child)?.map(|m| m.file_type()).unwrap_or(libc::S_IFREG)
                 } else {
-                    identity
+                    kind
                 };
                 names.insert(
                     name.clone(),
                     DirEntry {
                         name,
-                        file_type: entry.file_type()?,
+                        file_type: kind,
+                        identity: (self.share_dev, ino),
+                    },
+                );
+            }
+        }
+        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+            for (name, ino, kind) in self.cache.read_dir(&up(rel))? {
+                let child = rel.join(&name);
+                if self.policy.classify(&child) == PathClass::Passthrough {
+                    continue; // the share is authoritative for passthrough names
+                }
+                let meta = self.upper_stat(&child)?;
+                let Some(meta) = meta else { continue };
+                let identity = inner
+                    .state
+                    .origin(&child)
+                    .map(|o| (o.dev, o.ino))
+                    .unwrap_or((meta.dev(), ino));
+                let kind = if kind == 0 { meta.file_type() } else { kind };
+                names.insert(
+                    name.clone(),
+                    DirEntry {
+                        name,
+                        file_type: kind,
                         identity,
                     },
                 );
@@ -400,27 +397,34 @@ impl Overlay {
         Ok(names.into_values().collect())
     }
 
-    fn chown_new(&self, path: &Path, ctx: &Ctx) -> io::Result<()> {
-        if self.as_root {
-            std::os::unix::fs::lchown(path, Some(ctx.uid), Some(ctx.gid))?;
+    /// New objects belong to the caller (when we are root), with the group of a setgid
+    /// parent directory.
+    fn chown_new(&self, root: &Root, at: &Path, ctx: &Ctx) -> io::Result<()> {
+        if !self.as_root {
+            return Ok(());
         }
-        Ok(())
+        let parent = at.parent().unwrap_or(Path::new(""));
+        let gid = match root.stat(parent)? {
+            Some(p) if p.mode() & libc::S_ISGID != 0 => p.gid(),
+            _ => ctx.gid,
+        };
+        root.chown(at, Some(ctx.uid), Some(gid))
     }
 
-    /// Copies ownership, mode, xattrs and times of `src` onto `dst`.
-    fn copy_meta(&self, src: &Path, meta: &Metadata, dst: &Path) -> io::Result<()> {
-        let symlink = meta.file_type().is_symlink();
+    /// Copies ownership, mode, xattrs and times of a share object onto a cache object.
+    fn copy_meta(&self, src_root: &Root, src: &Path, meta: &Stat, dst: &Path) -> io::Result<()> {
         if self.as_root {
-            std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid()))?;
+            self.cache.chown(dst, Some(meta.uid()), Some(meta.gid()))?;
         }
-        if !symlink {
-            sys::chmod(dst, meta.mode() & 0o7777)?;
+        if !meta.is_symlink() {
+            self.cache.chmod(dst, meta.mode() & 0o7777)?;
         }
-        match sys::llistxattr(src) {
+        match src_root.listxattr(src) {
             Ok(names) => {
                 for name in names {
-                    let copied = sys::lgetxattr(src, &name)
-                        .and_then(|v| sys::lsetxattr(dst, &name, &v, 0));
+                    let copied = src_root
+                        .getxattr(src, &name)
+                        .and_then(|v| self.cache.setxattr(dst, &name, &v, 0));
                     if let Err(e) = copied {
                         if !is_not_supported(&e) {
                             return Err(e);
@@ -432,38 +436,33 @@ impl Overlay {
             Err(e) if is_not_supported(&e) => {}
             Err(e) => return Err(e),
         }
-        sys::utimens(
-            dst,
-            SetTime::At {
-                secs: meta.atime(),
-                nsecs: meta.atime_nsec(),
-            },
-            SetTime::At {
-                secs: meta.mtime(),
-                nsecs: meta.mtime_nsec(),
-            },
-        )
+        self.cache.utimens(dst, at(meta.atime()), at(meta.mtime()))
     }
 
     /// Makes sure the cache has directory `rel` (and its parents), copying each missing
     /// one's metadata from the share. Directories made here are not dirty: the share has them.
     fn ensure_upper_dir(&self, inner: &Inner, rel: &Path, ctx: &Ctx) -> FsResult<()> {
-        let up = self.upper_path(rel);
-        if lstat(&up)?.is_some_and(|m| m.is_dir()) {
+        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
             return Ok(());
         }
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
-        let tmp = self.tmp_path();
-        fs::create_dir(&tmp)?;
+        let tmp = self.tmp_rel();
+        self.cache.mkdir(&tmp, 0o700)?;
         let lower = self.lower_meta(inner, rel)?.filter(|m| m.is_dir());
         let meta_result = match lower {
-            Some(m) => self.copy_meta(&self.share_path(rel), &m, &tmp),
-            None => sys::chmod(&tmp, 0o755 & !ctx.umask).and_then(|()| self.chown_new(&tmp, ctx)),
+            Some(m) => self.copy_meta(&self.share, rel, &m, &tmp),
+            None => self.cache.chmod(&tmp, 0o755 & !ctx.umask).and_then(|()| {
+                if self.as_root {
+                    self.cache.chown(&tmp, Some(ctx.uid), Some(ctx.gid))
+                } else {
+                    Ok(())
+                }
+            }),
         };
-        if let Err(e) = meta_result.and_then(|()| fs::rename(&tmp, &up)) {
-            let _ = fs::remove_dir(&tmp);
+        if let Err(e) = meta_result.and_then(|()| self.cache.rename(&tmp, &up(rel), 0)) {
+            let _ = self.cache.rmdir(&tmp);
             return Err(e.into());
         }
         Ok(())
@@ -471,11 +470,9 @@ impl Overlay {
 
     /// Copies one cached path up from the share, if it is not in the cache yet.
     fn copy_up(&self, inner: &mut Inner, rel: &Path, with_data: bool, ctx: &Ctx) -> FsResult<()> {
-        let up = self.upper_path(rel);
-        if lstat(&up)?.is_some() {
+        if self.upper_stat(rel)?.is_some() {
             return Ok(());
         }
-        let lower_path = self.share_path(rel);
         let meta = self.lower_meta(inner, rel)?.ok_or_else(FsError::enoent)?;
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
@@ -494,46 +491,39 @@ impl Overlay {
             ],
         )?;
         inner.touched.insert(rel.to_path_buf());
-        let tmp = self.tmp_path();
-        let result = self.copy_object(&lower_path, &meta, &tmp, with_data).and_then(|()| {
-            fs::rename(&tmp, &up)?;
-            fsync_dir(up.parent().unwrap_or(&self.upper))
+        let tmp = self.tmp_rel();
+        let dst = up(rel);
+        let result = self.copy_object(rel, &meta, &tmp, with_data).and_then(|()| {
+            self.cache.rename(&tmp, &dst, 0)?;
+            let parent = dst.parent().unwrap_or(Path::new("upper"));
+            self.cache.open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?.sync_all()
         });
         if let Err(e) = result {
-            let _ = fs::remove_file(&tmp).or_else(|_| fs::remove_dir(&tmp));
+            let _ = remove_tree(&self.cache, &tmp);
             return Err(e.into());
         }
         tracing::debug!(path = %rel.display(), "copied up");
         Ok(())
     }
 
-    fn copy_object(&self, src: &Path, meta: &Metadata, dst: &Path, with_data: bool) -> io::Result<()> {
-        let ft = meta.file_type();
-        if ft.is_file() {
-            let input = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(src)?;
-            let out = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(dst)?;
+    fn copy_object(&self, src: &Path, meta: &Stat, dst: &Path, with_data: bool) -> io::Result<()> {
+        if meta.is_file() {
+            let input = self.share.open_file(src, libc::O_RDONLY, 0)?;
+            let out = self.cache.open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
             if with_data {
                 sys::copy_data(&input, &out, meta.len())?;
             }
-            self.copy_meta(src, meta, dst)?;
+            self.copy_meta(&self.share, src, meta, dst)?;
             out.sync_all()?;
-        } else if ft.is_dir() {
-            fs::create_dir(dst)?;
-            self.copy_meta(src, meta, dst)?;
-        } else if ft.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(src)?, dst)?;
-            self.copy_meta(src, meta, dst)?;
+        } else if meta.is_dir() {
+            self.cache.mkdir(dst, 0o700)?;
+            self.copy_meta(&self.share, src, meta, dst)?;
+        } else if meta.is_symlink() {
+            self.cache.symlink(&self.share.readlink(src)?, dst)?;
+            self.copy_meta(&self.share, src, meta, dst)?;
         } else {
-            sys::mknod(dst, meta.mode(), meta.rdev())?;
-            self.copy_meta(src, meta, dst)?;
+            self.cache.mknod(dst, meta.mode(), meta.rdev())?;
+            self.copy_meta(&self.share, src, meta, dst)?;
         }
         Ok(())
     }
@@ -543,19 +533,20 @@ impl Overlay {
     /// [`Overlay::release_writer`]).
     pub fn open(&self, ctx: &Ctx, rel: &Path, flags: i32) -> FsResult<(File, Option<u64>)> {
         let class = self.policy.classify(rel);
+        let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
         if wants_write(flags) && class == PathClass::Cached {
             let mut inner = self.lock();
             let truncating = flags & libc::O_TRUNC != 0;
             self.copy_up(&mut inner, rel, !truncating, ctx)?;
             self.mark_dirty(&mut inner, rel)?;
-            let file = options_for(flags).open(self.upper_path(rel))?;
-            let ino = file.metadata()?.ino();
+            let file = self.cache.open_file(&up(rel), flags, 0)?;
+            let ino = sys::fstat(&file)?.ino();
             *inner.writers.entry(ino).or_insert(0) += 1;
             return Ok((file, Some(ino)));
         }
         let found = self.resolve(rel)?;
-        let file = options_for(flags).open(&found.real)?;
-        Ok((file, None))
+        let (root, at) = self.place(found.layer, rel);
+        Ok((root.open_file(&at, flags, 0)?, None))
     }
 
     /// A writable handle on a cache file was closed.
@@ -570,13 +561,14 @@ impl Overlay {
         inner.released.insert(ino);
     }
 
-    /// Creates a new object `name` in `parent` with `make`, which gets the real path.
+    /// Creates a new object `name` in `parent` with `make`, which gets the root and the
+    /// path below it.
     fn make_node(
         &self,
         ctx: &Ctx,
         parent: &Path,
         name: &OsStr,
-        make: impl FnOnce(&Path) -> io::Result<()>,
+        make: impl FnOnce(&Root, &Path) -> io::Result<()>,
     ) -> FsResult<Found> {
         let rel = parent.join(name);
         let mut inner = self.lock();
@@ -584,18 +576,21 @@ impl Overlay {
         if self.resolve_locked(&inner, &rel).is_ok() {
             return Err(errno(libc::EEXIST));
         }
-        let real = match self.policy.classify(&rel) {
-            PathClass::Passthrough => self.share_path(&rel),
+        match self.policy.classify(&rel) {
+            PathClass::Passthrough => {
+                make(&self.share, &rel)?;
+                self.chown_new(&self.share, &rel, ctx)?;
+            }
             PathClass::LocalOnly => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
-                self.upper_path(&rel)
+                make(&self.cache, &up(&rel))?;
+                self.chown_new(&self.cache, &up(&rel), ctx)?;
             }
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 self.mark_dirty(&mut inner, &rel)?;
-                let real = self.upper_path(&rel);
-                if let Err(e) = make(&real) {
+                if let Err(e) = make(&self.cache, &up(&rel)) {
                     // Put the whiteout back so the share's deleted copy stays hidden.
                     self.record(
                         &mut inner,
@@ -606,12 +601,9 @@ impl Overlay {
                     )?;
                     return Err(e.into());
                 }
-                self.chown_new(&real, ctx)?;
-                return self.resolve_locked(&inner, &rel);
+                self.chown_new(&self.cache, &up(&rel), ctx)?;
             }
-        };
-        make(&real)?;
-        self.chown_new(&real, ctx)?;
+        }
         self.resolve_locked(&inner, &rel)
     }
 
@@ -634,12 +626,9 @@ impl Overlay {
         }
         let perm = mode & 0o7777 & !ctx.umask;
         let mut file = None;
-        let found = self.make_node(ctx, parent, name, |real| {
-            let f = options_for(flags | libc::O_CREAT)
-                .create_new(true)
-                .mode(perm)
-                .open(real)?;
-            file = Some(f);
+        let found = self.make_node(ctx, parent, name, |root, at| {
+            let flags = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
+            file = Some(root.open_file(at, flags, perm)?);
             Ok(())
         })?;
         let file = file.ok_or_else(|| errno(libc::EIO))?;
@@ -655,26 +644,20 @@ impl Overlay {
 
     pub fn mkdir(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32) -> FsResult<Found> {
         let perm = mode & 0o7777 & !ctx.umask;
-        self.make_node(ctx, parent, name, |real| {
-            fs::create_dir(real)?;
-            sys::chmod(real, perm)
+        self.make_node(ctx, parent, name, |root, at| {
+            root.mkdir(at, perm)?;
+            // mkdir masks with our umask (0) only; set the exact bits (sticky, setgid).
+            root.chmod(at, perm | (root.stat(at)?.map(|m| m.mode() & libc::S_ISGID).unwrap_or(0)))
         })
     }
 
-    pub fn mknod(
-        &self,
-        ctx: &Ctx,
-        parent: &Path,
-        name: &OsStr,
-        mode: u32,
-        rdev: u64,
-    ) -> FsResult<Found> {
+    pub fn mknod(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32, rdev: u64) -> FsResult<Found> {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ctx.umask);
-        self.make_node(ctx, parent, name, |real| sys::mknod(real, mode, rdev))
+        self.make_node(ctx, parent, name, |root, at| root.mknod(at, mode, rdev))
     }
 
     pub fn symlink(&self, ctx: &Ctx, parent: &Path, name: &OsStr, target: &Path) -> FsResult<Found> {
-        self.make_node(ctx, parent, name, |real| std::os::unix::fs::symlink(target, real))
+        self.make_node(ctx, parent, name, |root, at| root.symlink(target, at))
     }
 
     /// Hard link `src` as `parent/name`. Both must be of the same class.
@@ -689,11 +672,11 @@ impl Overlay {
         if self.resolve_locked(&inner, &rel).is_ok() {
             return Err(errno(libc::EEXIST));
         }
-        let (from, to) = match class {
-            PathClass::Passthrough => (self.share_path(src), self.share_path(&rel)),
+        match class {
+            PathClass::Passthrough => self.share.link(src, &rel)?,
             PathClass::LocalOnly => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
-                (self.upper_path(src), self.upper_path(&rel))
+                self.cache.link(&up(src), &up(&rel))?;
             }
             PathClass::Cached => {
                 if self.resolve_locked(&inner, src)?.meta.is_dir() {
@@ -704,7 +687,7 @@ impl Overlay {
                 self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 self.mark_dirty(&mut inner, &rel)?;
-                if let Err(e) = fs::hard_link(self.upper_path(src), self.upper_path(&rel)) {
+                if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
                     self.record(
                         &mut inner,
                         &[Record::Delete {
@@ -718,10 +701,8 @@ impl Overlay {
                 if let Some(o) = inner.state.origin(src) {
                     self.record(&mut inner, &[Record::Origin(rel.clone(), o)])?;
                 }
-                return self.resolve_locked(&inner, &rel);
             }
-        };
-        fs::hard_link(&from, &to)?;
+        }
         self.resolve_locked(&inner, &rel)
     }
 
@@ -752,10 +733,11 @@ impl Overlay {
         }
         let class = self.policy.classify(&rel);
         if class != PathClass::Cached {
+            let (root, at) = self.place(found.layer, &rel);
             if dir {
-                fs::remove_dir(&found.real)?;
+                root.rmdir(&at)?;
             } else {
-                fs::remove_file(&found.real)?;
+                root.unlink(&at)?;
             }
             return Ok(());
         }
@@ -774,12 +756,11 @@ impl Overlay {
                 whiteout,
             }],
         )?;
-        let up = self.upper_path(&rel);
-        if lstat(&up)?.is_some() {
+        if self.upper_stat(&rel)?.is_some() {
             if dir {
-                fs::remove_dir(&up)?;
+                self.cache.rmdir(&up(&rel))?;
             } else {
-                fs::remove_file(&up)?;
+                self.cache.unlink(&up(&rel))?;
             }
         }
         Ok(())
@@ -807,13 +788,12 @@ impl Overlay {
         }
         if class != PathClass::Cached {
             let mut inner = self.lock();
-            let root = if class == PathClass::Passthrough {
-                &self.share
+            if class == PathClass::Passthrough {
+                self.share.rename(&from, &to, flags)?;
             } else {
                 self.ensure_upper_dir(&inner, to_parent, ctx)?;
-                &self.upper
-            };
-            sys::rename2(&join(root, &from), &join(root, &to), flags)?;
+                self.cache.rename(&up(&from), &up(&to), flags)?;
+            }
             inner.touched.insert(to);
             return Ok(());
         }
@@ -856,7 +836,7 @@ impl Overlay {
         // Write-ahead: the target is dirty before the cache changes, so a crash in between
         // leaves a journal that is not clean and recovery sends the whole cache.
         self.record(&mut inner, &[Record::Dirty(to.clone())])?;
-        fs::rename(self.upper_path(&from), self.upper_path(&to))?;
+        self.cache.rename(&up(&from), &up(&to), 0)?;
         let mut records = vec![Record::Rename {
             from: from.clone(),
             to: to.clone(),
@@ -874,91 +854,137 @@ impl Overlay {
     }
 
     /// Changes attributes (chmod, chown, truncate, utimens). `file` is the open handle's
-    /// file when the kernel gave one (ftruncate).
-    pub fn setattr(&self, ctx: &Ctx, rel: &Path, attr: SetAttr, file: Option<&File>) -> FsResult<Found> {
+    /// file when the kernel gave one; it is used when the path is gone (unlinked while open).
+    pub fn setattr(&self, ctx: &Ctx, rel: &Path, attr: SetAttr, file: Option<&File>) -> FsResult<Stat> {
         let mut inner = self.lock();
-        let mut found = self.resolve_locked(&inner, rel)?;
+        let mut found = match (self.resolve_locked(&inner, rel), file) {
+            (Ok(f), _) => f,
+            (Err(e), Some(f)) if e.errno() == libc::ENOENT => {
+                drop(inner);
+                return Self::setattr_fd(f, attr);
+            }
+            (Err(e), _) => return Err(e),
+        };
         if self.policy.classify(rel) == PathClass::Cached {
             let keep_data = attr.size != Some(0);
             self.copy_up(&mut inner, rel, keep_data, ctx)?;
             self.mark_dirty(&mut inner, rel)?;
             found = self.resolve_locked(&inner, rel)?;
         }
-        let real = &found.real;
+        let (root, at) = self.place(found.layer, rel);
         if attr.uid.is_some() || attr.gid.is_some() {
-            std::os::unix::fs::lchown(real, attr.uid, attr.gid)?;
+            root.chown(&at, attr.uid, attr.gid)?;
         }
         if let Some(mode) = attr.mode {
-            if !found.meta.file_type().is_symlink() {
-                sys::chmod(real, mode & 0o7777)?;
+            if !found.meta.is_symlink() {
+                root.chmod(&at, mode & 0o7777)?;
             }
         }
         if let Some(size) = attr.size {
             // A writable handle of a cached file always points into the cache.
             match file {
                 Some(f) => f.set_len(size)?,
-                None => OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(real)?
-                    .set_len(size)?,
+                None => root.open_file(&at, libc::O_WRONLY, 0)?.set_len(size)?,
             }
         }
         if attr.atime.is_some() || attr.mtime.is_some() {
-            sys::utimens(
-                real,
+            root.utimens(
+                &at,
                 attr.atime.unwrap_or(SetTime::Omit),
                 attr.mtime.unwrap_or(SetTime::Omit),
             )?;
         }
-        self.resolve_locked(&inner, rel)
+        Ok(self.resolve_locked(&inner, rel)?.meta)
+    }
+
+    /// setattr through an open file whose name is gone.
+    fn setattr_fd(f: &File, attr: SetAttr) -> FsResult<Stat> {
+        use std::os::unix::fs::PermissionsExt;
+        if attr.uid.is_some() || attr.gid.is_some() {
+            std::os::unix::fs::fchown(f, attr.uid, attr.gid)?;
+        }
+        if let Some(mode) = attr.mode {
+            f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
+        }
+        if let Some(size) = attr.size {
+            f.set_len(size)?;
+        }
+        if attr.atime.is_some() || attr.mtime.is_some() {
+            sys::futimens(f, attr.atime.unwrap_or(SetTime::Omit), attr.mtime.unwrap_or(SetTime::Omit))?;
+        }
+        Ok(sys::fstat(f)?)
     }
 
     pub fn readlink(&self, rel: &Path) -> FsResult<PathBuf> {
         let found = self.resolve(rel)?;
-        Ok(fs::read_link(&found.real)?)
+        let (root, at) = self.place(found.layer, rel);
+        Ok(root.readlink(&at)?)
     }
 
     pub fn getxattr(&self, rel: &Path, name: &OsStr) -> FsResult<Vec<u8>> {
         let found = self.resolve(rel)?;
-        Ok(sys::lgetxattr(&found.real, name)?)
+        let (root, at) = self.place(found.layer, rel);
+        Ok(root.getxattr(&at, name)?)
     }
 
     pub fn listxattr(&self, rel: &Path) -> FsResult<Vec<OsString>> {
         let found = self.resolve(rel)?;
-        Ok(sys::llistxattr(&found.real)?)
+        let (root, at) = self.place(found.layer, rel);
+        Ok(root.listxattr(&at)?)
     }
 
-    /// The real path to change for a metadata write on `rel` (copied up if cached).
-    fn writable_real(&self, ctx: &Ctx, rel: &Path) -> FsResult<PathBuf> {
+    /// Where a metadata write on `rel` lands (copied up first if cached).
+    fn writable_place(&self, ctx: &Ctx, rel: &Path) -> FsResult<(&Root, PathBuf)> {
         let mut inner = self.lock();
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
             self.copy_up(&mut inner, rel, true, ctx)?;
             self.mark_dirty(&mut inner, rel)?;
-            return Ok(self.upper_path(rel));
+            return Ok((&self.cache, up(rel)));
         }
-        Ok(found.real)
+        Ok(self.place(found.layer, rel))
     }
 
     pub fn setxattr(&self, ctx: &Ctx, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        let real = self.writable_real(ctx, rel)?;
-        Ok(sys::lsetxattr(&real, name, value, flags)?)
+        let (root, at) = self.writable_place(ctx, rel)?;
+        Ok(root.setxattr(&at, name, value, flags)?)
     }
 
     pub fn removexattr(&self, ctx: &Ctx, rel: &Path, name: &OsStr) -> FsResult<()> {
         // Look first, so a missing attribute does not copy the file up.
-        let found = self.resolve(rel)?;
-        sys::lgetxattr(&found.real, name)?;
-        let real = self.writable_real(ctx, rel)?;
-        Ok(sys::lremovexattr(&real, name)?)
+        self.getxattr(rel, name)?;
+        let (root, at) = self.writable_place(ctx, rel)?;
+        Ok(root.removexattr(&at, name)?)
     }
 
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {
-        Ok(fsinfo::statfs(&self.share)?)
+        Ok(fsinfo::statfs(self.share.path())?)
     }
 
     // ---- sync support -------------------------------------------------------------
+
+    /// Every non-local-only object in the cache, depth first.
+    fn walk_upper(&self, mut visit: impl FnMut(&Path, u64, u32)) -> io::Result<()> {
+        let mut stack = vec![PathBuf::new()];
+        while let Some(dir) = stack.pop() {
+            for (name, ino, kind) in self.cache.read_dir(&up(&dir))? {
+                let rel = dir.join(name);
+                if self.policy.classify(&rel) == PathClass::LocalOnly {
+                    continue;
+                }
+                let kind = if kind == 0 {
+                    self.upper_stat(&rel)?.map(|m| m.file_type()).unwrap_or(0)
+                } else {
+                    kind
+                };
+                if kind == libc::S_IFDIR {
+                    stack.push(rel.clone());
+                }
+                visit(&rel, ino, kind);
+            }
+        }
+        Ok(())
+    }
 
     /// Takes what a sync must send. With `everything`, every object in the cache is sent
     /// (crash recovery: the journal may lag the cache), not only the recorded dirty paths.
@@ -967,35 +993,16 @@ impl Overlay {
         self.sync_running.store(true, Ordering::Release);
         inner.touched.clear();
         inner.released.clear();
-        let mut files: Vec<PathBuf> = Vec::new();
+        let mut files: Vec<PathBuf> = inner.state.dirty().cloned().collect();
         if everything {
-            let mut stack = vec![PathBuf::new()];
-            while let Some(dir) = stack.pop() {
-                for entry in fs::read_dir(self.upper_path(&dir))? {
-                    let entry = entry?;
-                    let rel = dir.join(entry.file_name());
-                    if self.policy.classify(&rel) == PathClass::LocalOnly {
-                        continue;
-                    }
-                    if entry.file_type()?.is_dir() {
-                        stack.push(rel.clone());
-                    }
-                    files.push(rel);
-                }
-            }
-            // Recorded-dirty paths count too (they may need the dirty mark cleared).
-            for p in inner.state.dirty() {
-                files.push(p.clone());
-            }
-        } else {
-            files.extend(inner.state.dirty().cloned());
+            self.walk_upper(|rel, _, _| files.push(rel.to_path_buf()))?;
         }
         files.retain(|p| self.policy.classify(p) != PathClass::LocalOnly);
         files.sort();
         files.dedup();
         let (mut files, stale): (Vec<PathBuf>, Vec<PathBuf>) = files
             .into_iter()
-            .partition(|p| lstat(&self.upper_path(p)).ok().flatten().is_some());
+            .partition(|p| self.upper_stat(p).ok().flatten().is_some());
         self.add_hard_link_names(&mut files)?;
         let mut deletions: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
         deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
@@ -1011,7 +1018,7 @@ impl Overlay {
     fn add_hard_link_names(&self, files: &mut Vec<PathBuf>) -> io::Result<()> {
         let mut inodes = HashSet::new();
         for p in files.iter() {
-            if let Some(m) = lstat(&self.upper_path(p))? {
+            if let Some(m) = self.upper_stat(p)? {
                 if !m.is_dir() && m.nlink() > 1 {
                     inodes.insert(m.ino());
                 }
@@ -1020,20 +1027,11 @@ impl Overlay {
         if inodes.is_empty() {
             return Ok(());
         }
-        let mut stack = vec![PathBuf::new()];
-        while let Some(dir) = stack.pop() {
-            for entry in fs::read_dir(self.upper_path(&dir))? {
-                let entry = entry?;
-                let rel = dir.join(entry.file_name());
-                if entry.file_type()?.is_dir() {
-                    stack.push(rel);
-                } else if inodes.contains(&entry.ino())
-                    && self.policy.classify(&rel) != PathClass::LocalOnly
-                {
-                    files.push(rel);
-                }
+        self.walk_upper(|rel, ino, kind| {
+            if kind != libc::S_IFDIR && inodes.contains(&ino) {
+                files.push(rel.to_path_buf());
             }
-        }
+        })?;
         files.sort();
         files.dedup();
         Ok(())
@@ -1044,7 +1042,7 @@ impl Overlay {
         let mut inner = self.lock();
         let mut clean = Vec::new();
         for p in &snap.stale {
-            if inner.state.is_dirty(p) && !inner.touched.contains(p) && lstat(&self.upper_path(p))?.is_none() {
+            if inner.state.is_dirty(p) && !inner.touched.contains(p) && self.upper_stat(p)?.is_none() {
                 clean.push(Record::Clean(p.clone()));
             }
         }
@@ -1052,7 +1050,7 @@ impl Overlay {
             if !inner.state.is_dirty(p) || inner.touched.contains(p) {
                 continue;
             }
-            let Some(meta) = lstat(&self.upper_path(p))? else {
+            let Some(meta) = self.upper_stat(p)? else {
                 continue;
             };
             let ino = meta.ino();
@@ -1075,13 +1073,12 @@ impl Overlay {
         if !inner.state.is_whiteout(rel) {
             return Ok(());
         }
-        if lstat(&self.upper_path(rel))?.is_none() {
-            let real = self.share_path(rel);
-            if let Some(meta) = lstat(&real)? {
+        if self.upper_stat(rel)?.is_none() {
+            if let Some(meta) = self.share.stat(rel)? {
                 let r = if meta.is_dir() {
-                    fs::remove_dir(&real)
+                    self.share.rmdir(rel)
                 } else {
-                    fs::remove_file(&real)
+                    self.share.unlink(rel)
                 };
                 match r {
                     Ok(()) => {}
@@ -1111,18 +1108,12 @@ impl Overlay {
         if !inner.state.is_clean() {
             return Ok(false);
         }
-        for entry in fs::read_dir(&self.upper)? {
-            let entry = entry?;
-            let rel = PathBuf::from(entry.file_name());
+        for (name, _, _) in self.cache.read_dir(Path::new("upper"))? {
+            let rel = PathBuf::from(&name);
             if self.policy.classify(&rel) == PathClass::LocalOnly {
                 continue;
             }
-            let p = entry.path();
-            if entry.file_type()?.is_dir() {
-                fs::remove_dir_all(&p)?;
-            } else {
-                fs::remove_file(&p)?;
-            }
+            remove_tree(&self.cache, &up(&rel))?;
         }
         inner.state.forget_origins();
         let Inner { state, journal, .. } = &mut *inner;
@@ -1135,7 +1126,7 @@ impl Overlay {
         let inner = self.lock();
         let mut bytes = 0;
         for p in inner.state.dirty() {
-            if let Ok(Some(m)) = lstat(&self.upper_path(p)) {
+            if let Ok(Some(m)) = self.upper_stat(p) {
                 if m.is_file() {
                     bytes += m.len();
                 }
