@@ -97,10 +97,7 @@ pub enum ConfigError {
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid config file {path}: {source}")]
-    Policy {
-        path: PathBuf,
-        source: PolicyError,
-    },
+    Policy { path: PathBuf, source: PolicyError },
     #[error("invalid config file {path}: {message}")]
     Value { path: PathBuf, message: String },
 }
@@ -191,7 +188,10 @@ mod tests {
     fn empty_file_gives_documented_defaults() {
         let s = Settings::from_toml("", Path::new("c.toml")).expect("defaults");
         assert_eq!(s.threads, 4);
-        assert_eq!(s.policy.classify(Path::new(".cache/x")), PathClass::LocalOnly);
+        assert_eq!(
+            s.policy.classify(Path::new(".cache/x")),
+            PathClass::LocalOnly
+        );
         assert_eq!(s.policy.classify(Path::new(".bashrc")), PathClass::Cached);
     }
 
@@ -204,14 +204,19 @@ mod tests {
         .expect("valid");
         assert_eq!(s.threads, 8);
         assert_eq!(s.rsync_extra_args, vec!["--bwlimit=1000".to_string()]);
-        assert_eq!(s.policy.classify(Path::new(".thunderbird/x")), PathClass::Passthrough);
+        assert_eq!(
+            s.policy.classify(Path::new(".thunderbird/x")),
+            PathClass::Passthrough
+        );
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_refused() {
-        let e = Settings::from_toml("[paths]\ncahced = []\n", Path::new("c.toml")).expect_err("typo");
+        let e =
+            Settings::from_toml("[paths]\ncahced = []\n", Path::new("c.toml")).expect_err("typo");
         assert!(e.to_string().contains("cahced"), "{e}");
-        let e = Settings::from_toml("[mount]\nthreads = 0\n", Path::new("c.toml")).expect_err("zero");
+        let e =
+            Settings::from_toml("[mount]\nthreads = 0\n", Path::new("c.toml")).expect_err("zero");
         assert!(e.to_string().contains("threads"), "{e}");
         let e = Settings::from_toml("[paths]\nlocal_only = [\"[\"]\n", Path::new("c.toml"))
             .expect_err("glob");

@@ -142,7 +142,9 @@ impl Daemon {
     /// Waits (a bounded time) until every `ccfs umount` waiting has been answered.
     pub fn drain_waiters(&self, timeout: std::time::Duration) {
         let start = std::time::Instant::now();
-        while self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 && start.elapsed() < timeout {
+        while self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
+            && start.elapsed() < timeout
+        {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
@@ -163,7 +165,9 @@ fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
     let req = serde_json::from_str::<Request>(line.trim());
     let waiting = matches!(req, Ok(Request::Wait));
     if waiting {
-        daemon.waiters.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        daemon
+            .waiters
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // Acknowledge first: the client unmounts only once we are known to be waiting.
         let mut w = &stream;
         w.write_all(b"{\"waiting\":true}\n")?;
@@ -177,7 +181,9 @@ fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
         .write_all(answer.to_string().as_bytes())
         .and_then(|()| w.write_all(b"\n"));
     if waiting {
-        daemon.waiters.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        daemon
+            .waiters
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
     result
 }
@@ -186,10 +192,7 @@ fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
 pub fn serve(daemon: Arc<Daemon>, socket: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
-    std::fs::set_permissions(
-        socket,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
+    std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     std::thread::Builder::new()
         .name("ccfs-control".into())
         .spawn(move || {

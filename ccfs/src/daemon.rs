@@ -58,7 +58,11 @@ pub fn default_cache_dir(mountpoint: &Path) -> PathBuf {
         .to_string_lossy()
         .trim_matches('/')
         .replace('/', "-");
-    let name = if name.is_empty() { "root".to_string() } else { name };
+    let name = if name.is_empty() {
+        "root".to_string()
+    } else {
+        name
+    };
     cache_root()
         .join(crate::sys::geteuid().to_string())
         .join(name)
@@ -163,7 +167,10 @@ pub fn plan_mount(
 ) -> Result<MountPlan, UserError> {
     let settings = match config {
         Some(c) => Settings::load(c).map_err(|e| {
-            user_error(e.to_string(), "fix the file (see `ccfs mount --help` for the format)")
+            user_error(
+                e.to_string(),
+                "fix the file (see `ccfs mount --help` for the format)",
+            )
         })?,
         None => Settings::default(),
     };
@@ -195,7 +202,10 @@ pub fn plan_mount(
         ));
     }
     let mountpoint = mountpoint.canonicalize().map_err(|e| {
-        user_error(format!("mountpoint {}: {e}", mountpoint.display()), "check the path")
+        user_error(
+            format!("mountpoint {}: {e}", mountpoint.display()),
+            "check the path",
+        )
     })?;
     if fsinfo::is_mount_point(&mountpoint).unwrap_or(false) {
         return Err(user_error(
@@ -228,13 +238,20 @@ pub fn plan_mount(
     let cache_canon = canonical_prefix(&cache_dir);
     if cache_canon.starts_with(&share) {
         return Err(user_error(
-            format!("cache dir {} is inside the share {}", cache_dir.display(), share.display()),
+            format!(
+                "cache dir {} is inside the share {}",
+                cache_dir.display(),
+                share.display()
+            ),
             "put the cache on a local disk (default /var/tmp/ccfs)",
         ));
     }
     if share.starts_with(&cache_canon) || cache_canon.starts_with(&mountpoint) {
         return Err(user_error(
-            format!("cache dir {} overlaps the share or the mountpoint", cache_dir.display()),
+            format!(
+                "cache dir {} overlaps the share or the mountpoint",
+                cache_dir.display()
+            ),
             "use a separate local directory for the cache",
         ));
     }
@@ -275,7 +292,10 @@ pub fn plan_mount(
     if cache_exists {
         if let Some(pid) = cache_owner(&cache_dir) {
             return Err(user_error(
-                format!("cache dir {} is in use by another ccfs mount (pid {pid})", cache_dir.display()),
+                format!(
+                    "cache dir {} is in use by another ccfs mount (pid {pid})",
+                    cache_dir.display()
+                ),
                 "unmount that first, or give another --cache-dir",
             ));
         }
@@ -326,12 +346,20 @@ pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
-        .map_err(|e| user_error(format!("cannot open {}: {e}", path.display()), "check the cache dir"))?;
+        .map_err(|e| {
+            user_error(
+                format!("cannot open {}: {e}", path.display()),
+                "check the cache dir",
+            )
+        })?;
     match crate::sys::try_lock_exclusive(&f) {
         Ok(true) => {}
         _ => {
             return Err(user_error(
-                format!("cache dir {} is in use by another ccfs process", dir.display()),
+                format!(
+                    "cache dir {} is in use by another ccfs process",
+                    dir.display()
+                ),
                 "wait for it to finish, or unmount the mount that uses it",
             ))
         }
@@ -353,7 +381,11 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
 
 /// Brings a cache up to date with the share after an earlier session ended without its
 /// logout sync. Returns the outcome, or None when there was nothing to do.
-pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions, cache_dir: &Path) -> Option<SyncOutcome> {
+pub fn recover_overlay(
+    overlay: &Overlay,
+    rsync: &RsyncOptions,
+    cache_dir: &Path,
+) -> Option<SyncOutcome> {
     let needs = !overlay.lock().state().is_clean()
         || fs::read_dir(overlay.upper())
             .map(|d| {
@@ -392,12 +424,19 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         mountpoint: plan.mountpoint.clone(),
         config: plan.config.clone(),
     };
-    write_atomic(&plan.cache_dir.join("meta.json"), &serde_json::to_vec_pretty(&meta)?)?;
+    write_atomic(
+        &plan.cache_dir.join("meta.json"),
+        &serde_json::to_vec_pretty(&meta)?,
+    )?;
     // Modes passed by the kernel are final: our own umask must not mask them again.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
 
-    let overlay = Arc::new(Overlay::new(&plan.share, &plan.cache_dir, plan.settings.policy.clone())?);
+    let overlay = Arc::new(Overlay::new(
+        &plan.share,
+        &plan.cache_dir,
+        plan.settings.policy.clone(),
+    )?);
     let rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     if let Some(outcome) = recover_overlay(&overlay, &rsync, &plan.cache_dir) {
         if outcome.ok {
@@ -475,11 +514,18 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
 }
 
 /// Recovers one cache directory (no daemon may hold it).
-pub fn recover_cache(cache_dir: &Path, config: Option<&Path>) -> anyhow::Result<Option<SyncOutcome>> {
+pub fn recover_cache(
+    cache_dir: &Path,
+    config: Option<&Path>,
+) -> anyhow::Result<Option<SyncOutcome>> {
     let meta_path = cache_dir.join("meta.json");
     let meta: CacheMeta = serde_json::from_slice(&fs::read(&meta_path).map_err(|e| {
         user_error(
-            format!("{} is not a ccfs cache ({}: {e})", cache_dir.display(), meta_path.display()),
+            format!(
+                "{} is not a ccfs cache ({}: {e})",
+                cache_dir.display(),
+                meta_path.display()
+            ),
             "give the --cache-dir of an earlier mount",
         )
     })?)?;
@@ -499,7 +545,9 @@ pub fn recover_cache(cache_dir: &Path, config: Option<&Path>) -> anyhow::Result<
     let _lock = lock_cache(cache_dir)?;
     let config = config.map(Path::to_path_buf).or(meta.config.clone());
     let settings = match &config {
-        Some(c) => Settings::load(c).map_err(|e| user_error(e.to_string(), "fix the config file"))?,
+        Some(c) => {
+            Settings::load(c).map_err(|e| user_error(e.to_string(), "fix the config file"))?
+        }
         None => Settings::default(),
     };
     if !meta.share.is_dir() {

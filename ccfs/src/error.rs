@@ -43,9 +43,15 @@ mod tests {
 
     #[test]
     fn mapping() {
-        assert_eq!(FsError::from(io::Error::from_raw_os_error(libc::EACCES)).errno(), libc::EACCES);
+        assert_eq!(
+            FsError::from(io::Error::from_raw_os_error(libc::EACCES)).errno(),
+            libc::EACCES
+        );
         assert_eq!(FsError::from(io::Error::other("x")).errno(), libc::EIO);
-        assert_eq!(FsError::Journal(io::Error::from_raw_os_error(libc::ENOSPC)).errno(), libc::ENOSPC);
+        assert_eq!(
+            FsError::Journal(io::Error::from_raw_os_error(libc::ENOSPC)).errno(),
+            libc::ENOSPC
+        );
         assert_eq!(errno(libc::EXDEV).errno(), libc::EXDEV);
     }
 }

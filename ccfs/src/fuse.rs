@@ -111,7 +111,9 @@ enum Handle {
         writer: Option<u64>,
         node: u64,
     },
-    Dir { entries: Vec<(u64, FileType, std::ffi::OsString)> },
+    Dir {
+        entries: Vec<(u64, FileType, std::ffi::OsString)>,
+    },
 }
 
 /// The ccfs filesystem as fuser sees it.
@@ -129,7 +131,12 @@ fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
     let n = e.errno();
     if matches!(
         n,
-        libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENODATA | libc::EXDEV | libc::ENAMETOOLONG
+        libc::ENOENT
+            | libc::EEXIST
+            | libc::ENOTEMPTY
+            | libc::ENODATA
+            | libc::EXDEV
+            | libc::ENAMETOOLONG
     ) {
         tracing::trace!(op, path = %path.display(), "{e}");
     } else {
@@ -210,7 +217,11 @@ fn ctx(req: &Request, umask: u32) -> Ctx {
 }
 
 impl CcfsFs {
-    pub fn new(overlay: Arc<Overlay>, ttl: Duration, control_socket: &Path) -> std::io::Result<Self> {
+    pub fn new(
+        overlay: Arc<Overlay>,
+        ttl: Duration,
+        control_socket: &Path,
+    ) -> std::io::Result<Self> {
         let root = overlay
             .resolve(Path::new(""))
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
@@ -434,7 +445,15 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
@@ -469,7 +488,14 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
@@ -493,10 +519,14 @@ impl Filesystem for CcfsFs {
         let from = from_dir.join(name);
         let to = to_dir.join(newname);
         let replaced = self.overlay.resolve(&to).ok();
-        match self
-            .overlay
-            .rename(&ctx(req, 0), &from_dir, name, &to_dir, newname, flags.bits())
-        {
+        match self.overlay.rename(
+            &ctx(req, 0),
+            &from_dir,
+            name,
+            &to_dir,
+            newname,
+            flags.bits(),
+        ) {
             Ok(()) => {
                 self.retire(replaced, &to);
                 self.nodes().reroot(&from, &to);
@@ -506,7 +536,14 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let src = try_reply!(reply, self.path(ino));
         let dir = try_reply!(reply, self.path(newparent));
         let path = dir.join(newname);
@@ -586,7 +623,14 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -612,7 +656,14 @@ impl Filesystem for CcfsFs {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let h = try_reply!(reply, self.file_of(fh));
         let Handle::File { file, .. } = &*h else {
             reply.error(Errno::EISDIR);
@@ -652,7 +703,14 @@ impl Filesystem for CcfsFs {
         reply.opened(fh, FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let h = try_reply!(reply, self.handle(fh));
         let Handle::Dir { entries } = &*h else {
             reply.error(Errno::ENOTDIR);
@@ -666,12 +724,26 @@ impl Filesystem for CcfsFs {
         reply.ok();
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.handles().remove(&fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -706,7 +778,10 @@ impl Filesystem for CcfsFs {
             return;
         }
         let path = try_reply!(reply, self.path(ino));
-        match self.overlay.setxattr(&ctx(req, 0), &path, name, value, flags) {
+        match self
+            .overlay
+            .setxattr(&ctx(req, 0), &path, name, value, flags)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(reply_err("setxattr", &path, &e)),
         }
@@ -780,7 +855,10 @@ impl Filesystem for CcfsFs {
     ) {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
-        match self.overlay.create(&ctx(req, umask), &dir, name, mode, flags) {
+        match self
+            .overlay
+            .create(&ctx(req, umask), &dir, name, mode, flags)
+        {
             Ok((found, file, writer)) => {
                 let id = self.nodes().remember(found.identity, &path);
                 let fh = self.add_handle(Handle::File {
@@ -788,7 +866,13 @@ impl Filesystem for CcfsFs {
                     writer,
                     node: id,
                 });
-                reply.created(&self.ttl, &attr(id, &found.meta), Generation(0), fh, FopenFlags::empty());
+                reply.created(
+                    &self.ttl,
+                    &attr(id, &found.meta),
+                    Generation(0),
+                    fh,
+                    FopenFlags::empty(),
+                );
             }
             Err(e) => reply.error(reply_err("create", &path, &e)),
         }

@@ -53,7 +53,9 @@ pub fn unescape(text: &str) -> Option<PathBuf> {
             i += 1;
         }
     }
-    Some(PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out)))
+    Some(PathBuf::from(
+        <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out),
+    ))
 }
 
 /// One record as a line body (without checksum and newline).
@@ -229,7 +231,13 @@ mod tests {
 
     #[test]
     fn escape_roundtrip_for_awkward_names() {
-        for name in [".a b", "x\\y", "new\nline", "caf\u{e9}", ".mozilla/firefox/x y/prefs.js"] {
+        for name in [
+            ".a b",
+            "x\\y",
+            "new\nline",
+            "caf\u{e9}",
+            ".mozilla/firefox/x y/prefs.js",
+        ] {
             let p = PathBuf::from(name);
             let e = escape(&p);
             assert!(!e.contains(' ') && !e.contains('\n'), "{e}");
@@ -277,7 +285,8 @@ mod tests {
         let (mut j, s) = Journal::open(&path).expect("open again");
         assert!(s.is_dirty(Path::new(".a")));
         assert!(s.is_whiteout(Path::new(".b")));
-        j.append(&[Record::Clean(PathBuf::from(".a"))]).expect("append after cut");
+        j.append(&[Record::Clean(PathBuf::from(".a"))])
+            .expect("append after cut");
         let (_, s2) = Journal::open(&path).expect("third open");
         assert!(!s2.is_dirty(Path::new(".a")));
         let (mut j, s3) = Journal::open(&path).expect("open");
@@ -287,8 +296,11 @@ mod tests {
     }
 
     fn arb_path() -> impl Strategy<Value = PathBuf> {
-        prop::collection::vec(prop::sample::select(vec![".a", ".b", "c", "d e", "\u{e9}"]), 1..4)
-            .prop_map(|v| v.iter().collect())
+        prop::collection::vec(
+            prop::sample::select(vec![".a", ".b", "c", "d e", "\u{e9}"]),
+            1..4,
+        )
+        .prop_map(|v| v.iter().collect())
     }
 
     fn arb_record() -> impl Strategy<Value = Record> {
@@ -296,7 +308,8 @@ mod tests {
             arb_path().prop_map(Record::Dirty),
             (arb_path(), any::<u64>(), any::<u64>())
                 .prop_map(|(p, dev, ino)| Record::Origin(p, Origin { dev, ino })),
-            (arb_path(), any::<bool>()).prop_map(|(path, whiteout)| Record::Delete { path, whiteout }),
+            (arb_path(), any::<bool>())
+                .prop_map(|(path, whiteout)| Record::Delete { path, whiteout }),
             (arb_path(), arb_path()).prop_map(|(from, to)| Record::Rename { from, to }),
             arb_path().prop_map(Record::Clean),
             arb_path().prop_map(Record::Deleted),

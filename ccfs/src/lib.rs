@@ -6,13 +6,13 @@
 //! types), [`sync`] (rsync plan and runner), [`fuse`] (the thin adapter to the kernel).
 
 pub mod config;
-pub mod journal;
-pub mod policy;
-pub mod state;
-pub mod error;
-pub mod overlay;
-pub mod sync;
-pub mod sys;
-pub mod fuse;
 pub mod control;
 pub mod daemon;
+pub mod error;
+pub mod fuse;
+pub mod journal;
+pub mod overlay;
+pub mod policy;
+pub mod state;
+pub mod sync;
+pub mod sys;

@@ -42,6 +42,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Show what ccfs does on a throwaway share: a dotfile write stays local, a document
+    /// goes straight through, logout syncs the dotfile.
+    Demo {
+        /// Keep the temporary directory (its path is printed).
+        #[arg(long)]
+        keep: bool,
+    },
     /// Finish what an earlier session left unsynced (safe at boot and before every mount).
     Recover {
         /// One cache directory (default: every cache under /var/tmp/ccfs or $CCFS_CACHE_ROOT).
@@ -130,8 +137,12 @@ fn mount(args: MountArgs) -> Result<(), Error> {
     }
     // Background: start the daemon as a child and return once the mount is live.
     let created = !plan.cache_exists;
-    daemon::create_cache_dir(&plan.cache_dir)
-        .map_err(|e| fail(format!("cannot create cache dir {}: {e}", plan.cache_dir.display())))?;
+    daemon::create_cache_dir(&plan.cache_dir).map_err(|e| {
+        fail(format!(
+            "cannot create cache dir {}: {e}",
+            plan.cache_dir.display()
+        ))
+    })?;
     let log_path = plan.cache_dir.join("ccfs.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -141,7 +152,10 @@ fn mount(args: MountArgs) -> Result<(), Error> {
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("mount").arg("--foreground").arg("--cache-dir").arg(&plan.cache_dir);
+    cmd.arg("mount")
+        .arg("--foreground")
+        .arg("--cache-dir")
+        .arg(&plan.cache_dir);
     if let Some(c) = &plan.config {
         cmd.arg("--config").arg(c);
     }
@@ -173,7 +187,8 @@ fn mount(args: MountArgs) -> Result<(), Error> {
         }
         if let Ok(Some(status)) = child.try_wait() {
             let text = std::fs::read(&log_path).unwrap_or_default();
-            let text = String::from_utf8_lossy(&text[(log_start as usize).min(text.len())..]).into_owned();
+            let text =
+                String::from_utf8_lossy(&text[(log_start as usize).min(text.len())..]).into_owned();
             let last = text
                 .lines()
                 .rev()
@@ -218,11 +233,15 @@ fn control_socket(mountpoint: &Path) -> Result<(PathBuf, PathBuf), Error> {
         .into());
     }
     let sock = ccfs::sys::lgetxattr(&mp, std::ffi::OsStr::new(CONTROL_XATTR)).map_err(|e| {
-        fail(format!("cannot reach the ccfs daemon of {}: {e}", mp.display()))
+        fail(format!(
+            "cannot reach the ccfs daemon of {}: {e}",
+            mp.display()
+        ))
     })?;
-    Ok((mp, PathBuf::from(std::ffi::OsString::from(
-        <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(sock),
-    ))))
+    Ok((
+        mp,
+        PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(sock)),
+    ))
 }
 
 fn print_outcome(what: &str, o: &SyncOutcome) {
@@ -282,7 +301,10 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
     }
     print_outcome("logout sync", &outcome);
     if outcome.ok {
-        println!("ccfs: unmounted {}; all changes are on the share", mp.display());
+        println!(
+            "ccfs: unmounted {}; all changes are on the share",
+            mp.display()
+        );
         Ok(())
     } else {
         Err(fail(format!(
@@ -296,14 +318,17 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
 
 fn sync_cmd(mountpoint: &Path) -> Result<(), Error> {
     let (_, sock) = control_socket(mountpoint)?;
-    let answer = control::request(&sock, &Request::Sync).map_err(|e| fail(format!("daemon: {e}")))?;
+    let answer =
+        control::request(&sock, &Request::Sync).map_err(|e| fail(format!("daemon: {e}")))?;
     let outcome: SyncOutcome =
         serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
     print_outcome("sync", &outcome);
     if outcome.ok {
         Ok(())
     } else {
-        Err(fail("the sync did not finish; the changes stay in the cache"))
+        Err(fail(
+            "the sync did not finish; the changes stay in the cache",
+        ))
     }
 }
 
@@ -325,13 +350,15 @@ fn human_bytes(n: u64) -> String {
 fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
     let mps: Vec<PathBuf> = match mountpoint {
         Some(m) => vec![m.to_path_buf()],
-        None => daemon::ccfs_mounts()
-            .map_err(|e| fail(format!("cannot read the mount table: {e}")))?,
+        None => {
+            daemon::ccfs_mounts().map_err(|e| fail(format!("cannot read the mount table: {e}")))?
+        }
     };
     let mut all = Vec::new();
     for mp in mps {
         let (_, sock) = control_socket(&mp)?;
-        let v = control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?;
+        let v =
+            control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?;
         let st: Status =
             serde_json::from_value(v).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
         all.push(st);
@@ -398,7 +425,10 @@ fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error>
     let mut failed = 0;
     for d in &dirs {
         if let Some(pid) = daemon::cache_owner(d) {
-            println!("ccfs: {}: in use by a running mount (pid {pid}); skipped", d.display());
+            println!(
+                "ccfs: {}: in use by a running mount (pid {pid}); skipped",
+                d.display()
+            );
             continue;
         }
         match daemon::recover_cache(d, config) {
@@ -428,6 +458,133 @@ fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error>
     Ok(())
 }
 
+fn run_self(args: &[&std::ffi::OsStr]) -> Result<String, Error> {
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .map_err(|e| fail(format!("cannot run ccfs: {e}")))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(fail(format!(
+            "`ccfs {}` failed: {text}",
+            args.join(std::ffi::OsStr::new(" ")).to_string_lossy()
+        )));
+    }
+    Ok(text)
+}
+
+fn show(label: &str, path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(t) => format!("{label:<44} {:?}", t.trim_end()),
+        Err(_) => format!("{label:<44} (absent)"),
+    }
+}
+
+fn demo(keep: bool) -> Result<(), Error> {
+    let base = std::env::temp_dir().join(format!("ccfs-demo-{}", std::process::id()));
+    let share = base.join("netshare/users/alice");
+    let home = base.join("home/alice");
+    let cache = base.join("cache");
+    for d in [&share, &home] {
+        std::fs::create_dir_all(d)
+            .map_err(|e| fail(format!("cannot create {}: {e}", d.display())))?;
+    }
+    let io = |e: std::io::Error| fail(format!("demo: {e}"));
+    std::fs::create_dir_all(share.join(".mozilla/firefox/demo.default")).map_err(io)?;
+    std::fs::write(
+        share.join(".mozilla/firefox/demo.default/prefs.js"),
+        "user_pref(\"browser.startup.page\", 1);\n",
+    )
+    .map_err(io)?;
+    std::fs::create_dir_all(share.join("Documents")).map_err(io)?;
+    println!("== ccfs demo in {}", base.display());
+    println!("share (the file server):  {}", share.display());
+    println!("home  (the ccfs mount):   {}\n", home.display());
+    print!(
+        "{}",
+        run_self(&[
+            "mount".as_ref(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            share.as_os_str(),
+            home.as_os_str()
+        ])?
+    );
+    let prefs = ".mozilla/firefox/demo.default/prefs.js";
+    let result = (|| -> Result<(), Error> {
+        std::fs::write(
+            home.join(prefs),
+            "user_pref(\"browser.startup.page\", 3);\n",
+        )
+        .map_err(io)?;
+        std::fs::write(home.join(".bashrc"), "alias ll='ls -l'\n").map_err(io)?;
+        std::fs::create_dir_all(home.join(".cache/thumbnails")).map_err(io)?;
+        std::fs::write(home.join(".cache/thumbnails/1.png"), "not really a png").map_err(io)?;
+        std::fs::write(home.join("Documents/essay.txt"), "My essay, first draft.\n").map_err(io)?;
+        println!(
+            "\n-- during the session (the user wrote four files through {}):",
+            home.display()
+        );
+        println!("{}", show("  home  prefs.js", &home.join(prefs)));
+        println!(
+            "{}",
+            show("  share prefs.js  (still the old one)", &share.join(prefs))
+        );
+        println!(
+            "{}",
+            show("  share .bashrc   (not there yet)", &share.join(".bashrc"))
+        );
+        println!(
+            "{}",
+            show(
+                "  share Documents/essay.txt (written at once)",
+                &share.join("Documents/essay.txt")
+            )
+        );
+        println!("\n-- ccfs status:");
+        print!("{}", run_self(&["status".as_ref(), home.as_os_str()])?);
+        println!("\n-- logout (ccfs umount):");
+        print!("{}", run_self(&["umount".as_ref(), home.as_os_str()])?);
+        println!("\n-- after logout, on the share:");
+        println!("{}", show("  share prefs.js", &share.join(prefs)));
+        println!("{}", show("  share .bashrc", &share.join(".bashrc")));
+        println!(
+            "{}",
+            show(
+                "  share .cache/thumbnails/1.png (local only)",
+                &share.join(".cache/thumbnails/1.png")
+            )
+        );
+        let synced = std::fs::read_to_string(share.join(prefs))
+            .map_err(io)?
+            .contains(", 3)")
+            && share.join(".bashrc").is_file()
+            && !share.join(".cache").exists();
+        if !synced {
+            return Err(fail("the share does not hold what the session wrote"));
+        }
+        println!("\nccfs demo: ok");
+        Ok(())
+    })();
+    if daemon::ccfs_mounts()
+        .map(|m| m.contains(&home))
+        .unwrap_or(false)
+    {
+        let _ = Command::new("fusermount3").arg("-u").arg(&home).status();
+    }
+    if keep {
+        println!("\nkept {}", base.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    result
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -435,6 +592,7 @@ fn main() -> ExitCode {
         Cmd::Umount { mountpoint } => umount(&mountpoint),
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
         Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
+        Cmd::Demo { keep } => demo(keep),
         Cmd::Recover { cache_dir, config } => {
             init_logging("warn");
             recover(cache_dir.as_deref(), config.as_deref())
@@ -466,10 +624,20 @@ mod tests {
     #[test]
     fn contract_names_parse() {
         let c = Cli::try_parse_from([
-            "ccfs", "mount", "--cache-dir", "/c", "--config", "/f.toml", "--foreground", "/s", "/m",
+            "ccfs",
+            "mount",
+            "--cache-dir",
+            "/c",
+            "--config",
+            "/f.toml",
+            "--foreground",
+            "/s",
+            "/m",
         ])
         .expect("mount parses");
-        assert!(matches!(c.command, Cmd::Mount(ref a) if a.foreground && a.share == Path::new("/s")));
+        assert!(
+            matches!(c.command, Cmd::Mount(ref a) if a.foreground && a.share == Path::new("/s"))
+        );
         assert!(Cli::try_parse_from(["ccfs", "umount", "/m"]).is_ok());
         assert!(Cli::try_parse_from(["ccfs", "sync", "/m"]).is_ok());
         assert!(Cli::try_parse_from(["ccfs", "status", "--json"]).is_ok());

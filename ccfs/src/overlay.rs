@@ -199,7 +199,9 @@ impl Overlay {
         }
         let (journal, state) = Journal::open(&cache_dir.join("journal"))?;
         let share = Root::open(share)?;
-        let share_meta = share.stat(Path::new(""))?.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let share_meta = share
+            .stat(Path::new(""))?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let overlay = Self {
             share_dev: share_meta.dev(),
             share,
@@ -219,7 +221,12 @@ impl Overlay {
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
-        overlay.copy_meta(&overlay.share, Path::new(""), &share_meta, Path::new("upper"))?;
+        overlay.copy_meta(
+            &overlay.share,
+            Path::new(""),
+            &share_meta,
+            Path::new("upper"),
+        )?;
         Ok(overlay)
     }
 
@@ -356,7 +363,10 @@ impl Overlay {
                     _ => {}
                 }
                 let kind = if kind == 0 {
-                    self.share.stat(&child)?.map(|m| m.file_type()).unwrap_or(libc::S_IFREG)
+                    self.share
+                        .stat(&child)?
+                        .map(|m| m.file_type())
+                        .unwrap_or(libc::S_IFREG)
                 } else {
                     kind
                 };
@@ -493,11 +503,15 @@ impl Overlay {
         inner.touched.insert(rel.to_path_buf());
         let tmp = self.tmp_rel();
         let dst = up(rel);
-        let result = self.copy_object(rel, &meta, &tmp, with_data).and_then(|()| {
-            self.cache.rename(&tmp, &dst, 0)?;
-            let parent = dst.parent().unwrap_or(Path::new("upper"));
-            self.cache.open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?.sync_all()
-        });
+        let result = self
+            .copy_object(rel, &meta, &tmp, with_data)
+            .and_then(|()| {
+                self.cache.rename(&tmp, &dst, 0)?;
+                let parent = dst.parent().unwrap_or(Path::new("upper"));
+                self.cache
+                    .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+                    .sync_all()
+            });
         if let Err(e) = result {
             let _ = remove_tree(&self.cache, &tmp);
             return Err(e.into());
@@ -509,7 +523,9 @@ impl Overlay {
     fn copy_object(&self, src: &Path, meta: &Stat, dst: &Path, with_data: bool) -> io::Result<()> {
         if meta.is_file() {
             let input = self.share.open_file(src, libc::O_RDONLY, 0)?;
-            let out = self.cache.open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            let out =
+                self.cache
+                    .open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
             if with_data {
                 sys::copy_data(&input, &out, meta.len())?;
             }
@@ -632,13 +648,14 @@ impl Overlay {
             Ok(())
         })?;
         let file = file.ok_or_else(|| errno(libc::EIO))?;
-        let writer = if found.layer == Layer::Upper && self.policy.classify(&rel) == PathClass::Cached {
-            let ino = found.meta.ino();
-            *self.lock().writers.entry(ino).or_insert(0) += 1;
-            Some(ino)
-        } else {
-            None
-        };
+        let writer =
+            if found.layer == Layer::Upper && self.policy.classify(&rel) == PathClass::Cached {
+                let ino = found.meta.ino();
+                *self.lock().writers.entry(ino).or_insert(0) += 1;
+                Some(ino)
+            } else {
+                None
+            };
         Ok((found, file, writer))
     }
 
@@ -647,16 +664,35 @@ impl Overlay {
         self.make_node(ctx, parent, name, |root, at| {
             root.mkdir(at, perm)?;
             // mkdir masks with our umask (0) only; set the exact bits (sticky, setgid).
-            root.chmod(at, perm | (root.stat(at)?.map(|m| m.mode() & libc::S_ISGID).unwrap_or(0)))
+            root.chmod(
+                at,
+                perm | (root
+                    .stat(at)?
+                    .map(|m| m.mode() & libc::S_ISGID)
+                    .unwrap_or(0)),
+            )
         })
     }
 
-    pub fn mknod(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32, rdev: u64) -> FsResult<Found> {
+    pub fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+    ) -> FsResult<Found> {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ctx.umask);
         self.make_node(ctx, parent, name, |root, at| root.mknod(at, mode, rdev))
     }
 
-    pub fn symlink(&self, ctx: &Ctx, parent: &Path, name: &OsStr, target: &Path) -> FsResult<Found> {
+    pub fn symlink(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        target: &Path,
+    ) -> FsResult<Found> {
         self.make_node(ctx, parent, name, |root, at| root.symlink(target, at))
     }
 
@@ -855,7 +891,13 @@ impl Overlay {
 
     /// Changes attributes (chmod, chown, truncate, utimens). `file` is the open handle's
     /// file when the kernel gave one; it is used when the path is gone (unlinked while open).
-    pub fn setattr(&self, ctx: &Ctx, rel: &Path, attr: SetAttr, file: Option<&File>) -> FsResult<Stat> {
+    pub fn setattr(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        attr: SetAttr,
+        file: Option<&File>,
+    ) -> FsResult<Stat> {
         let mut inner = self.lock();
         let mut found = match (self.resolve_locked(&inner, rel), file) {
             (Ok(f), _) => f,
@@ -910,7 +952,11 @@ impl Overlay {
             f.set_len(size)?;
         }
         if attr.atime.is_some() || attr.mtime.is_some() {
-            sys::futimens(f, attr.atime.unwrap_or(SetTime::Omit), attr.mtime.unwrap_or(SetTime::Omit))?;
+            sys::futimens(
+                f,
+                attr.atime.unwrap_or(SetTime::Omit),
+                attr.mtime.unwrap_or(SetTime::Omit),
+            )?;
         }
         Ok(sys::fstat(f)?)
     }
@@ -945,7 +991,14 @@ impl Overlay {
         Ok(self.place(found.layer, rel))
     }
 
-    pub fn setxattr(&self, ctx: &Ctx, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+    pub fn setxattr(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> FsResult<()> {
         let (root, at) = self.writable_place(ctx, rel)?;
         Ok(root.setxattr(&at, name, value, flags)?)
     }
@@ -1042,7 +1095,10 @@ impl Overlay {
         let mut inner = self.lock();
         let mut clean = Vec::new();
         for p in &snap.stale {
-            if inner.state.is_dirty(p) && !inner.touched.contains(p) && self.upper_stat(p)?.is_none() {
+            if inner.state.is_dirty(p)
+                && !inner.touched.contains(p)
+                && self.upper_stat(p)?.is_none()
+            {
                 clean.push(Record::Clean(p.clone()));
             }
         }
@@ -1132,6 +1188,10 @@ impl Overlay {
                 }
             }
         }
-        (inner.state.dirty_count(), bytes, inner.state.whiteout_count())
+        (
+            inner.state.dirty_count(),
+            bytes,
+            inner.state.whiteout_count(),
+        )
     }
 }

@@ -147,12 +147,24 @@ mod tests {
             p.classify(Path::new(".mozilla/firefox/x/prefs.js")),
             PathClass::Cached
         );
-        assert_eq!(p.classify(Path::new(".config/gtk-3.0/bookmarks")), PathClass::Cached);
+        assert_eq!(
+            p.classify(Path::new(".config/gtk-3.0/bookmarks")),
+            PathClass::Cached
+        );
         assert_eq!(p.classify(Path::new(".cache")), PathClass::LocalOnly);
-        assert_eq!(p.classify(Path::new(".cache/mozilla/a/b")), PathClass::LocalOnly);
+        assert_eq!(
+            p.classify(Path::new(".cache/mozilla/a/b")),
+            PathClass::LocalOnly
+        );
         assert_eq!(p.classify(Path::new(".cachedir")), PathClass::Cached);
-        assert_eq!(p.classify(Path::new("Documents/report.odt")), PathClass::Passthrough);
-        assert_eq!(p.classify(Path::new("Documents/.hidden")), PathClass::Passthrough);
+        assert_eq!(
+            p.classify(Path::new("Documents/report.odt")),
+            PathClass::Passthrough
+        );
+        assert_eq!(
+            p.classify(Path::new("Documents/.hidden")),
+            PathClass::Passthrough
+        );
         assert_eq!(p.classify(Path::new("notes.txt")), PathClass::Passthrough);
     }
 
@@ -165,12 +177,30 @@ mod tests {
             &s(&[".cache/**", ".mozilla/firefox/*/cache2/**"]),
         )
         .expect("valid policy");
-        assert_eq!(p.classify(Path::new(".thunderbird")), PathClass::Passthrough);
-        assert_eq!(p.classify(Path::new(".thunderbird/a/b")), PathClass::Passthrough);
-        assert_eq!(p.classify(Path::new(".local/share/Trash/files/x")), PathClass::Passthrough);
-        assert_eq!(p.classify(Path::new(".local/share/recently-used.xbel")), PathClass::Cached);
-        assert_eq!(p.classify(Path::new("Desktop/app.desktop")), PathClass::Cached);
-        assert_eq!(p.classify(Path::new("Desktop/photo.png")), PathClass::Passthrough);
+        assert_eq!(
+            p.classify(Path::new(".thunderbird")),
+            PathClass::Passthrough
+        );
+        assert_eq!(
+            p.classify(Path::new(".thunderbird/a/b")),
+            PathClass::Passthrough
+        );
+        assert_eq!(
+            p.classify(Path::new(".local/share/Trash/files/x")),
+            PathClass::Passthrough
+        );
+        assert_eq!(
+            p.classify(Path::new(".local/share/recently-used.xbel")),
+            PathClass::Cached
+        );
+        assert_eq!(
+            p.classify(Path::new("Desktop/app.desktop")),
+            PathClass::Cached
+        );
+        assert_eq!(
+            p.classify(Path::new("Desktop/photo.png")),
+            PathClass::Passthrough
+        );
         assert_eq!(
             p.classify(Path::new(".mozilla/firefox/ab.default/cache2/entries/1")),
             PathClass::LocalOnly

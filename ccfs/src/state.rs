@@ -236,7 +236,10 @@ mod tests {
         assert!(s.is_dirty(Path::new(".b/x")));
         assert!(!s.is_dirty(Path::new(".b/old")));
         assert!(!s.is_dirty(Path::new(".a/x")));
-        assert!(s.is_dirty(Path::new(".ab")), "a sibling sharing a name prefix is untouched");
+        assert!(
+            s.is_dirty(Path::new(".ab")),
+            "a sibling sharing a name prefix is untouched"
+        );
         assert_eq!(s.origin(Path::new(".b/x")), Some(Origin { dev: 1, ino: 7 }));
     }
 

@@ -253,14 +253,25 @@ mod tests {
             false,
         );
         let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-        for want in ["--archive", "--ignore-times", "--delay-updates", "--hard-links", "--from0", "--xattrs", "--fsync"] {
+        for want in [
+            "--archive",
+            "--ignore-times",
+            "--delay-updates",
+            "--hard-links",
+            "--from0",
+            "--xattrs",
+            "--fsync",
+        ] {
             assert!(a.contains(&want.to_string()), "{want} missing from {a:?}");
         }
         assert!(!a.contains(&"--acls".to_string()));
         assert!(!a.contains(&"--update".to_string()));
         assert!(a.contains(&"--files-from=/c/list".to_string()));
         assert!(a.contains(&"--timeout=30".to_string()));
-        assert_eq!(&a[a.len() - 3..], ["--bwlimit=100", "/c/upper/", "/share/alice/"]);
+        assert_eq!(
+            &a[a.len() - 3..],
+            ["--bwlimit=100", "/c/upper/", "/share/alice/"]
+        );
     }
 
     #[test]

@@ -8,8 +8,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 fn cname(n: &OsStr) -> io::Result<CString> {
@@ -62,7 +61,14 @@ pub fn utimens(path: &Path, atime: SetTime, mtime: SetTime) -> io::Result<()> {
     let c = cstr(path)?;
     let ts = [timespec(atime), timespec(mtime)];
     // SAFETY: `c` is NUL-terminated and `ts` points to two valid timespec values.
-    check(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+    check(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
 }
 
 /// Sets the times of an open file.
@@ -91,7 +97,13 @@ pub fn rename2(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
     let b = cstr(to)?;
     // SAFETY: both are valid NUL-terminated paths.
     check(unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
     })
 }
 
@@ -105,9 +117,8 @@ pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
         })?;
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` is writable for `buf.len()` bytes.
-        let got = unsafe {
-            libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        };
+        let got =
+            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         match check_size(got) {
             Ok(len) => {
                 buf.truncate(len);
@@ -147,7 +158,13 @@ pub fn lsetxattr(path: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Res
     let n = cname(name)?;
     // SAFETY: `value` is readable for `value.len()` bytes; strings are NUL-terminated.
     check(unsafe {
-        libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
     })
 }
 
@@ -161,7 +178,12 @@ pub fn lremovexattr(path: &Path, name: &OsStr) -> io::Result<()> {
 pub fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: the fd is owned by `file` and stays open for the call.
     check(unsafe {
-        libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
     })
 }
 
@@ -215,7 +237,9 @@ pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
-                    Some(libc::EXDEV) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
+                    Some(libc::EXDEV)
+                    | Some(libc::ENOSYS)
+                    | Some(libc::EOPNOTSUPP)
                     | Some(libc::EINVAL) => {
                         copy_slow(src, dst, off_in as u64, left)?;
                         break;
@@ -494,14 +518,21 @@ impl Root {
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
                 // SAFETY: as above.
                 check(unsafe {
-                    libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+                    libc::fstatat(
+                        dir.as_raw_fd(),
+                        name.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
                 })?;
                 Ok(Stat(st))
             })
         };
         match st {
             Ok(s) => Ok(Some(s)),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -530,7 +561,13 @@ impl Root {
         let (fd2, n2) = self.parent(to)?;
         // SAFETY: valid fds and NUL-terminated names.
         check(unsafe {
-            libc::renameat2(fd1.as_raw_fd(), n1.as_ptr(), fd2.as_raw_fd(), n2.as_ptr(), flags)
+            libc::renameat2(
+                fd1.as_raw_fd(),
+                n1.as_ptr(),
+                fd2.as_raw_fd(),
+                n2.as_ptr(),
+                flags,
+            )
         })
     }
 
@@ -546,14 +583,27 @@ impl Root {
         let (fd1, n1) = self.parent(from)?;
         let (fd2, n2) = self.parent(to)?;
         // SAFETY: valid fds and NUL-terminated names; flags 0 never follow a symlink.
-        check(unsafe { libc::linkat(fd1.as_raw_fd(), n1.as_ptr(), fd2.as_raw_fd(), n2.as_ptr(), 0) })
+        check(unsafe {
+            libc::linkat(
+                fd1.as_raw_fd(),
+                n1.as_ptr(),
+                fd2.as_raw_fd(),
+                n2.as_ptr(),
+                0,
+            )
+        })
     }
 
     pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated name.
         check(unsafe {
-            libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t)
+            libc::mknodat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                mode as libc::mode_t,
+                rdev as libc::dev_t,
+            )
         })
     }
 
@@ -562,7 +612,12 @@ impl Root {
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         // SAFETY: `buf` is writable for its length; fd and name are valid.
         let n = check_size(unsafe {
-            libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
         })?;
         buf.truncate(n);
         Ok(std::path::PathBuf::from(OsString::from_vec(buf)))
@@ -614,7 +669,12 @@ impl Root {
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd, name and timespec array.
         check(unsafe {
-            libc::utimensat(dir.as_raw_fd(), name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+            libc::utimensat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                ts.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
         })
     }
 
@@ -627,7 +687,12 @@ impl Root {
         loop {
             // SAFETY: `buf` is writable for its length; the fd is an open directory.
             let n = unsafe {
-                libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len())
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    fd.as_raw_fd(),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
             };
             if n < 0 {
                 return Err(io::Error::last_os_error());
@@ -649,7 +714,10 @@ impl Root {
                     break;
                 }
                 let name_bytes = &rec[19..reclen];
-                let end = name_bytes.iter().position(|b| *b == 0).unwrap_or(name_bytes.len());
+                let end = name_bytes
+                    .iter()
+                    .position(|b| *b == 0)
+                    .unwrap_or(name_bytes.len());
                 let name = &name_bytes[..end];
                 if name != b"." && name != b".." {
                     let kind = match dtype {
@@ -681,10 +749,14 @@ impl Root {
         let n = cname(name)?;
         loop {
             // SAFETY: a NULL buffer of size 0 asks for the size; strings are valid.
-            let size = check_size(unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) })?;
+            let size = check_size(unsafe {
+                libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0)
+            })?;
             let mut buf = vec![0u8; size];
             // SAFETY: `buf` is writable for its length.
-            let got = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            let got = unsafe {
+                libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
             match check_size(got) {
                 Ok(len) => {
                     buf.truncate(len);
@@ -723,7 +795,15 @@ impl Root {
         let (_fd, p) = self.xattr_path(rel)?;
         let n = cname(name)?;
         // SAFETY: `value` is readable for its length; strings are valid.
-        check(unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) })
+        check(unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        })
     }
 
     pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {

@@ -95,15 +95,25 @@ fn read_file(o: &Overlay, rel: &str) -> Vec<u8> {
 fn reads_come_from_the_share_until_the_first_change_copies_up_one_file() {
     let env = Env::new();
     fs::create_dir_all(env.share.join(".mozilla/firefox/p")).expect("mkdir");
-    fs::write(env.share.join(".mozilla/firefox/p/prefs.js"), "user_pref(1);").expect("w");
+    fs::write(
+        env.share.join(".mozilla/firefox/p/prefs.js"),
+        "user_pref(1);",
+    )
+    .expect("w");
     fs::write(env.share.join(".mozilla/firefox/p/other.js"), "x").expect("w");
     let t = env.share.join(".mozilla/firefox/p/prefs.js");
     fs::set_permissions(&t, fs::Permissions::from_mode(0o640)).expect("chmod");
     ccfs::sys::lsetxattr(&t, OsStr::new("user.tag"), b"v", 0).expect("xattr");
     ccfs::sys::utimens(
         &t,
-        ccfs::sys::SetTime::At { secs: 1_000_000, nsecs: 5 },
-        ccfs::sys::SetTime::At { secs: 2_000_000, nsecs: 7 },
+        ccfs::sys::SetTime::At {
+            secs: 1_000_000,
+            nsecs: 5,
+        },
+        ccfs::sys::SetTime::At {
+            secs: 2_000_000,
+            nsecs: 7,
+        },
     )
     .expect("times");
     let o = env.overlay();
@@ -111,25 +121,35 @@ fn reads_come_from_the_share_until_the_first_change_copies_up_one_file() {
     let before = o.resolve(rel).expect("resolve");
     assert_eq!(before.layer, Layer::Lower);
     // A metadata-only change copies up with data, mode, times and xattrs.
-    o.setxattr(&ctx(), rel, OsStr::new("user.other"), b"w", 0).expect("setxattr");
+    o.setxattr(&ctx(), rel, OsStr::new("user.other"), b"w", 0)
+        .expect("setxattr");
     let after = o.resolve(rel).expect("resolve");
     assert_eq!(after.layer, Layer::Upper);
     assert_eq!(after.identity, before.identity, "identity survives copy-up");
     assert_eq!(fs::read(&after.real).expect("read"), b"user_pref(1);");
     assert_eq!(after.meta.mode() & 0o7777, 0o640);
     assert_eq!(after.meta.mtime(), (2_000_000, 7));
-    assert_eq!(o.getxattr(rel, OsStr::new("user.tag")).expect("copied xattr"), b"v");
+    assert_eq!(
+        o.getxattr(rel, OsStr::new("user.tag"))
+            .expect("copied xattr"),
+        b"v"
+    );
     // Only that one file was copied, not its siblings; the parents exist as directories.
     assert!(!env.cache.join("upper/.mozilla/firefox/p/other.js").exists());
     assert!(env.cache.join("upper/.mozilla/firefox/p").is_dir());
     assert_eq!(
-        o.resolve(Path::new(".mozilla/firefox/p/other.js")).expect("r").layer,
+        o.resolve(Path::new(".mozilla/firefox/p/other.js"))
+            .expect("r")
+            .layer,
         Layer::Lower
     );
     // The share is untouched until sync.
     assert!(ccfs::sys::lgetxattr(&t, OsStr::new("user.other")).is_err());
     env.sync(&o, false);
-    assert_eq!(ccfs::sys::lgetxattr(&t, OsStr::new("user.other")).expect("synced"), b"w");
+    assert_eq!(
+        ccfs::sys::lgetxattr(&t, OsStr::new("user.other")).expect("synced"),
+        b"w"
+    );
 }
 
 #[test]
@@ -141,15 +161,23 @@ fn whiteouts_hide_share_files_until_sync_deletes_them() {
     let o = env.overlay();
     o.unlink(Path::new(".d"), OsStr::new("x")).expect("unlink");
     assert!(o.resolve(Path::new(".d/x")).is_err());
-    let names: Vec<_> = o.readdir(Path::new(".d")).expect("ls").into_iter().map(|e| e.name).collect();
+    let names: Vec<_> = o
+        .readdir(Path::new(".d"))
+        .expect("ls")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("y")]);
     assert!(env.share.join(".d/x").exists());
-    let err = o.rmdir(Path::new(""), OsStr::new(".d")).expect_err("not empty");
+    let err = o
+        .rmdir(Path::new(""), OsStr::new(".d"))
+        .expect_err("not empty");
     assert_eq!(err.errno(), libc::ENOTEMPTY);
     o.unlink(Path::new(".d"), OsStr::new("y")).expect("unlink");
     o.rmdir(Path::new(""), OsStr::new(".d")).expect("rmdir");
     // Recreating the directory does not bring back the deleted share files.
-    o.mkdir(&ctx(), Path::new(""), OsStr::new(".d"), 0o755).expect("mkdir");
+    o.mkdir(&ctx(), Path::new(""), OsStr::new(".d"), 0o755)
+        .expect("mkdir");
     assert!(o.readdir(Path::new(".d")).expect("ls").is_empty());
     env.sync(&o, false);
     assert!(env.share.join(".d").is_dir());
@@ -162,17 +190,35 @@ fn renaming_a_share_directory_under_a_cached_path_asks_for_a_copy() {
     fs::create_dir_all(env.share.join(".a/sub")).expect("mkdir");
     let o = env.overlay();
     let e = o
-        .rename(&ctx(), Path::new(".a"), OsStr::new("sub"), Path::new(".a"), OsStr::new("moved"), 0)
+        .rename(
+            &ctx(),
+            Path::new(".a"),
+            OsStr::new("sub"),
+            Path::new(".a"),
+            OsStr::new("moved"),
+            0,
+        )
         .expect_err("exdev");
     assert_eq!(e.errno(), libc::EXDEV);
     // A directory made in this session renames freely.
-    o.mkdir(&ctx(), Path::new(".a"), OsStr::new("new"), 0o755).expect("mkdir");
+    o.mkdir(&ctx(), Path::new(".a"), OsStr::new("new"), 0o755)
+        .expect("mkdir");
     write_file(&o, ".a/new/f", b"f");
-    o.rename(&ctx(), Path::new(".a"), OsStr::new("new"), Path::new(".a"), OsStr::new("renamed"), 0)
-        .expect("rename");
+    o.rename(
+        &ctx(),
+        Path::new(".a"),
+        OsStr::new("new"),
+        Path::new(".a"),
+        OsStr::new("renamed"),
+        0,
+    )
+    .expect("rename");
     assert_eq!(read_file(&o, ".a/renamed/f"), b"f");
     env.sync(&o, false);
-    assert_eq!(fs::read(env.share.join(".a/renamed/f")).expect("synced"), b"f");
+    assert_eq!(
+        fs::read(env.share.join(".a/renamed/f")).expect("synced"),
+        b"f"
+    );
     assert!(!env.share.join(".a/new").exists());
 }
 
@@ -182,15 +228,34 @@ fn classes_cross_with_exdev_and_local_only_ignores_the_share() {
     fs::create_dir_all(env.share.join(".cache/old")).expect("mkdir");
     fs::write(env.share.join("doc"), "d").expect("w");
     let o = env.overlay();
-    assert!(o.resolve(Path::new(".cache")).is_err(), "the share's .cache is not used");
-    let names: Vec<_> = o.readdir(Path::new("")).expect("ls").into_iter().map(|e| e.name).collect();
+    assert!(
+        o.resolve(Path::new(".cache")).is_err(),
+        "the share's .cache is not used"
+    );
+    let names: Vec<_> = o
+        .readdir(Path::new(""))
+        .expect("ls")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("doc")]);
     let e = o
-        .rename(&ctx(), Path::new(""), OsStr::new("doc"), Path::new(""), OsStr::new(".doc"), 0)
+        .rename(
+            &ctx(),
+            Path::new(""),
+            OsStr::new("doc"),
+            Path::new(""),
+            OsStr::new(".doc"),
+            0,
+        )
         .expect_err("cross-class");
     assert_eq!(e.errno(), libc::EXDEV);
     write_file(&o, "doc", b"changed");
-    assert_eq!(fs::read(env.share.join("doc")).expect("r"), b"changed", "passthrough");
+    assert_eq!(
+        fs::read(env.share.join("doc")).expect("r"),
+        b"changed",
+        "passthrough"
+    );
 }
 
 #[test]
@@ -206,7 +271,10 @@ fn sync_snapshot_lists_dirty_files_and_deepest_deletions_first() {
     let snap = o.begin_sync(false).expect("snap");
     o.end_sync();
     assert_eq!(snap.files, vec![PathBuf::from(".a"), PathBuf::from(".b")]);
-    assert_eq!(snap.deletions, vec![PathBuf::from(".x/y/z"), PathBuf::from(".x/y")]);
+    assert_eq!(
+        snap.deletions,
+        vec![PathBuf::from(".x/y/z"), PathBuf::from(".x/y")]
+    );
 }
 
 #[test]
@@ -219,10 +287,15 @@ fn a_write_during_sync_keeps_the_file_dirty() {
     write_file(&o, ".f", b"two");
     o.finish_sync(&snap).expect("finish");
     o.end_sync();
-    assert!(o.lock().state().is_dirty(Path::new(".f")), "must stay dirty");
+    assert!(
+        o.lock().state().is_dirty(Path::new(".f")),
+        "must stay dirty"
+    );
     // Same for a handle that stays open across the sync.
     env.sync(&o, false);
-    let (mut f, w) = o.open(&ctx(), Path::new(".f"), libc::O_WRONLY).expect("open");
+    let (mut f, w) = o
+        .open(&ctx(), Path::new(".f"), libc::O_WRONLY)
+        .expect("open");
     let snap = o.begin_sync(false).expect("snap");
     f.write_all(b"three").expect("write");
     o.finish_sync(&snap).expect("finish");
@@ -253,7 +326,16 @@ fn setattr_truncate_and_chmod_copy_up() {
     fs::write(env.share.join(".t"), "0123456789").expect("w");
     let o = env.overlay();
     let m = o
-        .setattr(&ctx(), Path::new(".t"), SetAttr { size: Some(4), mode: Some(0o600), ..Default::default() }, None)
+        .setattr(
+            &ctx(),
+            Path::new(".t"),
+            SetAttr {
+                size: Some(4),
+                mode: Some(0o600),
+                ..Default::default()
+            },
+            None,
+        )
         .expect("setattr");
     assert_eq!(o.resolve(Path::new(".t")).expect("r").layer, Layer::Upper);
     assert_eq!(m.len(), 4);
@@ -261,7 +343,10 @@ fn setattr_truncate_and_chmod_copy_up() {
     assert_eq!(fs::read(env.share.join(".t")).expect("r"), b"0123456789");
     env.sync(&o, false);
     assert_eq!(fs::read(env.share.join(".t")).expect("r"), b"0123");
-    assert_eq!(fs::metadata(env.share.join(".t")).expect("m").mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(env.share.join(".t")).expect("m").mode() & 0o777,
+        0o600
+    );
 }
 
 // ---- reference model -------------------------------------------------------------
@@ -274,7 +359,9 @@ enum Node {
 
 type Tree = BTreeMap<PathBuf, Node>;
 
-const NAMES: &[&str] = &[".c/a", ".c/b", ".c/d", ".c/d/a", ".c/d/b", ".c/e", ".c/e/a", ".c/e/f", ".c/e/f/a"];
+const NAMES: &[&str] = &[
+    ".c/a", ".c/b", ".c/d", ".c/d/a", ".c/d/b", ".c/e", ".c/e/a", ".c/e/f", ".c/e/f/a",
+];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -311,14 +398,19 @@ fn share_tree(root: &Path) -> Tree {
     let mut stack = vec![PathBuf::from(".c")];
     while let Some(rel) = stack.pop() {
         let p = root.join(&rel);
-        let Ok(meta) = fs::symlink_metadata(&p) else { continue };
+        let Ok(meta) = fs::symlink_metadata(&p) else {
+            continue;
+        };
         if meta.is_dir() {
             out.insert(rel.clone(), Node::Dir);
             for e in fs::read_dir(&p).expect("ls") {
                 stack.push(rel.join(e.expect("entry").file_name()));
             }
         } else {
-            out.insert(rel, Node::File(fs::read(&p).expect("read"), meta.mode() & 0o7777));
+            out.insert(
+                rel,
+                Node::File(fs::read(&p).expect("read"), meta.mode() & 0o7777),
+            );
         }
     }
     out
@@ -387,7 +479,9 @@ fn model_apply(t: &mut Tree, op: &Op, links: &mut Vec<(PathBuf, PathBuf)>) -> bo
             }
             _ => false,
         },
-        Op::Rename(..) | Op::Link(..) | Op::Sync | Op::Crash => unreachable!("handled by the caller"),
+        Op::Rename(..) | Op::Link(..) | Op::Sync | Op::Crash => {
+            unreachable!("handled by the caller")
+        }
     }
 }
 
@@ -424,7 +518,8 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
                 model.insert(path, Node::Dir);
             } else {
                 fs::write(env.share.join(&path), vec![b; 10]).expect("w");
-                fs::set_permissions(env.share.join(&path), fs::Permissions::from_mode(0o644)).expect("chmod");
+                fs::set_permissions(env.share.join(&path), fs::Permissions::from_mode(0o644))
+                    .expect("chmod");
                 model.insert(path, Node::File(vec![b; 10], 0o644));
             }
         }
@@ -463,21 +558,40 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
                         for l in links.iter_mut() {
                             for side in [&mut l.0, &mut l.1] {
                                 if let Ok(rest) = side.strip_prefix(&f) {
-                                    *side = if rest.as_os_str().is_empty() { t2.clone() } else { t2.join(rest) };
+                                    *side = if rest.as_os_str().is_empty() {
+                                        t2.clone()
+                                    } else {
+                                        t2.join(rest)
+                                    };
                                 }
                             }
                         }
                     }
                     (Err(e), Some(_)) if e.errno() == libc::EXDEV => {
-                        prop_assert!(matches!(model.get(&from), Some(Node::Dir)), "EXDEV only for directories");
+                        prop_assert!(
+                            matches!(model.get(&from), Some(Node::Dir)),
+                            "EXDEV only for directories"
+                        );
                     }
                     (Err(_), None) => {}
-                    (r, e) => prop_assert!(false, "rename {:?} -> {:?}: ccfs {:?}, model {:?}", from, to, r.is_ok(), e.is_some()),
+                    (r, e) => prop_assert!(
+                        false,
+                        "rename {:?} -> {:?}: ccfs {:?}, model {:?}",
+                        from,
+                        to,
+                        r.is_ok(),
+                        e.is_some()
+                    ),
                 }
             }
             Op::Link(a, b) => {
                 let (from, to) = (PathBuf::from(NAMES[*a]), PathBuf::from(NAMES[*b]));
-                let r = o.link(&ctx(), &from, to.parent().expect("p"), to.file_name().expect("n"));
+                let r = o.link(
+                    &ctx(),
+                    &from,
+                    to.parent().expect("p"),
+                    to.file_name().expect("n"),
+                );
                 let ok = matches!(model.get(&from), Some(Node::File(..)))
                     && parent_is_dir(&model, &to)
                     && !model.contains_key(&to);
@@ -499,7 +613,11 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
         }
     }
     env.sync(&o, false);
-    prop_assert_eq!(&share_tree(&env.share), &model, "after the final logout sync");
+    prop_assert_eq!(
+        &share_tree(&env.share),
+        &model,
+        "after the final logout sync"
+    );
     Ok(())
 }
 
@@ -528,7 +646,11 @@ fn model_rename(t: &Tree, from: &Path, to: &Path) -> Option<Tree> {
     }
     for (k, v) in moved {
         let rest = k.strip_prefix(from).expect("prefix");
-        let nk = if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) };
+        let nk = if rest.as_os_str().is_empty() {
+            to.to_path_buf()
+        } else {
+            to.join(rest)
+        };
         out.insert(nk, v);
     }
     Some(out)
@@ -536,15 +658,22 @@ fn model_rename(t: &Tree, from: &Path, to: &Path) -> Option<Tree> {
 
 fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
     let p = |i: &usize| PathBuf::from(NAMES[*i]);
-    let split = |path: &Path| (path.parent().expect("p").to_path_buf(), path.file_name().expect("n").to_os_string());
+    let split = |path: &Path| {
+        (
+            path.parent().expect("p").to_path_buf(),
+            path.file_name().expect("n").to_os_string(),
+        )
+    };
     match op {
         Op::Write(i, b, len) => {
             let path = p(i);
             let (parent, name) = split(&path);
             let file = match o.resolve(&path) {
                 Ok(f) if f.meta.is_dir() => return false,
-                Ok(_) => o.open(&ctx(), &path, libc::O_WRONLY | libc::O_TRUNC).map(|(f, w)| (f, w)),
-                Err(_) => o.create(&ctx(), &parent, &name, 0o644, libc::O_WRONLY).map(|(_, f, w)| (f, w)),
+                Ok(_) => o.open(&ctx(), &path, libc::O_WRONLY | libc::O_TRUNC),
+                Err(_) => o
+                    .create(&ctx(), &parent, &name, 0o644, libc::O_WRONLY)
+                    .map(|(_, f, w)| (f, w)),
             };
             match file {
                 Ok((mut f, w)) => {
@@ -560,7 +689,9 @@ fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
         }
         Op::Append(i, b) => match o.resolve(&p(i)) {
             Ok(f) if f.meta.is_file() => {
-                let (mut f, w) = o.open(&ctx(), &p(i), libc::O_WRONLY | libc::O_APPEND).expect("open");
+                let (mut f, w) = o
+                    .open(&ctx(), &p(i), libc::O_WRONLY | libc::O_APPEND)
+                    .expect("open");
                 f.write_all(&[*b]).expect("append");
                 drop(f);
                 if let Some(w) = w {
@@ -576,7 +707,8 @@ fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
         }
         Op::Mkdir(i) => {
             let (parent, name) = split(&p(i));
-            o.mkdir(&Ctx { umask: 0, ..ctx() }, &parent, &name, 0o755).is_ok()
+            o.mkdir(&Ctx { umask: 0, ..ctx() }, &parent, &name, 0o755)
+                .is_ok()
         }
         Op::Rmdir(i) => {
             let (parent, name) = split(&p(i));
@@ -584,7 +716,15 @@ fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
         }
         Op::Chmod(i, m) => match o.resolve(&p(i)) {
             Ok(f) if f.meta.is_file() => o
-                .setattr(&ctx(), &p(i), SetAttr { mode: Some(*m), ..Default::default() }, None)
+                .setattr(
+                    &ctx(),
+                    &p(i),
+                    SetAttr {
+                        mode: Some(*m),
+                        ..Default::default()
+                    },
+                    None,
+                )
                 .is_ok(),
             _ => false,
         },

@@ -21,7 +21,10 @@ fn refused(fx: &Fixture, args: &[&OsStr], words: &[&str]) {
     for w in words {
         assert!(lines[0].contains(w), "{w:?} missing from: {stderr}");
     }
-    assert!(lines[0].contains(';'), "the line must say what to do: {stderr}");
+    assert!(
+        lines[0].contains(';'),
+        "the line must say what to do: {stderr}"
+    );
     assert!(!is_mounted(&fx.mnt), "nothing may be mounted");
 }
 
@@ -39,7 +42,11 @@ fn mount_args<'a>(cache: &'a Path, share: &'a Path, mnt: &'a Path) -> Vec<&'a Os
 fn missing_share() {
     let fx = Fixture::new();
     let missing = fx.tmp.path().join("nope");
-    refused(&fx, &mount_args(&fx.cache, &missing, &fx.mnt), &["share", "nope"]);
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &missing, &fx.mnt),
+        &["share", "nope"],
+    );
     assert!(!fx.cache.exists(), "the cache dir must not be created");
 }
 
@@ -48,7 +55,11 @@ fn share_is_a_file() {
     let fx = Fixture::new();
     let file = fx.tmp.path().join("file");
     write(&file, "x");
-    refused(&fx, &mount_args(&fx.cache, &file, &fx.mnt), &["not a directory"]);
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &file, &fx.mnt),
+        &["not a directory"],
+    );
     assert!(!fx.cache.exists());
 }
 
@@ -56,7 +67,11 @@ fn share_is_a_file() {
 fn missing_mountpoint() {
     let fx = Fixture::new();
     let missing = fx.tmp.path().join("nomnt");
-    refused(&fx, &mount_args(&fx.cache, &fx.share, &missing), &["mountpoint", "does not exist"]);
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &fx.share, &missing),
+        &["mountpoint", "does not exist"],
+    );
     assert!(!fx.cache.exists());
 }
 
@@ -64,7 +79,11 @@ fn missing_mountpoint() {
 fn non_empty_mountpoint() {
     let fx = Fixture::new();
     write(&fx.m("local-file"), "keep me");
-    refused(&fx, &mount_args(&fx.cache, &fx.share, &fx.mnt), &["not empty"]);
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &fx.share, &fx.mnt),
+        &["not empty"],
+    );
     assert_eq!(read(&fx.m("local-file")), "keep me");
     assert!(!fx.cache.exists());
 }
@@ -76,7 +95,11 @@ fn already_mounted_mountpoint() {
     let other_cache = fx.tmp.path().join("cache2");
     let out = ccfs(&mount_args(&other_cache, &fx.share, &fx.mnt));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("already mounted"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already mounted"),
+        "{}",
+        text(&out)
+    );
     assert!(!other_cache.exists());
     drop(m);
 }
@@ -85,7 +108,11 @@ fn already_mounted_mountpoint() {
 fn cache_dir_inside_the_share() {
     let fx = Fixture::new();
     let inside = fx.share.join(".ccfs-cache");
-    refused(&fx, &mount_args(&inside, &fx.share, &fx.mnt), &["inside the share"]);
+    refused(
+        &fx,
+        &mount_args(&inside, &fx.share, &fx.mnt),
+        &["inside the share"],
+    );
     assert!(!inside.exists());
 }
 
@@ -96,7 +123,11 @@ fn mountpoint_inside_the_share() {
     fs::create_dir(&inner).expect("mkdir");
     let out = ccfs(&mount_args(&fx.cache, &fx.share, &inner));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("overlap"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("overlap"),
+        "{}",
+        text(&out)
+    );
     assert!(!is_mounted(&inner));
 }
 
@@ -106,7 +137,11 @@ fn cache_dir_that_is_a_symlink() {
     let target = fx.tmp.path().join("elsewhere");
     fs::create_dir(&target).expect("mkdir");
     std::os::unix::fs::symlink(&target, &fx.cache).expect("symlink");
-    refused(&fx, &mount_args(&fx.cache, &fx.share, &fx.mnt), &["symlink"]);
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &fx.share, &fx.mnt),
+        &["symlink"],
+    );
     assert_eq!(fs::read_dir(&target).expect("ls").count(), 0);
 }
 
@@ -126,7 +161,11 @@ fn cache_dir_not_writable() {
     let out = ccfs(&mount_args(&cache, &fx.share, &fx.mnt));
     let _ = Command::new("umount").arg(&ro).status();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not writable"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not writable"),
+        "{}",
+        text(&out)
+    );
     assert!(!is_mounted(&fx.mnt));
 }
 
@@ -136,8 +175,16 @@ fn rsync_not_installed() {
     let cfg = fx.tmp.path().join("c.toml");
     write(&cfg, "[sync]\nrsync = \"/nonexistent/bin/rsync\"\n");
     let mut args = vec!["mount".as_ref(), "--config".as_ref(), cfg.as_os_str()];
-    args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
-    refused(&fx, &args, &["rsync", "not installed", "apt-get install rsync"]);
+    args.extend(
+        mount_args(&fx.cache, &fx.share, &fx.mnt)
+            .into_iter()
+            .skip(1),
+    );
+    refused(
+        &fx,
+        &args,
+        &["rsync", "not installed", "apt-get install rsync"],
+    );
     assert!(!fx.cache.exists());
     // And with the default name when PATH has no rsync.
     let out = Command::new(ccfs_bin())
@@ -146,7 +193,11 @@ fn rsync_not_installed() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("rsync"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rsync"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -161,13 +212,21 @@ fn invalid_config_files() {
     ] {
         write(&cfg, content);
         let mut args = vec!["mount".as_ref(), "--config".as_ref(), cfg.as_os_str()];
-        args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
+        args.extend(
+            mount_args(&fx.cache, &fx.share, &fx.mnt)
+                .into_iter()
+                .skip(1),
+        );
         refused(&fx, &args, &[word]);
         assert!(!fx.cache.exists());
     }
     let missing = fx.tmp.path().join("missing.toml");
     let mut args = vec!["mount".as_ref(), "--config".as_ref(), missing.as_os_str()];
-    args.extend(mount_args(&fx.cache, &fx.share, &fx.mnt).into_iter().skip(1));
+    args.extend(
+        mount_args(&fx.cache, &fx.share, &fx.mnt)
+            .into_iter()
+            .skip(1),
+    );
     refused(&fx, &args, &["missing.toml"]);
 }
 
@@ -175,11 +234,19 @@ fn invalid_config_files() {
 fn commands_on_something_that_is_not_a_ccfs_mount() {
     let fx = Fixture::new();
     for cmd in ["umount", "sync", "status"] {
-        refused(&fx, &[cmd.as_ref(), fx.mnt.as_os_str()], &["not a ccfs mount"]);
+        refused(
+            &fx,
+            &[cmd.as_ref(), fx.mnt.as_os_str()],
+            &["not a ccfs mount"],
+        );
     }
     refused(
         &fx,
-        &["recover".as_ref(), "--cache-dir".as_ref(), fx.tmp.path().as_os_str()],
+        &[
+            "recover".as_ref(),
+            "--cache-dir".as_ref(),
+            fx.tmp.path().as_os_str(),
+        ],
         &["not a ccfs cache"],
     );
 }
@@ -192,7 +259,11 @@ fn second_mount_of_a_cache_in_use_is_refused() {
     fs::create_dir(&mnt2).expect("mkdir");
     let out = ccfs(&mount_args(&fx.cache, &fx.share, &mnt2));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{}",
+        text(&out)
+    );
     assert!(!is_mounted(&mnt2));
     drop(m);
 }

@@ -21,8 +21,16 @@ fn dotfile_write_stays_local_until_logout_document_goes_through_at_once() {
     write(&fx.m(".bashrc"), "new\n");
     write(&fx.m("Documents/report.txt"), "draft\n");
     assert_eq!(read(&fx.m(".bashrc")), "new\n");
-    assert_eq!(read(&fx.s(".bashrc")), "old\n", "the share must not see the dotfile yet");
-    assert_eq!(read(&fx.s("Documents/report.txt")), "draft\n", "documents go straight through");
+    assert_eq!(
+        read(&fx.s(".bashrc")),
+        "old\n",
+        "the share must not see the dotfile yet"
+    );
+    assert_eq!(
+        read(&fx.s("Documents/report.txt")),
+        "draft\n",
+        "documents go straight through"
+    );
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
     assert!(!is_mounted(&fx.mnt));
@@ -67,7 +75,10 @@ fn local_only_cache_content_never_reaches_the_share() {
     assert_eq!(read(&fx.m(".cache/mozilla/firefox/blob")), "cache entry");
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
-    assert!(!fx.s(".cache").exists(), "local-only paths must never be synced");
+    assert!(
+        !fx.s(".cache").exists(),
+        "local-only paths must never be synced"
+    );
     assert_eq!(read(&fx.s(".keep")), "synced");
     // The cache survives for the next session on this workstation.
     let m = fx.mount();
@@ -83,14 +94,20 @@ fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
     fs::create_dir_all(&dir).expect("mkdir");
     let db = dir.join("places.sqlite");
     let sql = |q: &str| {
-        let out = Command::new("sqlite3").arg(&db).arg(q).output().expect("sqlite3 installed");
+        let out = Command::new("sqlite3")
+            .arg(&db)
+            .arg(q)
+            .output()
+            .expect("sqlite3 installed");
         assert!(out.status.success(), "sqlite3 {q}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     sql("PRAGMA journal_mode=WAL; CREATE TABLE visits(id INTEGER PRIMARY KEY, url TEXT);");
     let mut inserts = String::from("BEGIN;");
     for i in 0..500 {
-        inserts.push_str(&format!("INSERT INTO visits(url) VALUES('https://example.org/{i}');"));
+        inserts.push_str(&format!(
+            "INSERT INTO visits(url) VALUES('https://example.org/{i}');"
+        ));
     }
     inserts.push_str("COMMIT;");
     sql(&inserts);
@@ -110,8 +127,15 @@ fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
     }
     let out = reader.wait_with_output().expect("reader output");
     let answer = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(answer.lines().collect::<Vec<_>>(), vec!["501", "ok"], "{answer}");
-    assert!(!fx.s(".mozilla").exists(), "the database stays in the cache during the session");
+    assert_eq!(
+        answer.lines().collect::<Vec<_>>(),
+        vec!["501", "ok"],
+        "{answer}"
+    );
+    assert!(
+        !fx.s(".mozilla").exists(),
+        "the database stays in the cache during the session"
+    );
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
     let out = Command::new("sqlite3")
@@ -128,9 +152,18 @@ fn two_processes_append_to_one_cached_file_at_once() {
     let m = fx.mount();
     let log = fx.m(".local/share/app.log");
     fs::create_dir_all(log.parent().expect("parent")).expect("mkdir");
-    let script = "for i in $(seq 1 400); do echo \"$0-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\" >> \"$1\"; done";
-    let a = Command::new("sh").args(["-c", script, "A"]).arg(&log).spawn().expect("a");
-    let b = Command::new("sh").args(["-c", script, "B"]).arg(&log).spawn().expect("b");
+    let script =
+        "for i in $(seq 1 400); do echo \"$0-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\" >> \"$1\"; done";
+    let a = Command::new("sh")
+        .args(["-c", script, "A"])
+        .arg(&log)
+        .spawn()
+        .expect("a");
+    let b = Command::new("sh")
+        .args(["-c", script, "B"])
+        .arg(&log)
+        .spawn()
+        .expect("b");
     for mut c in [a, b] {
         assert!(c.wait().expect("wait").success());
     }
@@ -138,10 +171,18 @@ fn two_processes_append_to_one_cached_file_at_once() {
         let lines: Vec<&str> = content.lines().collect();
         assert_eq!(lines.len(), 800, "every append must land");
         for who in ["A", "B"] {
-            let mine: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with(who)).collect();
+            let mine: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with(who))
+                .collect();
             assert_eq!(mine.len(), 400);
             for (i, l) in mine.iter().enumerate() {
-                assert_eq!(*l, format!("{who}-{}-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", i + 1), "torn or reordered line");
+                assert_eq!(
+                    *l,
+                    format!("{who}-{}-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", i + 1),
+                    "torn or reordered line"
+                );
             }
         }
     };
@@ -157,13 +198,19 @@ fn inode_numbers_stay_stable_across_copy_up_and_rename() {
     write(&fx.s(".gitconfig"), "[user]\n");
     let m = fx.mount();
     let before = fs::metadata(fx.m(".gitconfig")).expect("stat").ino();
-    let mut f = OpenOptions::new().append(true).open(fx.m(".gitconfig")).expect("open");
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(fx.m(".gitconfig"))
+        .expect("open");
     f.write_all(b"\tname = x\n").expect("append");
     drop(f);
     let after = fs::metadata(fx.m(".gitconfig")).expect("stat").ino();
     assert_eq!(before, after, "copy-up must not change the inode number");
     fs::rename(fx.m(".gitconfig"), fx.m(".gitconfig.bak")).expect("rename");
-    assert_eq!(fs::metadata(fx.m(".gitconfig.bak")).expect("stat").ino(), before);
+    assert_eq!(
+        fs::metadata(fx.m(".gitconfig.bak")).expect("stat").ino(),
+        before
+    );
     // The number listed by readdir matches stat.
     let listed = fs::read_dir(&fx.mnt)
         .expect("readdir")
@@ -212,7 +259,11 @@ fn plain_fusermount_unmount_also_syncs() {
     let m = fx.mount();
     let pid = m.daemon_pid();
     write(&fx.m(".vimrc"), "set nu\n");
-    let out = Command::new("fusermount3").arg("-u").arg(&fx.mnt).output().expect("fusermount3");
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&fx.mnt)
+        .output()
+        .expect("fusermount3");
     assert!(out.status.success(), "{}", text(&out));
     m.abandon();
     wait_until("daemon exit", Duration::from_secs(30), || {
@@ -231,17 +282,34 @@ fn after_kill_9_recover_sends_the_unsynced_changes() {
     write(&fx.m(".newfile"), "fresh");
     fs::create_dir(fx.m(".dir")).expect("mkdir");
     write(&fx.m(".dir/inner"), "deep");
-    assert!(Command::new("kill").arg("-9").arg(pid.to_string()).status().expect("kill").success());
+    assert!(Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success());
     m.abandon();
     assert_eq!(read(&fx.s(".bashrc")), "old");
-    let out = ccfs(&["recover".as_ref(), "--cache-dir".as_ref(), fx.cache.as_os_str()]);
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        fx.cache.as_os_str(),
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(read(&fx.s(".bashrc")), "new");
     assert_eq!(read(&fx.s(".newfile")), "fresh");
     assert_eq!(read(&fx.s(".dir/inner")), "deep");
-    let out = ccfs(&["recover".as_ref(), "--cache-dir".as_ref(), fx.cache.as_os_str()]);
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        fx.cache.as_os_str(),
+    ]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to recover"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("nothing to recover"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -253,11 +321,24 @@ fn a_mount_after_a_crash_shows_and_sends_the_unsynced_changes() {
     write(&fx.m(".bashrc"), "new");
     fs::remove_file(fx.m(".bashrc")).expect("rm");
     write(&fx.m(".bashrc"), "newest");
-    assert!(Command::new("kill").arg("-9").arg(pid.to_string()).status().expect("kill").success());
+    assert!(Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success());
     m.abandon();
     let m = fx.mount();
-    assert_eq!(read(&fx.m(".bashrc")), "newest", "never the stale share copy");
-    assert_eq!(read(&fx.s(".bashrc")), "newest", "mount recovers its own cache first");
+    assert_eq!(
+        read(&fx.m(".bashrc")),
+        "newest",
+        "never the stale share copy"
+    );
+    assert_eq!(
+        read(&fx.s(".bashrc")),
+        "newest",
+        "mount recovers its own cache first"
+    );
     drop(m);
 }
 
@@ -287,7 +368,9 @@ fn readdir_merges_cache_and_share_without_whiteouts() {
     assert_eq!(root, [".config", "doc.txt"]);
     // rmdir of a non-empty merged directory fails; after emptying it, it works.
     assert_eq!(
-        fs::remove_dir(fx.m(".config")).expect_err("not empty").raw_os_error(),
+        fs::remove_dir(fx.m(".config"))
+            .expect_err("not empty")
+            .raw_os_error(),
         Some(libc::ENOTEMPTY)
     );
     for n in ["a", "c", "d"] {
@@ -361,37 +444,71 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
     fs::hard_link(d.join("b"), d.join("c")).expect("link");
     write(&d.join("c"), "CCC");
     assert_eq!(read(&d.join("b")), "CCC");
-    let (mb, mc) = (fs::metadata(d.join("b")).expect("b"), fs::metadata(d.join("c")).expect("c"));
+    let (mb, mc) = (
+        fs::metadata(d.join("b")).expect("b"),
+        fs::metadata(d.join("c")).expect("c"),
+    );
     assert_eq!(mb.nlink(), 2);
     assert_eq!(mb.ino(), mc.ino());
 
     // symlinks
     std::os::unix::fs::symlink("b", d.join("l")).expect("symlink");
-    assert_eq!(fs::read_link(d.join("l")).expect("readlink"), Path::new("b"));
+    assert_eq!(
+        fs::read_link(d.join("l")).expect("readlink"),
+        Path::new("b")
+    );
     assert_eq!(read(&d.join("l")), "CCC");
-    assert!(fs::symlink_metadata(d.join("l")).expect("lstat").file_type().is_symlink());
+    assert!(fs::symlink_metadata(d.join("l"))
+        .expect("lstat")
+        .file_type()
+        .is_symlink());
 
     // xattrs
     let f = d.join("b");
     ccfs::sys::lsetxattr(&f, "user.test".as_ref(), b"value", 0).expect("setxattr");
-    assert_eq!(ccfs::sys::lgetxattr(&f, "user.test".as_ref()).expect("getxattr"), b"value");
-    assert!(ccfs::sys::llistxattr(&f).expect("list").iter().any(|n| n == "user.test"));
+    assert_eq!(
+        ccfs::sys::lgetxattr(&f, "user.test".as_ref()).expect("getxattr"),
+        b"value"
+    );
+    assert!(ccfs::sys::llistxattr(&f)
+        .expect("list")
+        .iter()
+        .any(|n| n == "user.test"));
     ccfs::sys::lremovexattr(&f, "user.test".as_ref()).expect("removexattr");
     assert_eq!(
-        ccfs::sys::lgetxattr(&f, "user.test".as_ref()).expect_err("gone").raw_os_error(),
+        ccfs::sys::lgetxattr(&f, "user.test".as_ref())
+            .expect_err("gone")
+            .raw_os_error(),
         Some(libc::ENODATA)
     );
 
     // fsync, flock and open-file-description (POSIX) locks
-    let f1 = OpenOptions::new().read(true).write(true).open(d.join("b")).expect("open");
+    let f1 = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.join("b"))
+        .expect("open");
     f1.sync_all().expect("fsync");
-    let f2 = OpenOptions::new().read(true).write(true).open(d.join("b")).expect("open");
+    let f2 = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.join("b"))
+        .expect("open");
     // SAFETY: plain flock calls on open descriptors.
     unsafe {
-        assert_eq!(libc::flock(f1.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
-        assert_eq!(libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), -1);
+        assert_eq!(
+            libc::flock(f1.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB),
+            0
+        );
+        assert_eq!(
+            libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB),
+            -1
+        );
         assert_eq!(libc::flock(f1.as_raw_fd(), libc::LOCK_UN), 0);
-        assert_eq!(libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+        assert_eq!(
+            libc::flock(f2.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB),
+            0
+        );
     }
     let lock = |f: &fs::File, kind: i16| {
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
@@ -402,14 +519,22 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) }
     };
     assert_eq!(lock(&f1, libc::F_WRLCK as i16), 0);
-    assert_eq!(lock(&f2, libc::F_WRLCK as i16), -1, "conflicting POSIX lock must fail");
+    assert_eq!(
+        lock(&f2, libc::F_WRLCK as i16),
+        -1,
+        "conflicting POSIX lock must fail"
+    );
     drop(f1);
     drop(f2);
 
     // shared writable mmap
     let mm = d.join("mapped");
     fs::write(&mm, vec![b'.'; 8192]).expect("write");
-    let f = OpenOptions::new().read(true).write(true).open(&mm).expect("open");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&mm)
+        .expect("open");
     // SAFETY: a fresh mapping of an 8 KiB file we opened read-write; unmapped below.
     unsafe {
         let p = libc::mmap(
@@ -431,7 +556,10 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
 
     // O_APPEND
     write(&d.join("app"), "1");
-    let mut f = OpenOptions::new().append(true).open(d.join("app")).expect("open");
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(d.join("app"))
+        .expect("open");
     f.write_all(b"2").expect("append");
     f.write_all(b"3").expect("append");
     drop(f);
@@ -439,7 +567,12 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
 
     // sparse and large files
     let sp = d.join("sparse");
-    let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&sp).expect("create");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&sp)
+        .expect("create");
     f.seek(SeekFrom::Start(64 << 20)).expect("seek");
     f.write_all(b"end").expect("write");
     drop(f);
@@ -453,17 +586,37 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
     let big = d.join("big");
     let data = pattern(24 << 20, 7);
     fs::write(&big, &data).expect("write big");
-    assert!(fs::read(&big).expect("read big") == data, "large file must read back intact");
+    assert!(
+        fs::read(&big).expect("read big") == data,
+        "large file must read back intact"
+    );
 
     // O_EXCL, truncate, chmod
-    let e = OpenOptions::new().write(true).create_new(true).mode(0o600).open(d.join("app"));
-    assert_eq!(e.expect_err("exists").kind(), std::io::ErrorKind::AlreadyExists);
-    let f = OpenOptions::new().write(true).open(d.join("app")).expect("open");
+    let e = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(d.join("app"));
+    assert_eq!(
+        e.expect_err("exists").kind(),
+        std::io::ErrorKind::AlreadyExists
+    );
+    let f = OpenOptions::new()
+        .write(true)
+        .open(d.join("app"))
+        .expect("open");
     f.set_len(1).expect("ftruncate");
     drop(f);
     assert_eq!(read(&d.join("app")), "1");
-    fs::set_permissions(d.join("app"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).expect("chmod");
-    assert_eq!(fs::metadata(d.join("app")).expect("stat").mode() & 0o777, 0o640);
+    fs::set_permissions(
+        d.join("app"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .expect("chmod");
+    assert_eq!(
+        fs::metadata(d.join("app")).expect("stat").mode() & 0o777,
+        0o640
+    );
 
     // statfs
     let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).expect("cstr");
@@ -480,13 +633,25 @@ fn expect_on_share(fx: &Fixture, dir: &str, present: bool) {
         return;
     }
     assert_eq!(read(&s.join("b")), "CCC");
-    let (mb, mc) = (fs::metadata(s.join("b")).expect("b"), fs::metadata(s.join("c")).expect("c"));
+    let (mb, mc) = (
+        fs::metadata(s.join("b")).expect("b"),
+        fs::metadata(s.join("c")).expect("c"),
+    );
     assert_eq!(mb.ino(), mc.ino(), "hard link kept on the share");
     assert_eq!(fs::read_link(s.join("l")).expect("symlink"), Path::new("b"));
-    assert_eq!(&fs::read(s.join("mapped")).expect("mapped")[4096..4101], b"mmap!");
+    assert_eq!(
+        &fs::read(s.join("mapped")).expect("mapped")[4096..4101],
+        b"mmap!"
+    );
     assert_eq!(read(&s.join("app")), "1");
-    assert_eq!(fs::metadata(s.join("app")).expect("stat").mode() & 0o777, 0o640);
-    assert_eq!(fs::metadata(s.join("sparse")).expect("sparse").len(), (64 << 20) + 3);
+    assert_eq!(
+        fs::metadata(s.join("app")).expect("stat").mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        fs::metadata(s.join("sparse")).expect("sparse").len(),
+        (64 << 20) + 3
+    );
     assert!(fs::read(s.join("big")).expect("big") == pattern(24 << 20, 7));
 }
 

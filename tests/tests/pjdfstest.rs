@@ -62,14 +62,18 @@ fn pjdfstest(dir: &Path) -> Run {
 
 fn prepare(dir: &Path) {
     std::fs::create_dir_all(dir).expect("mkdir");
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
 }
 
 #[test]
 fn pjdfstest_fails_nothing_on_ccfs_that_passes_on_the_bare_share() {
     let fx = Fixture::new();
-    std::fs::set_permissions(fx.tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    std::fs::set_permissions(
+        fx.tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
     prepare(&fx.share);
     prepare(&fx.s("bare"));
     let bare = pjdfstest(&fx.s("bare"));
@@ -83,10 +87,17 @@ fn pjdfstest_fails_nothing_on_ccfs_that_passes_on_the_bare_share() {
     println!("ccfs cached:       {}", cached.summary);
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
-    assert!(bare.passed > 300, "the suite must really run: {}", bare.summary);
+    assert!(
+        bare.passed > 300,
+        "the suite must really run: {}",
+        bare.summary
+    );
     for (what, run) in [("passthrough", &pass), ("cached", &cached)] {
         let worse: Vec<&String> = run.failed.difference(&bare.failed).collect();
-        assert!(worse.is_empty(), "{what}: fail on ccfs but pass bare: {worse:?}");
+        assert!(
+            worse.is_empty(),
+            "{what}: fail on ccfs but pass bare: {worse:?}"
+        );
         assert!(
             run.passed + 5 >= bare.passed,
             "{what}: far fewer cases ran on ccfs ({}) than bare ({})",

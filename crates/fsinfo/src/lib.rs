@@ -161,6 +161,8 @@ mod tests {
         assert!(is_mount_point(Path::new("/")).unwrap_or(false));
         let st = statfs(Path::new("/")).expect("statfs /");
         assert!(st.block_size > 0);
-        assert!(mount_of(Path::new("/usr/bin")).expect("mountinfo").is_some());
+        assert!(mount_of(Path::new("/usr/bin"))
+            .expect("mountinfo")
+            .is_some());
     }
 }

@@ -94,7 +94,11 @@ impl Fixture {
     }
 
     pub fn mount_with(&self, extra: &[&str]) -> Mount<'_> {
-        let mut args: Vec<&std::ffi::OsStr> = vec!["mount".as_ref(), "--cache-dir".as_ref(), self.cache.as_os_str()];
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "mount".as_ref(),
+            "--cache-dir".as_ref(),
+            self.cache.as_os_str(),
+        ];
         for e in extra {
             args.push(e.as_ref());
         }
@@ -123,7 +127,11 @@ impl Mount<'_> {
     }
 
     pub fn daemon_pid(&self) -> u32 {
-        let out = ccfs(&["status".as_ref(), "--json".as_ref(), self.fx.mnt.as_os_str()]);
+        let out = ccfs(&[
+            "status".as_ref(),
+            "--json".as_ref(),
+            self.fx.mnt.as_os_str(),
+        ]);
         assert!(out.status.success(), "{}", text(&out));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         v["pid"].as_u64().expect("pid") as u32
@@ -132,7 +140,11 @@ impl Mount<'_> {
     /// Forgets the mount without unmounting (after the test killed the daemon).
     pub fn abandon(mut self) {
         self.active = false;
-        let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.fx.mnt).output();
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(&self.fx.mnt)
+            .output();
     }
 }
 
@@ -141,7 +153,11 @@ impl Drop for Mount<'_> {
         if self.active {
             let out = ccfs(&["umount".as_ref(), self.fx.mnt.as_os_str()]);
             if !out.status.success() {
-                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.fx.mnt).output();
+                let _ = Command::new("fusermount3")
+                    .arg("-u")
+                    .arg("-z")
+                    .arg(&self.fx.mnt)
+                    .output();
             }
         }
     }
@@ -172,7 +188,10 @@ pub fn write(p: &Path, s: &str) {
 
 /// A small deterministic pseudo-random byte stream (no rand dependency).
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
     (0..len)
         .map(|_| {
             x ^= x << 13;
