@@ -686,3 +686,17 @@ fn posix_semantics_on_cached_files_copied_up_from_the_share() {
     assert!(out.status.success(), "{}", text(&out));
     expect_on_share(&fx, ".local/app", true);
 }
+
+#[test]
+fn the_demo_shows_a_dotfile_kept_local_and_synced_at_logout() {
+    let out = ccfs(&["demo".as_ref()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("share prefs.js  (still the old one)        \"user_pref(\\\"browser.startup.page\\\", 1);\""), "{stdout}");
+    assert!(
+        stdout.contains("written at once) \"My essay, first draft.\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("all changes are on the share"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("ccfs demo: ok"), "{stdout}");
+}
