@@ -29,6 +29,24 @@ pub struct SyncOutcome {
     pub error: Option<String>,
 }
 
+impl From<Result<SyncReport, crate::sync::SyncError>> for SyncOutcome {
+    /// Ok only when rsync succeeded and nothing is left unsynced.
+    fn from(r: Result<SyncReport, crate::sync::SyncError>) -> Self {
+        match r {
+            Ok(report) => SyncOutcome {
+                ok: report.ok && report.remaining_dirty == 0 && report.remaining_deletions == 0,
+                report: Some(report),
+                error: None,
+            },
+            Err(e) => SyncOutcome {
+                ok: false,
+                report: None,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Status {
     pub pid: u32,
@@ -87,18 +105,7 @@ impl Daemon {
     pub fn sync_now(&self, everything: bool) -> SyncOutcome {
         let _one_at_a_time = lock(&self.sync_lock);
         let list = self.cache_dir.join("sync-list");
-        let outcome = match run_sync(&self.overlay, &self.rsync, &list, everything) {
-            Ok(report) => SyncOutcome {
-                ok: report.ok && report.remaining_dirty == 0 && report.remaining_deletions == 0,
-                report: Some(report),
-                error: None,
-            },
-            Err(e) => SyncOutcome {
-                ok: false,
-                report: None,
-                error: Some(e.to_string()),
-            },
-        };
+        let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, &list, everything));
         if let Some(err) = &outcome.error {
             tracing::error!("sync failed: {err}");
         }

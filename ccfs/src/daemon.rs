@@ -399,19 +399,9 @@ pub fn recover_overlay(
         return None;
     }
     let list = cache_dir.join("sync-list");
-    let outcome = match sync::run_sync(overlay, rsync, &list, true) {
-        Ok(report) => SyncOutcome {
-            ok: report.ok && report.remaining_dirty == 0 && report.remaining_deletions == 0,
-            report: Some(report),
-            error: None,
-        },
-        Err(e) => SyncOutcome {
-            ok: false,
-            report: None,
-            error: Some(e.to_string()),
-        },
-    };
-    Some(outcome)
+    Some(SyncOutcome::from(sync::run_sync(
+        overlay, rsync, &list, true,
+    )))
 }
 
 /// Runs the mount in this process until it is unmounted; returns whether the final sync

@@ -145,6 +145,17 @@ fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
     Errno::from_i32(n)
 }
 
+/// An xattr value or list: its size when asked with size 0, ERANGE when it does not fit.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
 fn file_type(kind: u32) -> FileType {
     match kind {
         libc::S_IFDIR => FileType::Directory,
@@ -797,9 +808,7 @@ impl Filesystem for CcfsFs {
                 .map_err(|e| reply_err("getxattr", &path, &e))
         };
         match value {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-            Ok(v) => reply.data(&v),
+            Ok(v) => reply_xattr(reply, size, &v),
             Err(e) => reply.error(e),
         }
     }
@@ -813,13 +822,7 @@ impl Filesystem for CcfsFs {
                     buf.extend_from_slice(n.as_bytes());
                     buf.push(0);
                 }
-                if size == 0 {
-                    reply.size(buf.len() as u32);
-                } else if buf.len() > size as usize {
-                    reply.error(Errno::ERANGE);
-                } else {
-                    reply.data(&buf);
-                }
+                reply_xattr(reply, size, &buf);
             }
             Err(e) => reply.error(reply_err("listxattr", &path, &e)),
         }

@@ -577,6 +577,19 @@ impl Overlay {
         inner.released.insert(ino);
     }
 
+    /// A new cached object was marked dirty but could not be made: drop the mark and put
+    /// back the whiteout it cleared, so a deleted share copy stays hidden.
+    fn undo_new(&self, inner: &mut Inner, rel: &Path, was_whiteout: bool, e: io::Error) -> FsError {
+        let undo = Record::Delete {
+            path: rel.to_path_buf(),
+            whiteout: was_whiteout,
+        };
+        match self.record(inner, &[undo]) {
+            Ok(()) => e.into(),
+            Err(journal) => journal,
+        }
+    }
+
     /// Creates a new object `name` in `parent` with `make`, which gets the root and the
     /// path below it.
     fn make_node(
@@ -607,15 +620,7 @@ impl Overlay {
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = make(&self.cache, &up(&rel)) {
-                    // Put the whiteout back so the share's deleted copy stays hidden.
-                    self.record(
-                        &mut inner,
-                        &[Record::Delete {
-                            path: rel.clone(),
-                            whiteout: was_whiteout,
-                        }],
-                    )?;
-                    return Err(e.into());
+                    return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
                 }
                 self.chown_new(&self.cache, &up(&rel), ctx)?;
             }
@@ -724,14 +729,7 @@ impl Overlay {
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
-                    self.record(
-                        &mut inner,
-                        &[Record::Delete {
-                            path: rel.clone(),
-                            whiteout: was_whiteout,
-                        }],
-                    )?;
-                    return Err(e.into());
+                    return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
                 }
                 // Both names share the source's share identity.
                 if let Some(o) = inner.state.origin(src) {

@@ -95,7 +95,10 @@ impl OverlayState {
                 }
                 for k in subtree_set(&self.dirty, from) {
                     self.dirty.remove(&k);
-                    self.dirty.insert(reroot(&k, from, to));
+                    let moved = reroot(&k, from, to);
+                    // Like Dirty: a path that exists in the cache is no whiteout.
+                    self.whiteouts.remove(&moved);
+                    self.dirty.insert(moved);
                 }
                 for k in subtree(&self.origins, from) {
                     if let Some(o) = self.origins.remove(&k) {
@@ -241,6 +244,27 @@ mod tests {
             "a sibling sharing a name prefix is untouched"
         );
         assert_eq!(s.origin(Path::new(".b/x")), Some(Origin { dev: 1, ino: 7 }));
+    }
+
+    /// Regression (found by the journal proptest): a dirty entry moved by a rename onto a
+    /// whited-out path must clear that whiteout, or compaction changes the state.
+    #[test]
+    fn rename_onto_a_whited_out_path_clears_the_whiteout() {
+        let records = [
+            Record::Delete {
+                path: p(".b/d e/.a"),
+                whiteout: true,
+            },
+            Record::Dirty(p("c/.a")),
+            Record::Rename {
+                from: p("c"),
+                to: p(".b/d e"),
+            },
+        ];
+        let s = OverlayState::replay(&records);
+        assert!(s.is_dirty(Path::new(".b/d e/.a")));
+        assert!(!s.is_whiteout(Path::new(".b/d e/.a")));
+        assert_eq!(OverlayState::replay(&s.snapshot()), s);
     }
 
     #[test]

@@ -107,19 +107,15 @@ pub fn rename2(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
     })
 }
 
-pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
-    let c = cstr(path)?;
-    let n = cname(name)?;
+/// Calls a size-then-fill xattr call (`f(buf, len)`, NULL/0 asks for the size) until the
+/// value fits (it may grow between the two calls).
+fn xattr_buffer(
+    mut f: impl FnMut(*mut libc::c_void, usize) -> libc::ssize_t,
+) -> io::Result<Vec<u8>> {
     loop {
-        // SAFETY: a NULL buffer of size 0 asks for the value's size.
-        let size = check_size(unsafe {
-            libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0)
-        })?;
+        let size = check_size(f(std::ptr::null_mut(), 0))?;
         let mut buf = vec![0u8; size];
-        // SAFETY: `buf` is writable for `buf.len()` bytes.
-        let got =
-            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        match check_size(got) {
+        match check_size(f(buf.as_mut_ptr().cast(), buf.len())) {
             Ok(len) => {
                 buf.truncate(len);
                 return Ok(buf);
@@ -130,27 +126,25 @@ pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
     }
 }
 
+fn split_names(buf: &[u8]) -> Vec<OsString> {
+    buf.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| OsString::from_vec(s.to_vec()))
+        .collect()
+}
+
+pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
+    let c = cstr(path)?;
+    let n = cname(name)?;
+    // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; strings are valid.
+    xattr_buffer(|buf, len| unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf, len) })
+}
+
 pub fn llistxattr(path: &Path) -> io::Result<Vec<OsString>> {
     let c = cstr(path)?;
-    loop {
-        // SAFETY: a NULL buffer of size 0 asks for the list's size.
-        let size = check_size(unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) })?;
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` is writable for `buf.len()` bytes.
-        let got = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        match check_size(got) {
-            Ok(len) => {
-                buf.truncate(len);
-                return Ok(buf
-                    .split(|b| *b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| OsString::from_vec(s.to_vec()))
-                    .collect());
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes.
+    xattr_buffer(|buf, len| unsafe { libc::llistxattr(c.as_ptr(), buf.cast(), len) })
+        .map(|b| split_names(&b))
 }
 
 pub fn lsetxattr(path: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
@@ -747,48 +741,15 @@ impl Root {
     pub fn getxattr(&self, rel: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
         let (_fd, p) = self.xattr_path(rel)?;
         let n = cname(name)?;
-        loop {
-            // SAFETY: a NULL buffer of size 0 asks for the size; strings are valid.
-            let size = check_size(unsafe {
-                libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0)
-            })?;
-            let mut buf = vec![0u8; size];
-            // SAFETY: `buf` is writable for its length.
-            let got = unsafe {
-                libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-            };
-            match check_size(got) {
-                Ok(len) => {
-                    buf.truncate(len);
-                    return Ok(buf);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; strings are valid.
+        xattr_buffer(|buf, len| unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len) })
     }
 
     pub fn listxattr(&self, rel: &Path) -> io::Result<Vec<OsString>> {
         let (_fd, p) = self.xattr_path(rel)?;
-        loop {
-            // SAFETY: a NULL buffer of size 0 asks for the size.
-            let size = check_size(unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) })?;
-            let mut buf = vec![0u8; size];
-            // SAFETY: `buf` is writable for its length.
-            let got = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            match check_size(got) {
-                Ok(len) => {
-                    buf.truncate(len);
-                    return Ok(buf
-                        .split(|b| *b == 0)
-                        .filter(|s| !s.is_empty())
-                        .map(|s| OsString::from_vec(s.to_vec()))
-                        .collect());
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes.
+        xattr_buffer(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })
+            .map(|b| split_names(&b))
     }
 
     pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
