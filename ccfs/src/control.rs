@@ -104,8 +104,7 @@ impl Daemon {
     /// Runs one sync (syncs never overlap) and remembers its outcome.
     pub fn sync_now(&self, everything: bool) -> SyncOutcome {
         let _one_at_a_time = lock(&self.sync_lock);
-        let list = self.cache_dir.join("sync-list");
-        let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, &list, everything));
+        let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, everything));
         if let Some(err) = &outcome.error {
             tracing::error!("sync failed: {err}");
         }

@@ -381,11 +381,7 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
 
 /// Brings a cache up to date with the share after an earlier session ended without its
 /// logout sync. Returns the outcome, or None when there was nothing to do.
-pub fn recover_overlay(
-    overlay: &Overlay,
-    rsync: &RsyncOptions,
-    cache_dir: &Path,
-) -> Option<SyncOutcome> {
+pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOutcome> {
     let needs = !overlay.lock().state().is_clean()
         || fs::read_dir(overlay.upper())
             .map(|d| {
@@ -398,10 +394,7 @@ pub fn recover_overlay(
     if !needs {
         return None;
     }
-    let list = cache_dir.join("sync-list");
-    Some(SyncOutcome::from(sync::run_sync(
-        overlay, rsync, &list, true,
-    )))
+    Some(SyncOutcome::from(sync::run_sync(overlay, rsync, true)))
 }
 
 /// Runs the mount in this process until it is unmounted; returns whether the final sync
@@ -428,7 +421,7 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         plan.settings.policy.clone(),
     )?);
     let rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
-    if let Some(outcome) = recover_overlay(&overlay, &rsync, &plan.cache_dir) {
+    if let Some(outcome) = recover_overlay(&overlay, &rsync) {
         if outcome.ok {
             tracing::info!("recovered the unsynced changes of an earlier session");
         } else {
@@ -556,7 +549,7 @@ pub fn recover_cache(
     unsafe { libc::umask(0) };
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
     let opts = rsync_options(&settings, &rsync, &meta.share);
-    let outcome = recover_overlay(&overlay, &opts, cache_dir);
+    let outcome = recover_overlay(&overlay, &opts);
     if outcome.as_ref().is_none_or(|o| o.ok) {
         overlay.drop_clean_cache()?;
     }

@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::state::{Origin, OverlayState, Record};
+use crate::state::{Origin, OverlayState, Record, ShareId};
 
 fn fnv1a(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -63,6 +63,17 @@ fn body(record: &Record) -> String {
     match record {
         Record::Dirty(p) => format!("D {}", escape(p)),
         Record::Origin(p, o) => format!("O {} {} {}", escape(p), o.dev, o.ino),
+        Record::Base(p, Some(b)) => format!(
+            "B {} {} {} {} {} {} {}",
+            escape(p),
+            b.ino,
+            b.size,
+            b.mtime.0,
+            b.mtime.1,
+            b.ctime.0,
+            b.ctime.1
+        ),
+        Record::Base(p, None) => format!("N {}", escape(p)),
         Record::Delete { path, whiteout } => {
             format!("{} {}", if *whiteout { "X" } else { "R" }, escape(path))
         }
@@ -90,6 +101,22 @@ fn parse_body(b: &str) -> Option<Record> {
                 ino: it.next()?.parse().ok()?,
             },
         ),
+        "B" => {
+            let ino: u64 = it.next()?.parse().ok()?;
+            let size: u64 = it.next()?.parse().ok()?;
+            let mut num = || it.next().and_then(|v| v.parse::<i64>().ok());
+            let (ms, mn, cs, cn) = (num()?, num()?, num()?, num()?);
+            Record::Base(
+                path,
+                Some(ShareId {
+                    ino,
+                    size,
+                    mtime: (ms, mn),
+                    ctime: (cs, cn),
+                }),
+            )
+        }
+        "N" => Record::Base(path, None),
         "X" => Record::Delete {
             path,
             whiteout: true,
@@ -312,6 +339,15 @@ mod tests {
                 .prop_map(|(path, whiteout)| Record::Delete { path, whiteout }),
             (arb_path(), arb_path()).prop_map(|(from, to)| Record::Rename { from, to }),
             arb_path().prop_map(Record::Clean),
+            (arb_path(), any::<Option<(u64, u64, i32, u32)>>()).prop_map(|(p, b)| Record::Base(
+                p,
+                b.map(|(ino, size, t, n)| ShareId {
+                    ino,
+                    size,
+                    mtime: (i64::from(t), i64::from(n)),
+                    ctime: (i64::from(t) + 1, 0),
+                })
+            )),
             arb_path().prop_map(Record::Deleted),
         ]
     }

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::error::{errno, FsError, FsResult};
 use crate::journal::Journal;
 use crate::policy::{PathClass, Policy};
-use crate::state::{Origin, OverlayState, Record};
+use crate::state::{Origin, OverlayState, Record, ShareId};
 use crate::sys::{self, Root, SetTime, Stat};
 
 /// Who is asking: new files belong to this user when ccfs runs as root.
@@ -89,6 +89,29 @@ pub struct SyncSnapshot {
     /// Paths marked dirty that the cache does not have (an operation failed after the
     /// mark): nothing to send, the mark is cleared with the others.
     pub stale: Vec<PathBuf>,
+}
+
+/// How the share and the cache disagreed at sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConflictKind {
+    /// Changed here and, since we took it, on the share (another workstation logged out).
+    ModifiedOnBoth,
+    /// Created here and, meanwhile, on the share.
+    CreatedOnBoth,
+    /// Deleted here, changed on the share: the share's version is kept.
+    DeletedHereModifiedThere,
+    /// Changed here, deleted on the share: ours is written back.
+    ModifiedHereDeletedThere,
+}
+
+/// One conflict found at sync; nothing is overwritten, both versions are kept.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Conflict {
+    pub path: PathBuf,
+    pub kind: ConflictKind,
+    /// Where our version went (the conflict copy), or what was kept.
+    pub kept: String,
 }
 
 /// Mutable state behind the lock.
@@ -270,6 +293,32 @@ impl Overlay {
 
     fn upper_stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
         self.cache.stat(&up(rel))
+    }
+
+    /// What the share holds at `rel` now, for conflict checks. A directory is known by its
+    /// inode alone (its times change whenever entries do).
+    fn share_id(&self, rel: &Path) -> io::Result<Option<ShareId>> {
+        Ok(self.share.stat(rel)?.map(|m| {
+            if m.is_dir() {
+                ShareId {
+                    ino: m.ino(),
+                    size: u64::MAX,
+                    mtime: (0, 0),
+                    ctime: (0, 0),
+                }
+            } else {
+                ShareId {
+                    ino: m.ino(),
+                    size: m.len(),
+                    mtime: m.mtime(),
+                    ctime: m.ctime(),
+                }
+            }
+        }))
+    }
+
+    fn base_record(&self, rel: &Path) -> io::Result<Record> {
+        Ok(Record::Base(rel.to_path_buf(), self.share_id(rel)?))
     }
 
     /// The root and path of an object found in `layer`.
@@ -497,6 +546,7 @@ impl Overlay {
                         ino: meta.ino(),
                     },
                 ),
+                self.base_record(rel)?,
                 Record::Dirty(rel.to_path_buf()),
             ],
         )?;
@@ -618,6 +668,7 @@ impl Overlay {
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
+                self.record(&mut inner, &[self.base_record(&rel)?])?;
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = make(&self.cache, &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
@@ -727,6 +778,7 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
+                self.record(&mut inner, &[self.base_record(&rel)?])?;
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
@@ -783,13 +835,15 @@ impl Overlay {
             inner = self.lock();
         }
         let whiteout = self.needs_whiteout(&inner, &rel)?;
-        self.record(
-            &mut inner,
-            &[Record::Delete {
-                path: rel.clone(),
-                whiteout,
-            }],
-        )?;
+        let mut records = vec![Record::Delete {
+            path: rel.clone(),
+            whiteout,
+        }];
+        if whiteout {
+            // What we mean to delete on the share: a later change there is a conflict.
+            records.push(self.base_record(&rel)?);
+        }
+        self.record(&mut inner, &records)?;
         if self.upper_stat(&rel)?.is_some() {
             if dir {
                 self.cache.rmdir(&up(&rel))?;
@@ -838,6 +892,15 @@ impl Overlay {
         if from == to {
             return Ok(());
         }
+        // Two names of one file: POSIX rename does nothing.
+        if let Some(d) = &dst {
+            if d.layer == src.layer
+                && d.meta.dev() == src.meta.dev()
+                && d.meta.ino() == src.meta.ino()
+            {
+                return Ok(());
+            }
+        }
         if to.starts_with(&from) {
             return Err(errno(libc::EINVAL));
         }
@@ -880,8 +943,11 @@ impl Overlay {
                 path: from.clone(),
                 whiteout: true,
             });
+            records.push(self.base_record(&from)?);
         }
         records.push(Record::Dirty(to.clone()));
+        // The object moved; what the share holds at the new name is what we replace.
+        records.push(self.base_record(&to)?);
         self.record(&mut inner, &records)?;
         inner.touched.insert(to);
         Ok(())
@@ -1037,6 +1103,152 @@ impl Overlay {
         Ok(())
     }
 
+    /// Before a sync: compares what the share holds at each dirty or deleted path with what
+    /// it held when we took the path over. Where another workstation changed it, nothing is
+    /// overwritten: our version moves to `NAME.ccfs-conflict-HOST-STAMP` (sent beside the
+    /// share's), and a deletion of a file changed there is dropped.
+    pub fn resolve_conflicts(&self, host: &str, stamp: &str) -> FsResult<Vec<Conflict>> {
+        let mut inner = self.lock();
+        let mut out = Vec::new();
+        let dirty: Vec<PathBuf> = inner.state.dirty().cloned().collect();
+        for p in dirty {
+            if self.policy.classify(&p) != PathClass::Cached {
+                continue;
+            }
+            let Some(ours) = self.upper_stat(&p)? else {
+                continue;
+            };
+            if ours.is_dir() {
+                continue;
+            }
+            let base = inner.state.base(&p);
+            let cur = self.share_id(&p)?;
+            if cur == base {
+                continue;
+            }
+            match (base, cur) {
+                (Some(_), None) => {
+                    self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
+                    out.push(Conflict {
+                        path: p.clone(),
+                        kind: ConflictKind::ModifiedHereDeletedThere,
+                        kept: "ours, written back".into(),
+                    });
+                }
+                (None, Some(c)) if self.same_content(&p, &ours, &c)? => {
+                    self.record(&mut inner, &[Record::Base(p.clone(), Some(c))])?;
+                }
+                _ => {
+                    let name = self.conflict_name(&inner, &p, host, stamp)?;
+                    self.cache
+                        .rename(&up(&p), &up(&name), libc::RENAME_NOREPLACE)?;
+                    self.record(
+                        &mut inner,
+                        &[
+                            Record::Rename {
+                                from: p.clone(),
+                                to: name.clone(),
+                            },
+                            Record::Dirty(name.clone()),
+                            Record::Base(name.clone(), None),
+                        ],
+                    )?;
+                    let kind = if base.is_none() {
+                        ConflictKind::CreatedOnBoth
+                    } else {
+                        ConflictKind::ModifiedOnBoth
+                    };
+                    tracing::warn!(path = %p.display(), kept = %name.display(), "conflict: {kind:?}");
+                    out.push(Conflict {
+                        path: p.clone(),
+                        kind,
+                        kept: name.to_string_lossy().into_owned(),
+                    });
+                }
+            }
+        }
+        let whiteouts: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
+        for w in whiteouts {
+            let cur = self.share_id(&w)?;
+            if cur.is_some() && cur != inner.state.base(&w) && self.upper_stat(&w)?.is_none() {
+                self.record(
+                    &mut inner,
+                    &[Record::Deleted(w.clone()), Record::Base(w.clone(), None)],
+                )?;
+                tracing::warn!(path = %w.display(), "conflict: deleted here, changed on the share; kept");
+                out.push(Conflict {
+                    path: w,
+                    kind: ConflictKind::DeletedHereModifiedThere,
+                    kept: "the share's version".into(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Same bytes in our copy and the share's (small files only)?
+    fn same_content(&self, rel: &Path, ours: &Stat, theirs: &ShareId) -> io::Result<bool> {
+        if ours.len() != theirs.size || ours.len() > 1 << 20 || !ours.is_file() {
+            return Ok(false);
+        }
+        let read = |root: &Root, at: &Path| -> io::Result<Vec<u8>> {
+            let mut v = Vec::new();
+            io::Read::read_to_end(&mut root.open_file(at, libc::O_RDONLY, 0)?, &mut v)?;
+            Ok(v)
+        };
+        Ok(read(&self.cache, &up(rel))? == read(&self.share, rel)?)
+    }
+
+    fn conflict_name(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        host: &str,
+        stamp: &str,
+    ) -> io::Result<PathBuf> {
+        let base = rel
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for n in 1.. {
+            let suffix = if n == 1 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            let name = rel.with_file_name(format!("{base}.ccfs-conflict-{host}-{stamp}{suffix}"));
+            if self.upper_stat(&name)?.is_none()
+                && self.share.stat(&name)?.is_none()
+                && !inner.state.is_dirty(&name)
+            {
+                return Ok(name);
+            }
+        }
+        Err(io::Error::from_raw_os_error(libc::EEXIST))
+    }
+
+    /// Removes what an interrupted rsync `--delay-updates` left on the share: the
+    /// `.~tmp~` directories (partial files) in the directories this sync writes to.
+    pub fn clean_partial_transfers(&self, snap: &SyncSnapshot) -> FsResult<usize> {
+        let mut dirs: Vec<PathBuf> = snap
+            .files
+            .iter()
+            .map(|p| p.parent().unwrap_or(Path::new("")).to_path_buf())
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        let mut cleaned = 0;
+        for d in dirs {
+            let tmp = d.join(".~tmp~");
+            if self.share.stat(&tmp)?.is_some_and(|m| m.is_dir()) {
+                remove_tree(&self.share, &tmp)?;
+                cleaned += 1;
+            }
+        }
+        Ok(cleaned)
+    }
+
     /// Takes what a sync must send. With `everything`, every object in the cache is sent
     /// (crash recovery: the journal may lag the cache), not only the recorded dirty paths.
     pub fn begin_sync(&self, everything: bool) -> FsResult<SyncSnapshot> {
@@ -1114,6 +1326,12 @@ impl Overlay {
             clean.push(Record::Clean(p.clone()));
         }
         let n = clean.len();
+        // The share now holds what we sent: that is what a later sync compares against.
+        for p in &snap.files {
+            if self.upper_stat(p)?.is_some_and(|m| !m.is_dir()) {
+                clean.push(self.base_record(p)?);
+            }
+        }
         if !clean.is_empty() {
             self.record(&mut inner, &clean)?;
         }

@@ -14,6 +14,16 @@ pub struct Origin {
     pub ino: u64,
 }
 
+/// What the share had at a path when the cache took it over: compared at sync to see
+/// whether another workstation changed the share's copy meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShareId {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
 /// One change to the overlay's record. Paths are relative to the mount root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -21,6 +31,8 @@ pub enum Record {
     Dirty(PathBuf),
     /// `path` in the cache was copied up from this share object.
     Origin(PathBuf, Origin),
+    /// What the share is expected to hold at `path` (None: nothing) until our next sync.
+    Base(PathBuf, Option<ShareId>),
     /// `path` (and all below it) was removed from the cache; with `whiteout` the share's
     /// copy must be deleted at sync and is hidden until then.
     Delete { path: PathBuf, whiteout: bool },
@@ -38,6 +50,7 @@ pub struct OverlayState {
     dirty: BTreeSet<PathBuf>,
     whiteouts: BTreeSet<PathBuf>,
     origins: BTreeMap<PathBuf, Origin>,
+    bases: BTreeMap<PathBuf, ShareId>,
 }
 
 /// Keys of `set` equal to `root` or below it.
@@ -74,6 +87,12 @@ impl OverlayState {
             Record::Origin(p, o) => {
                 self.origins.insert(p.clone(), *o);
             }
+            Record::Base(p, Some(b)) => {
+                self.bases.insert(p.clone(), *b);
+            }
+            Record::Base(p, None) => {
+                self.bases.remove(p);
+            }
             Record::Delete { path, whiteout } => {
                 for k in subtree_set(&self.dirty, path) {
                     self.dirty.remove(&k);
@@ -81,6 +100,7 @@ impl OverlayState {
                 for k in subtree(&self.origins, path) {
                     self.origins.remove(&k);
                 }
+                self.drop_bases_below(path);
                 if *whiteout {
                     self.whiteouts.insert(path.clone());
                 }
@@ -92,6 +112,12 @@ impl OverlayState {
                 }
                 for k in subtree(&self.origins, to) {
                     self.origins.remove(&k);
+                }
+                self.drop_bases_below(to);
+                for k in subtree(&self.bases, from) {
+                    if let Some(b) = self.bases.remove(&k) {
+                        self.bases.insert(reroot(&k, from, to), b);
+                    }
                 }
                 for k in subtree_set(&self.dirty, from) {
                     self.dirty.remove(&k);
@@ -112,6 +138,16 @@ impl OverlayState {
             }
             Record::Deleted(p) => {
                 self.whiteouts.remove(p);
+            }
+        }
+    }
+
+    /// Drops the bases at or below `root`, but not those of whiteouts, which stay pending
+    /// (and are checked against the share before the deletion is applied).
+    fn drop_bases_below(&mut self, root: &Path) {
+        for k in subtree(&self.bases, root) {
+            if !self.whiteouts.contains(&k) {
+                self.bases.remove(&k);
             }
         }
     }
@@ -137,6 +173,9 @@ impl OverlayState {
         for (p, o) in &self.origins {
             out.push(Record::Origin(p.clone(), *o));
         }
+        for (p, b) in &self.bases {
+            out.push(Record::Base(p.clone(), Some(*b)));
+        }
         for p in &self.dirty {
             out.push(Record::Dirty(p.clone()));
         }
@@ -157,6 +196,11 @@ impl OverlayState {
 
     pub fn origin(&self, p: &Path) -> Option<Origin> {
         self.origins.get(p).copied()
+    }
+
+    /// What the share is expected to hold at `p` (None: nothing).
+    pub fn base(&self, p: &Path) -> Option<ShareId> {
+        self.bases.get(p).copied()
     }
 
     /// True when `p` or one of its ancestors is deleted: the share's copy is hidden.
@@ -186,9 +230,10 @@ impl OverlayState {
         self.whiteouts.len()
     }
 
-    /// Drops origins (used once the cache is emptied at mount).
+    /// Drops origins and bases (used once the cache is emptied at mount).
     pub fn forget_origins(&mut self) {
         self.origins.clear();
+        self.bases.clear();
     }
 }
 

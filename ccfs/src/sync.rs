@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -45,9 +45,10 @@ pub struct RsyncOptions {
 
 /// The rsync command line (without the program name) for one sync.
 /// `update_only` (crash recovery) keeps any share file newer than the cache's copy.
+/// The file list is read from standard input (`--files-from=-`), so a sync needs no space
+/// in a full cache.
 pub fn rsync_args(
     opts: &RsyncOptions,
-    list: &Path,
     upper: &Path,
     share: &Path,
     update_only: bool,
@@ -62,9 +63,7 @@ pub fn rsync_args(
         "--from0".into(),
         format!("--timeout={}", opts.timeout.as_secs().max(1)).into(),
     ];
-    let mut files_from = OsString::from("--files-from=");
-    files_from.push(list.as_os_str());
-    args.push(files_from);
+    args.push("--files-from=-".into());
     if opts.caps.acls {
         args.push("--acls".into());
     }
@@ -125,6 +124,9 @@ pub struct SyncReport {
     pub remaining_dirty: usize,
     pub remaining_deletions: usize,
     pub errors: Vec<String>,
+    /// Conflicts found before sending (both versions kept).
+    #[serde(default)]
+    pub conflicts: Vec<crate::overlay::Conflict>,
     pub ok: bool,
     pub seconds: f64,
     /// Unix time at the end of the sync.
@@ -142,17 +144,43 @@ pub enum SyncError {
     },
     #[error("{0}")]
     Fs(#[from] crate::error::FsError),
-    #[error("cannot write the rsync file list: {0}")]
+    #[error("cannot pass the file list to rsync: {0}")]
     List(std::io::Error),
 }
 
-fn write_list(path: &Path, files: &[PathBuf]) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
-    for p in files {
-        f.write_all(p.as_os_str().as_bytes())?;
-        f.write_all(b"\0")?;
-    }
-    f.sync_all()
+/// This machine's name, for conflict copies.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_string())
+        .replace(['/', ' '], "_")
+}
+
+/// A UTC timestamp `YYYYMMDDTHHMMSSZ` for conflict copies.
+pub fn stamp(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 fn tail(text: &[u8], lines: usize) -> String {
@@ -163,32 +191,50 @@ fn tail(text: &[u8], lines: usize) -> String {
 
 /// Sends what the cache has and the share lacks. With `everything` (crash recovery) the
 /// whole cache is offered to rsync with `--update`, since the journal may lag the cache.
+/// Conflicts with changes made on the share are resolved first (both versions kept).
 /// Nothing is marked clean unless rsync reported success.
 pub fn run_sync(
     overlay: &Overlay,
     opts: &RsyncOptions,
-    list: &Path,
     everything: bool,
 ) -> Result<SyncReport, SyncError> {
     let start = Instant::now();
+    let conflicts = overlay.resolve_conflicts(&hostname(), &stamp(SystemTime::now()))?;
     let snap = overlay.begin_sync(everything)?;
     let result = (|| -> Result<SyncReport, SyncError> {
         let mut report = SyncReport {
             sent: snap.files.len(),
+            conflicts,
             ..Default::default()
         };
         if !snap.files.is_empty() {
-            write_list(list, &snap.files).map_err(SyncError::List)?;
-            let args = rsync_args(opts, list, overlay.upper(), overlay.share(), everything);
+            overlay.clean_partial_transfers(&snap)?;
+            let args = rsync_args(opts, overlay.upper(), overlay.share(), everything);
             tracing::info!(files = snap.files.len(), "rsync to share");
-            let out = Command::new(&opts.binary)
+            let mut child = Command::new(&opts.binary)
                 .args(&args)
-                .output()
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
                 .map_err(|source| SyncError::Spawn {
                     binary: opts.binary.clone(),
                     source,
                 })?;
-            let _ = std::fs::remove_file(list);
+            let mut list = Vec::new();
+            for p in &snap.files {
+                list.extend_from_slice(p.as_os_str().as_bytes());
+                list.push(0);
+            }
+            let mut stdin = child
+                .stdin
+                .take()
+                .ok_or_else(|| SyncError::List(std::io::Error::other("no stdin")))?;
+            let feeder = std::thread::spawn(move || stdin.write_all(&list));
+            let out = child.wait_with_output().map_err(SyncError::List)?;
+            let fed = feeder
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("list writer panicked")));
             let code = out.status.code().unwrap_or(-1);
             // 24: some source files vanished (deleted meanwhile): still dirty-safe, since
             // only paths unchanged since the snapshot are marked clean.
@@ -198,6 +244,7 @@ pub fn run_sync(
                     stderr: tail(&out.stderr, 4),
                 });
             }
+            fed.map_err(SyncError::List)?;
         }
         report.cleaned = overlay.finish_sync(&snap)?;
         for d in &snap.deletions {
@@ -212,7 +259,10 @@ pub fn run_sync(
     })();
     overlay.end_sync();
     let mut report = result?;
-    overlay.compact()?;
+    if let Err(e) = overlay.compact() {
+        // The journal stays valid (uncompacted); a full cache is the usual cause.
+        tracing::warn!("journal compaction failed: {e}");
+    }
     let inner = overlay.lock();
     report.remaining_dirty = inner.state().dirty_count();
     report.remaining_deletions = inner.state().whiteout_count();
@@ -247,7 +297,6 @@ mod tests {
                 xattrs: true,
                 acls: false,
             }),
-            Path::new("/c/list"),
             Path::new("/c/upper"),
             Path::new("/share/alice"),
             false,
@@ -266,7 +315,7 @@ mod tests {
         }
         assert!(!a.contains(&"--acls".to_string()));
         assert!(!a.contains(&"--update".to_string()));
-        assert!(a.contains(&"--files-from=/c/list".to_string()));
+        assert!(a.contains(&"--files-from=-".to_string()));
         assert!(a.contains(&"--timeout=30".to_string()));
         assert_eq!(
             &a[a.len() - 3..],
@@ -278,13 +327,25 @@ mod tests {
     fn recovery_keeps_newer_share_files() {
         let a = rsync_args(
             &opts(ShareCaps::default()),
-            Path::new("l"),
             Path::new("u"),
             Path::new("s"),
             true,
         );
         assert!(a.iter().any(|x| x == "--update"));
         assert!(!a.iter().any(|x| x == "--xattrs" || x == "--acls"));
+    }
+
+    #[test]
+    fn stamps_are_utc_calendar_times() {
+        assert_eq!(stamp(UNIX_EPOCH), "19700101T000000Z");
+        assert_eq!(
+            stamp(UNIX_EPOCH + Duration::from_secs(951_782_400 + 3_723)),
+            "20000229T010203Z"
+        );
+        assert_eq!(
+            stamp(UNIX_EPOCH + Duration::from_secs(1_795_298_334)),
+            "20261121T215854Z"
+        );
     }
 
     #[test]
