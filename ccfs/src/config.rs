@@ -11,6 +11,7 @@
 //! rsync = "rsync"                 # the rsync binary (name on PATH or absolute path)
 //! extra_args = []                 # appended to the rsync command line
 //! timeout_secs = 600              # rsync I/O timeout (--timeout)
+//! interval_secs = 600             # sync while mounted every N seconds (0: only at logout)
 //!
 //! [mount]
 //! threads = 4                     # FUSE request threads
@@ -50,6 +51,7 @@ pub struct SyncSection {
     pub rsync: String,
     pub extra_args: Vec<String>,
     pub timeout_secs: u64,
+    pub interval_secs: u64,
 }
 
 impl Default for SyncSection {
@@ -58,6 +60,7 @@ impl Default for SyncSection {
             rsync: "rsync".to_string(),
             extra_args: Vec::new(),
             timeout_secs: 600,
+            interval_secs: 600,
         }
     }
 }
@@ -109,6 +112,8 @@ pub struct Settings {
     pub rsync: String,
     pub rsync_extra_args: Vec<String>,
     pub rsync_timeout: Duration,
+    /// Periodic sync while mounted; None: only at logout.
+    pub sync_interval: Option<Duration>,
     pub threads: usize,
     pub attr_timeout: Duration,
 }
@@ -120,6 +125,7 @@ impl Default for Settings {
             rsync: "rsync".to_string(),
             rsync_extra_args: Vec::new(),
             rsync_timeout: Duration::from_secs(600),
+            sync_interval: Some(Duration::from_secs(600)),
             threads: 4,
             attr_timeout: Duration::from_millis(1000),
         }
@@ -173,6 +179,8 @@ impl Settings {
             rsync: raw.sync.rsync,
             rsync_extra_args: raw.sync.extra_args,
             rsync_timeout: Duration::from_secs(raw.sync.timeout_secs),
+            sync_interval: (raw.sync.interval_secs > 0)
+                .then(|| Duration::from_secs(raw.sync.interval_secs)),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
         })
@@ -203,6 +211,10 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(s.threads, 8);
+        assert_eq!(s.sync_interval, Some(Duration::from_secs(600)));
+        let off =
+            Settings::from_toml("[sync]\ninterval_secs = 0\n", Path::new("c.toml")).expect("valid");
+        assert_eq!(off.sync_interval, None);
         assert_eq!(s.rsync_extra_args, vec!["--bwlimit=1000".to_string()]);
         assert_eq!(
             s.policy.classify(Path::new(".thunderbird/x")),

@@ -2,6 +2,7 @@
 //! `ccfs umount` talk to a running mount through it, one JSON line each way.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -57,6 +58,9 @@ pub struct Status {
     pub dirty_bytes: u64,
     pub pending_deletions: usize,
     pub last_sync: Option<SyncOutcome>,
+    /// Conflicts found by the syncs of this mount (both versions kept).
+    #[serde(default)]
+    pub conflicts: Vec<crate::overlay::Conflict>,
 }
 
 /// State shared by the FUSE session, the control socket and the final sync.
@@ -69,6 +73,7 @@ pub struct Daemon {
     pub cache_dir: PathBuf,
     sync_lock: Mutex<()>,
     last_sync: Mutex<Option<SyncOutcome>>,
+    conflicts: Mutex<Vec<crate::overlay::Conflict>>,
     final_sync: Mutex<Option<SyncOutcome>>,
     final_cv: Condvar,
     /// `ccfs umount` clients waiting for the final answer.
@@ -95,6 +100,7 @@ impl Daemon {
             cache_dir,
             sync_lock: Mutex::new(()),
             last_sync: Mutex::new(None),
+            conflicts: Mutex::new(Vec::new()),
             final_sync: Mutex::new(None),
             final_cv: Condvar::new(),
             waiters: std::sync::atomic::AtomicUsize::new(0),
@@ -107,6 +113,10 @@ impl Daemon {
         let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, everything));
         if let Some(err) = &outcome.error {
             tracing::error!("sync failed: {err}");
+        }
+        if let Some(report) = &outcome.report {
+            log_conflicts(&self.cache_dir, &report.conflicts);
+            lock(&self.conflicts).extend(report.conflicts.iter().cloned());
         }
         if let Ok(text) = serde_json::to_vec_pretty(&outcome) {
             let _ = crate::daemon::write_atomic(&self.cache_dir.join("last-sync.json"), &text);
@@ -126,6 +136,7 @@ impl Daemon {
             dirty_bytes,
             pending_deletions,
             last_sync: lock(&self.last_sync).clone(),
+            conflicts: lock(&self.conflicts).clone(),
         }
     }
 
@@ -162,6 +173,29 @@ impl Daemon {
             Request::Wait => serde_json::to_value(self.wait_final()),
         };
         v.unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+}
+
+/// Appends conflicts to `CACHE/conflicts.log` (one JSON object a line) for the admin.
+pub fn log_conflicts(cache_dir: &Path, conflicts: &[crate::overlay::Conflict]) {
+    if conflicts.is_empty() {
+        return;
+    }
+    let mut text = String::new();
+    for c in conflicts {
+        if let Ok(line) = serde_json::to_string(c) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(cache_dir.join("conflicts.log"))
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        tracing::warn!("cannot write conflicts.log: {e}");
     }
 }
 

@@ -448,6 +448,10 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         plan.cache_dir.clone(),
     ));
     control::serve(daemon.clone(), &socket)?;
+    let stop_periodic = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(every) = plan.settings.sync_interval {
+        spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
+    }
 
     let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
     let mut config = fuser::Config::default();
@@ -487,6 +491,7 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         "ccfs is mounted"
     );
     session.run()?;
+    stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
     let outcome = daemon.sync_now(false);
     let ok = outcome.ok;
@@ -494,6 +499,35 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
     daemon.drain_waiters(Duration::from_secs(5));
     let _ = fs::remove_file(&socket);
     Ok(ok)
+}
+
+/// Syncs every `every` while mounted, when there is something to send, so a crash loses
+/// at most that much.
+fn spawn_periodic_sync(
+    daemon: Arc<Daemon>,
+    every: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("ccfs-periodic-sync".into())
+        .spawn(move || {
+            let tick = Duration::from_millis(50).min(every);
+            let mut waited = Duration::ZERO;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(tick);
+                waited += tick;
+                if waited < every {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                let clean = daemon.overlay.lock().state().is_clean();
+                if !clean {
+                    let outcome = daemon.sync_now(false);
+                    tracing::info!(ok = outcome.ok, "periodic sync");
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// Recovers one cache directory (no daemon may hold it).
@@ -550,6 +584,9 @@ pub fn recover_cache(
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
     let opts = rsync_options(&settings, &rsync, &meta.share);
     let outcome = recover_overlay(&overlay, &opts);
+    if let Some(report) = outcome.as_ref().and_then(|o| o.report.as_ref()) {
+        control::log_conflicts(cache_dir, &report.conflicts);
+    }
     if outcome.as_ref().is_none_or(|o| o.ok) {
         overlay.drop_clean_cache()?;
     }

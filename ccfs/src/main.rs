@@ -254,9 +254,33 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
             for e in &r.errors {
                 println!("ccfs: {what}: {e}");
             }
+            for c in &r.conflicts {
+                println!("ccfs: {what}: {}", describe_conflict(c));
+            }
         }
         (None, Some(e)) => println!("ccfs: {what} failed: {e}"),
         (None, None) => {}
+    }
+}
+
+fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
+    use ccfs::overlay::ConflictKind as K;
+    let p = c.path.display();
+    match c.kind {
+        K::ModifiedOnBoth => format!(
+            "conflict: {p} was changed on the share (another login?) and here; the share keeps the other version, ours is saved as {}",
+            c.kept
+        ),
+        K::CreatedOnBoth => format!(
+            "conflict: {p} was created on the share and here; the share keeps the other version, ours is saved as {}",
+            c.kept
+        ),
+        K::DeletedHereModifiedThere => {
+            format!("conflict: {p} was deleted here but changed on the share; the share's version is kept")
+        }
+        K::ModifiedHereDeletedThere => {
+            format!("conflict: {p} was deleted on the share but changed here; ours is written back")
+        }
     }
 }
 
@@ -389,6 +413,9 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             human_bytes(st.dirty_bytes),
             st.pending_deletions
         );
+        for c in &st.conflicts {
+            println!("  {}", describe_conflict(c));
+        }
         match &st.last_sync {
             None => println!("  last sync: none yet"),
             Some(o) => match (&o.report, &o.error) {
