@@ -80,6 +80,8 @@ fn body(record: &Record) -> String {
         Record::Rename { from, to } => format!("M {} {}", escape(from), escape(to)),
         Record::Clean(p) => format!("C {}", escape(p)),
         Record::Deleted(p) => format!("W {}", escape(p)),
+        Record::Sending(p) => format!("S {}", escape(p)),
+        Record::SyncEnd => "E .".to_string(),
     }
 }
 
@@ -131,6 +133,8 @@ fn parse_body(b: &str) -> Option<Record> {
         },
         "C" => Record::Clean(path),
         "W" => Record::Deleted(path),
+        "S" => Record::Sending(path),
+        "E" => Record::SyncEnd,
         _ => return None,
     };
     if it.next().is_some() {
@@ -349,6 +353,8 @@ mod tests {
                 })
             )),
             arb_path().prop_map(Record::Deleted),
+            arb_path().prop_map(Record::Sending),
+            Just(Record::SyncEnd),
         ]
     }
 

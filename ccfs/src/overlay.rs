@@ -1126,6 +1126,11 @@ impl Overlay {
             if cur == base {
                 continue;
             }
+            if inner.state.was_sending(&p) {
+                // Our own interrupted transfer may have put it there: ours is sent again.
+                self.record(&mut inner, &[Record::Base(p.clone(), cur)])?;
+                continue;
+            }
             match (base, cur) {
                 (Some(_), None) => {
                     self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
@@ -1300,6 +1305,17 @@ impl Overlay {
         Ok(())
     }
 
+    /// Journals the paths a sync is about to send (see [`Record::Sending`]).
+    pub fn mark_sending(&self, snap: &SyncSnapshot) -> FsResult<()> {
+        let mut inner = self.lock();
+        let records: Vec<Record> = snap
+            .files
+            .iter()
+            .map(|p| Record::Sending(p.clone()))
+            .collect();
+        self.record(&mut inner, &records)
+    }
+
     /// After rsync succeeded: marks clean every sent path not changed since `begin_sync`.
     pub fn finish_sync(&self, snap: &SyncSnapshot) -> FsResult<usize> {
         let mut inner = self.lock();
@@ -1332,9 +1348,8 @@ impl Overlay {
                 clean.push(self.base_record(p)?);
             }
         }
-        if !clean.is_empty() {
-            self.record(&mut inner, &clean)?;
-        }
+        clean.push(Record::SyncEnd);
+        self.record(&mut inner, &clean)?;
         Ok(n)
     }
 

@@ -42,6 +42,11 @@ pub enum Record {
     Clean(PathBuf),
     /// The share no longer has `path`: its whiteout is done.
     Deleted(PathBuf),
+    /// A sync is about to send `path`: until [`Record::SyncEnd`], what the share holds there
+    /// may be our own half-finished transfer, not another workstation's change.
+    Sending(PathBuf),
+    /// The sync that recorded `Sending` finished and refreshed the bases.
+    SyncEnd,
 }
 
 /// The record of unsynced work.
@@ -51,6 +56,7 @@ pub struct OverlayState {
     whiteouts: BTreeSet<PathBuf>,
     origins: BTreeMap<PathBuf, Origin>,
     bases: BTreeMap<PathBuf, ShareId>,
+    sending: BTreeSet<PathBuf>,
 }
 
 /// Keys of `set` equal to `root` or below it.
@@ -139,6 +145,10 @@ impl OverlayState {
             Record::Deleted(p) => {
                 self.whiteouts.remove(p);
             }
+            Record::Sending(p) => {
+                self.sending.insert(p.clone());
+            }
+            Record::SyncEnd => self.sending.clear(),
         }
     }
 
@@ -179,6 +189,9 @@ impl OverlayState {
         for p in &self.dirty {
             out.push(Record::Dirty(p.clone()));
         }
+        for p in &self.sending {
+            out.push(Record::Sending(p.clone()));
+        }
         out
     }
 
@@ -196,6 +209,11 @@ impl OverlayState {
 
     pub fn origin(&self, p: &Path) -> Option<Origin> {
         self.origins.get(p).copied()
+    }
+
+    /// True when an unfinished sync was sending `p`.
+    pub fn was_sending(&self, p: &Path) -> bool {
+        self.sending.contains(p)
     }
 
     /// What the share is expected to hold at `p` (None: nothing).

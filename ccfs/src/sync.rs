@@ -209,6 +209,7 @@ pub fn run_sync(
         };
         if !snap.files.is_empty() {
             overlay.clean_partial_transfers(&snap)?;
+            overlay.mark_sending(&snap)?;
             let args = rsync_args(opts, overlay.upper(), overlay.share(), everything);
             tracing::info!(files = snap.files.len(), "rsync to share");
             let mut child = Command::new(&opts.binary)

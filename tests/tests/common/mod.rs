@@ -94,20 +94,36 @@ impl Fixture {
     }
 
     pub fn mount_with(&self, extra: &[&str]) -> Mount<'_> {
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "mount".as_ref(),
-            "--cache-dir".as_ref(),
-            self.cache.as_os_str(),
-        ];
+        self.mount_at(&self.mnt, &self.cache, extra)
+    }
+
+    /// A second workstation: another mount point and cache over the same share.
+    pub fn workstation(&self, name: &str) -> (PathBuf, PathBuf) {
+        let mnt = self.tmp.path().join(format!("mnt-{name}"));
+        std::fs::create_dir_all(&mnt).expect("mnt");
+        (mnt, self.tmp.path().join(format!("cache-{name}")))
+    }
+
+    /// Writes a config file and returns its path.
+    pub fn config(&self, text: &str) -> PathBuf {
+        let p = self.tmp.path().join("ccfs.toml");
+        std::fs::write(&p, text).expect("config");
+        p
+    }
+
+    pub fn mount_at(&self, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount<'_> {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec!["mount".as_ref(), "--cache-dir".as_ref(), cache.as_os_str()];
         for e in extra {
             args.push(e.as_ref());
         }
         args.push(self.share.as_os_str());
-        args.push(self.mnt.as_os_str());
+        args.push(mnt.as_os_str());
         let out = ccfs(&args);
         assert!(out.status.success(), "mount failed: {}", text(&out));
         Mount {
-            fx: self,
+            _fx: self,
+            mnt: mnt.to_path_buf(),
             active: true,
         }
     }
@@ -115,7 +131,8 @@ impl Fixture {
 
 /// A live mount; dropping it unmounts (lazily if a test failed mid-way).
 pub struct Mount<'a> {
-    fx: &'a Fixture,
+    _fx: &'a Fixture,
+    pub mnt: PathBuf,
     active: bool,
 }
 
@@ -123,18 +140,25 @@ impl Mount<'_> {
     /// Logs out with `ccfs umount` and returns its output.
     pub fn umount(mut self) -> Output {
         self.active = false;
-        ccfs(&["umount".as_ref(), self.fx.mnt.as_os_str()])
+        ccfs(&["umount".as_ref(), self.mnt.as_os_str()])
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), self.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("json")
     }
 
     pub fn daemon_pid(&self) -> u32 {
-        let out = ccfs(&[
-            "status".as_ref(),
-            "--json".as_ref(),
-            self.fx.mnt.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", text(&out));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        v["pid"].as_u64().expect("pid") as u32
+        self.status()["pid"].as_u64().expect("pid") as u32
+    }
+
+    /// kill -9 of the daemon (a crash); the stale mount is then detached.
+    pub fn crash(self) {
+        let pid = self.daemon_pid();
+        kill(pid, libc::SIGKILL);
+        wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
+        self.abandon();
     }
 
     /// Forgets the mount without unmounting (after the test killed the daemon).
@@ -143,7 +167,7 @@ impl Mount<'_> {
         let _ = Command::new("fusermount3")
             .arg("-u")
             .arg("-z")
-            .arg(&self.fx.mnt)
+            .arg(&self.mnt)
             .output();
     }
 }
@@ -151,12 +175,12 @@ impl Mount<'_> {
 impl Drop for Mount<'_> {
     fn drop(&mut self) {
         if self.active {
-            let out = ccfs(&["umount".as_ref(), self.fx.mnt.as_os_str()]);
+            let out = ccfs(&["umount".as_ref(), self.mnt.as_os_str()]);
             if !out.status.success() {
                 let _ = Command::new("fusermount3")
                     .arg("-u")
                     .arg("-z")
-                    .arg(&self.fx.mnt)
+                    .arg(&self.mnt)
                     .output();
             }
         }
@@ -200,4 +224,71 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             (x >> 24) as u8
         })
         .collect()
+}
+
+pub fn kill(pid: u32, sig: i32) {
+    // SAFETY: sending a signal has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+pub fn alive(pid: u32) -> bool {
+    ccfs::sys::process_alive(pid)
+}
+
+/// Every descendant of `pid`, found through /proc.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .and_then(|v| v.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(q) = frontier.pop() {
+        for (child, parent) in &parent_of {
+            if *parent == q {
+                out.push(*child);
+                frontier.push(*child);
+            }
+        }
+    }
+    out
+}
+
+/// A tiny seeded generator for fault points.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// How many fault points a fault-injection test runs: $CCFS_FAULT_POINTS or `default`.
+pub fn fault_points(default: u64) -> u64 {
+    std::env::var("CCFS_FAULT_POINTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

@@ -1,0 +1,526 @@
+//! Nothing lost: crashes (kill -9) at seeded random points, syncs killed midway, two
+//! workstations changing the same dotfile, a full cache filesystem, periodic sync.
+//! `CCFS_FAULT_POINTS=N` runs more fault points (the long mode).
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+// ---- two workstations ---------------------------------------------------------------
+
+fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!("{name}.ccfs-conflict-");
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("ls")
+        .map(|e| e.expect("e").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn two_workstations_change_one_dotfile(first: &str, second: &str) {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    write(&fx.s(".config/app.conf"), "original\n");
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    write(&mnt_a.join(".config/app.conf"), "from a\n");
+    write(&mnt_b.join(".config/app.conf"), "from b\n");
+    let mut mounts = HashMap::from([("a", a), ("b", b)]);
+    let out1 = mounts.remove(first).expect("first").umount();
+    assert!(out1.status.success(), "{}", text(&out1));
+    assert!(
+        !String::from_utf8_lossy(&out1.stdout).contains("conflict"),
+        "{}",
+        text(&out1)
+    );
+    let out2 = mounts.remove(second).expect("second").umount();
+    let says = String::from_utf8_lossy(&out2.stdout).into_owned();
+    assert!(
+        out2.status.success(),
+        "both versions are kept, so logout succeeds: {}",
+        text(&out2)
+    );
+    assert!(
+        says.contains("conflict: .config/app.conf was changed on the share"),
+        "{says}"
+    );
+    // The share keeps the first logout's version; the second's is beside it.
+    assert_eq!(read(&fx.s(".config/app.conf")), format!("from {first}\n"));
+    let copies = conflict_copies(&fx.s(".config"), "app.conf");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), format!("from {second}\n"));
+    assert!(
+        says.contains(
+            &copies[0]
+                .file_name()
+                .expect("n")
+                .to_string_lossy()
+                .into_owned()
+        ),
+        "{says}"
+    );
+    let cache_second = if second == "a" { &cache_a } else { &cache_b };
+    let log = read(&cache_second.join("conflicts.log"));
+    assert!(log.contains("\"kind\":\"modified-on-both\""), "{log}");
+}
+
+#[test]
+fn two_workstations_a_then_b_keep_both_versions() {
+    two_workstations_change_one_dotfile("a", "b");
+}
+
+#[test]
+fn two_workstations_b_then_a_keep_both_versions() {
+    two_workstations_change_one_dotfile("b", "a");
+}
+
+#[test]
+fn deleted_here_modified_there_keeps_the_changed_file() {
+    let fx = Fixture::new();
+    write(&fx.s(".notes"), "v1\n");
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    fs::remove_file(mnt_a.join(".notes")).expect("rm on a");
+    write(&mnt_b.join(".notes"), "v2 from b\n");
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = a.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("deleted here but changed on the share"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        read(&fx.s(".notes")),
+        "v2 from b\n",
+        "the changed file must survive"
+    );
+}
+
+#[test]
+fn created_on_both_keeps_both_and_identical_content_is_no_conflict() {
+    let fx = Fixture::new();
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    write(&mnt_a.join(".new"), "made on a\n");
+    write(&mnt_b.join(".new"), "made on b\n");
+    write(&mnt_a.join(".same"), "default\n");
+    write(&mnt_b.join(".same"), "default\n");
+    assert!(a.umount().status.success());
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let says = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        says.contains("conflict: .new was created on the share and here"),
+        "{says}"
+    );
+    assert!(
+        !says.contains(".same"),
+        "identical files are no conflict: {says}"
+    );
+    assert_eq!(read(&fx.s(".new")), "made on a\n");
+    let copies = conflict_copies(&fx.share, ".new");
+    assert_eq!(copies.len(), 1);
+    assert_eq!(read(&copies[0]), "made on b\n");
+    assert_eq!(read(&fx.s(".same")), "default\n");
+}
+
+#[test]
+fn status_shows_conflicts_found_by_a_sync_while_mounted() {
+    let fx = Fixture::new();
+    write(&fx.s(".rc"), "0\n");
+    let m = fx.mount();
+    write(&fx.m(".rc"), "ours\n");
+    write(&fx.s(".rc"), "theirs, written on the share meanwhile\n");
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let st = m.status();
+    assert_eq!(st["conflicts"][0]["path"], ".rc", "{st}");
+    assert_eq!(st["conflicts"][0]["kind"], "modified-on-both", "{st}");
+    let human = String::from_utf8_lossy(&ccfs(&["status".as_ref(), fx.mnt.as_os_str()]).stdout)
+        .into_owned();
+    assert!(human.contains("conflict: .rc"), "{human}");
+    assert_eq!(
+        read(&fx.m(".rc")),
+        "theirs, written on the share meanwhile\n"
+    );
+    drop(m);
+    assert_eq!(read(&conflict_copies(&fx.share, ".rc")[0]), "ours\n");
+}
+
+// ---- periodic sync ----------------------------------------------------------------------
+
+#[test]
+fn periodic_sync_sends_changes_while_mounted() {
+    let fx = Fixture::new();
+    let cfg = fx.config("[sync]\ninterval_secs = 1\n");
+    let m = fx.mount_with(&["--config", cfg.to_str().expect("utf8")]);
+    write(&fx.m(".profile"), "export A=1\n");
+    wait_until("periodic sync", Duration::from_secs(20), || {
+        fs::read_to_string(fx.s(".profile")).is_ok_and(|t| t == "export A=1\n")
+    });
+    assert!(is_mounted(&fx.mnt));
+    wait_until("status records it", Duration::from_secs(10), || {
+        m.status()["last_sync"]["ok"] == true
+    });
+    drop(m);
+}
+
+// ---- kill -9 of the daemon during a write-heavy dotfile session ----------------------------
+
+fn version_content(file: usize, v: u64) -> Vec<u8> {
+    let len = 200 + ((file as u64 * 7919 + v * 104_729) % 20_000) as usize;
+    let mut out = format!("f{file} v{v} len{len}\n").into_bytes();
+    out.extend(pattern(len, file as u64 * 1_000_000 + v));
+    out
+}
+
+/// The version a file holds, if it is exactly one complete version.
+fn parse_version(file: usize, bytes: &[u8]) -> Option<u64> {
+    let nl = bytes.iter().position(|b| *b == b'\n')?;
+    let head = std::str::from_utf8(&bytes[..nl]).ok()?;
+    let v: u64 = head.split(' ').nth(1)?.strip_prefix('v')?.parse().ok()?;
+    (version_content(file, v) == bytes).then_some(v)
+}
+
+const FILES: usize = 4;
+
+#[derive(Default)]
+struct Durable {
+    files: [u64; FILES],
+    log: u64,
+    record: u64,
+}
+
+/// Writes like a browser profile: temp + fsync + rename for whole files, an fsync'd
+/// append-only log, and an in-place record rewritten with pwrite + fsync. Stops at the
+/// first error (the daemon is gone).
+fn writer(mnt: PathBuf, durable: Arc<Mutex<Durable>>, stop: Arc<AtomicBool>) {
+    let dir = mnt.join(".mozilla/firefox/p");
+    let go = || -> std::io::Result<()> {
+        fs::create_dir_all(&dir)?;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("events.log"))?;
+        let record = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("state.bin"))?;
+        for v in 1u64.. {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            for f in 0..FILES {
+                let name = dir.join(format!("f{f}.json"));
+                let tmp = dir.join(format!("f{f}.json.tmp"));
+                let mut t = OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&tmp)?;
+                t.write_all(&version_content(f, v))?;
+                t.sync_all()?;
+                drop(t);
+                fs::rename(&tmp, &name)?;
+                durable.lock().expect("lock").files[f] = v;
+            }
+            log.write_all(format!("v{v}\n").as_bytes())?;
+            log.sync_all()?;
+            durable.lock().expect("lock").log = v;
+            let rec = format!("{v:020}");
+            record.write_all_at(rec.as_bytes(), 0)?;
+            record.sync_all()?;
+            durable.lock().expect("lock").record = v;
+        }
+        Ok(())
+    };
+    let _ = go();
+}
+
+fn check_after_recovery(share: &Path, d: &Durable) {
+    let dir = share.join(".mozilla/firefox/p");
+    for f in 0..FILES {
+        let p = dir.join(format!("f{f}.json"));
+        match fs::read(&p) {
+            Ok(bytes) => {
+                let v = parse_version(f, &bytes)
+                    .unwrap_or_else(|| panic!("{} is not one complete version", p.display()));
+                assert!(
+                    v >= d.files[f],
+                    "{}: v{v} on the share, v{} was fsync'd",
+                    p.display(),
+                    d.files[f]
+                );
+            }
+            Err(_) => assert_eq!(d.files[f], 0, "{} lost", p.display()),
+        }
+    }
+    let log = fs::read_to_string(dir.join("events.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines.len() as u64 >= d.log,
+        "log has {} lines, {} were fsync'd",
+        lines.len(),
+        d.log
+    );
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(*l, format!("v{}", i + 1), "log line {i}");
+    }
+    assert!(log.is_empty() || log.ends_with('\n'), "torn log line");
+    if d.record > 0 {
+        let rec = fs::read_to_string(dir.join("state.bin")).expect("record");
+        let v: u64 = rec
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("bad record {rec:?}"));
+        assert!(v >= d.record);
+    }
+    // No leftovers of an interrupted rsync.
+    assert!(!dir.join(".~tmp~").exists());
+}
+
+#[test]
+fn kill_9_of_the_daemon_at_random_points_loses_no_fsynced_write() {
+    let points = fault_points(20);
+    let mut rng = Rng::new(0xCCF5);
+    let mut killed_with_work = 0;
+    for point in 0..points {
+        let fx = Fixture::new();
+        // Some points sync often, so kills also land inside a periodic sync.
+        let cfg = fx.config(if point % 3 == 0 {
+            "[sync]\ninterval_secs = 1\n"
+        } else {
+            ""
+        });
+        let m = fx.mount_with(&["--config", cfg.to_str().expect("utf8")]);
+        let durable = Arc::new(Mutex::new(Durable::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = {
+            let (mnt, d, s) = (fx.mnt.clone(), durable.clone(), stop.clone());
+            std::thread::spawn(move || writer(mnt, d, s))
+        };
+        let delay = 30 + rng.below(if point % 3 == 0 { 1500 } else { 400 });
+        std::thread::sleep(Duration::from_millis(delay));
+        m.crash();
+        stop.store(true, Ordering::Relaxed);
+        w.join().expect("writer");
+        let d = std::mem::take(&mut *durable.lock().expect("lock"));
+        if d.log > 0 {
+            killed_with_work += 1;
+        }
+        let out = ccfs(&[
+            "recover".as_ref(),
+            "--cache-dir".as_ref(),
+            fx.cache.as_os_str(),
+        ]);
+        assert!(out.status.success(), "point {point}: {}", text(&out));
+        check_after_recovery(&fx.share, &d);
+        println!(
+            "point {point}: killed after {delay} ms, {} rounds fsync'd: ok",
+            d.log
+        );
+    }
+    assert!(
+        killed_with_work * 2 >= points,
+        "most kills must land mid-session"
+    );
+}
+
+// ---- kill of the sync midway --------------------------------------------------------------
+
+fn old(i: usize) -> Vec<u8> {
+    pattern(48 * 1024, i as u64)
+}
+
+fn new(i: usize) -> Vec<u8> {
+    pattern(48 * 1024, 1000 + i as u64)
+}
+
+fn every_share_file_is_old_or_new(share: &Path, n: usize) -> (usize, usize) {
+    let (mut olds, mut news) = (0, 0);
+    for i in 0..n {
+        let got = fs::read(share.join(format!(".data/f{i}"))).expect("share file");
+        if got == old(i) {
+            olds += 1;
+        } else if got == new(i) {
+            news += 1;
+        } else {
+            panic!(".data/f{i} on the share is neither the old nor the new version (a mix)");
+        }
+    }
+    (olds, news)
+}
+
+fn sync_killed_midway(kill_daemon: bool, points: u64, seed: u64) {
+    const N: usize = 24;
+    let mut rng = Rng::new(seed);
+    for point in 0..points {
+        let fx = Fixture::new();
+        fs::create_dir(fx.s(".data")).expect("mkdir");
+        for i in 0..N {
+            fs::write(fx.s(&format!(".data/f{i}")), old(i)).expect("old");
+        }
+        // Slow the transfer down so the kill lands inside it (about a second).
+        let cfg = fx.config("[sync]\ninterval_secs = 0\nextra_args = [\"--bwlimit=1200\"]\n");
+        let m = fx.mount_with(&["--config", cfg.to_str().expect("utf8")]);
+        for i in 0..N {
+            fs::write(fx.m(&format!(".data/f{i}")), new(i)).expect("new");
+        }
+        let pid = m.daemon_pid();
+        let mut sync = Command::new(ccfs_bin())
+            .arg("sync")
+            .arg(&fx.mnt)
+            .spawn()
+            .expect("sync");
+        wait_until("rsync to start", Duration::from_secs(10), || {
+            !descendants(pid).is_empty()
+        });
+        std::thread::sleep(Duration::from_millis(rng.below(900)));
+        if kill_daemon {
+            let kids = descendants(pid);
+            kill(pid, libc::SIGKILL);
+            for k in kids {
+                kill(k, libc::SIGKILL);
+            }
+        } else {
+            for k in descendants(pid) {
+                kill(k, libc::SIGKILL);
+            }
+        }
+        let _ = sync.wait();
+        let (olds, news) = every_share_file_is_old_or_new(&fx.share, N);
+        if kill_daemon {
+            wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
+            m.abandon();
+            let out = ccfs(&[
+                "recover".as_ref(),
+                "--cache-dir".as_ref(),
+                fx.cache.as_os_str(),
+            ]);
+            assert!(out.status.success(), "{}", text(&out));
+        } else {
+            assert!(alive(pid), "killing rsync must not take the daemon down");
+            let out = m.umount();
+            assert!(out.status.success(), "{}", text(&out));
+        }
+        let (_, all_new) = every_share_file_is_old_or_new(&fx.share, N);
+        assert_eq!(all_new, N, "after recovery every file is the new version");
+        assert!(
+            !fx.s(".data/.~tmp~").exists(),
+            "partial transfers must be cleaned up"
+        );
+        println!("point {point}: at the kill {olds} old + {news} new, after recovery all new");
+    }
+}
+
+#[test]
+fn killing_rsync_midway_leaves_old_or_new_files_and_logout_finishes() {
+    sync_killed_midway(false, fault_points(4).min(50), 0x5EED_0001);
+}
+
+#[test]
+fn killing_the_daemon_midway_through_a_sync_is_finished_by_recover() {
+    sync_killed_midway(true, fault_points(4).min(50), 0x5EED_0002);
+}
+
+// ---- a full cache filesystem ------------------------------------------------------------
+
+#[test]
+fn a_full_cache_filesystem_gives_enospc_and_loses_nothing() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    let big_old = pattern(3 << 20, 1);
+    fs::write(fx.s(".config/big"), &big_old).expect("big");
+    let small = fx.tmp.path().join("small");
+    fs::create_dir(&small).expect("mkdir");
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
+        .arg(&small)
+        .status()
+        .expect("mount tmpfs");
+    assert!(st.success(), "needs root to mount a small tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(small.clone());
+    let cache = small.join("cache");
+    let m = fx.mount_at(&fx.mnt, &cache, &[]);
+    fs::create_dir(fx.m(".data")).expect("mkdir");
+    let mut written = Vec::new();
+    let mut saw_enospc = false;
+    for i in 0..40 {
+        let p = fx.m(&format!(".data/f{i}"));
+        let data = pattern(128 * 1024, 100 + i);
+        let r = (|| -> std::io::Result<()> {
+            let mut f = fs::File::create(&p)?;
+            f.write_all(&data)?;
+            f.sync_all()
+        })();
+        match r {
+            Ok(()) => written.push((p, data)),
+            Err(e) => {
+                assert!(
+                    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)),
+                    "a full cache must answer ENOSPC, not {e}"
+                );
+                saw_enospc = true;
+                let _ = fs::remove_file(&p);
+                break;
+            }
+        }
+    }
+    assert!(saw_enospc, "the 2 MiB cache must fill up");
+    // Copying up a 3 MiB file cannot fit: it fails cleanly and the old content stays.
+    let e = OpenOptions::new()
+        .append(true)
+        .open(fx.m(".config/big"))
+        .expect_err("copy-up cannot fit");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    assert!(
+        fs::read(fx.m(".config/big")).expect("read") == big_old,
+        "no half copy is shown"
+    );
+    let out = m.umount();
+    assert!(
+        out.status.success(),
+        "the logout sync needs no cache space: {}",
+        text(&out)
+    );
+    for (p, data) in &written {
+        let rel = p.strip_prefix(&fx.mnt).expect("rel");
+        assert!(
+            fs::read(fx.share.join(rel)).expect("on share") == *data,
+            "{}",
+            rel.display()
+        );
+    }
+    assert!(fs::read(fx.s(".config/big")).expect("big") == big_old);
+    assert!(!written.is_empty());
+}
