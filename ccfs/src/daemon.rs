@@ -53,7 +53,9 @@ pub fn cache_root() -> PathBuf {
 }
 
 /// The default cache directory of a mount point: `ROOT/UID/home-alice` for `/home/alice`.
-pub fn default_cache_dir(mountpoint: &Path) -> PathBuf {
+/// ROOT is `/var/tmp/ccfs` (root-owned) when root mounts, `/var/tmp/ccfs-UID` for a user
+/// mounting by themselves (so no user ever owns the shared root), or `$CCFS_CACHE_ROOT`.
+pub fn default_cache_dir(mountpoint: &Path, uid: u32) -> PathBuf {
     let name: String = mountpoint
         .to_string_lossy()
         .trim_matches('/')
@@ -63,9 +65,81 @@ pub fn default_cache_dir(mountpoint: &Path) -> PathBuf {
     } else {
         name
     };
-    cache_root()
-        .join(crate::sys::geteuid().to_string())
-        .join(name)
+    let root = if std::env::var_os("CCFS_CACHE_ROOT").is_none() && crate::sys::geteuid() != 0 {
+        PathBuf::from(format!("/var/tmp/ccfs-{uid}"))
+    } else {
+        cache_root()
+    };
+    root.join(uid.to_string()).join(name)
+}
+
+/// Refuses a cache path another user could tamper with: the cache directory must not be a
+/// symlink, must belong to `owner` and must not be writable by others; every existing
+/// directory above it must belong to root or `owner` and not be writable by others
+/// (unless sticky and root's, like /var/tmp).
+pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = fs::symlink_metadata(cache_dir) {
+        if m.file_type().is_symlink() {
+            return Err(user_error(
+                format!("cache dir {} is a symlink", cache_dir.display()),
+                "remove it; ccfs creates its cache directory itself",
+            ));
+        }
+        if !m.is_dir() {
+            return Err(user_error(
+                format!("cache dir {} is not a directory", cache_dir.display()),
+                "remove it or choose another --cache-dir",
+            ));
+        }
+        if m.uid() != owner {
+            return Err(user_error(
+                format!(
+                    "cache dir {} belongs to uid {}, not to uid {owner}",
+                    cache_dir.display(),
+                    m.uid()
+                ),
+                "remove it (someone else may have planted it) or choose another --cache-dir",
+            ));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(user_error(
+                format!(
+                    "cache dir {} is writable by other users (mode {:o})",
+                    cache_dir.display(),
+                    m.mode() & 0o7777
+                ),
+                "remove it or make it private (chmod 700)",
+            ));
+        }
+    }
+    let mut dir = cache_dir.parent();
+    while let Some(d) = dir {
+        if let Ok(m) = fs::metadata(d) {
+            let shared_sticky = m.mode() & 0o1000 != 0 && m.uid() == 0;
+            if m.mode() & 0o022 != 0 && !shared_sticky {
+                return Err(user_error(
+                    format!(
+                        "{} above the cache dir is writable by other users",
+                        d.display()
+                    ),
+                    "put the cache below a directory only root or the user can write",
+                ));
+            }
+            if m.uid() != 0 && m.uid() != owner {
+                return Err(user_error(
+                    format!(
+                        "{} above the cache dir belongs to another user (uid {})",
+                        d.display(),
+                        m.uid()
+                    ),
+                    "put the cache below a directory of root or of the user",
+                ));
+            }
+        }
+        dir = d.parent();
+    }
+    Ok(())
 }
 
 /// What the cache directory remembers about its mount (for recovery).
@@ -86,6 +160,10 @@ pub struct MountPlan {
     pub config: Option<PathBuf>,
     pub settings: Settings,
     pub rsync: PathBuf,
+    /// The user the mount runs as, when root starts it for someone (`--user`).
+    pub user: Option<crate::sys::Account>,
+    /// Who owns the cache: the user, or whoever runs ccfs.
+    pub owner: u32,
 }
 
 /// Writes a file atomically (temp + fsync + rename).
@@ -164,7 +242,32 @@ pub fn plan_mount(
     mountpoint: &Path,
     cache_dir: Option<&Path>,
     config: Option<&Path>,
+    user: Option<&str>,
 ) -> Result<MountPlan, UserError> {
+    let user = match user {
+        None => None,
+        Some(_) if crate::sys::geteuid() != 0 => {
+            return Err(user_error(
+                "--user needs root",
+                "run the mount as root (as a PAM session hook does), or leave --user out",
+            ))
+        }
+        Some(name) => Some(
+            crate::sys::user_by_name(name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| {
+                    user_error(
+                        format!("no such user: {name}"),
+                        "give an existing login name",
+                    )
+                })?,
+        ),
+    };
+    let owner = user
+        .as_ref()
+        .map(|u| u.uid)
+        .unwrap_or_else(crate::sys::geteuid);
     let settings = match config {
         Some(c) => Settings::load(c).map_err(|e| {
             user_error(
@@ -234,7 +337,7 @@ pub fn plan_mount(
     }
     let cache_dir = cache_dir
         .map(absolute)
-        .unwrap_or_else(|| default_cache_dir(&mountpoint));
+        .unwrap_or_else(|| default_cache_dir(&mountpoint, owner));
     let cache_canon = canonical_prefix(&cache_dir);
     if cache_canon.starts_with(&share) {
         return Err(user_error(
@@ -255,22 +358,8 @@ pub fn plan_mount(
             "use a separate local directory for the cache",
         ));
     }
-    let cache_exists = match fs::symlink_metadata(&cache_dir) {
-        Ok(m) if m.file_type().is_symlink() => {
-            return Err(user_error(
-                format!("cache dir {} is a symlink", cache_dir.display()),
-                "remove it; ccfs creates its cache directory itself",
-            ))
-        }
-        Ok(m) if !m.is_dir() => {
-            return Err(user_error(
-                format!("cache dir {} is not a directory", cache_dir.display()),
-                "remove it or choose another --cache-dir",
-            ))
-        }
-        Ok(_) => true,
-        Err(_) => false,
-    };
+    check_cache_path(&cache_dir, owner)?;
+    let cache_exists = fs::symlink_metadata(&cache_dir).is_ok();
     let probe = if cache_exists {
         cache_dir.clone()
     } else {
@@ -326,12 +415,36 @@ pub fn plan_mount(
         config: config.map(absolute),
         settings,
         rsync,
+        user,
+        owner,
     })
 }
 
-/// Creates the cache directory (0700) with its parents.
-pub fn create_cache_dir(dir: &Path) -> io::Result<()> {
-    fs::create_dir_all(dir)?;
+/// Creates the cache directory (0700, owned by `owner`) and any missing parents: the shared
+/// cache root root's and 0755, the others the owner's and 0700.
+pub fn create_cache_dir(dir: &Path, owner: u32) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        if fs::symlink_metadata(d).is_ok() {
+            break;
+        }
+        missing.push(d.to_path_buf());
+        cur = d.parent();
+    }
+    let shared_root = cache_root();
+    for d in missing.iter().rev() {
+        fs::create_dir(d)?;
+        let as_root = crate::sys::geteuid() == 0;
+        if as_root && *d == shared_root {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+        } else {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))?;
+            if as_root {
+                std::os::unix::fs::chown(d, Some(owner), None)?;
+            }
+        }
+    }
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
 }
 
@@ -400,7 +513,15 @@ pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOu
 /// Runs the mount in this process until it is unmounted; returns whether the final sync
 /// put everything on the share.
 pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
-    create_cache_dir(&plan.cache_dir)?;
+    let started_as_root = crate::sys::geteuid() == 0;
+    create_cache_dir(&plan.cache_dir, plan.owner)?;
+    // Started by root for a user: everything but the mount itself runs as that user, so
+    // the share sees the user's uid and groups (NFS root_squash works) and the cache is
+    // theirs.
+    if let Some(u) = &plan.user {
+        crate::sys::set_effective(u)
+            .map_err(|e| anyhow::anyhow!("cannot switch to user {}: {e}", u.name))?;
+    }
     let _lock = lock_cache(&plan.cache_dir)?;
     let meta = CacheMeta {
         share: plan.share.clone(),
@@ -462,12 +583,22 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
     ];
-    if crate::sys::geteuid() == 0 {
+    if started_as_root {
+        // Other local users get through to the kernel's permission checks
+        // (default_permissions), which then keep them out of what is not theirs.
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(plan.settings.threads);
-    config.clone_fd = true;
+    // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
+    // a mount that drops to a user shares one channel between its threads.
+    config.clone_fd = plan.user.is_none();
+    if plan.user.is_some() {
+        crate::sys::restore_root()?;
+    }
     let mut session = fuser::Session::new(fs, &plan.mountpoint, &config)?;
+    if let Some(u) = &plan.user {
+        crate::sys::become_user(u)?;
+    }
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -479,6 +610,10 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         .spawn(move || {
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting on signal");
+                // Only this thread needs root back, to unmount a mount root made.
+                if crate::sys::geteuid() != 0 {
+                    let _ = crate::sys::thread_regain_root();
+                }
                 if let Err(e) = unmounter.unmount() {
                     tracing::warn!("unmount on signal failed: {e}");
                 }
@@ -547,18 +682,37 @@ pub fn recover_cache(
         )
     })?)?;
     let md = fs::symlink_metadata(cache_dir)?;
-    if md.file_type().is_symlink() {
-        anyhow::bail!(user_error(
-            format!("cache dir {} is a symlink", cache_dir.display()),
-            "refusing to follow it; check who created it"
-        ));
+    let euid = crate::sys::geteuid();
+    // Root recovers every user's cache, as that user; a user only their own.
+    let owner = if euid == 0 { md.uid() } else { euid };
+    check_cache_path(cache_dir, owner)?;
+    let account = if euid == 0 && owner != 0 {
+        let a = crate::sys::user_by_uid(owner)?.ok_or_else(|| {
+            user_error(
+                format!(
+                    "cache dir {} belongs to uid {owner}, which has no account",
+                    cache_dir.display()
+                ),
+                "remove the cache or restore the account",
+            )
+        })?;
+        crate::sys::set_effective(&a)?;
+        Some(a)
+    } else {
+        None
+    };
+    let result = recover_as_owner(cache_dir, config, &meta);
+    if account.is_some() {
+        crate::sys::restore_root()?;
     }
-    if crate::sys::geteuid() != 0 && md.uid() != crate::sys::geteuid() {
-        anyhow::bail!(user_error(
-            format!("cache dir {} belongs to another user", cache_dir.display()),
-            "run recover as that user or as root"
-        ));
-    }
+    result
+}
+
+fn recover_as_owner(
+    cache_dir: &Path,
+    config: Option<&Path>,
+    meta: &CacheMeta,
+) -> anyhow::Result<Option<SyncOutcome>> {
     let _lock = lock_cache(cache_dir)?;
     let config = config.map(Path::to_path_buf).or(meta.config.clone());
     let settings = match &config {

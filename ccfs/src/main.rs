@@ -71,6 +71,10 @@ struct MountArgs {
     /// Stay in the foreground and log to stderr.
     #[arg(long)]
     foreground: bool,
+    /// Run as this user (root only, as from a PAM session hook): the share is accessed with
+    /// the user's uid and groups and the cache belongs to the user.
+    #[arg(long)]
+    user: Option<String>,
     /// The user's home directory on the network share.
     share: PathBuf,
     /// Where to mount it (an empty directory).
@@ -122,6 +126,7 @@ fn mount(args: MountArgs) -> Result<(), Error> {
         &args.mountpoint,
         args.cache_dir.as_deref(),
         args.config.as_deref(),
+        args.user.as_deref(),
     )?;
     if args.foreground {
         init_logging("info,fuser=error");
@@ -137,7 +142,7 @@ fn mount(args: MountArgs) -> Result<(), Error> {
     }
     // Background: start the daemon as a child and return once the mount is live.
     let created = !plan.cache_exists;
-    daemon::create_cache_dir(&plan.cache_dir).map_err(|e| {
+    daemon::create_cache_dir(&plan.cache_dir, plan.owner).map_err(|e| {
         fail(format!(
             "cannot create cache dir {}: {e}",
             plan.cache_dir.display()
@@ -158,6 +163,9 @@ fn mount(args: MountArgs) -> Result<(), Error> {
         .arg(&plan.cache_dir);
     if let Some(c) = &plan.config {
         cmd.arg("--config").arg(c);
+    }
+    if let Some(u) = &plan.user {
+        cmd.arg("--user").arg(&u.name);
     }
     cmd.arg(&plan.share).arg(&plan.mountpoint);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

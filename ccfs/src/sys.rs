@@ -774,3 +774,113 @@ impl Root {
         check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
     }
 }
+
+// ---- users and credentials -------------------------------------------------------------
+
+/// A local user account: the identity a mount runs as when root starts it for a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+fn passwd_account(pw: &libc::passwd) -> io::Result<Account> {
+    // SAFETY: pw_name points to a NUL-terminated string owned by the caller's buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }
+        .to_string_lossy()
+        .into_owned();
+    let cname =
+        CString::new(name.clone()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: `groups` is writable for `n` entries; getgrouplist updates `n`.
+        let rc =
+            unsafe { libc::getgrouplist(cname.as_ptr(), pw.pw_gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n as usize);
+            break;
+        }
+        groups.resize((n as usize).max(groups.len() * 2), 0);
+    }
+    Ok(Account {
+        name,
+        uid: pw.pw_uid,
+        gid: pw.pw_gid,
+        groups,
+    })
+}
+
+fn lookup_passwd(
+    f: impl Fn(*mut libc::passwd, *mut libc::c_char, usize, *mut *mut libc::passwd) -> libc::c_int,
+) -> io::Result<Option<Account>> {
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: zeroed passwd is a valid out-parameter; it is only read after success.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    let rc = f(&mut pw, buf.as_mut_ptr(), buf.len(), &mut result);
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if result.is_null() {
+        return Ok(None);
+    }
+    passwd_account(&pw).map(Some)
+}
+
+/// Looks a user up by name.
+pub fn user_by_name(name: &str) -> io::Result<Option<Account>> {
+    let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: all pointers are valid for the call; getpwnam_r fills `pw` from `buf`.
+    lookup_passwd(|pw, buf, len, out| unsafe { libc::getpwnam_r(c.as_ptr(), pw, buf, len, out) })
+}
+
+/// Looks a user up by uid.
+pub fn user_by_uid(uid: u32) -> io::Result<Option<Account>> {
+    // SAFETY: all pointers are valid for the call; getpwuid_r fills `pw` from `buf`.
+    lookup_passwd(|pw, buf, len, out| unsafe { libc::getpwuid_r(uid, pw, buf, len, out) })
+}
+
+/// Switches the whole process's effective ids and groups to `acct` (real and saved ids
+/// stay root, so [`restore_root`] can switch back). glibc applies it to every thread.
+pub fn set_effective(acct: &Account) -> io::Result<()> {
+    // SAFETY: plain credential calls with valid arguments.
+    unsafe {
+        check(libc::setgroups(acct.groups.len(), acct.groups.as_ptr()))?;
+        check(libc::setegid(acct.gid))?;
+        check(libc::seteuid(acct.uid))
+    }
+}
+
+/// Back to root after [`set_effective`].
+pub fn restore_root() -> io::Result<()> {
+    let root_groups = [0 as libc::gid_t];
+    // SAFETY: plain credential calls with valid arguments.
+    unsafe {
+        check(libc::seteuid(0))?;
+        check(libc::setegid(0))?;
+        check(libc::setgroups(1, root_groups.as_ptr()))
+    }
+}
+
+/// Becomes `acct` for good in every thread, except that the saved user id stays root so
+/// one thread can later unmount (see [`thread_regain_root`]).
+pub fn become_user(acct: &Account) -> io::Result<()> {
+    // SAFETY: plain credential calls with valid arguments.
+    unsafe {
+        check(libc::setgroups(acct.groups.len(), acct.groups.as_ptr()))?;
+        check(libc::setresgid(acct.gid, acct.gid, acct.gid))?;
+        check(libc::setresuid(acct.uid, acct.uid, 0))
+    }
+}
+
+/// Root again in the calling thread only (a raw syscall: glibc would change every thread).
+pub fn thread_regain_root() -> io::Result<()> {
+    // SAFETY: setresuid/setresgid with -1 keep those ids; credentials are per thread in Linux.
+    unsafe {
+        check(libc::syscall(libc::SYS_setresuid, -1i32, 0i32, -1i32) as libc::c_int)?;
+        check(libc::syscall(libc::SYS_setresgid, -1i32, 0i32, -1i32) as libc::c_int)
+    }
+}

@@ -267,3 +267,48 @@ fn second_mount_of_a_cache_in_use_is_refused() {
     assert!(!is_mounted(&mnt2));
     drop(m);
 }
+
+#[test]
+fn planted_cache_dirs_are_refused() {
+    let fx = Fixture::new();
+    // Owned by another user.
+    fs::create_dir(&fx.cache).expect("mkdir");
+    std::os::unix::fs::chown(&fx.cache, Some(65534), Some(65534)).expect("chown");
+    fs::set_permissions(
+        &fx.cache,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &fx.share, &fx.mnt),
+        &["belongs to uid 65534"],
+    );
+    // Writable by everyone.
+    std::os::unix::fs::chown(&fx.cache, Some(0), Some(0)).expect("chown");
+    fs::set_permissions(
+        &fx.cache,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    refused(
+        &fx,
+        &mount_args(&fx.cache, &fx.share, &fx.mnt),
+        &["writable by other users", "777"],
+    );
+    assert_eq!(
+        fs::read_dir(&fx.cache).expect("ls").count(),
+        0,
+        "nothing created inside"
+    );
+    // A parent another user can write to.
+    let open = fx.tmp.path().join("open");
+    fs::create_dir(&open).expect("mkdir");
+    fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
+    refused(
+        &fx,
+        &mount_args(&open.join("cache"), &fx.share, &fx.mnt),
+        &["writable by other users"],
+    );
+    assert!(!open.join("cache").exists());
+}
