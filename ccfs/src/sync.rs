@@ -237,6 +237,12 @@ pub fn run_sync(
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("list writer panicked")));
             let code = out.status.code().unwrap_or(-1);
+            if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
+                return Err(SyncError::Rsync {
+                    code,
+                    stderr: format!("rsync was killed by signal {sig}"),
+                });
+            }
             // 24: some source files vanished (deleted meanwhile): still dirty-safe, since
             // only paths unchanged since the snapshot are marked clean.
             if code != 0 && code != 24 {
