@@ -166,22 +166,7 @@ pub struct MountPlan {
     pub owner: u32,
 }
 
-/// Writes a file atomically (temp + fsync + rename).
-pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)
-}
+pub use crate::journal::write_atomic;
 
 /// The deepest existing ancestor of `p`, canonical, plus the rest.
 fn canonical_prefix(p: &Path) -> PathBuf {

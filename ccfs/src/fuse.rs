@@ -227,6 +227,18 @@ fn ctx(req: &Request, umask: u32) -> Ctx {
     }
 }
 
+macro_rules! try_reply {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(err) => {
+                $reply.error(err);
+                return;
+            }
+        }
+    };
+}
+
 impl CcfsFs {
     pub fn new(
         overlay: Arc<Overlay>,
@@ -308,6 +320,25 @@ impl CcfsFs {
         }
     }
 
+    /// unlink (`dir` false) or rmdir (`dir` true).
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        let parent_path = try_reply!(reply, self.path(parent));
+        let path = parent_path.join(name);
+        let found = self.overlay.resolve(&path).ok();
+        let result = if dir {
+            self.overlay.rmdir(&parent_path, name)
+        } else {
+            self.overlay.unlink(&parent_path, name)
+        };
+        match result {
+            Ok(()) => {
+                self.retire(found, &path);
+                reply.ok()
+            }
+            Err(e) => reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e)),
+        }
+    }
+
     fn open_node_stat(&self, node: u64) -> Option<Stat> {
         self.handles().values().find_map(|h| match &**h {
             Handle::File { file, node: n, .. } if *n == node => crate::sys::fstat(file).ok(),
@@ -322,18 +353,6 @@ impl CcfsFs {
             Handle::Dir { .. } => Err(Errno::EISDIR),
         }
     }
-}
-
-macro_rules! try_reply {
-    ($reply:expr, $e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(err) => {
-                $reply.error(err);
-                return;
-            }
-        }
-    };
 }
 
 impl Filesystem for CcfsFs {
@@ -474,29 +493,11 @@ impl Filesystem for CcfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let dir = try_reply!(reply, self.path(parent));
-        let path = dir.join(name);
-        let found = self.overlay.resolve(&path).ok();
-        match self.overlay.unlink(&dir, name) {
-            Ok(()) => {
-                self.retire(found, &path);
-                reply.ok()
-            }
-            Err(e) => reply.error(reply_err("unlink", &path, &e)),
-        }
+        self.remove(parent, name, false, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let dir = try_reply!(reply, self.path(parent));
-        let path = dir.join(name);
-        let found = self.overlay.resolve(&path).ok();
-        match self.overlay.rmdir(&dir, name) {
-            Ok(()) => {
-                self.retire(found, &path);
-                reply.ok()
-            }
-            Err(e) => reply.error(reply_err("rmdir", &path, &e)),
-        }
+        self.remove(parent, name, true, reply);
     }
 
     fn symlink(

@@ -227,32 +227,36 @@ impl Journal {
 
     /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename).
     pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
-        let tmp = self.path.with_extension("compact");
-        {
-            let mut f = OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)?;
-            let mut buf = String::new();
-            for r in state.snapshot() {
-                buf.push_str(&encode(&r));
-            }
-            f.write_all(buf.as_bytes())?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            fsync_dir(dir)?;
-        }
+        let text: String = state.snapshot().iter().map(encode).collect();
+        write_atomic(&self.path, text.as_bytes())?;
         self.file = OpenOptions::new()
             .append(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&self.path)?;
         Ok(())
     }
+}
+
+/// Writes a file atomically and durably: a private temp file beside it, fsync, rename,
+/// fsync of the directory. Never follows a symlink planted at either name.
+pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        fsync_dir(dir)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
