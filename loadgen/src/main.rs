@@ -1,6 +1,497 @@
-//! loadgen: the small-file workload generator. Not built yet: this binary only says so.
+//! The `loadgen` command.
 
-fn main() {
-    eprintln!("loadgen: not implemented yet; see the project README for what ccfs can do today");
-    std::process::exit(2);
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+
+use loadgen::engine::{self, Progress};
+use loadgen::report::{self, Environment, RunConfig, RunReport};
+use loadgen::workload::{self, Datasets, Entry, FileSet, Phase, Sets};
+
+/// A compilebench-like small-file workload generator: builds, compiles, reads and deletes
+/// kernel-like source trees on a mounted directory, with per-operation latencies.
+#[derive(Debug, Parser)]
+#[command(name = "loadgen", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The compilebench workload on the real kernel-tree file lists.
+    Compilebench {
+        /// The directory to run in (on the filesystem under test).
+        dir: PathBuf,
+        #[command(flatten)]
+        opts: RunOpts,
+        /// Concurrent clients, each on its own tree.
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+    },
+    /// The same work at several client counts; prints the clients x phase table.
+    Sweep {
+        dir: PathBuf,
+        #[command(flatten)]
+        opts: RunOpts,
+        /// Client counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 6, 13, 40])]
+        clients: Vec<usize>,
+    },
+    /// The CNES access-time test: create N empty files, then remove them.
+    Access {
+        dir: PathBuf,
+        /// How many files each client creates and removes.
+        #[arg(long, default_value_t = 10_000)]
+        files: usize,
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Run even if DIR is not empty (loadgen only ever deletes what it created).
+        #[arg(long)]
+        allow_nonempty: bool,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+struct RunOpts {
+    /// Phases to run, in order (default: create,compile,read-compiled,delete-compiled).
+    /// Names: initial-create, create, patch, compile, clean, read-tree, read-compiled,
+    /// delete-tree, delete-compiled, stat-tree, stat-compiled.
+    #[arg(long, value_delimiter = ',')]
+    phases: Option<Vec<String>>,
+    /// compilebench's random mode: an initial create, then N randomly chosen phases.
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Seed for the random mode.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Use this fraction of the tree (0 < F <= 1), for quick runs.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Bytes per write call.
+    #[arg(long, default_value_t = 256 * 1024)]
+    write_size: usize,
+    /// fsync every file written.
+    #[arg(long)]
+    fsync: bool,
+    /// syncfs at the end of every phase (counted in the phase, like compilebench).
+    #[arg(long)]
+    sync: bool,
+    /// Drop the page cache between phases (root only).
+    #[arg(long)]
+    drop_caches: bool,
+    /// Each client reads the tree another client wrote (defeats client-side caching).
+    #[arg(long)]
+    read_other: bool,
+    /// Write results as JSON (schema loadgen-result/1), after every phase.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write results as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Run even if DIR is not empty (loadgen only ever deletes what it created).
+    #[arg(long)]
+    allow_nonempty: bool,
+    /// Keep the trees at the end.
+    #[arg(long)]
+    keep: bool,
+}
+
+enum Error {
+    /// Bad input: exit 2.
+    User(String),
+    /// The run failed: exit 1.
+    Failed(String),
+}
+
+fn user(msg: impl Into<String>) -> Error {
+    Error::User(msg.into())
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Checks the target and makes the run directory with its marker.
+fn prepare_run_dir(dir: &Path, allow_nonempty: bool) -> Result<PathBuf, Error> {
+    let meta = std::fs::metadata(dir).map_err(|e| {
+        user(format!(
+            "{} is not usable: {e}; give an existing directory on the filesystem to test",
+            dir.display()
+        ))
+    })?;
+    if !meta.is_dir() {
+        return Err(user(format!(
+            "{} is not a directory; give a directory",
+            dir.display()
+        )));
+    }
+    let non_empty = std::fs::read_dir(dir)
+        .map_err(|e| user(format!("cannot list {}: {e}", dir.display())))?
+        .next()
+        .is_some();
+    if non_empty && !allow_nonempty {
+        return Err(user(format!(
+            "{} is not empty; use an empty directory, or --allow-nonempty (loadgen deletes only what it creates)",
+            dir.display()
+        )));
+    }
+    let run = dir.join(format!("loadgen-run-{}-{}", now_unix(), std::process::id()));
+    std::fs::create_dir(&run).map_err(|e| {
+        Error::Failed(format!(
+            "cannot create {}: {e}; check that DIR is writable",
+            run.display()
+        ))
+    })?;
+    std::fs::write(
+        run.join(".loadgen-run"),
+        format!("{{\"tool\":\"loadgen\",\"pid\":{}}}\n", std::process::id()),
+    )
+    .map_err(|e| Error::Failed(format!("cannot write in {}: {e}", run.display())))?;
+    Ok(run)
+}
+
+/// Removes the run directory if it holds only what loadgen left (its marker).
+fn finish_run_dir(run: &Path) -> Option<String> {
+    if !run.join(".loadgen-run").is_file() {
+        return Some(format!("{} lost its marker; left in place", run.display()));
+    }
+    let _ = std::fs::remove_file(run.join(".loadgen-run"));
+    match std::fs::remove_dir(run) {
+        Ok(()) => None,
+        Err(e) => {
+            // Put the marker back so a later look can tell whose directory this is.
+            let _ = std::fs::write(run.join(".loadgen-run"), "{\"tool\":\"loadgen\"}\n");
+            Some(format!(
+                "{} was not empty at the end ({e}); left in place",
+                run.display()
+            ))
+        }
+    }
+}
+
+fn parse_phases(opts: &RunOpts) -> Result<Vec<Phase>, Error> {
+    if let Some(runs) = opts.runs {
+        if opts.phases.is_some() {
+            return Err(user("--runs and --phases exclude each other; give one"));
+        }
+        return Ok(workload::random_phases(opts.seed, runs));
+    }
+    match &opts.phases {
+        None => Ok(workload::DEFAULT_PHASES.to_vec()),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                Phase::parse(n.trim()).ok_or_else(|| {
+                    user(format!(
+                        "unknown phase {n:?}; choose from {}",
+                        workload::ALL_PHASES.map(|p| p.name()).join(", ")
+                    ))
+                })
+            })
+            .collect(),
+    }
+}
+
+fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> {
+    if clients == 0 || clients > 4096 {
+        return Err(user("--clients must be between 1 and 4096"));
+    }
+    if !(opts.scale > 0.0 && opts.scale <= 1.0) {
+        return Err(user(
+            "--scale must be a fraction in (0, 1]; 1 is the whole tree",
+        ));
+    }
+    if opts.write_size == 0 || opts.write_size > 64 << 20 {
+        return Err(user("--write-size must be between 1 byte and 64 MiB"));
+    }
+    Ok(())
+}
+
+fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn spawn_progress(progress: Arc<Progress>, phases: Vec<Phase>, done: Arc<AtomicBool>) {
+    if !std::io::stderr().is_terminal() {
+        return;
+    }
+    std::thread::spawn(move || {
+        while !done.load(Ordering::Relaxed) {
+            let i = progress.phase.load(Ordering::Relaxed) as usize;
+            let name = phases.get(i).map(|p| p.name()).unwrap_or("");
+            eprint!(
+                "\r  phase {}/{} {:<16} {:>9} files",
+                i + 1,
+                phases.len(),
+                name,
+                progress.files_done.load(Ordering::Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprint!("\r{:60}\r", "");
+    });
+}
+
+/// Runs one workload and writes its report; returns the report.
+#[allow(clippy::too_many_arguments)]
+fn run_workload(
+    command: &str,
+    dir: &Path,
+    sets: Sets,
+    phases: Vec<Phase>,
+    clients: usize,
+    opts: &RunOpts,
+    json: Option<&Path>,
+    csv: Option<&Path>,
+) -> Result<RunReport, Error> {
+    let mut warnings = Vec::new();
+    if opts.drop_caches && !engine::drop_caches() {
+        warnings.push("--drop-caches needs root: ran without dropping caches".to_string());
+        eprintln!("loadgen: note: --drop-caches needs root; running without dropping caches");
+    }
+    let run_dir = prepare_run_dir(dir, opts.allow_nonempty)?;
+    let cfg = engine::Config {
+        run_dir: run_dir.clone(),
+        clients,
+        phases: phases.clone(),
+        sets: Arc::new(sets),
+        write_size: opts.write_size,
+        fsync: opts.fsync,
+        sync: opts.sync,
+        drop_caches: opts.drop_caches,
+        read_other: opts.read_other && clients > 1,
+        cleanup: !opts.keep,
+    };
+    let mut report = RunReport {
+        schema: report::SCHEMA.to_string(),
+        tool: "loadgen".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        command: command.into(),
+        args: std::env::args().collect(),
+        seed: opts.seed,
+        started_at_unix: now_unix(),
+        target: dir.display().to_string(),
+        environment: Environment::probe(dir),
+        config: RunConfig {
+            clients,
+            phases: phases.iter().map(|p| p.name().to_string()).collect(),
+            scale: opts.scale,
+            write_size: opts.write_size,
+            fsync: opts.fsync,
+            sync: opts.sync,
+            drop_caches: opts.drop_caches,
+            read_other: cfg.read_other,
+        },
+        phases: Vec::new(),
+        complete: false,
+        error: None,
+        warnings,
+    };
+    let progress = Arc::new(Progress::default());
+    let done = Arc::new(AtomicBool::new(false));
+    spawn_progress(progress.clone(), phases.clone(), done.clone());
+    let stop = AtomicBool::new(false);
+    let mut write_error = None;
+    let results = engine::run(&cfg, &progress, &stop, |p| {
+        report.phases.push(report::phase_report(p));
+        for c in &p.clients {
+            report.warnings.extend(c.warnings.iter().cloned());
+        }
+        if let Some(e) = p.error() {
+            report.error = Some(e);
+        }
+        // Results are written after every phase: an interrupted run keeps what it measured.
+        if let Some(j) = json {
+            if let Err(e) = write_out(j, &report::to_json(&report)) {
+                write_error = Some(format!("cannot write {}: {e}", j.display()));
+            }
+        }
+    });
+    done.store(true, Ordering::Relaxed);
+    report.complete = report.error.is_none() && results.len() == phases.len();
+    if !opts.keep {
+        if let Some(w) = finish_run_dir(&run_dir) {
+            report.warnings.push(w);
+        }
+    }
+    if let Some(j) = json {
+        write_out(j, &report::to_json(&report))
+            .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+    }
+    if let Some(c) = csv {
+        write_out(c, &report::to_csv(&report))
+            .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
+    }
+    if let Some(e) = write_error {
+        report.warnings.push(e);
+    }
+    Ok(report)
+}
+
+fn finish(report: &RunReport) -> Result<(), Error> {
+    print!("{}", report::table(report));
+    match &report.error {
+        None => Ok(()),
+        Some(e) if e.contains("No space left") => Err(Error::Failed(format!(
+            "the target filled up ({e}); results so far are kept; free space or use --scale"
+        ))),
+        Some(e) => Err(Error::Failed(format!(
+            "stopped: {e}; results so far are kept"
+        ))),
+    }
+}
+
+fn access_sets(files: usize) -> Sets {
+    let set = FileSet::from_files(
+        (0..files)
+            .map(|i| Entry {
+                path: format!("f{i:07}"),
+                size: 0,
+            })
+            .collect(),
+    );
+    Sets {
+        source: set,
+        patched_source: FileSet::default(),
+        compile: FileSet::default(),
+        patch: FileSet::default(),
+        compile_patched: FileSet::default(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = (|| -> Result<(), Error> {
+        match cli.command {
+            Cmd::Compilebench { dir, opts, clients } => {
+                check_common(clients, &opts)?;
+                let phases = parse_phases(&opts)?;
+                let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
+                let r = run_workload(
+                    "compilebench",
+                    &dir,
+                    sets,
+                    phases,
+                    clients,
+                    &opts,
+                    opts.json.as_deref(),
+                    opts.csv.as_deref(),
+                )?;
+                finish(&r)
+            }
+            Cmd::Sweep { dir, opts, clients } => {
+                for &c in &clients {
+                    check_common(c, &opts)?;
+                }
+                let phases = parse_phases(&opts)?;
+                let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
+                let mut runs = Vec::new();
+                for &c in &clients {
+                    eprintln!("loadgen sweep: {c} clients");
+                    let r = run_workload(
+                        "sweep",
+                        &dir,
+                        sets.clone(),
+                        phases.clone(),
+                        c,
+                        &opts,
+                        None,
+                        None,
+                    )?;
+                    let failed = r.error.clone();
+                    runs.push(r);
+                    if let Some(e) = failed {
+                        eprintln!("loadgen sweep: stopped at {c} clients: {e}");
+                        break;
+                    }
+                }
+                print!("{}", report::sweep_table(&runs));
+                if let Some(j) = &opts.json {
+                    let v = serde_json::to_vec_pretty(&runs).unwrap_or_default();
+                    write_out(j, &v)
+                        .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+                }
+                match runs.iter().find_map(|r| r.error.clone()) {
+                    Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
+                    None => Ok(()),
+                }
+            }
+            Cmd::Access {
+                dir,
+                files,
+                clients,
+                json,
+                csv,
+                allow_nonempty,
+            } => {
+                if files == 0 {
+                    return Err(user("--files must be at least 1"));
+                }
+                let opts = RunOpts {
+                    phases: None,
+                    runs: None,
+                    seed: 1,
+                    scale: 1.0,
+                    write_size: 4096,
+                    fsync: false,
+                    sync: false,
+                    drop_caches: false,
+                    read_other: false,
+                    json: None,
+                    csv: None,
+                    allow_nonempty,
+                    keep: false,
+                };
+                check_common(clients, &opts)?;
+                let r = run_workload(
+                    "access",
+                    &dir,
+                    access_sets(files),
+                    vec![Phase::Create, Phase::DeleteTree],
+                    clients,
+                    &opts,
+                    json.as_deref(),
+                    csv.as_deref(),
+                )?;
+                finish(&r)
+            }
+        }
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Error::User(m)) => {
+            eprintln!("loadgen: error: {m}");
+            ExitCode::from(2)
+        }
+        Err(Error::Failed(m)) => {
+            eprintln!("loadgen: error: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }
