@@ -336,7 +336,7 @@ pub fn after(state: TreeState, phase: Phase) -> TreeState {
 }
 
 /// The files a tree in `state` holds.
-pub fn tree_files<'a>(sets: &'a Sets, state: TreeState) -> Vec<&'a FileSet> {
+pub fn tree_files(sets: &Sets, state: TreeState) -> Vec<&FileSet> {
     let mut v = Vec::new();
     if !state.exists {
         return v;
