@@ -439,12 +439,23 @@ impl Client<'_> {
             }
             Phase::Patch => self.patch(&own, &sets.patch)?,
             Phase::Clean => {
-                let set = if state.patched {
-                    &sets.compile_patched
+                let (set, tree) = if state.patched {
+                    (&sets.compile_patched, &sets.patched_tree)
                 } else {
-                    &sets.compile
+                    (&sets.compile, &sets.source)
                 };
                 self.delete(&own, &[set], false)?;
+                // Directories only the build made go too (deepest first).
+                for d in set.dirs.iter().rev() {
+                    if tree.dirs.binary_search(d).is_err() {
+                        let p = own.join(d);
+                        match timed(&mut self.lat, Op::Rmdir, || fs::remove_dir(&p)) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
             }
             Phase::ReadTree | Phase::ReadCompiled | Phase::StatTree | Phase::StatCompiled => {
                 let owner = if self.cfg.read_other {

@@ -368,6 +368,7 @@ fn access_sets(files: usize) -> Sets {
     Sets {
         source: set,
         patched_source: FileSet::default(),
+        patched_tree: FileSet::default(),
         compile: FileSet::default(),
         patch: FileSet::default(),
         compile_patched: FileSet::default(),

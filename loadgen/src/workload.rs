@@ -4,7 +4,7 @@
 //! The lists ship in `data/compilebench/` (see SOURCE.txt there for their origin and how each
 //! phase's set is derived, which this module follows).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One file of a tree: path relative to the tree root, size in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +150,9 @@ pub struct Sets {
     pub source: FileSet,
     /// A clean patched tree.
     pub patched_source: FileSet,
+    /// What a patched tree holds: the unpatched tree with the patch written over it
+    /// (patching writes new and changed files; it removes nothing).
+    pub patched_tree: FileSet,
     /// What compiling an unpatched tree adds (and clean removes).
     pub compile: FileSet,
     /// What patching an unpatched tree writes.
@@ -180,9 +183,25 @@ impl Sets {
             .into_iter()
             .filter(|e| !compile_only_size.contains(&(e.path.as_str(), e.size)))
             .collect();
+        let mut patched_tree: BTreeMap<&str, u64> = d
+            .unpatched
+            .iter()
+            .map(|e| (e.path.as_str(), e.size))
+            .collect();
+        for e in &patch {
+            patched_tree.insert(e.path.as_str(), e.size);
+        }
+        let patched_tree = patched_tree
+            .into_iter()
+            .map(|(path, size)| Entry {
+                path: path.to_string(),
+                size,
+            })
+            .collect();
         Self {
             source: FileSet::new(d.unpatched.clone()),
             patched_source: FileSet::new(d.patched.clone()),
+            patched_tree: FileSet::new(patched_tree),
             compile: FileSet::new(compile_only),
             patch: FileSet::new(patch),
             compile_patched: FileSet::new(compile_patched),
@@ -193,6 +212,7 @@ impl Sets {
         Self {
             source: self.source.scaled(scale),
             patched_source: self.patched_source.scaled(scale),
+            patched_tree: self.patched_tree.scaled(scale),
             compile: self.compile.scaled(scale),
             patch: self.patch.scaled(scale),
             compile_patched: self.compile_patched.scaled(scale),
@@ -342,7 +362,7 @@ pub fn tree_files(sets: &Sets, state: TreeState) -> Vec<&FileSet> {
         return v;
     }
     v.push(if state.patched {
-        &sets.patched_source
+        &sets.patched_tree
     } else {
         &sets.source
     });

@@ -1,0 +1,249 @@
+//! The `loadgen` binary end to end: JSON against its schema, CSV, safety, bad input,
+//! a run stopped by a full target, sweep and access.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn loadgen(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(args)
+        .output()
+        .expect("run loadgen")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn schema() -> jsonschema::Validator {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/result-v1.schema.json");
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).expect("schema")).expect("json");
+    jsonschema::validator_for(&s).expect("valid schema")
+}
+
+fn validate(v: &serde_json::Value) {
+    let errors: Vec<String> = schema()
+        .iter_errors(v)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+#[test]
+fn every_phase_runs_and_its_json_matches_the_schema() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out_dir = tempfile::tempdir().expect("out");
+    let json = out_dir.path().join("r.json");
+    let csv = out_dir.path().join("r.csv");
+    let phases = "initial-create,create,patch,compile,clean,read-tree,read-compiled,delete-tree,delete-compiled,stat-tree,stat-compiled";
+    let o = loadgen(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--clients",
+        "2",
+        "--scale",
+        "0.02",
+        "--phases",
+        phases,
+        "--sync",
+        "--json",
+        json.to_str().expect("utf8"),
+        "--csv",
+        csv.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["phases"].as_array().expect("phases").len(), 11);
+    for p in v["phases"].as_array().expect("phases") {
+        assert!(
+            p["aggregate_mb_s"].as_f64().expect("mb") > 0.0,
+            "{}",
+            p["name"]
+        );
+        assert_eq!(p["clients"].as_array().expect("c").len(), 2);
+    }
+    assert_eq!(v["phases"][2]["name"], "patch");
+    assert!(
+        v["phases"][2]["latency"]["read"]["count"]
+            .as_u64()
+            .expect("patch reads")
+            > 0,
+        "patch reads the old files"
+    );
+    assert!(v["environment"]["kernel"].as_str().expect("k").len() > 2);
+    assert!(v["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .any(|a| a == "--scale"));
+    let csv = std::fs::read_to_string(&csv).expect("csv");
+    assert!(csv.starts_with("phase,client,mb_s"));
+    assert_eq!(csv.lines().count(), 1 + 11 * 3);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("read-compiled") && stdout.contains("p99.9 us"),
+        "{stdout}"
+    );
+    // Everything it made is gone; the directory is as it was.
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+}
+
+#[test]
+fn a_non_empty_target_is_refused_unless_allowed_and_foreign_files_stay() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("thesis.odt"), "keep").expect("foreign");
+    let d = dir.path().to_str().expect("utf8");
+    let o = loadgen(&["compilebench", d, "--scale", "0.01"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not empty"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("ls").count(),
+        1,
+        "nothing created"
+    );
+    let o = loadgen(&["compilebench", d, "--scale", "0.01", "--allow-nonempty"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("thesis.odt")).expect("kept"),
+        "keep"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
+}
+
+#[test]
+fn bad_input_is_refused_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().to_str().expect("utf8");
+    for (args, word) in [
+        (
+            vec!["compilebench", d, "--phases", "create,bake"],
+            "unknown phase",
+        ),
+        (vec!["compilebench", d, "--clients", "0"], "--clients"),
+        (vec!["compilebench", d, "--scale", "2"], "--scale"),
+        (vec!["compilebench", "/nonexistent/dir"], "not usable"),
+        (
+            vec!["compilebench", d, "--runs", "3", "--phases", "create"],
+            "exclude",
+        ),
+        (vec!["access", d, "--files", "0"], "--files"),
+    ] {
+        let o = loadgen(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.starts_with("loadgen: error: ") && err.contains(word),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+}
+
+#[test]
+fn a_full_target_stops_cleanly_and_keeps_the_phases_measured() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).expect("mkdir");
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=10m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "needs root for a small tmpfs");
+    let json = dir.path().join("r.json");
+    let o = loadgen(&[
+        "compilebench",
+        small.to_str().expect("utf8"),
+        "--scale",
+        "0.02",
+        "--phases",
+        "create,create,create",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    let _ = Command::new("umount").arg("-l").arg(&small).status();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("filled up"),
+        "{}",
+        text(&o)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["complete"], false);
+    assert_eq!(v["phases"][0]["name"], "create");
+    assert!(
+        v["phases"][0]["clients"][0]["error"].is_null(),
+        "create fits"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .expect("error")
+            .contains("No space left"),
+        "{v}"
+    );
+}
+
+#[test]
+fn sweep_prints_the_clients_by_phase_table() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let o = loadgen(&[
+        "sweep",
+        dir.path().to_str().expect("utf8"),
+        "--clients",
+        "1,3",
+        "--scale",
+        "0.01",
+        "--phases",
+        "create,read-tree,delete-tree",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<&str> = s
+        .lines()
+        .filter(|l| l.trim_start().starts_with(['1', '3']))
+        .collect();
+    assert_eq!(rows.len(), 2, "{s}");
+    assert!(s.contains("create") && s.contains("read-tree"), "{s}");
+}
+
+#[test]
+fn access_creates_and_removes_empty_files() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("a.json");
+    let o = loadgen(&[
+        "access",
+        dir.path().to_str().expect("utf8"),
+        "--files",
+        "500",
+        "--clients",
+        "2",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["phases"][0]["files"], 1000);
+    assert_eq!(v["phases"][1]["files"], 1000);
+    assert_eq!(v["phases"][1]["latency"]["unlink"]["count"], 1000);
+    assert!(v["phases"][0]["files_per_s"].as_f64().expect("rate") > 0.0);
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+}
