@@ -247,3 +247,46 @@ fn access_creates_and_removes_empty_files() {
     assert!(v["phases"][0]["files_per_s"].as_f64().expect("rate") > 0.0);
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
 }
+
+#[test]
+fn a_killed_run_keeps_the_phases_it_finished() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("r.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args([
+            "compilebench",
+            dir.path().to_str().expect("utf8"),
+            "--scale",
+            "0.05",
+            "--phases",
+            "create,stat-tree,stat-tree,stat-tree,stat-tree,stat-tree,stat-tree,stat-tree,stat-tree,read-tree,read-tree,read-tree,read-tree,read-tree,read-tree,read-tree,read-tree,read-tree,read-tree",
+            "--json",
+            json.to_str().expect("utf8"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let start = std::time::Instant::now();
+    loop {
+        let phases = std::fs::read(&json)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["phases"].as_array().map(|a| a.len()))
+            .unwrap_or(0);
+        if phases >= 2 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 60, "no phase written in time");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("whole JSON");
+    validate(&v);
+    assert_eq!(v["complete"], false);
+    assert_eq!(v["phases"][0]["name"], "create");
+    assert!(v["phases"][0]["files"].as_u64().expect("files") > 0);
+}

@@ -1,0 +1,178 @@
+//! The generator's own cost: loadgen's create and read phases against a minimal replay loop
+//! that makes exactly the same system calls on the same tree, in one process, on the same
+//! filesystem (use tmpfs), interleaved and repeated; prints medians, ratios and user CPU per
+//! file. compilebench's python3 port is not in any registry this project can use (PyPI,
+//! crates.io, Debian), so it is reported as skipped.
+//!
+//! Usage: generator-cost DIR [--scale F] [--rounds N]
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loadgen::engine::{self, Config, Progress};
+use loadgen::workload::{Datasets, FileSet, Phase, Sets};
+
+fn user_cpu() -> Duration {
+    // SAFETY: getrusage fills a zeroed rusage for this process.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    Duration::from_secs(ru.ru_utime.tv_sec as u64)
+        + Duration::from_micros(ru.ru_utime.tv_usec as u64)
+}
+
+/// The replay loop: mkdir every directory, create every file with O_APPEND and 256 KiB
+/// writes, close. No timing, no bookkeeping.
+fn replay_create(root: &Path, set: &FileSet, buf: &[u8]) {
+    fs::create_dir(root).expect("mkdir");
+    for d in &set.dirs {
+        fs::create_dir(root.join(d)).expect("mkdir");
+    }
+    for f in &set.files {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(root.join(&f.path))
+            .expect("create");
+        let mut left = f.size as usize;
+        while left > 0 {
+            let n = left.min(buf.len());
+            file.write_all(&buf[..n]).expect("write");
+            left -= n;
+        }
+    }
+}
+
+fn replay_read(root: &Path, set: &FileSet, buf: &mut [u8]) {
+    for f in &set.files {
+        let mut file = fs::File::open(root.join(&f.path)).expect("open");
+        while file.read(buf).expect("read") > 0 {}
+    }
+}
+
+fn replay_delete(root: &Path, set: &FileSet) {
+    for f in &set.files {
+        fs::remove_file(root.join(&f.path)).expect("unlink");
+    }
+    for d in set.dirs.iter().rev() {
+        fs::remove_dir(root.join(d)).expect("rmdir");
+    }
+    fs::remove_dir(root).expect("rmdir");
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = args.get(1).map(Path::new).unwrap_or_else(|| {
+        eprintln!("usage: generator-cost DIR [--scale F] [--rounds N]   (DIR on tmpfs)");
+        std::process::exit(2)
+    });
+    let get = |flag: &str, default: f64| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let scale = get("--scale", 1.0);
+    let rounds = get("--rounds", 5.0) as usize;
+    let sets = Arc::new(Sets::derive(&Datasets::embedded()).scaled(scale));
+    let set = &sets.source;
+    let files = set.len() as f64;
+    let buf = vec![0x5au8; 256 * 1024];
+    let mut rbuf = vec![0u8; 256 * 1024];
+    let fsinfo = fsinfo::statfs(dir)
+        .map(|s| fsinfo::fs_type_name(s.fs_type))
+        .unwrap_or("?");
+    println!(
+        "generator cost on {} ({fsinfo}): {} files, {:.1} MiB, {rounds} rounds, interleaved",
+        dir.display(),
+        set.len(),
+        set.bytes() as f64 / 1048576.0
+    );
+    let (mut rc, mut rr, mut lc, mut lr) = (vec![], vec![], vec![], vec![]);
+    let (mut rcpu, mut lcpu) = (vec![], vec![]);
+    for round in 0..rounds {
+        // Replay.
+        let root = dir.join(format!("replay-{round}"));
+        let cpu0 = user_cpu();
+        let t = Instant::now();
+        replay_create(&root, set, &buf);
+        let create = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        replay_read(&root, set, &mut rbuf);
+        let read = t.elapsed().as_secs_f64();
+        rcpu.push((user_cpu() - cpu0).as_secs_f64());
+        replay_delete(&root, set);
+        rc.push(create);
+        rr.push(read);
+        // loadgen's engine, same tree, one client.
+        let run_dir = dir.join(format!("loadgen-{round}"));
+        fs::create_dir(&run_dir).expect("mkdir");
+        let cfg = Config {
+            run_dir: run_dir.clone(),
+            clients: 1,
+            phases: vec![Phase::Create, Phase::ReadTree, Phase::DeleteTree],
+            sets: sets.clone(),
+            write_size: 256 * 1024,
+            fsync: false,
+            sync: false,
+            drop_caches: false,
+            read_other: false,
+            cleanup: true,
+        };
+        let cpu0 = user_cpu();
+        let r = engine::run(&cfg, &Progress::default(), &AtomicBool::new(false), |_| {});
+        let cpu = (user_cpu() - cpu0).as_secs_f64();
+        let secs = |i: usize| r[i].clients[0].seconds();
+        lc.push(secs(0));
+        lr.push(secs(1));
+        // CPU of create + read only, scaled by their share of the run's wall time.
+        let share = (secs(0) + secs(1)) / (secs(0) + secs(1) + secs(2)).max(1e-9);
+        lcpu.push(cpu * share);
+        let _ = fs::remove_dir(&run_dir);
+    }
+    let (rc, rr, lc, lr) = (
+        median(&mut rc),
+        median(&mut rr),
+        median(&mut lc),
+        median(&mut lr),
+    );
+    let (rcpu, lcpu) = (median(&mut rcpu), median(&mut lcpu));
+    println!(
+        "{:<10} {:>12} {:>12} {:>22}",
+        "phase", "replay s", "loadgen s", "loadgen speed / replay"
+    );
+    println!(
+        "{:<10} {:>12.4} {:>12.4} {:>22.3}",
+        "create",
+        rc,
+        lc,
+        rc / lc
+    );
+    println!("{:<10} {:>12.4} {:>12.4} {:>22.3}", "read", rr, lr, rr / lr);
+    println!(
+        "user CPU per file (create + read): replay {:.2} us, loadgen {:.2} us",
+        rcpu / files * 1e6 / 2.0,
+        lcpu / files * 1e6 / 2.0
+    );
+    println!("compilebench (python3 port): skipped, not in PyPI, crates.io or Debian");
+    let worst = (rc / lc).min(rr / lr);
+    if rounds < 3 || scale < 0.5 {
+        println!("(a quick run: too small and too short to judge the 0.9x floor)");
+        return;
+    }
+    println!(
+        "floor loadgen >= 0.9x replay: {} (worst phase {:.3}x)",
+        if worst >= 0.9 { "met" } else { "MISSED" },
+        worst
+    );
+}
