@@ -290,3 +290,76 @@ fn a_killed_run_keeps_the_phases_it_finished() {
     assert_eq!(v["phases"][0]["name"], "create");
     assert!(v["phases"][0]["files"].as_u64().expect("files") > 0);
 }
+
+/// The default workload with two clients accounts for every file and measures something.
+/// Runs in a temporary directory, or in $LOADGEN_TEST_DIR (scripts/test points it at a real
+/// GlusterFS volume from deploy/testbed).
+#[test]
+fn compilebench_accounts_for_every_file() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = match std::env::var_os("LOADGEN_TEST_DIR") {
+        Some(d) => {
+            let d = std::path::PathBuf::from(d);
+            std::fs::create_dir_all(&d).expect("test dir");
+            d
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("r.json");
+    let o = loadgen(&[
+        "compilebench",
+        dir.to_str().expect("utf8"),
+        "--clients",
+        "2",
+        "--scale",
+        "0.02",
+        "--allow-nonempty",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["complete"], true);
+    let phase = |name: &str| {
+        v["phases"]
+            .as_array()
+            .expect("phases")
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .clone()
+    };
+    let files = |name: &str| phase(name)["files"].as_u64().expect("files");
+    let (create, compile, read, delete) = (
+        files("create"),
+        files("compile"),
+        files("read-compiled"),
+        files("delete-compiled"),
+    );
+    assert!(create > 0 && compile > 0);
+    assert_eq!(
+        read,
+        create + compile,
+        "read-compiled reads every file written"
+    );
+    assert_eq!(
+        delete,
+        create + compile,
+        "delete-compiled deletes every file written"
+    );
+    for name in ["create", "compile", "read-compiled", "delete-compiled"] {
+        assert!(
+            phase(name)["aggregate_mb_s"].as_f64().expect("mb") > 0.0,
+            "{name}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("ls")
+        .map(|e| e.expect("e").file_name())
+        .filter(|n| n.to_string_lossy().starts_with("loadgen-run-"))
+        .collect();
+    assert!(left.is_empty(), "run directory left behind: {left:?}");
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GlusterFS 10: a replica-3 volume of three bricks on this host, glusterd kept private
+# (working, run and log directories under the state dir, bound to 127.0.0.2: the CLI
+# refuses 127.0.0.1/localhost in brick names), and a FUSE client mount.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+STATE=$(state_dir gluster)
+ADDR=127.0.0.2
+VOL=ccfsvol
+MNT=$STATE/mnt
+G=(gluster --glusterd-sock=/var/run/glusterd.socket --mode=script)
+
+up() {
+  need_packages glusterfs-server glusterfs-client
+  if mountpoint -q "$MNT" 2>/dev/null; then
+    echo "$MNT"
+    return 0
+  fi
+  mkdir -p "$STATE"/{wd,run,log,bricks/b1,bricks/b2,bricks/b3,mnt}
+  if [ ! -f "$STATE/glusterd.pid" ] || ! kill -0 "$(cat "$STATE/glusterd.pid")" 2>/dev/null; then
+    glusterd --xlator-option "management.working-directory=$STATE/wd" \
+      --xlator-option "management.run-directory=$STATE/run" \
+      --xlator-option "management.logging-directory=$STATE/log" \
+      --xlator-option "management.transport.socket.bind-address=$ADDR" \
+      -p "$STATE/glusterd.pid" -l "$STATE/log/glusterd.log"
+    wait_for 30 "${G[@]}" volume list || { echo "testbed: glusterd did not answer; see $STATE/log" >&2; exit 1; }
+  fi
+  record "$(cat "$STATE/glusterd.pid")"
+  if ! "${G[@]}" volume info "$VOL" >/dev/null 2>&1; then
+    "${G[@]}" volume create "$VOL" replica 3 "$ADDR:$STATE/bricks/b1" "$ADDR:$STATE/bricks/b2" "$ADDR:$STATE/bricks/b3" force >/dev/null
+  fi
+  "${G[@]}" volume start "$VOL" force >/dev/null
+  # Every process glusterd started for the volume wrote a pid file below the run directory.
+  wait_for 30 sh -c "ls '$STATE'/run/vols/$VOL/*.pid | wc -l | grep -q 3"
+  for f in "$STATE"/run/vols/"$VOL"/*.pid "$STATE"/run/shd/*/*.pid "$STATE"/run/*.pid; do
+    [ -f "$f" ] && record "$(cat "$f")"
+  done
+  glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" --log-file="$STATE/log/client.log" \
+    -p "$STATE/client.pid" "$MNT"
+  wait_for 30 mountpoint -q "$MNT" || { echo "testbed: the client did not mount; see $STATE/log/client.log" >&2; exit 1; }
+  record "$(cat "$STATE/client.pid")"
+  # The self-heal daemon is started lazily: record it if it is there by now.
+  for f in "$STATE"/run/shd/*/*.pid "$STATE"/run/*.pid; do [ -f "$f" ] && record "$(cat "$f")"; done
+  echo "$MNT"
+}
+
+down() {
+  [ -d "$STATE" ] || return 0
+  if mountpoint -q "$MNT" 2>/dev/null; then
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+  fi
+  # Processes glusterd started after `up` recorded (self-heal) are still listed in pid files.
+  for f in "$STATE"/run/shd/*/*.pid "$STATE"/run/vols/*/*.pid; do [ -f "$f" ] && record "$(cat "$f")"; done
+  stop_recorded
+  rm -rf "$STATE"
+}
+
+"$@"
