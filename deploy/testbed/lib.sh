@@ -12,35 +12,39 @@ need_packages() {
   fi
 }
 
-# record PID: remember a process we started, with its command line to check it later.
+# The start time of a process (clock ticks since boot): with the PID it names the process
+# for good, across exec, and a reused PID never matches.
+start_time() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null || true; }
+
+# record PID: remember a process we started.
 record() {
   local pid=$1
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
+  [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 0
   grep -q "^$pid " "$STATE/pids" 2>/dev/null && return 0
-  echo "$pid $(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-200)" >> "$STATE/pids"
+  echo "$pid $(start_time "$pid") $(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-120)" >> "$STATE/pids"
 }
 
-# Stops every recorded process whose command line still matches (a reused PID is left alone).
-stop_recorded() {
+# The recorded processes that are still the same processes.
+live_recorded() {
   [ -f "$STATE/pids" ] || return 0
-  local pid cmd live
-  while read -r pid cmd; do
-    live=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200 || true)
-    [ -n "$live" ] && [ "$live" = "$cmd" ] && kill -TERM "$pid" 2>/dev/null || true
+  local pid st rest
+  while read -r pid st rest; do
+    if [ -n "$st" ] && [ "$(start_time "$pid")" = "$st" ]; then echo "$pid"; fi
   done < "$STATE/pids"
+  return 0
+}
+
+# Stops every recorded process (TERM, then KILL after 5 s); never anything else.
+stop_recorded() {
+  local pids
+  pids=$(live_recorded)
+  if [ -n "$pids" ]; then kill -TERM $pids 2>/dev/null || true; fi
   for _ in $(seq 1 50); do
-    local any=0
-    while read -r pid cmd; do
-      live=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200 || true)
-      [ -n "$live" ] && [ "$live" = "$cmd" ] && any=1
-    done < "$STATE/pids"
-    [ $any = 0 ] && break
+    [ -z "$(live_recorded)" ] && break
     sleep 0.1
   done
-  while read -r pid cmd; do
-    live=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200 || true)
-    [ -n "$live" ] && [ "$live" = "$cmd" ] && kill -KILL "$pid" 2>/dev/null || true
-  done < "$STATE/pids"
+  pids=$(live_recorded)
+  if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null || true; fi
   rm -f "$STATE/pids"
 }
 

@@ -428,6 +428,22 @@ fn many_threads_write_and_read_their_own_files_concurrently() {
     }
 }
 
+/// Whether the share's own filesystem stores holes without space (MooseFS, for one, does
+/// not report them so): the sparse check on ccfs only holds where the share's does.
+fn share_keeps_holes(share: &Path) -> bool {
+    let probe = share.join(".hole-probe");
+    let kept = (|| -> std::io::Result<bool> {
+        let mut f = fs::File::create(&probe)?;
+        f.seek(SeekFrom::Start(64 << 20))?;
+        f.write_all(b"x")?;
+        f.sync_all()?;
+        Ok(fs::metadata(&probe)?.blocks() * 512 < 8 << 20)
+    })()
+    .unwrap_or(false);
+    let _ = fs::remove_file(&probe);
+    kept
+}
+
 /// What programs in a home directory rely on, run once per path class.
 fn posix_semantics(fx: &Fixture, dir: &str) {
     let d = fx.m(dir);
@@ -578,7 +594,9 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
     drop(f);
     let meta = fs::metadata(&sp).expect("stat");
     assert_eq!(meta.len(), (64 << 20) + 3);
-    assert!(meta.blocks() * 512 < 8 << 20, "a hole must not take space");
+    if share_keeps_holes(&fx.share) {
+        assert!(meta.blocks() * 512 < 8 << 20, "a hole must not take space");
+    }
     let mut f = fs::File::open(&sp).expect("open");
     let mut head = [1u8; 4096];
     f.read_exact(&mut head).expect("read");

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# MooseFS 3.0 (standing in for LizardFS, its fork, which Debian does not package): a master
+# and three chunkservers in a network namespace of their own (chunkservers refuse a master
+# on 127.0.0.0/8), joined to this host by a veth pair, and the FUSE client mfsmount here.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+STATE=$(state_dir moosefs)
+NS=ccfs-mfs
+SRV=10.250.0.1
+HOST=10.250.0.2
+MNT=$STATE/mnt
+
+up() {
+  need_packages moosefs-master moosefs-chunkserver moosefs-client iproute2
+  if mountpoint -q "$MNT" 2>/dev/null; then
+    echo "$MNT"
+    return 0
+  fi
+  mkdir -p "$STATE"/{master,mnt,log}
+  if ! ip netns list | grep -qw "$NS"; then
+    ip netns add "$NS"
+    ip link add ccfs-mfs0 type veth peer name ccfs-mfs1
+    ip link set ccfs-mfs1 netns "$NS"
+    ip addr add "$HOST/30" dev ccfs-mfs0
+    ip link set ccfs-mfs0 up
+    ip netns exec "$NS" ip addr add "$SRV/30" dev ccfs-mfs1
+    ip netns exec "$NS" ip link set ccfs-mfs1 up
+    ip netns exec "$NS" ip link set lo up
+  fi
+  echo "* / rw,alldirs,maproot=0" > "$STATE/mfsexports.cfg"
+  cat > "$STATE/mfsmaster.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $STATE/master
+EXPORTS_FILENAME = $STATE/mfsexports.cfg
+MATOML_LISTEN_HOST = $SRV
+MATOCS_LISTEN_HOST = $SRV
+MATOCL_LISTEN_HOST = $SRV
+CFG
+  [ -f "$STATE/master/metadata.mfs" ] || cp /var/lib/mfs/metadata.mfs.empty "$STATE/master/metadata.mfs"
+  ip netns exec "$NS" mfsmaster -f -c "$STATE/mfsmaster.cfg" > "$STATE/log/master.log" 2>&1 &
+  record $!
+  for i in 1 2 3; do
+    mkdir -p "$STATE/cs$i/data" "$STATE/cs$i/hdd"
+    echo "$STATE/cs$i/hdd" > "$STATE/cs$i/mfshdd.cfg"
+    cat > "$STATE/cs$i/mfschunkserver.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $STATE/cs$i/data
+HDD_CONF_FILENAME = $STATE/cs$i/mfshdd.cfg
+HDD_LEAVE_SPACE_DEFAULT = 64MiB
+MASTER_HOST = $SRV
+CSSERV_LISTEN_HOST = $SRV
+CSSERV_LISTEN_PORT = $((9422 + 10 * i))
+CFG
+    ip netns exec "$NS" mfschunkserver -f -c "$STATE/cs$i/mfschunkserver.cfg" > "$STATE/log/cs$i.log" 2>&1 &
+    record $!
+  done
+  wait_for 30 bash -c "exec 3<>/dev/tcp/$SRV/9421" || { echo "testbed: mfsmaster did not listen; see $STATE/log" >&2; exit 1; }
+  mfsmount -f -H "$SRV" -P 9421 "$MNT" > "$STATE/log/client.log" 2>&1 &
+  record $!
+  wait_for 30 mountpoint -q "$MNT" || { echo "testbed: mfsmount did not mount; see $STATE/log/client.log" >&2; exit 1; }
+  # Writing before the chunkservers report their space fails: wait for a usable size.
+  wait_for 60 sh -c "[ \$(stat -f -c %b '$MNT') -gt 0 ] && dd if=/dev/zero of='$MNT/.probe' bs=4k count=1 status=none && rm -f '$MNT/.probe'" ||
+    { echo "testbed: chunkservers did not come up; see $STATE/log" >&2; exit 1; }
+  echo "$MNT"
+}
+
+down() {
+  if [ -d "$STATE" ]; then
+    if mountpoint -q "$MNT" 2>/dev/null; then
+      umount "$MNT" 2>/dev/null || umount -l "$MNT"
+    fi
+    stop_recorded
+  fi
+  if ip netns list 2>/dev/null | grep -qw "$NS"; then
+    ip netns del "$NS"
+  fi
+  ip link del ccfs-mfs0 2>/dev/null || true
+  rm -rf "$STATE"
+}
+
+"$@"
