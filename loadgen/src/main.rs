@@ -43,6 +43,18 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 6, 13, 40])]
         clients: Vec<usize>,
     },
+    /// Charts (SVG and PNG) and an HTML page from result files (compilebench, sweep, access).
+    Report {
+        /// JSON result files.
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        /// Output directory.
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// TrueType font for the charts.
+        #[arg(long, default_value = loadgen::charts::DEFAULT_FONT)]
+        font: PathBuf,
+    },
     /// The CNES access-time test: create N empty files, then remove them.
     Access {
         dir: PathBuf,
@@ -104,6 +116,9 @@ struct RunOpts {
     /// Keep the trees at the end.
     #[arg(long)]
     keep: bool,
+    /// A name for the system under test, used by `loadgen report` (default: the fs type).
+    #[arg(long)]
+    label: Option<String>,
 }
 
 enum Error {
@@ -286,6 +301,7 @@ fn run_workload(
         seed: opts.seed,
         started_at_unix: now_unix(),
         target: dir.display().to_string(),
+        label: opts.label.clone(),
         environment: Environment::probe(dir),
         config: RunConfig {
             clients,
@@ -432,6 +448,40 @@ fn main() -> ExitCode {
                     None => Ok(()),
                 }
             }
+            Cmd::Report { results, out, font } => {
+                let mut runs: Vec<RunReport> = Vec::new();
+                for f in &results {
+                    let bytes = std::fs::read(f)
+                        .map_err(|e| user(format!("cannot read {}: {e}", f.display())))?;
+                    let parsed: Result<Vec<RunReport>, _> =
+                        serde_json::from_slice::<RunReport>(&bytes)
+                            .map(|r| vec![r])
+                            .or_else(|_| serde_json::from_slice::<Vec<RunReport>>(&bytes));
+                    let mut parsed = parsed.map_err(|e| {
+                        user(format!(
+                            "{} is not a loadgen result ({e}); give files written by --json",
+                            f.display()
+                        ))
+                    })?;
+                    runs.append(&mut parsed);
+                }
+                if runs.is_empty() {
+                    return Err(user("no runs in the given files"));
+                }
+                let written =
+                    loadgen::charts::write_report(&runs, &out, &font).map_err(|e| match e {
+                        loadgen::charts::ChartError::Font { .. }
+                        | loadgen::charts::ChartError::BadFont(_) => user(e.to_string()),
+                        other => Error::Failed(other.to_string()),
+                    })?;
+                println!(
+                    "loadgen report: {} runs, {} files in {}",
+                    runs.len(),
+                    written.len(),
+                    out.display()
+                );
+                Ok(())
+            }
             Cmd::Access {
                 dir,
                 files,
@@ -457,6 +507,7 @@ fn main() -> ExitCode {
                     csv: None,
                     allow_nonempty,
                     keep: false,
+                    label: None,
                 };
                 check_common(clients, &opts)?;
                 let r = run_workload(

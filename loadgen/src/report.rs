@@ -117,6 +117,9 @@ pub struct RunReport {
     pub seed: u64,
     pub started_at_unix: u64,
     pub target: String,
+    /// A name for the system under test (`--label`); reports fall back to the fs type.
+    #[serde(default)]
+    pub label: Option<String>,
     pub environment: Environment,
     pub config: RunConfig,
     pub phases: Vec<PhaseReport>,
@@ -289,6 +292,15 @@ pub fn table(r: &RunReport) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out
+}
+
+impl RunReport {
+    /// The name this run goes by in reports.
+    pub fn name(&self) -> String {
+        self.label
+            .clone()
+            .unwrap_or_else(|| self.environment.fs_type.clone())
+    }
 }
 
 /// The clients x phase table of a sweep (aggregate MB/s), as the NERSC study shows it.

@@ -363,3 +363,77 @@ fn compilebench_accounts_for_every_file() {
         .collect();
     assert!(left.is_empty(), "run directory left behind: {left:?}");
 }
+
+#[test]
+fn report_draws_charts_and_a_page_from_results() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    let mut files = Vec::new();
+    for (label, clients) in [("alpha", "1"), ("alpha", "2"), ("beta", "1"), ("beta", "2")] {
+        let json = out.path().join(format!("{label}-{clients}.json"));
+        let o = loadgen(&[
+            "compilebench",
+            dir.path().to_str().expect("utf8"),
+            "--scale",
+            "0.01",
+            "--clients",
+            clients,
+            "--label",
+            label,
+            "--json",
+            json.to_str().expect("utf8"),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        files.push(json);
+    }
+    let report = out.path().join("report");
+    let mut args = vec!["report".to_string()];
+    args.extend(files.iter().map(|f| f.display().to_string()));
+    args.extend(["-o".to_string(), report.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = loadgen(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    for stem in [
+        "throughput-1-clients",
+        "throughput-2-clients",
+        "latency-create",
+        "latency-read-compiled",
+    ] {
+        let png = std::fs::read(report.join(format!("{stem}.png"))).expect("png");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{stem}.png is a PNG");
+        assert!(png.len() > 5000, "{stem}.png has content");
+        let svg = std::fs::read_to_string(report.join(format!("{stem}.svg"))).expect("svg");
+        assert!(
+            svg.contains("<svg") && svg.contains("alpha") && svg.contains("beta"),
+            "{stem}.svg"
+        );
+    }
+    let html = std::fs::read_to_string(report.join("index.html")).expect("html");
+    assert!(html.contains("<h3>alpha</h3>") && html.contains("<h3>beta</h3>"));
+    assert!(html.contains("throughput-2-clients.svg"));
+    // A missing font is a clear input error.
+    let o = loadgen(&[
+        "report",
+        &files[0].display().to_string(),
+        "-o",
+        &report.display().to_string(),
+        "--font",
+        "/nonexistent.ttf",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("fonts-dejavu-core"),
+        "{}",
+        text(&o)
+    );
+    // A file that is not a result is refused.
+    let bogus = out.path().join("bogus.json");
+    std::fs::write(&bogus, "{\"x\":1}").expect("w");
+    let o = loadgen(&[
+        "report",
+        &bogus.display().to_string(),
+        "-o",
+        &report.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

@@ -1,0 +1,445 @@
+//! `loadgen report`: charts (SVG and PNG) and an HTML page from result files.
+//!
+//! - throughput per phase, one bar per system, for each client count (the blog's figures);
+//! - the clients x phase scaling table per system (the NERSC study's table);
+//! - latency percentiles (p50 .. p99.9) of each phase's main operation, per system.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::report::{PhaseReport, RunReport};
+
+/// Where a TrueType font is looked for (Debian's fonts-dejavu-core), unless given.
+pub const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    #[error("cannot read font {path}: {source}; install fonts-dejavu-core or pass --font")]
+    Font {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} is not a TrueType font")]
+    BadFont(PathBuf),
+    #[error("drawing {file}: {message}")]
+    Draw { file: String, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Registers the font every chart uses (once per process).
+pub fn load_font(path: &Path) -> Result<(), ChartError> {
+    let bytes = std::fs::read(path).map_err(|source| ChartError::Font {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| ChartError::BadFont(path.to_path_buf()))
+}
+
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// One bar chart: groups along x, one bar per series in each group.
+#[derive(Debug, Clone)]
+pub struct Bars {
+    pub title: String,
+    pub y_label: String,
+    pub groups: Vec<String>,
+    /// (series name, one value per group; None: no bar)
+    pub series: Vec<(String, Vec<Option<f64>>)>,
+    pub log_y: bool,
+}
+
+macro_rules! draw_legend {
+    ($chart:expr) => {
+        $chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| e.to_string())?
+    };
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    b: &Bars,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let max = b
+        .series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let min_pos = b
+        .series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let n_groups = b.groups.len().max(1);
+    let n_series = b.series.len().max(1);
+    let x_range = 0f64..n_groups as f64;
+    let bar_w = 0.8 / n_series as f64;
+    let groups = b.groups.clone();
+    let label_of = move |x: &f64| {
+        let i = x.floor() as usize;
+        if (x - x.floor() - 0.5).abs() < 1e-6 {
+            groups.get(i).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    if b.log_y {
+        let lo = if min_pos.is_finite() {
+            min_pos / 2.0
+        } else {
+            0.1
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&b.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range, (lo..max * 2.0).log_scale())
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_groups * 2 + 1)
+            .x_label_formatter(&label_of)
+            .y_desc(&b.y_label)
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (si, (name, vals)) in b.series.iter().enumerate() {
+            let color = PALETTE[si % PALETTE.len()];
+            chart
+                .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
+                    v.map(|v| {
+                        let x0 = gi as f64 + 0.1 + si as f64 * bar_w;
+                        Rectangle::new([(x0, lo), (x0 + bar_w * 0.95, v.max(lo))], color.filled())
+                    })
+                }))
+                .map_err(|e| e.to_string())?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        draw_legend!(chart);
+    } else {
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&b.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range, 0f64..max * 1.15)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_groups * 2 + 1)
+            .x_label_formatter(&label_of)
+            .y_desc(&b.y_label)
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (si, (name, vals)) in b.series.iter().enumerate() {
+            let color = PALETTE[si % PALETTE.len()];
+            chart
+                .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
+                    v.map(|v| {
+                        let x0 = gi as f64 + 0.1 + si as f64 * bar_w;
+                        Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
+                    })
+                }))
+                .map_err(|e| e.to_string())?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        draw_legend!(chart);
+    }
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The chart as SVG text (pure).
+pub fn bars_svg(b: &Bars, size: (u32, u32)) -> Result<String, ChartError> {
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+        draw_bars(root, b).map_err(|message| ChartError::Draw {
+            file: format!("{}.svg", b.title),
+            message,
+        })?;
+    }
+    Ok(out)
+}
+
+/// The chart as a PNG file.
+pub fn bars_png(b: &Bars, size: (u32, u32), path: &Path) -> Result<(), ChartError> {
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    draw_bars(root, b).map_err(|message| ChartError::Draw {
+        file: path.display().to_string(),
+        message,
+    })
+}
+
+fn main_op(p: &PhaseReport) -> Option<&str> {
+    ["write", "read", "stat", "unlink", "open"]
+        .into_iter()
+        .find(|op| match p.name.as_str() {
+            n if n.contains("read") => *op == "read",
+            n if n.contains("stat") => *op == "stat",
+            n if n.contains("delete") || n == "clean" => *op == "unlink",
+            _ => *op == "write",
+        } && p.latency.contains_key(*op))
+        .or_else(|| ["open", "unlink", "stat"].into_iter().find(|o| p.latency.contains_key(*o)))
+}
+
+/// The charts a set of runs gives, with file stems.
+pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
+    let mut out = Vec::new();
+    let names: Vec<String> = {
+        let mut seen = Vec::new();
+        for r in runs {
+            if !seen.contains(&r.name()) {
+                seen.push(r.name());
+            }
+        }
+        seen
+    };
+    let clients: BTreeSet<usize> = runs.iter().map(|r| r.config.clients).collect();
+    let mut phases: Vec<String> = Vec::new();
+    for r in runs {
+        for p in &r.phases {
+            if !phases.contains(&p.name) {
+                phases.push(p.name.clone());
+            }
+        }
+    }
+    let find = |name: &str, c: usize| {
+        runs.iter()
+            .rev()
+            .find(|r| r.name() == name && r.config.clients == c)
+    };
+    for &c in &clients {
+        let series = names
+            .iter()
+            .filter_map(|n| {
+                let r = find(n, c)?;
+                Some((
+                    n.clone(),
+                    phases
+                        .iter()
+                        .map(|ph| {
+                            r.phases
+                                .iter()
+                                .find(|p| &p.name == ph)
+                                .map(|p| p.aggregate_mb_s)
+                        })
+                        .collect(),
+                ))
+            })
+            .collect();
+        out.push((
+            format!("throughput-{c}-clients"),
+            Bars {
+                title: format!(
+                    "Throughput per phase, {c} client{}",
+                    if c == 1 { "" } else { "s" }
+                ),
+                y_label: "aggregate MB/s".into(),
+                groups: phases.clone(),
+                series,
+                log_y: false,
+            },
+        ));
+    }
+    let top = clients.iter().copied().max().unwrap_or(1);
+    for ph in &phases {
+        let mut series = Vec::new();
+        let mut op_name = String::new();
+        for n in &names {
+            let Some(r) = find(n, top) else { continue };
+            let Some(p) = r.phases.iter().find(|p| &p.name == ph) else {
+                continue;
+            };
+            let Some(op) = main_op(p) else { continue };
+            op_name = op.to_string();
+            let l = &p.latency[op];
+            series.push((
+                n.clone(),
+                vec![
+                    Some(l.p50_us),
+                    Some(l.p90_us),
+                    Some(l.p99_us),
+                    Some(l.p999_us),
+                ],
+            ));
+        }
+        if series.is_empty() {
+            continue;
+        }
+        out.push((
+            format!("latency-{ph}"),
+            Bars {
+                title: format!(
+                    "{ph}: {op_name} latency, {top} client{}",
+                    if top == 1 { "" } else { "s" }
+                ),
+                y_label: "microseconds (log)".into(),
+                groups: vec!["p50".into(), "p90".into(), "p99".into(), "p99.9".into()],
+                series,
+                log_y: true,
+            },
+        ));
+    }
+    out
+}
+
+/// The HTML page: where the numbers come from, the tables, the charts.
+pub fn html(runs: &[RunReport], images: &[String]) -> String {
+    let mut h = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>loadgen report</title>\
+         <style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}\
+         td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}\
+         td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee;margin:1em 0}</style>\
+         </head><body><h1>loadgen report</h1>",
+    );
+    if let Some(r) = runs.first() {
+        let e = &r.environment;
+        let _ = write!(
+            h,
+            "<p>Machine: {} CPUs, kernel {}, host {}; loadgen {}.</p>",
+            e.cpus,
+            esc(&e.kernel),
+            esc(&e.hostname),
+            esc(&r.version)
+        );
+    }
+    h.push_str("<h2>Runs</h2><table><tr><th>system</th><th>filesystem</th><th>mount source</th><th>clients</th><th>scale</th><th>complete</th></tr>");
+    for r in runs {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.name()),
+            esc(&r.environment.fs_type),
+            esc(&r.environment.mount_source),
+            r.config.clients,
+            r.config.scale,
+            if r.complete { "yes" } else { "no" }
+        );
+    }
+    h.push_str("</table><h2>Clients x phase (aggregate MB/s)</h2>");
+    let mut names: Vec<String> = Vec::new();
+    for r in runs {
+        if !names.contains(&r.name()) {
+            names.push(r.name());
+        }
+    }
+    for n in &names {
+        let mine: Vec<&RunReport> = runs.iter().filter(|r| &r.name() == n).collect();
+        let mut phases: Vec<&str> = Vec::new();
+        for r in &mine {
+            for p in &r.phases {
+                if !phases.contains(&p.name.as_str()) {
+                    phases.push(&p.name);
+                }
+            }
+        }
+        let _ = write!(h, "<h3>{}</h3><table><tr><th>clients</th>", esc(n));
+        for p in &phases {
+            let _ = write!(h, "<th>{}</th>", esc(p));
+        }
+        h.push_str("</tr>");
+        let mut sorted = mine.clone();
+        sorted.sort_by_key(|r| r.config.clients);
+        for r in sorted {
+            let _ = write!(h, "<tr><td>{}</td>", r.config.clients);
+            for p in &phases {
+                match r.phases.iter().find(|x| x.name == *p) {
+                    Some(x) => {
+                        let _ = write!(h, "<td>{:.1}</td>", x.aggregate_mb_s);
+                    }
+                    None => h.push_str("<td>-</td>"),
+                }
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("<h2>Charts</h2>");
+    for img in images {
+        let _ = write!(h, "<p><img src=\"{0}.svg\" alt=\"{0}\"></p>", esc(img));
+    }
+    h.push_str("</body></html>\n");
+    h
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Writes every chart as SVG and PNG, and index.html, into `dir`; returns the files written.
+pub fn write_report(
+    runs: &[RunReport],
+    dir: &Path,
+    font: &Path,
+) -> Result<Vec<PathBuf>, ChartError> {
+    load_font(font)?;
+    std::fs::create_dir_all(dir).map_err(|source| ChartError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    let mut stems = Vec::new();
+    for (stem, bars) in charts(runs) {
+        let size = (1000, 560);
+        let svg = bars_svg(&bars, size)?;
+        let svg_path = dir.join(format!("{stem}.svg"));
+        std::fs::write(&svg_path, svg).map_err(|source| ChartError::Write {
+            path: svg_path.clone(),
+            source,
+        })?;
+        let png_path = dir.join(format!("{stem}.png"));
+        bars_png(&bars, size, &png_path)?;
+        written.push(svg_path);
+        written.push(png_path);
+        stems.push(stem);
+    }
+    let index = dir.join("index.html");
+    std::fs::write(&index, html(runs, &stems)).map_err(|source| ChartError::Write {
+        path: index.clone(),
+        source,
+    })?;
+    written.push(index);
+    Ok(written)
+}
