@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# CephFS (Ceph 16): one monitor, one manager, one OSD on memstore (RAM, 2 GiB), one MDS,
+# cephx off, pools of size 1, and the ceph-fuse client; all on 127.0.0.1, all state,
+# sockets, logs and pid files in the state directory.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+STATE=$(state_dir ceph)
+MNT=$STATE/mnt
+CONF=$STATE/ceph.conf
+
+ceph_() { timeout 30 ceph -c "$CONF" "$@"; }
+
+up() {
+  need_packages ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
+  if mountpoint -q "$MNT" 2>/dev/null; then
+    echo "$MNT"
+    return 0
+  fi
+  rm -rf "$STATE"
+  mkdir -p "$STATE"/{run,log,mon/a,mgr/x,mds/a,osd,mnt}
+  local fsid osd_uuid id
+  fsid=$(cat /proc/sys/kernel/random/uuid)
+  cat > "$CONF" <<CFG
+[global]
+fsid = $fsid
+mon host = v1:127.0.0.1:6789
+auth cluster required = none
+auth service required = none
+auth client required = none
+osd pool default size = 1
+osd pool default min size = 1
+osd crush chooseleaf type = 0
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+mon data avail warn = 1
+mon data avail crit = 1
+run dir = $STATE/run
+admin socket = $STATE/run/\$cluster-\$name.asok
+log file = $STATE/log/\$cluster-\$name.log
+pid file = $STATE/run/\$name.pid
+ms bind ipv6 = false
+ms bind msgr2 = false
+mon data = $STATE/mon/\$id
+mgr data = $STATE/mgr/\$id
+mds data = $STATE/mds/\$id
+osd data = $STATE/osd/\$id
+osd objectstore = memstore
+memstore device bytes = 2147483648
+osd memory target = 1073741824
+CFG
+  monmaptool --create --add a 127.0.0.1:6789 --fsid "$fsid" "$STATE/monmap" >/dev/null
+  ceph-authtool --create-keyring "$STATE/mon.keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
+  ceph-mon -c "$CONF" --mkfs -i a --monmap "$STATE/monmap" --keyring "$STATE/mon.keyring"
+  ceph-mon -c "$CONF" -i a
+  wait_for 30 test -s "$STATE/run/mon.a.pid" && record "$(cat "$STATE/run/mon.a.pid")"
+  wait_for 30 ceph_ mon stat || { echo "testbed: ceph-mon did not answer; see $STATE/log" >&2; exit 1; }
+  ceph-mgr -c "$CONF" -i x
+  wait_for 30 test -s "$STATE/run/mgr.x.pid" && record "$(cat "$STATE/run/mgr.x.pid")"
+  osd_uuid=$(cat /proc/sys/kernel/random/uuid)
+  id=$(ceph_ osd new "$osd_uuid")
+  mkdir -p "$STATE/osd/$id"
+  ceph-osd -c "$CONF" -i "$id" --mkfs --osd-uuid "$osd_uuid" >/dev/null 2>&1
+  ceph-osd -c "$CONF" -i "$id" 2>/dev/null
+  wait_for 30 test -s "$STATE/run/osd.$id.pid" && record "$(cat "$STATE/run/osd.$id.pid")"
+  ceph_ osd pool create cephfs_data 8 >/dev/null 2>&1
+  ceph_ osd pool create cephfs_meta 8 >/dev/null 2>&1
+  ceph_ osd pool set cephfs_data size 1 --yes-i-really-mean-it >/dev/null 2>&1
+  ceph_ osd pool set cephfs_meta size 1 --yes-i-really-mean-it >/dev/null 2>&1
+  ceph_ fs new cephfs cephfs_meta cephfs_data >/dev/null 2>&1
+  ceph-mds -c "$CONF" -i a >/dev/null 2>&1
+  wait_for 30 test -s "$STATE/run/mds.a.pid" && record "$(cat "$STATE/run/mds.a.pid")"
+  wait_for 60 sh -c "timeout 10 ceph -c '$CONF' mds stat | grep -q up:active" ||
+    { echo "testbed: the MDS did not become active; see $STATE/log" >&2; exit 1; }
+  ceph-fuse -c "$CONF" "$MNT" >/dev/null 2>&1
+  wait_for 30 mountpoint -q "$MNT" || { echo "testbed: ceph-fuse did not mount; see $STATE/log" >&2; exit 1; }
+  wait_for 10 test -s "$STATE/run/client.admin.pid" && record "$(cat "$STATE/run/client.admin.pid")"
+  echo "$MNT"
+}
+
+down() {
+  [ -d "$STATE" ] || return 0
+  if mountpoint -q "$MNT" 2>/dev/null; then
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+  fi
+  # The MDS may hang on shutdown: stop_recorded escalates to SIGKILL after 5 s.
+  stop_recorded
+  rm -rf "$STATE"
+}
+
+"$@"
