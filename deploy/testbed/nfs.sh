@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# NFS: nfs-ganesha 4.3 with FSAL_VFS exporting a directory on 127.0.0.1 (v3 and v4,
+# Graceless), and rpcbind for v3. This machine has no kernel NFS client: `up` prints the
+# nfs:// URL for a client that speaks NFS itself.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+STATE=$(state_dir nfs)
+URL=nfs://127.0.0.1/export
+
+up() {
+  need_packages nfs-ganesha nfs-ganesha-vfs rpcbind
+  if [ -f "$STATE/pids" ] && [ -n "$(live_recorded)" ] && rpcinfo -t 127.0.0.1 nfs 3 >/dev/null 2>&1; then
+    echo "$URL"
+    return 0
+  fi
+  mkdir -p "$STATE"/{export,run,log}
+  chmod 777 "$STATE/export"
+  cat > "$STATE/ganesha.conf" <<CFG
+NFS_CORE_PARAM {
+    Bind_addr = 127.0.0.1;
+    Protocols = 3, 4;
+    Enable_RQUOTA = false;
+}
+NFSV4 { Graceless = true; RecoveryBackend = fs; }
+NFS_KRB5 { Active_krb5 = false; }
+EXPORT {
+    Export_Id = 1;
+    Path = $STATE/export;
+    Pseudo = /export;
+    Access_Type = RW;
+    Squash = No_Root_Squash;
+    SecType = sys;
+    Protocols = 3, 4;
+    Transports = TCP;
+    FSAL { Name = VFS; }
+}
+LOG { Default_Log_Level = EVENT; }
+CFG
+  # rpcbind is shared by nature (one portmapper a host): start one only if none runs,
+  # and then it is ours to stop.
+  if ! rpcinfo -p 127.0.0.1 >/dev/null 2>&1; then
+    rpcbind -f > "$STATE/log/rpcbind.log" 2>&1 &
+    record $!
+    wait_for 10 rpcinfo -p 127.0.0.1 || { echo "testbed: rpcbind did not start" >&2; exit 1; }
+  fi
+  ganesha.nfsd -F -f "$STATE/ganesha.conf" -L "$STATE/log/ganesha.log" -p "$STATE/run/ganesha.pid" \
+    -N NIV_EVENT > "$STATE/log/ganesha.out" 2>&1 &
+  record $!
+  wait_for 30 rpcinfo -t 127.0.0.1 nfs 3 ||
+    { echo "testbed: ganesha did not register NFS v3; see $STATE/log" >&2; exit 1; }
+  echo "$URL"
+}
+
+down() {
+  [ -d "$STATE" ] || return 0
+  stop_recorded
+  rm -rf "$STATE"
+}
+
+"$@"
