@@ -112,77 +112,56 @@ where
             String::new()
         }
     };
+    // One body for both y scales (their coordinate types differ): the bars start at `floor`.
+    macro_rules! plot {
+        ($y_range:expr, $floor:expr) => {{
+            let floor: f64 = $floor;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&b.title, ("sans-serif", 22))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(x_range, $y_range)
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n_groups * 2 + 1)
+                .x_label_formatter(&label_of)
+                .y_desc(&b.y_label)
+                .label_style(("sans-serif", 13))
+                .draw()
+                .map_err(|e| e.to_string())?;
+            for (si, (name, vals)) in b.series.iter().enumerate() {
+                let color = PALETTE[si % PALETTE.len()];
+                chart
+                    .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
+                        v.map(|v| {
+                            let x0 = gi as f64 + 0.1 + si as f64 * bar_w;
+                            Rectangle::new(
+                                [(x0, floor), (x0 + bar_w * 0.95, v.max(floor))],
+                                color.filled(),
+                            )
+                        })
+                    }))
+                    .map_err(|e| e.to_string())?
+                    .label(name.clone())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                    });
+            }
+            draw_legend!(chart);
+        }};
+    }
     if b.log_y {
         let lo = if min_pos.is_finite() {
             min_pos / 2.0
         } else {
             0.1
         };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(&b.title, ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_range, (lo..max * 2.0).log_scale())
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n_groups * 2 + 1)
-            .x_label_formatter(&label_of)
-            .y_desc(&b.y_label)
-            .label_style(("sans-serif", 13))
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (si, (name, vals)) in b.series.iter().enumerate() {
-            let color = PALETTE[si % PALETTE.len()];
-            chart
-                .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
-                    v.map(|v| {
-                        let x0 = gi as f64 + 0.1 + si as f64 * bar_w;
-                        Rectangle::new([(x0, lo), (x0 + bar_w * 0.95, v.max(lo))], color.filled())
-                    })
-                }))
-                .map_err(|e| e.to_string())?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
-        }
-        draw_legend!(chart);
+        plot!((lo..max * 2.0).log_scale(), lo);
     } else {
-        let mut chart = ChartBuilder::on(&root)
-            .caption(&b.title, ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_range, 0f64..max * 1.15)
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n_groups * 2 + 1)
-            .x_label_formatter(&label_of)
-            .y_desc(&b.y_label)
-            .label_style(("sans-serif", 13))
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (si, (name, vals)) in b.series.iter().enumerate() {
-            let color = PALETTE[si % PALETTE.len()];
-            chart
-                .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
-                    v.map(|v| {
-                        let x0 = gi as f64 + 0.1 + si as f64 * bar_w;
-                        Rectangle::new([(x0, 0.0), (x0 + bar_w * 0.95, v)], color.filled())
-                    })
-                }))
-                .map_err(|e| e.to_string())?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
-        }
-        draw_legend!(chart);
+        plot!(0f64..max * 1.15, 0.0);
     }
     root.present().map_err(|e| e.to_string())
 }
