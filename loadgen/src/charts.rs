@@ -159,9 +159,9 @@ where
         } else {
             0.1
         };
-        plot!((lo..max * 2.0).log_scale(), lo);
+        plot!((lo..max * 40.0).log_scale(), lo);
     } else {
-        plot!(0f64..max * 1.15, 0.0);
+        plot!(0f64..max * 1.4, 0.0);
     }
     root.present().map_err(|e| e.to_string())
 }
@@ -227,7 +227,7 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
             .find(|r| r.name() == name && r.config.clients == c)
     };
     for &c in &clients {
-        let series = names
+        let series: Vec<(String, Vec<Option<f64>>)> = names
             .iter()
             .filter_map(|n| {
                 let r = find(n, c)?;
@@ -245,6 +245,16 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
                 ))
             })
             .collect();
+        // Local and network filesystems differ by orders of magnitude: a log scale keeps
+        // the slow ones visible.
+        let values: Vec<f64> = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().flatten().copied())
+            .filter(|v| *v > 0.0)
+            .collect();
+        let spread = values.iter().copied().fold(0.0f64, f64::max)
+            / values.iter().copied().fold(f64::INFINITY, f64::min);
+        let log_y = spread.is_finite() && spread > 100.0;
         out.push((
             format!("throughput-{c}-clients"),
             Bars {
@@ -252,10 +262,15 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
                     "Throughput per phase, {c} client{}",
                     if c == 1 { "" } else { "s" }
                 ),
-                y_label: "aggregate MB/s".into(),
+                y_label: if log_y {
+                    "aggregate MB/s (log)"
+                } else {
+                    "aggregate MB/s"
+                }
+                .into(),
                 groups: phases.clone(),
                 series,
-                log_y: false,
+                log_y,
             },
         ));
     }
