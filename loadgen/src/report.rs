@@ -95,6 +95,10 @@ pub struct PhaseReport {
     pub name: String,
     /// Sum of the clients' MB/s (as compilebench's blog reports it).
     pub aggregate_mb_s: f64,
+    /// All clients' bytes over the time until the last one finished: what the system
+    /// really delivered (the sum above overstates when clients do not overlap).
+    #[serde(default)]
+    pub wall_mb_s: f64,
     pub files: u64,
     pub bytes: u64,
     /// Files per second over the slowest client's time.
@@ -162,6 +166,11 @@ pub fn phase_report(p: &PhaseResult) -> PhaseReport {
     PhaseReport {
         name: p.phase.name().to_string(),
         aggregate_mb_s: p.aggregate_mb_per_s(),
+        wall_mb_s: if last > 0.0 {
+            p.clients.iter().map(|c| c.bytes).sum::<u64>() as f64 / 1048576.0 / last
+        } else {
+            0.0
+        },
         files,
         bytes: p.clients.iter().map(|c| c.bytes).sum(),
         files_per_s: if last > 0.0 { files as f64 / last } else { 0.0 },
@@ -251,8 +260,16 @@ pub fn table(r: &RunReport) -> String {
         r.command, r.target, r.environment.fs_type, r.config.clients
     );
     out.push_str(&format!(
-        "{:<16} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10}\n",
-        "phase", "MB/s", "min MB/s", "max MB/s", "files/s", "first s", "last s", "skew ms"
+        "{:<16} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10}\n",
+        "phase",
+        "MB/s",
+        "wall MB/s",
+        "min MB/s",
+        "max MB/s",
+        "files/s",
+        "first s",
+        "last s",
+        "skew ms"
     ));
     for p in &r.phases {
         let min = p
@@ -262,9 +279,10 @@ pub fn table(r: &RunReport) -> String {
             .fold(f64::INFINITY, f64::min);
         let max = p.clients.iter().map(|c| c.mb_s).fold(0.0, f64::max);
         out.push_str(&format!(
-            "{:<16} {:>10.2} {:>10.2} {:>10.2} {:>9.0} {:>9.3} {:>10.3} {:>10.2}\n",
+            "{:<16} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>9.0} {:>9.3} {:>10.3} {:>10.2}\n",
             p.name,
             p.aggregate_mb_s,
+            p.wall_mb_s,
             if min.is_finite() { min } else { 0.0 },
             max,
             p.files_per_s,
