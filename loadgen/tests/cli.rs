@@ -351,9 +351,12 @@ fn compilebench_accounts_for_every_file() {
         "delete-compiled deletes every file written"
     );
     for name in ["create", "compile", "read-compiled", "delete-compiled"] {
+        let sum = phase(name)["aggregate_mb_s"].as_f64().expect("mb");
+        let wall = phase(name)["wall_mb_s"].as_f64().expect("wall");
+        assert!(sum > 0.0 && wall > 0.0, "{name}");
         assert!(
-            phase(name)["aggregate_mb_s"].as_f64().expect("mb") > 0.0,
-            "{name}"
+            wall <= sum * 1.001,
+            "{name}: the wall-clock rate never exceeds the sum of rates"
         );
     }
     let left: Vec<_> = std::fs::read_dir(&dir)
