@@ -234,6 +234,18 @@ fn sync_command_pushes_while_mounted_and_status_counts() {
     assert_eq!(st["dirty_bytes"], 8);
     assert_eq!(st["pending_deletions"], 0);
     assert!(st["last_sync"].is_null());
+    // Without a mount point, status lists every ccfs mount, this one among them.
+    let out = ccfs(&["status".as_ref(), "--json".as_ref()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let ours = fx.mnt.canonicalize().expect("mnt").display().to_string();
+    assert!(
+        all.as_array()
+            .expect("list")
+            .iter()
+            .any(|m| m["mountpoint"] == ours.as_str()),
+        "{all}"
+    );
     let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(is_mounted(&fx.mnt), "sync must stay mounted");
@@ -717,4 +729,57 @@ fn the_demo_shows_a_dotfile_kept_local_and_synced_at_logout() {
     );
     assert!(stdout.contains("all changes are on the share"), "{stdout}");
     assert!(stdout.trim_end().ends_with("ccfs demo: ok"), "{stdout}");
+}
+
+#[test]
+fn recover_without_arguments_finds_every_cache_under_the_root() {
+    let fx = Fixture::new();
+    let root = fx.tmp.path().join("cache-root");
+    let run = |args: &[&std::ffi::OsStr]| {
+        Command::new(ccfs_bin())
+            .env("CCFS_CACHE_ROOT", &root)
+            .args(args)
+            .output()
+            .expect("ccfs")
+    };
+    let out = run(&["mount".as_ref(), fx.share.as_os_str(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The default layout: ROOT/UID/NAME-OF-MOUNTPOINT, private.
+    let uid = ccfs::sys::geteuid().to_string();
+    let name = fx
+        .mnt
+        .canonicalize()
+        .expect("mnt")
+        .to_string_lossy()
+        .trim_matches('/')
+        .replace('/', "-");
+    let cache = root.join(&uid).join(&name);
+    assert!(
+        cache.join("journal").is_file(),
+        "cache at {}",
+        cache.display()
+    );
+    assert_eq!(fs::metadata(&cache).expect("cache").mode() & 0o777, 0o700);
+    write(&fx.m(".inputrc"), "set bell-style none\n");
+    let pid = {
+        let out = run(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["pid"].as_u64().expect("pid") as u32
+    };
+    kill(pid, libc::SIGKILL);
+    wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(&fx.mnt)
+        .output();
+    let out = run(&["recover".as_ref()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".inputrc")), "set bell-style none\n");
+    let out = run(&["recover".as_ref()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("nothing to recover"),
+        "{}",
+        text(&out)
+    );
 }
