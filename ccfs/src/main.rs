@@ -388,12 +388,22 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
     };
     let mut all = Vec::new();
     for mp in mps {
-        let (_, sock) = control_socket(&mp)?;
-        let v =
-            control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?;
-        let st: Status =
-            serde_json::from_value(v).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
-        all.push(st);
+        let one = (|| -> Result<Status, Error> {
+            let (_, sock) = control_socket(&mp)?;
+            let v = control::request(&sock, &Request::Status)
+                .map_err(|e| fail(format!("daemon: {e}")))?;
+            serde_json::from_value(v).map_err(|e| fail(format!("daemon answered badly: {e}")))
+        })();
+        match one {
+            Ok(st) => all.push(st),
+            // Listing every mount: one whose daemon died is reported, not fatal.
+            Err(Error::Failure(Failure(m))) if mountpoint.is_none() => eprintln!(
+                "ccfs: {}: {m}; its daemon is gone: `fusermount3 -u -z {}`, then `ccfs recover`",
+                mp.display(),
+                mp.display()
+            ),
+            Err(e) => return Err(e),
+        }
     }
     if json {
         let text = if mountpoint.is_some() {
