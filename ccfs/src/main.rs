@@ -397,9 +397,13 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
         match one {
             Ok(st) => all.push(st),
             // Listing every mount: one whose daemon died is reported, not fatal.
-            Err(Error::Failure(Failure(m))) if mountpoint.is_none() => eprintln!(
-                "ccfs: {}: {m}; its daemon is gone: `fusermount3 -u -z {}`, then `ccfs recover`",
+            Err(e) if mountpoint.is_none() => eprintln!(
+                "ccfs: {}: {}; its daemon is gone: `fusermount3 -u -z {}`, then `ccfs recover`",
                 mp.display(),
+                match e {
+                    Error::User(u) => u.to_string(),
+                    Error::Failure(Failure(m)) => m,
+                },
                 mp.display()
             ),
             Err(e) => return Err(e),
