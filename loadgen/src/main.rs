@@ -63,13 +63,8 @@ enum Cmd {
         files: usize,
         #[arg(long, default_value_t = 1)]
         clients: usize,
-        #[arg(long)]
-        json: Option<PathBuf>,
-        #[arg(long)]
-        csv: Option<PathBuf>,
-        /// Run even if DIR is not empty (loadgen only ever deletes what it created).
-        #[arg(long)]
-        allow_nonempty: bool,
+        #[command(flatten)]
+        out: OutputOpts,
     },
 }
 
@@ -104,6 +99,13 @@ struct RunOpts {
     /// Each client reads the tree another client wrote (defeats client-side caching).
     #[arg(long)]
     read_other: bool,
+    #[command(flatten)]
+    out: OutputOpts,
+}
+
+/// Where results go and what loadgen may leave or touch; shared by every workload.
+#[derive(Debug, Args, Clone, Default)]
+struct OutputOpts {
     /// Write results as JSON (schema loadgen-result/1), after every phase.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -279,7 +281,7 @@ fn run_workload(
         warnings.push("--drop-caches needs root: ran without dropping caches".to_string());
         eprintln!("loadgen: note: --drop-caches needs root; running without dropping caches");
     }
-    let run_dir = prepare_run_dir(dir, opts.allow_nonempty)?;
+    let run_dir = prepare_run_dir(dir, opts.out.allow_nonempty)?;
     let cfg = engine::Config {
         run_dir: run_dir.clone(),
         clients,
@@ -290,7 +292,7 @@ fn run_workload(
         sync: opts.sync,
         drop_caches: opts.drop_caches,
         read_other: opts.read_other && clients > 1,
-        cleanup: !opts.keep,
+        cleanup: !opts.out.keep,
     };
     let mut report = RunReport {
         schema: report::SCHEMA.to_string(),
@@ -301,7 +303,7 @@ fn run_workload(
         seed: opts.seed,
         started_at_unix: now_unix(),
         target: dir.display().to_string(),
-        label: opts.label.clone(),
+        label: opts.out.label.clone(),
         environment: Environment::probe(dir),
         config: RunConfig {
             clients,
@@ -340,7 +342,7 @@ fn run_workload(
     });
     done.store(true, Ordering::Relaxed);
     report.complete = report.error.is_none() && results.len() == phases.len();
-    if !opts.keep {
+    if !opts.out.keep {
         if let Some(w) = finish_run_dir(&run_dir) {
             report.warnings.push(w);
         }
@@ -406,8 +408,8 @@ fn main() -> ExitCode {
                     phases,
                     clients,
                     &opts,
-                    opts.json.as_deref(),
-                    opts.csv.as_deref(),
+                    opts.out.json.as_deref(),
+                    opts.out.csv.as_deref(),
                 )?;
                 finish(&r)
             }
@@ -438,7 +440,7 @@ fn main() -> ExitCode {
                     }
                 }
                 print!("{}", report::sweep_table(&runs));
-                if let Some(j) = &opts.json {
+                if let Some(j) = &opts.out.json {
                     let v = serde_json::to_vec_pretty(&runs).unwrap_or_default();
                     write_out(j, &v)
                         .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
@@ -486,9 +488,7 @@ fn main() -> ExitCode {
                 dir,
                 files,
                 clients,
-                json,
-                csv,
-                allow_nonempty,
+                out,
             } => {
                 if files == 0 {
                     return Err(user("--files must be at least 1"));
@@ -503,11 +503,7 @@ fn main() -> ExitCode {
                     sync: false,
                     drop_caches: false,
                     read_other: false,
-                    json: None,
-                    csv: None,
-                    allow_nonempty,
-                    keep: false,
-                    label: None,
+                    out,
                 };
                 check_common(clients, &opts)?;
                 let r = run_workload(
@@ -517,8 +513,8 @@ fn main() -> ExitCode {
                     vec![Phase::Create, Phase::DeleteTree],
                     clients,
                     &opts,
-                    json.as_deref(),
-                    csv.as_deref(),
+                    opts.out.json.as_deref(),
+                    opts.out.csv.as_deref(),
                 )?;
                 finish(&r)
             }
