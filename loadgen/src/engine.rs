@@ -108,6 +108,34 @@ impl Latencies {
         &self.hists[op.index()]
     }
 
+    /// The recorded values per operation, as (op name, [(value ns, count)]): exact, so
+    /// histograms sent between hosts merge as if recorded in one place.
+    pub fn to_wire(&self) -> Vec<(String, Vec<(u64, u64)>)> {
+        OPS.iter()
+            .filter(|op| !self.get(**op).is_empty())
+            .map(|op| {
+                let h = self.get(*op);
+                let values = h
+                    .iter_recorded()
+                    .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                    .collect();
+                (op.name().to_string(), values)
+            })
+            .collect()
+    }
+
+    pub fn from_wire(wire: &[(String, Vec<(u64, u64)>)]) -> Self {
+        let mut l = Latencies::new();
+        for (name, values) in wire {
+            if let Some(op) = OPS.iter().find(|o| o.name() == name) {
+                for (v, c) in values {
+                    let _ = l.hists[op.index()].record_n(*v, *c);
+                }
+            }
+        }
+        l
+    }
+
     pub fn count(&self, op: Op) -> u64 {
         self.hists[op.index()].len()
     }
@@ -523,9 +551,23 @@ pub fn run(
     cfg: &Config,
     progress: &Progress,
     stop: &AtomicBool,
+    on_phase: impl FnMut(&PhaseResult),
+) -> Vec<PhaseResult> {
+    run_with_gate(cfg, progress, stop, &|_| true, on_phase)
+}
+
+/// [`run`], with `gate(phase index)` called once every client has prepared the phase and
+/// before any starts it: a multi-host run waits there for every host (false cancels).
+pub fn run_with_gate(
+    cfg: &Config,
+    progress: &Progress,
+    stop: &AtomicBool,
+    gate: &(dyn Fn(usize) -> bool + Sync),
     mut on_phase: impl FnMut(&PhaseResult),
 ) -> Vec<PhaseResult> {
     let n = cfg.clients;
+    let prepared = Arc::new(Barrier::new(n + 1));
+    let cancelled = AtomicBool::new(false);
     let start_gate = Arc::new(Barrier::new(n + 1));
     let end_gate = Arc::new(Barrier::new(n + 1));
     let go_on = Arc::new(Barrier::new(n + 1));
@@ -535,6 +577,8 @@ pub fn run(
     let mut results = Vec::new();
     std::thread::scope(|scope| {
         for id in 0..n {
+            let prepared = prepared.clone();
+            let cancelled = &cancelled;
             let (start_gate, end_gate, go_on, tx) = (
                 start_gate.clone(),
                 end_gate.clone(),
@@ -569,8 +613,14 @@ pub fn run(
                         }
                     }
                     c.reset_counters();
+                    prepared.wait();
                     start_gate.wait();
                     let started = epoch.elapsed();
+                    let prep_err = if cancelled.load(Ordering::Acquire) {
+                        Some("cancelled: another host could not start the phase".to_string())
+                    } else {
+                        prep_err
+                    };
                     let result = match prep_err {
                         Some(e) => Err(e),
                         None => c
@@ -612,8 +662,12 @@ pub fn run(
         for (i, &phase) in cfg.phases.iter().enumerate() {
             progress.phase.store(i as u64, Ordering::Relaxed);
             progress.files_done.store(0, Ordering::Relaxed);
+            prepared.wait();
             if cfg.drop_caches {
                 drop_caches();
+            }
+            if !gate(i) {
+                cancelled.store(true, Ordering::Release);
             }
             // Times are taken on one clock and reported from the barrier's release, so the
             // start offsets show how closely the clients really started together.

@@ -5,5 +5,6 @@
 
 pub mod charts;
 pub mod engine;
+pub mod remote;
 pub mod report;
 pub mod workload;

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 
 use loadgen::engine::{self, Progress};
+use loadgen::remote;
 use loadgen::report::{self, Environment, RunConfig, RunReport};
 use loadgen::workload::{self, Datasets, Entry, FileSet, Phase, Sets};
 
@@ -54,6 +55,16 @@ enum Cmd {
         /// TrueType font for the charts.
         #[arg(long, default_value = loadgen::charts::DEFAULT_FONT)]
         font: PathBuf,
+    },
+    /// One host's part of a multi-host run (started by --hosts; speaks a line protocol on
+    /// stdin/stdout).
+    #[command(hide = true)]
+    Agent {
+        dir: PathBuf,
+        #[command(flatten)]
+        opts: RunOpts,
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
     },
     /// The CNES access-time test: create N empty files, then remove them.
     Access {
@@ -101,6 +112,20 @@ struct RunOpts {
     read_other: bool,
     #[command(flatten)]
     out: OutputOpts,
+    /// Run the clients on these hosts (comma-separated), one `loadgen agent` each, started
+    /// over SSH; every phase starts on all hosts together. DIR is the path on the hosts.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<String>,
+    /// Clients on each host (with --hosts).
+    #[arg(long, default_value_t = 1)]
+    clients_per_host: usize,
+    /// How to reach a host: the command and its options; the host name and the agent
+    /// command follow.
+    #[arg(long, default_value = "ssh -o BatchMode=yes")]
+    ssh_command: String,
+    /// loadgen's path on the hosts (default: this binary's path).
+    #[arg(long)]
+    remote_loadgen: Option<String>,
 }
 
 /// Where results go and what loadgen may leave or touch; shared by every workload.
@@ -281,7 +306,29 @@ fn run_workload(
         warnings.push("--drop-caches needs root: ran without dropping caches".to_string());
         eprintln!("loadgen: note: --drop-caches needs root; running without dropping caches");
     }
-    let run_dir = prepare_run_dir(dir, opts.out.allow_nonempty)?;
+    let hosts = (!opts.hosts.is_empty()).then(|| remote::Hosts {
+        names: opts.hosts.clone(),
+        ssh: opts
+            .ssh_command
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        remote_loadgen: opts.remote_loadgen.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "loadgen".into())
+        }),
+        clients_per_host: opts.clients_per_host,
+    });
+    let clients = match &hosts {
+        Some(h) => h.names.len() * h.clients_per_host,
+        None => clients,
+    };
+    // With --hosts every agent makes its own run directory on its host.
+    let run_dir = match &hosts {
+        None => prepare_run_dir(dir, opts.out.allow_nonempty)?,
+        Some(_) => dir.to_path_buf(),
+    };
     let cfg = engine::Config {
         run_dir: run_dir.clone(),
         clients,
@@ -325,7 +372,7 @@ fn run_workload(
     spawn_progress(progress.clone(), phases.clone(), done.clone());
     let stop = AtomicBool::new(false);
     let mut write_error = None;
-    let results = engine::run(&cfg, &progress, &stop, |p| {
+    let on_phase = |p: &engine::PhaseResult| {
         report.phases.push(report::phase_report(p));
         for c in &p.clients {
             report.warnings.extend(c.warnings.iter().cloned());
@@ -339,10 +386,23 @@ fn run_workload(
                 write_error = Some(format!("cannot write {}: {e}", j.display()));
             }
         }
-    });
+    };
+    let results = match &hosts {
+        None => engine::run(&cfg, &progress, &stop, on_phase),
+        Some(h) => {
+            let args = agent_args(dir, &phases, opts);
+            match remote::run(h, &phases, &args, on_phase) {
+                Ok(r) => r,
+                Err(e) => {
+                    done.store(true, Ordering::Relaxed);
+                    return Err(Error::Failed(format!("multi-host run: {e}")));
+                }
+            }
+        }
+    };
     done.store(true, Ordering::Relaxed);
     report.complete = report.error.is_none() && results.len() == phases.len();
-    if !opts.out.keep {
+    if !opts.out.keep && hosts.is_none() {
         if let Some(w) = finish_run_dir(&run_dir) {
             report.warnings.push(w);
         }
@@ -359,6 +419,73 @@ fn run_workload(
         report.warnings.push(e);
     }
     Ok(report)
+}
+
+/// The workload options an agent needs (the phases spelled out: the random mode is
+/// resolved here, once).
+fn agent_args(dir: &Path, phases: &[Phase], opts: &RunOpts) -> Vec<String> {
+    let mut a = vec![
+        dir.display().to_string(),
+        "--phases".into(),
+        phases
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        "--scale".into(),
+        opts.scale.to_string(),
+        "--seed".into(),
+        opts.seed.to_string(),
+        "--write-size".into(),
+        opts.write_size.to_string(),
+    ];
+    for (on, flag) in [
+        (opts.fsync, "--fsync"),
+        (opts.sync, "--sync"),
+        (opts.drop_caches, "--drop-caches"),
+        (opts.read_other, "--read-other"),
+        (opts.out.allow_nonempty, "--allow-nonempty"),
+        (opts.out.keep, "--keep"),
+    ] {
+        if on {
+            a.push(flag.into());
+        }
+    }
+    a
+}
+
+/// One host's part of a multi-host run.
+fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
+    check_common(clients, opts)?;
+    let phases = parse_phases(opts)?;
+    let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
+    // Several agents may share DIR (one filesystem, several hosts): allow it.
+    let run_dir = prepare_run_dir(dir, true)?;
+    let cfg = engine::Config {
+        run_dir: run_dir.clone(),
+        clients,
+        phases,
+        sets: Arc::new(sets),
+        write_size: opts.write_size,
+        fsync: opts.fsync,
+        sync: opts.sync,
+        drop_caches: opts.drop_caches,
+        read_other: opts.read_other && clients > 1,
+        cleanup: !opts.out.keep,
+    };
+    engine::run_with_gate(
+        &cfg,
+        &Progress::default(),
+        &AtomicBool::new(false),
+        &remote::agent_gate,
+        remote::agent_report,
+    );
+    if !opts.out.keep {
+        if let Some(w) = finish_run_dir(&run_dir) {
+            eprintln!("loadgen agent: {w}");
+        }
+    }
+    Ok(())
 }
 
 fn finish(report: &RunReport) -> Result<(), Error> {
@@ -484,6 +611,7 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
+            Cmd::Agent { dir, opts, clients } => agent(&dir, &opts, clients),
             Cmd::Access {
                 dir,
                 files,
@@ -504,6 +632,10 @@ fn main() -> ExitCode {
                     drop_caches: false,
                     read_other: false,
                     out,
+                    hosts: Vec::new(),
+                    clients_per_host: 1,
+                    ssh_command: "ssh".into(),
+                    remote_loadgen: None,
                 };
                 check_common(clients, &opts)?;
                 let r = run_workload(

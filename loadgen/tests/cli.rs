@@ -440,3 +440,73 @@ fn report_draws_charts_and_a_page_from_results() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// A multi-host run through a stand-in for ssh (tests/fake-ssh runs the agent here): every
+/// host's clients are counted, their histograms merged exactly, their trees removed.
+#[test]
+fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("m.json");
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    let o = loadgen(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2,h3",
+        "--clients-per-host",
+        "2",
+        "--ssh-command",
+        fake.to_str().expect("utf8"),
+        "--scale",
+        "0.01",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["config"]["clients"], 6);
+    assert_eq!(v["complete"], true);
+    let create = &v["phases"][0];
+    assert_eq!(create["name"], "create");
+    let clients = create["clients"].as_array().expect("clients");
+    let ids: Vec<u64> = clients
+        .iter()
+        .map(|c| c["client"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
+    let per_client = clients[0]["files"].as_u64().expect("files");
+    assert!(clients
+        .iter()
+        .all(|c| c["files"].as_u64() == Some(per_client)));
+    assert_eq!(create["files"].as_u64(), Some(6 * per_client));
+    assert_eq!(
+        create["latency"]["open"]["count"].as_u64(),
+        Some(6 * per_client),
+        "merged exactly"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("ls").count(),
+        0,
+        "agents clean up"
+    );
+    // A host that cannot be reached fails the run with its name.
+    let o = loadgen(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "nowhere",
+        "--ssh-command",
+        "/bin/false",
+        "--scale",
+        "0.01",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nowhere"),
+        "{}",
+        text(&o)
+    );
+}
