@@ -448,7 +448,10 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("m.json");
+    // Real hosts when scripts/test brought up deploy/testbed hosts (three network
+    // namespaces with sshd): $LOADGEN_TEST_SSH is the ssh command reaching h1..h3.
     let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    let ssh = std::env::var("LOADGEN_TEST_SSH").unwrap_or_else(|_| fake.display().to_string());
     let o = loadgen(&[
         "compilebench",
         dir.path().to_str().expect("utf8"),
@@ -457,7 +460,7 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         "--clients-per-host",
         "2",
         "--ssh-command",
-        fake.to_str().expect("utf8"),
+        &ssh,
         "--scale",
         "0.01",
         "--json",
