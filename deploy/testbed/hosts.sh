@@ -43,7 +43,9 @@ StrictModes no
 UsePAM no
 CFG
     if [ -z "$(live_recorded | head -1)" ] || ! grep -q "sshd_$i.conf" "$STATE/pids" 2>/dev/null; then
-      ip netns exec "$ns" /usr/sbin/sshd -D -e -f "$STATE/sshd_$i.conf" > "$STATE/sshd_$i.log" 2>&1 &
+      # nsenter --net keeps our mount namespace (ip netns exec would take a private one and
+      # not see filesystems mounted later).
+      nsenter --net="/run/netns/$ns" /usr/sbin/sshd -D -e -f "$STATE/sshd_$i.conf" > "$STATE/sshd_$i.log" 2>&1 &
       record $!
     fi
     cat >> "$STATE/ssh_config" <<CFG
