@@ -11,12 +11,21 @@ CONF=$STATE/ceph.conf
 
 ceph_() { timeout 30 ceph -c "$CONF" "$@"; }
 
+port_free() { ! ss -ltn | grep -q '127.0.0.1:6789 '; }
+
+# Ceph's daemons sometimes fail their first start in a fresh cluster: one clean retry.
 up() {
+  "$0" up_once || { echo "testbed: ceph did not come up; retrying once" >&2; "$0" down; "$0" up_once; }
+}
+
+up_once() {
   need_packages ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
   if mountpoint -q "$MNT" 2>/dev/null; then
     echo "$MNT"
     return 0
   fi
+  # A half-started earlier attempt: stop what it recorded before starting afresh.
+  [ -f "$STATE/pids" ] && stop_recorded
   rm -rf "$STATE"
   mkdir -p "$STATE"/{run,log,mon/a,mgr/x,mds/a,osd,mnt}
   local fsid osd_uuid id
@@ -25,6 +34,8 @@ up() {
 [global]
 fsid = $fsid
 mon host = v1:127.0.0.1:6789
+public network = 127.0.0.0/8
+cluster network = 127.0.0.0/8
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -49,6 +60,9 @@ osd objectstore = memstore
 memstore device bytes = 2147483648
 osd memory target = 1073741824
 CFG
+  # A monitor of an earlier instance may still be going away: its port must be free.
+  wait_for 30 port_free ||
+    { echo "testbed: something still listens on 127.0.0.1:6789 (an earlier ceph-mon?); stop it first" >&2; exit 1; }
   monmaptool --create --add a 127.0.0.1:6789 --fsid "$fsid" "$STATE/monmap" >/dev/null
   ceph-authtool --create-keyring "$STATE/mon.keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-mon -c "$CONF" --mkfs -i a --monmap "$STATE/monmap" --keyring "$STATE/mon.keyring"
@@ -58,11 +72,16 @@ CFG
   ceph-mgr -c "$CONF" -i x
   wait_for 30 test -s "$STATE/run/mgr.x.pid" && record "$(cat "$STATE/run/mgr.x.pid")"
   osd_uuid=$(cat /proc/sys/kernel/random/uuid)
-  id=$(ceph_ osd new "$osd_uuid")
+  id=$(ceph_ osd new "$osd_uuid") || { echo "testbed: ceph osd new failed; see $STATE/log" >&2; exit 1; }
   mkdir -p "$STATE/osd/$id"
-  ceph-osd -c "$CONF" -i "$id" --mkfs --osd-uuid "$osd_uuid" >/dev/null 2>&1
-  ceph-osd -c "$CONF" -i "$id" 2>/dev/null
-  wait_for 30 test -s "$STATE/run/osd.$id.pid" && record "$(cat "$STATE/run/osd.$id.pid")"
+  ceph-osd -c "$CONF" -i "$id" --mkfs --osd-uuid "$osd_uuid" > "$STATE/log/osd-mkfs.out" 2>&1 ||
+    { echo "testbed: ceph-osd --mkfs failed:" >&2; tail -5 "$STATE/log/osd-mkfs.out" >&2; exit 1; }
+  # ceph-osd's own exit status is unreliable here (it sometimes answers 250 while the
+  # daemon runs fine): its pid file and the MDS becoming active below are the checks.
+  ceph-osd -c "$CONF" -i "$id" > "$STATE/log/osd-start.out" 2>&1 || true
+  wait_for 30 test -s "$STATE/run/osd.$id.pid" ||
+    { echo "testbed: ceph-osd did not start; see $STATE/log" >&2; exit 1; }
+  record "$(cat "$STATE/run/osd.$id.pid")"
   ceph_ osd pool create cephfs_data 8 >/dev/null 2>&1
   ceph_ osd pool create cephfs_meta 8 >/dev/null 2>&1
   ceph_ osd pool set cephfs_data size 1 --yes-i-really-mean-it >/dev/null 2>&1
@@ -85,6 +104,7 @@ down() {
   fi
   # The MDS may hang on shutdown: stop_recorded escalates to SIGKILL after 5 s.
   stop_recorded
+  wait_for 30 port_free || true
   rm -rf "$STATE"
 }
 
