@@ -78,35 +78,6 @@ pub fn futimens(file: &File, atime: SetTime, mtime: SetTime) -> io::Result<()> {
     check(unsafe { libc::futimens(file.as_raw_fd(), ts.as_ptr()) })
 }
 
-/// Sets a file's mode. Never follows a symlink (on Linux a symlink's mode cannot change).
-pub fn chmod(path: &Path, mode: u32) -> io::Result<()> {
-    let c = cstr(path)?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    check(unsafe { libc::fchmodat(libc::AT_FDCWD, c.as_ptr(), mode as libc::mode_t, 0) })
-}
-
-pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
-    let c = cstr(path)?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    check(unsafe { libc::mknod(c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })
-}
-
-/// renameat2 with flags (RENAME_NOREPLACE, RENAME_EXCHANGE).
-pub fn rename2(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
-    let a = cstr(from)?;
-    let b = cstr(to)?;
-    // SAFETY: both are valid NUL-terminated paths.
-    check(unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    })
-}
-
 /// Calls a size-then-fill xattr call (`f(buf, len)`, NULL/0 asks for the size) until the
 /// value fits (it may grow between the two calls).
 fn xattr_buffer(
@@ -270,14 +241,6 @@ fn copy_slow(src: &File, dst: &File, mut off: u64, mut left: usize) -> io::Resul
 pub fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
-}
-
-pub fn umask_of_process() -> u32 {
-    // SAFETY: umask has no preconditions; we restore the old value at once.
-    let old = unsafe { libc::umask(0o022) };
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    old as u32
 }
 
 /// Non-blocking exclusive flock; `Ok(false)` when another process holds it.

@@ -179,6 +179,19 @@ pub struct PhaseResult {
 }
 
 impl PhaseResult {
+    /// A phase from its clients' results, their histograms merged.
+    pub fn from_clients(phase: Phase, clients: Vec<ClientResult>) -> Self {
+        let mut latencies = Latencies::new();
+        for c in &clients {
+            latencies.merge(&c.latencies);
+        }
+        Self {
+            phase,
+            clients,
+            latencies,
+        }
+    }
+
     /// The sum of the clients' MB/s, as compilebench's blog reports it.
     pub fn aggregate_mb_per_s(&self) -> f64 {
         self.clients.iter().map(ClientResult::mb_per_s).sum()
@@ -686,15 +699,7 @@ pub fn run_with_gate(
                 c.start = c.start.saturating_sub(origin);
                 c.end = c.end.saturating_sub(origin);
             }
-            let mut merged = Latencies::new();
-            for c in &clients {
-                merged.merge(&c.latencies);
-            }
-            let pr = PhaseResult {
-                phase,
-                clients,
-                latencies: merged,
-            };
+            let pr = PhaseResult::from_clients(phase, clients);
             on_phase(&pr);
             let failed = pr.error().is_some() || stop.load(Ordering::Acquire);
             results.push(pr);

@@ -302,7 +302,8 @@ fn run_workload(
     csv: Option<&Path>,
 ) -> Result<RunReport, Error> {
     let mut warnings = Vec::new();
-    if opts.drop_caches && !engine::drop_caches() {
+    // With --hosts the agents drop their hosts' caches; here only for a local run.
+    if opts.drop_caches && opts.hosts.is_empty() && !engine::drop_caches() {
         warnings.push("--drop-caches needs root: ran without dropping caches".to_string());
         eprintln!("loadgen: note: --drop-caches needs root; running without dropping caches");
     }
@@ -329,18 +330,7 @@ fn run_workload(
         None => prepare_run_dir(dir, opts.out.allow_nonempty)?,
         Some(_) => dir.to_path_buf(),
     };
-    let cfg = engine::Config {
-        run_dir: run_dir.clone(),
-        clients,
-        phases: phases.clone(),
-        sets: Arc::new(sets),
-        write_size: opts.write_size,
-        fsync: opts.fsync,
-        sync: opts.sync,
-        drop_caches: opts.drop_caches,
-        read_other: opts.read_other && clients > 1,
-        cleanup: !opts.out.keep,
-    };
+    let cfg = engine_config(&run_dir, clients, phases.clone(), sets, opts);
     let mut report = RunReport {
         schema: report::SCHEMA.to_string(),
         tool: "loadgen".into(),
@@ -421,6 +411,28 @@ fn run_workload(
     Ok(report)
 }
 
+/// The engine's settings for this host's clients, from the command line.
+fn engine_config(
+    run_dir: &Path,
+    clients: usize,
+    phases: Vec<Phase>,
+    sets: Sets,
+    opts: &RunOpts,
+) -> engine::Config {
+    engine::Config {
+        run_dir: run_dir.to_path_buf(),
+        clients,
+        phases,
+        sets: Arc::new(sets),
+        write_size: opts.write_size,
+        fsync: opts.fsync,
+        sync: opts.sync,
+        drop_caches: opts.drop_caches,
+        read_other: opts.read_other && clients > 1,
+        cleanup: !opts.out.keep,
+    }
+}
+
 /// The workload options an agent needs (the phases spelled out: the random mode is
 /// resolved here, once).
 fn agent_args(dir: &Path, phases: &[Phase], opts: &RunOpts) -> Vec<String> {
@@ -461,18 +473,7 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
     // Several agents may share DIR (one filesystem, several hosts): allow it.
     let run_dir = prepare_run_dir(dir, true)?;
-    let cfg = engine::Config {
-        run_dir: run_dir.clone(),
-        clients,
-        phases,
-        sets: Arc::new(sets),
-        write_size: opts.write_size,
-        fsync: opts.fsync,
-        sync: opts.sync,
-        drop_caches: opts.drop_caches,
-        read_other: opts.read_other && clients > 1,
-        cleanup: !opts.out.keep,
-    };
+    let cfg = engine_config(&run_dir, clients, phases, sets, opts);
     engine::run_with_gate(
         &cfg,
         &Progress::default(),
@@ -525,6 +526,11 @@ fn main() -> ExitCode {
     let result = (|| -> Result<(), Error> {
         match cli.command {
             Cmd::Compilebench { dir, opts, clients } => {
+                if !opts.hosts.is_empty() && clients != 1 {
+                    return Err(user(
+                        "--clients counts clients on this machine; with --hosts use --clients-per-host",
+                    ));
+                }
                 check_common(clients, &opts)?;
                 let phases = parse_phases(&opts)?;
                 let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);

@@ -205,15 +205,7 @@ pub fn run(
                     }
                 }
             }
-            let mut merged = Latencies::new();
-            for c in &clients {
-                merged.merge(&c.latencies);
-            }
-            let pr = PhaseResult {
-                phase,
-                clients,
-                latencies: merged,
-            };
+            let pr = PhaseResult::from_clients(phase, clients);
             on_phase(&pr);
             let failed = pr.error().is_some();
             results.push(pr);

@@ -140,6 +140,10 @@ fn bad_input_is_refused_with_exit_2() {
             "exclude",
         ),
         (vec!["access", d, "--files", "0"], "--files"),
+        (
+            vec!["compilebench", d, "--hosts", "h1", "--clients", "4"],
+            "--clients-per-host",
+        ),
     ] {
         let o = loadgen(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

@@ -783,3 +783,16 @@ fn recover_without_arguments_finds_every_cache_under_the_root() {
         text(&out)
     );
 }
+
+#[test]
+fn sigterm_to_the_daemon_unmounts_and_syncs() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    write(&fx.m(".xinitrc"), "exec twm\n");
+    kill(pid, libc::SIGTERM);
+    wait_until("daemon exit", Duration::from_secs(30), || !alive(pid));
+    assert!(!is_mounted(&fx.mnt), "the daemon unmounts on SIGTERM");
+    m.abandon();
+    assert_eq!(read(&fx.s(".xinitrc")), "exec twm\n");
+}
