@@ -21,6 +21,8 @@ NFS_CORE_PARAM {
     Bind_addr = 127.0.0.1;
     Protocols = 3, 4;
     Enable_RQUOTA = false;
+    # NFSv3 clients mount the pseudo path too (nfs://127.0.0.1/export), as v4 ones do.
+    Mount_Path_Pseudo = true;
 }
 NFSV4 { Graceless = true; RecoveryBackend = fs; }
 NFS_KRB5 { Active_krb5 = false; }

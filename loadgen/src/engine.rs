@@ -4,9 +4,8 @@
 //! merges them when a phase ends. Phases start together: every client prepares its tree
 //! (untimed), waits at a barrier, and takes its own start time right after it.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
@@ -14,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::store::{Store, Target};
 use crate::workload::{self, FileSet, Phase, Sets, TreeState};
 
 /// The operations that are timed.
@@ -226,7 +226,9 @@ impl PhaseResult {
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The run directory (created by the caller, with its marker).
+    /// Where the files go (a directory, or an NFS export).
+    pub target: Target,
+    /// The run directory (created by the caller, with its marker), as the store names it.
     pub run_dir: PathBuf,
     pub clients: usize,
     pub phases: Vec<Phase>,
@@ -256,6 +258,7 @@ fn data_buffer(len: usize) -> Vec<u8> {
 struct Client<'a> {
     id: usize,
     cfg: &'a Config,
+    store: Store,
     buf: Vec<u8>,
     lat: Latencies,
     bytes: u64,
@@ -286,7 +289,7 @@ impl Client<'_> {
             } else {
                 root.join(d)
             };
-            match timed(&mut self.lat, Op::Mkdir, || fs::create_dir(&p)) {
+            match timed(&mut self.lat, Op::Mkdir, || self.store.mkdir(&p)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
@@ -296,28 +299,19 @@ impl Client<'_> {
     }
 
     fn write_file(&mut self, path: &Path, size: u64, append: bool) -> io::Result<()> {
-        let mut opts = OpenOptions::new();
-        opts.create(true);
-        if append {
-            opts.append(true);
-        } else {
-            opts.write(true).truncate(true);
-        }
-        let mut f = timed(&mut self.lat, Op::Open, || opts.open(path))?;
+        let store = &mut self.store;
+        let mut f = timed(&mut self.lat, Op::Open, || store.open_write(path, append))?;
         let mut left = size;
         while left > 0 {
             let n = left.min(self.buf.len() as u64) as usize;
             let buf = &self.buf[..n];
-            timed(&mut self.lat, Op::Write, || f.write_all(buf))?;
+            timed(&mut self.lat, Op::Write, || store.write(&mut f, buf))?;
             left -= n as u64;
         }
         if self.cfg.fsync {
-            timed(&mut self.lat, Op::Fsync, || f.sync_all())?;
+            timed(&mut self.lat, Op::Fsync, || store.fsync(&mut f))?;
         }
-        timed(&mut self.lat, Op::Close, || {
-            drop(f);
-            Ok(())
-        })?;
+        timed(&mut self.lat, Op::Close, || store.close(f))?;
         self.bytes += size;
         self.files += 1;
         self.progress.fetch_add(1, Ordering::Relaxed);
@@ -325,25 +319,18 @@ impl Client<'_> {
     }
 
     fn read_file(&mut self, path: &Path) -> io::Result<u64> {
-        let mut f: File = timed(&mut self.lat, Op::Open, || {
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-        })?;
+        let store = &mut self.store;
+        let mut f = timed(&mut self.lat, Op::Open, || store.open_read(path))?;
         let mut total = 0u64;
         loop {
             let buf = &mut self.buf;
-            let n = timed(&mut self.lat, Op::Read, || f.read(buf))?;
+            let n = timed(&mut self.lat, Op::Read, || store.read(&mut f, buf))?;
             if n == 0 {
                 break;
             }
             total += n as u64;
         }
-        timed(&mut self.lat, Op::Close, || {
-            drop(f);
-            Ok(())
-        })?;
+        timed(&mut self.lat, Op::Close, || store.close(f))?;
         Ok(total)
     }
 
@@ -371,7 +358,7 @@ impl Client<'_> {
         for set in sets {
             for f in &set.files {
                 let p = root.join(&f.path);
-                timed(&mut self.lat, Op::Stat, || fs::symlink_metadata(&p))?;
+                timed(&mut self.lat, Op::Stat, || self.store.stat(&p))?;
                 self.bytes += f.size;
                 self.files += 1;
                 self.progress.fetch_add(1, Ordering::Relaxed);
@@ -387,7 +374,7 @@ impl Client<'_> {
         for set in sets {
             for f in &set.files {
                 let p = root.join(&f.path);
-                timed(&mut self.lat, Op::Unlink, || fs::remove_file(&p))?;
+                timed(&mut self.lat, Op::Unlink, || self.store.unlink(&p))?;
                 self.bytes += f.size;
                 self.files += 1;
                 self.progress.fetch_add(1, Ordering::Relaxed);
@@ -405,7 +392,7 @@ impl Client<'_> {
             } else {
                 root.join(d)
             };
-            match timed(&mut self.lat, Op::Rmdir, || fs::remove_dir(&p)) {
+            match timed(&mut self.lat, Op::Rmdir, || self.store.rmdir(&p)) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
                     self.warnings.push(format!(
@@ -436,17 +423,9 @@ impl Client<'_> {
     }
 
     fn sync_fs(&mut self) -> io::Result<()> {
-        let dir = File::open(&self.cfg.run_dir)?;
-        timed(&mut self.lat, Op::Sync, || {
-            use std::os::fd::AsRawFd;
-            // SAFETY: syncfs on an open directory descriptor.
-            let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
-            }
-        })
+        let store = &mut self.store;
+        let dir = &self.cfg.run_dir;
+        timed(&mut self.lat, Op::Sync, || store.syncfs(dir))
     }
 
     /// Runs one phase on this client's tree (or, for reads with --read-other, on the next
@@ -459,7 +438,7 @@ impl Client<'_> {
                 *tree += 1;
                 let root = self.tree(self.id, *tree);
                 if let Some(parent) = root.parent() {
-                    match fs::create_dir(parent) {
+                    match self.store.mkdir(parent) {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(e),
@@ -490,7 +469,7 @@ impl Client<'_> {
                 for d in set.dirs.iter().rev() {
                     if tree.dirs.binary_search(d).is_err() {
                         let p = own.join(d);
-                        match timed(&mut self.lat, Op::Rmdir, || fs::remove_dir(&p)) {
+                        match timed(&mut self.lat, Op::Rmdir, || self.store.rmdir(&p)) {
                             Ok(()) => {}
                             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                             Err(e) => return Err(e),
@@ -603,6 +582,7 @@ pub fn run_with_gate(
                 let mut c = Client {
                     id,
                     cfg,
+                    store: Store::connect(&cfg.target),
                     buf: data_buffer(cfg.write_size),
                     lat: Latencies::new(),
                     bytes: 0,
@@ -667,7 +647,7 @@ pub fn run_with_gate(
                             let _ = c.delete(&root, &files, true);
                         }
                     }
-                    let _ = fs::remove_dir(cfg.run_dir.join(format!("client-{id}")));
+                    let _ = c.store.rmdir(&cfg.run_dir.join(format!("client-{id}")));
                 }
             });
         }

@@ -1,10 +1,12 @@
 //! loadgen: a compilebench-like small-file workload generator.
 //!
 //! [`workload`] (pure: tree model, phase file sets, plans), [`engine`] (clients, barriers,
-//! I/O, latency histograms), [`report`] (table, JSON with a schema, CSV).
+//! I/O, latency histograms), [`store`] (a mounted directory or an NFS export spoken to
+//! directly), [`report`] (table, JSON with a schema, CSV).
 
 pub mod charts;
 pub mod engine;
 pub mod remote;
 pub mod report;
+pub mod store;
 pub mod workload;

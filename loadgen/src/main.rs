@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use loadgen::engine::{self, Progress};
 use loadgen::remote;
 use loadgen::report::{self, Environment, RunConfig, RunReport};
+use loadgen::store::{Kind, Store, Target};
 use loadgen::workload::{self, Datasets, Entry, FileSet, Phase, Sets};
 
 /// A compilebench-like small-file workload generator: builds, compiles, reads and deletes
@@ -27,7 +28,8 @@ struct Cli {
 enum Cmd {
     /// The compilebench workload on the real kernel-tree file lists.
     Compilebench {
-        /// The directory to run in (on the filesystem under test).
+        /// The directory to run in (on the filesystem under test), or an NFS export as
+        /// nfs://HOST[:PORT]/EXPORT, spoken to over NFSv3 without a kernel mount.
         dir: PathBuf,
         #[command(flatten)]
         opts: RunOpts,
@@ -166,56 +168,64 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// The target named on the command line: a directory, or an `nfs://` URL.
+fn parse_target(dir: &Path) -> Result<Target, Error> {
+    Target::parse(&dir.to_string_lossy()).map_err(user)
+}
+
 /// Checks the target and makes the run directory with its marker.
-fn prepare_run_dir(dir: &Path, allow_nonempty: bool) -> Result<PathBuf, Error> {
-    let meta = std::fs::metadata(dir).map_err(|e| {
+fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Error> {
+    let mut store = Store::connect(target);
+    if let Store::Failed(e) = &store {
+        return Err(user(e.clone()));
+    }
+    let name = target.describe();
+    let base = target.base();
+    let kind = store.stat(&base).map_err(|e| {
         user(format!(
-            "{} is not usable: {e}; give an existing directory on the filesystem to test",
-            dir.display()
+            "{name} is not usable: {e}; give an existing directory on the filesystem to test"
         ))
     })?;
-    if !meta.is_dir() {
+    if kind != Kind::Dir {
+        return Err(user(format!("{name} is not a directory; give a directory")));
+    }
+    let empty = store
+        .is_empty_dir(&base)
+        .map_err(|e| user(format!("cannot list {name}: {e}")))?;
+    if !empty && !allow_nonempty {
         return Err(user(format!(
-            "{} is not a directory; give a directory",
-            dir.display()
+            "{name} is not empty; use an empty directory, or --allow-nonempty (loadgen deletes only what it creates)"
         )));
     }
-    let non_empty = std::fs::read_dir(dir)
-        .map_err(|e| user(format!("cannot list {}: {e}", dir.display())))?
-        .next()
-        .is_some();
-    if non_empty && !allow_nonempty {
-        return Err(user(format!(
-            "{} is not empty; use an empty directory, or --allow-nonempty (loadgen deletes only what it creates)",
-            dir.display()
-        )));
-    }
-    let run = dir.join(format!("loadgen-run-{}-{}", now_unix(), std::process::id()));
-    std::fs::create_dir(&run).map_err(|e| {
+    let run = base.join(format!("loadgen-run-{}-{}", now_unix(), std::process::id()));
+    store.mkdir(&run).map_err(|e| {
         Error::Failed(format!(
-            "cannot create {}: {e}; check that DIR is writable",
+            "cannot create {} in {name}: {e}; check that it is writable",
             run.display()
         ))
     })?;
-    std::fs::write(
-        run.join(".loadgen-run"),
-        format!("{{\"tool\":\"loadgen\",\"pid\":{}}}\n", std::process::id()),
-    )
-    .map_err(|e| Error::Failed(format!("cannot write in {}: {e}", run.display())))?;
+    store
+        .put(
+            &run.join(".loadgen-run"),
+            format!("{{\"tool\":\"loadgen\",\"pid\":{}}}\n", std::process::id()).as_bytes(),
+        )
+        .map_err(|e| Error::Failed(format!("cannot write in {}: {e}", run.display())))?;
     Ok(run)
 }
 
 /// Removes the run directory if it holds only what loadgen left (its marker).
-fn finish_run_dir(run: &Path) -> Option<String> {
-    if !run.join(".loadgen-run").is_file() {
+fn finish_run_dir(target: &Target, run: &Path) -> Option<String> {
+    let mut store = Store::connect(target);
+    let marker = run.join(".loadgen-run");
+    if !matches!(store.stat(&marker), Ok(Kind::File)) {
         return Some(format!("{} lost its marker; left in place", run.display()));
     }
-    let _ = std::fs::remove_file(run.join(".loadgen-run"));
-    match std::fs::remove_dir(run) {
+    let _ = store.unlink(&marker);
+    match store.rmdir(run) {
         Ok(()) => None,
         Err(e) => {
             // Put the marker back so a later look can tell whose directory this is.
-            let _ = std::fs::write(run.join(".loadgen-run"), "{\"tool\":\"loadgen\"}\n");
+            let _ = store.put(&marker, b"{\"tool\":\"loadgen\"}\n");
             Some(format!(
                 "{} was not empty at the end ({e}); left in place",
                 run.display()
@@ -325,12 +335,13 @@ fn run_workload(
         Some(h) => h.names.len() * h.clients_per_host,
         None => clients,
     };
+    let target = parse_target(dir)?;
     // With --hosts every agent makes its own run directory on its host.
     let run_dir = match &hosts {
-        None => prepare_run_dir(dir, opts.out.allow_nonempty)?,
+        None => prepare_run_dir(&target, opts.out.allow_nonempty)?,
         Some(_) => dir.to_path_buf(),
     };
-    let cfg = engine_config(&run_dir, clients, phases.clone(), sets, opts);
+    let cfg = engine_config(&target, &run_dir, clients, phases.clone(), sets, opts);
     let mut report = RunReport {
         schema: report::SCHEMA.to_string(),
         tool: "loadgen".into(),
@@ -339,9 +350,9 @@ fn run_workload(
         args: std::env::args().collect(),
         seed: opts.seed,
         started_at_unix: now_unix(),
-        target: dir.display().to_string(),
+        target: target.describe(),
         label: opts.out.label.clone(),
-        environment: Environment::probe(dir),
+        environment: Environment::probe(&target),
         config: RunConfig {
             clients,
             phases: phases.iter().map(|p| p.name().to_string()).collect(),
@@ -393,7 +404,7 @@ fn run_workload(
     done.store(true, Ordering::Relaxed);
     report.complete = report.error.is_none() && results.len() == phases.len();
     if !opts.out.keep && hosts.is_none() {
-        if let Some(w) = finish_run_dir(&run_dir) {
+        if let Some(w) = finish_run_dir(&target, &run_dir) {
             report.warnings.push(w);
         }
     }
@@ -413,6 +424,7 @@ fn run_workload(
 
 /// The engine's settings for this host's clients, from the command line.
 fn engine_config(
+    target: &Target,
     run_dir: &Path,
     clients: usize,
     phases: Vec<Phase>,
@@ -420,6 +432,7 @@ fn engine_config(
     opts: &RunOpts,
 ) -> engine::Config {
     engine::Config {
+        target: target.clone(),
         run_dir: run_dir.to_path_buf(),
         clients,
         phases,
@@ -472,8 +485,9 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     let phases = parse_phases(opts)?;
     let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
     // Several agents may share DIR (one filesystem, several hosts): allow it.
-    let run_dir = prepare_run_dir(dir, true)?;
-    let cfg = engine_config(&run_dir, clients, phases, sets, opts);
+    let target = parse_target(dir)?;
+    let run_dir = prepare_run_dir(&target, true)?;
+    let cfg = engine_config(&target, &run_dir, clients, phases, sets, opts);
     engine::run_with_gate(
         &cfg,
         &Progress::default(),
@@ -482,7 +496,7 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
         remote::agent_report,
     );
     if !opts.out.keep {
-        if let Some(w) = finish_run_dir(&run_dir) {
+        if let Some(w) = finish_run_dir(&target, &run_dir) {
             eprintln!("loadgen agent: {w}");
         }
     }

@@ -24,7 +24,23 @@ pub struct Environment {
 
 impl Environment {
     /// What the target is and what it runs on.
-    pub fn probe(target: &std::path::Path) -> Self {
+    /// The environment of a run on `target`.
+    pub fn probe(target: &crate::store::Target) -> Self {
+        match target {
+            crate::store::Target::Local(p) => Self::probe_dir(p),
+            crate::store::Target::Nfs(url) => Self {
+                fs_type: "nfs3".into(),
+                // NFS_SUPER_MAGIC, what statfs reports on a kernel NFS mount.
+                fs_magic: "0x6969".into(),
+                mount_point: String::new(),
+                mount_source: url.to_url(),
+                mount_options: "loadgen NFSv3 client: no data cache, close commits".into(),
+                ..Self::probe_dir(std::path::Path::new("/"))
+            },
+        }
+    }
+
+    fn probe_dir(target: &std::path::Path) -> Self {
         let read = |p: &str| {
             std::fs::read_to_string(p)
                 .map(|s| s.trim().to_string())

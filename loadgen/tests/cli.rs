@@ -144,6 +144,12 @@ fn bad_input_is_refused_with_exit_2() {
             vec!["compilebench", d, "--hosts", "h1", "--clients", "4"],
             "--clients-per-host",
         ),
+        (
+            vec!["compilebench", "nfs://127.0.0.1"],
+            "nfs://HOST[:PORT]/EXPORT",
+        ),
+        // Nothing listens on port 1: no portmapper, a clear refusal.
+        (vec!["compilebench", "nfs://127.0.0.1:1/export"], "cannot mount"),
     ] {
         let o = loadgen(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -515,5 +521,121 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         String::from_utf8_lossy(&o.stderr).contains("nowhere"),
         "{}",
         text(&o)
+    );
+}
+
+/// Every regular file under `root` with its content, by path relative to the single
+/// `loadgen-run-*` directory in it.
+fn run_tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let runs: Vec<_> = std::fs::read_dir(root)
+        .expect("ls")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("loadgen-run-"))
+        })
+        .collect();
+    assert_eq!(runs.len(), 1, "one run directory in {}", root.display());
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![runs[0].clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("ls").filter_map(Result::ok) {
+            let p = e.path();
+            let t = e.file_type().expect("type");
+            if t.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n != ".loadgen-run") {
+                let rel = p.strip_prefix(&runs[0]).expect("inside");
+                out.insert(rel.display().to_string(), std::fs::read(&p).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+/// loadgen speaks NFSv3 itself (no kernel mount): the tree it writes through an NFS export
+/// is byte for byte the tree it writes in a local directory, and a full run accounts for
+/// every file. Needs a server: scripts/test starts NFS-Ganesha from deploy/testbed and sets
+/// LOADGEN_TEST_NFS (the URL) and LOADGEN_TEST_NFS_EXPORT (the exported directory, to look
+/// at what reached the server).
+#[test]
+fn nfs_target_writes_the_same_tree_as_a_local_run() {
+    let (Some(url), Some(export)) = (
+        std::env::var_os("LOADGEN_TEST_NFS"),
+        std::env::var_os("LOADGEN_TEST_NFS_EXPORT"),
+    ) else {
+        eprintln!("skipped: LOADGEN_TEST_NFS and LOADGEN_TEST_NFS_EXPORT are not set");
+        return;
+    };
+    let url = url.to_str().expect("utf8");
+    let export = Path::new(&export);
+    assert_eq!(
+        std::fs::read_dir(export).expect("export").count(),
+        0,
+        "the export starts empty"
+    );
+    let local = tempfile::tempdir().expect("tmp");
+    let args = |target: &str| {
+        vec![
+            "compilebench".to_string(),
+            target.to_string(),
+            "--clients".into(),
+            "2".into(),
+            "--scale".into(),
+            "0.02".into(),
+            "--phases".into(),
+            "create,compile,patch".into(),
+            "--write-size".into(),
+            "10000".into(),
+            "--keep".into(),
+        ]
+    };
+    for target in [url, local.path().to_str().expect("utf8")] {
+        let a = args(target);
+        let o = loadgen(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{target}: {}", text(&o));
+    }
+    let over_nfs = run_tree(export);
+    let on_disk = run_tree(local.path());
+    assert!(on_disk.len() > 100, "{} files", on_disk.len());
+    assert_eq!(
+        over_nfs.keys().collect::<Vec<_>>(),
+        on_disk.keys().collect::<Vec<_>>(),
+        "same names"
+    );
+    for (name, data) in &on_disk {
+        assert!(over_nfs[name] == *data, "{name} differs over NFS");
+    }
+    for e in std::fs::read_dir(export).expect("ls").filter_map(Result::ok) {
+        std::fs::remove_dir_all(e.path()).expect("clean the export");
+    }
+    // The default phases end to end: every file written is read back and deleted.
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("r.json");
+    let o = loadgen(&[
+        "compilebench",
+        url,
+        "--clients",
+        "2",
+        "--scale",
+        "0.02",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate(&v);
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["environment"]["fs_type"], "nfs3");
+    let files = |i: usize| v["phases"][i]["files"].as_u64().expect("files");
+    assert!(files(0) > 0 && files(1) > 0);
+    assert_eq!(files(2), files(0) + files(1), "read-compiled reads every file");
+    assert_eq!(files(3), files(0) + files(1), "delete-compiled deletes every file");
+    assert_eq!(
+        std::fs::read_dir(export).expect("ls").count(),
+        0,
+        "nothing left on the server"
     );
 }

@@ -16,6 +16,7 @@ fn sets(scale: f64) -> Arc<Sets> {
 
 fn config(dir: &Path, clients: usize, phases: &[Phase], sets: Arc<Sets>) -> Config {
     Config {
+        target: loadgen::store::Target::Local(dir.to_path_buf()),
         run_dir: dir.to_path_buf(),
         clients,
         phases: phases.to_vec(),

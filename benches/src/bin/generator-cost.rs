@@ -118,6 +118,7 @@ fn main() {
         let run_dir = dir.join(format!("loadgen-{round}"));
         fs::create_dir(&run_dir).expect("mkdir");
         let cfg = Config {
+            target: loadgen::store::Target::Local(dir.to_path_buf()),
             run_dir: run_dir.clone(),
             clients: 1,
             phases: vec![Phase::Create, Phase::ReadTree, Phase::DeleteTree],

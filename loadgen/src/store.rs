@@ -1,0 +1,768 @@
+//! Where the engine's file operations go: a mounted directory (system calls), or an NFS
+//! export spoken to directly over NFSv3 (for machines without a kernel NFS client).
+//!
+//! Both give the engine the same operations (mkdir, open for writing or reading, write,
+//! read, fsync, close, stat, unlink, rmdir), so every phase and metric is the same on both.
+//! The NFS client behaves like the kernel's in the ways that count for the workload: an
+//! open looks the name up (CREATE for writing), writes go out UNSTABLE and a close
+//! commits them (close-to-open consistency), and it keeps no data cache, so every read
+//! reaches the server.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use nfs3_client::nfs3_types::nfs3::{
+    self, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfsstat3, sattr3,
+    Nfs3Option, Nfs3Result,
+};
+use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+use nfs3_client::nfs3_types::xdr_codec::Opaque;
+use nfs3_client::tokio::{TokioConnector, TokioIo};
+use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
+
+/// An NFS export given as `nfs://HOST[:PORT]/EXPORT` (PORT: the portmapper's, default 111).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsUrl {
+    pub host: String,
+    pub port: u16,
+    pub export: String,
+}
+
+impl NfsUrl {
+    /// Parses a target; `None` when it is not an `nfs://` URL at all.
+    pub fn parse(s: &str) -> Option<Result<Self, String>> {
+        let rest = s.strip_prefix("nfs://")?;
+        Some(Self::parse_rest(s, rest))
+    }
+
+    fn parse_rest(s: &str, rest: &str) -> Result<Self, String> {
+        let bad = |why: &str| {
+            format!("{s:?} is not a usable NFS URL: {why}; write nfs://HOST[:PORT]/EXPORT")
+        };
+        if rest.contains(['?', '#']) {
+            return Err(bad("query strings and fragments are not supported"));
+        }
+        let (authority, export) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => return Err(bad("the export path is missing")),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                let port = p
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| bad(&format!("port {p:?} is not a number in 1..65535")))?;
+                (h, port)
+            }
+            _ => (authority, 111),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad("the host is missing"));
+        }
+        let export = export.trim_end_matches('/');
+        Ok(Self {
+            host: host.to_string(),
+            port,
+            export: if export.is_empty() { "/" } else { export }.to_string(),
+        })
+    }
+
+    pub fn to_url(&self) -> String {
+        if self.port == 111 {
+            format!("nfs://{}{}", self.host, self.export)
+        } else {
+            format!("nfs://{}:{}{}", self.host, self.port, self.export)
+        }
+    }
+}
+
+/// Where a run's files live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A directory on a mounted filesystem.
+    Local(PathBuf),
+    /// The root of an NFS export; paths inside it are written from `/`.
+    Nfs(NfsUrl),
+}
+
+impl Target {
+    /// A command-line target: an `nfs://` URL or a directory.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match NfsUrl::parse(s) {
+            Some(url) => url.map(Target::Nfs),
+            None => Ok(Target::Local(PathBuf::from(s))),
+        }
+    }
+
+    /// The directory runs are made in, as the store names it.
+    pub fn base(&self) -> PathBuf {
+        match self {
+            Target::Local(p) => p.clone(),
+            Target::Nfs(_) => PathBuf::from("/"),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Local(p) => p.display().to_string(),
+            Target::Nfs(u) => u.to_url(),
+        }
+    }
+}
+
+/// What a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Other,
+}
+
+/// An open file.
+pub enum Handle {
+    Local(File),
+    Nfs {
+        fh: nfs_fh3,
+        offset: u64,
+        /// Written since the last COMMIT.
+        unstable: bool,
+        /// The server said the last read reached the end (no extra READ for the 0).
+        eof: bool,
+    },
+}
+
+/// One client's connection to the target.
+pub enum Store {
+    Local,
+    Nfs(Box<NfsStore>),
+    /// The connection could not be made: every operation fails with this message.
+    Failed(String),
+}
+
+impl Store {
+    /// Opens a store for one client (for NFS: its own TCP connections, like one host).
+    pub fn connect(target: &Target) -> Self {
+        match target {
+            Target::Local(_) => Store::Local,
+            Target::Nfs(url) => match NfsStore::connect(url) {
+                Ok(s) => Store::Nfs(Box::new(s)),
+                Err(e) => Store::Failed(e),
+            },
+        }
+    }
+
+    fn failed(msg: &str) -> io::Error {
+        io::Error::new(io::ErrorKind::NotConnected, msg.to_string())
+    }
+
+    pub fn mkdir(&mut self, p: &Path) -> io::Result<()> {
+        match self {
+            Store::Local => fs::create_dir(p),
+            Store::Nfs(s) => s.mkdir(p),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Opens for writing, creating the file; `append` keeps its content, otherwise it is
+    /// truncated.
+    pub fn open_write(&mut self, p: &Path, append: bool) -> io::Result<Handle> {
+        match self {
+            Store::Local => {
+                let mut opts = OpenOptions::new();
+                opts.create(true);
+                if append {
+                    opts.append(true);
+                } else {
+                    opts.write(true).truncate(true);
+                }
+                opts.open(p).map(Handle::Local)
+            }
+            Store::Nfs(s) => s.open_write(p, append),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    pub fn write(&mut self, h: &mut Handle, buf: &[u8]) -> io::Result<()> {
+        match (self, h) {
+            (Store::Local, Handle::Local(f)) => f.write_all(buf),
+            (
+                Store::Nfs(s),
+                Handle::Nfs {
+                    fh,
+                    offset,
+                    unstable,
+                    ..
+                },
+            ) => {
+                s.write(fh, *offset, buf)?;
+                *offset += buf.len() as u64;
+                *unstable = true;
+                Ok(())
+            }
+            (Store::Failed(m), _) => Err(Self::failed(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    pub fn fsync(&mut self, h: &mut Handle) -> io::Result<()> {
+        match (self, h) {
+            (Store::Local, Handle::Local(f)) => f.sync_all(),
+            (Store::Nfs(s), Handle::Nfs { fh, unstable, .. }) => {
+                s.commit(fh)?;
+                *unstable = false;
+                Ok(())
+            }
+            (Store::Failed(m), _) => Err(Self::failed(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    pub fn close(&mut self, h: Handle) -> io::Result<()> {
+        match (self, h) {
+            (Store::Local, Handle::Local(f)) => {
+                drop(f);
+                Ok(())
+            }
+            (Store::Nfs(s), Handle::Nfs { fh, unstable, .. }) => {
+                if unstable {
+                    s.commit(&fh)?;
+                }
+                Ok(())
+            }
+            (Store::Failed(m), _) => Err(Self::failed(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Opens an existing regular file for reading (a symlink is refused, as O_NOFOLLOW).
+    pub fn open_read(&mut self, p: &Path) -> io::Result<Handle> {
+        match self {
+            Store::Local => OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(p)
+                .map(Handle::Local),
+            Store::Nfs(s) => {
+                let (fh, attr) = s.lookup_path(p)?;
+                match attr.map(|a| a.type_) {
+                    Some(ftype3::NF3LNK) => Err(io::Error::from_raw_os_error(libc::ELOOP)),
+                    Some(ftype3::NF3DIR) => Err(io::Error::from_raw_os_error(libc::EISDIR)),
+                    _ => Ok(Handle::Nfs {
+                        fh,
+                        offset: 0,
+                        unstable: false,
+                        eof: false,
+                    }),
+                }
+            }
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Reads the next bytes; 0 at the end.
+    pub fn read(&mut self, h: &mut Handle, buf: &mut [u8]) -> io::Result<usize> {
+        match (self, h) {
+            (Store::Local, Handle::Local(f)) => f.read(buf),
+            (
+                Store::Nfs(s),
+                Handle::Nfs {
+                    fh, offset, eof, ..
+                },
+            ) => {
+                if *eof {
+                    return Ok(0);
+                }
+                let (n, at_end) = s.read(fh, *offset, buf)?;
+                *offset += n as u64;
+                *eof = at_end;
+                Ok(n)
+            }
+            (Store::Failed(m), _) => Err(Self::failed(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// What `p` is, without following a final symlink.
+    pub fn stat(&mut self, p: &Path) -> io::Result<Kind> {
+        match self {
+            Store::Local => {
+                let t = fs::symlink_metadata(p)?.file_type();
+                Ok(if t.is_dir() {
+                    Kind::Dir
+                } else if t.is_file() {
+                    Kind::File
+                } else {
+                    Kind::Other
+                })
+            }
+            Store::Nfs(s) => {
+                let (_, attr) = s.lookup_path(p)?;
+                Ok(match attr.map(|a| a.type_) {
+                    Some(ftype3::NF3DIR) => Kind::Dir,
+                    Some(ftype3::NF3REG) => Kind::File,
+                    _ => Kind::Other,
+                })
+            }
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    pub fn unlink(&mut self, p: &Path) -> io::Result<()> {
+        match self {
+            Store::Local => fs::remove_file(p),
+            Store::Nfs(s) => s.remove(p, false),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    pub fn rmdir(&mut self, p: &Path) -> io::Result<()> {
+        match self {
+            Store::Local => fs::remove_dir(p),
+            Store::Nfs(s) => s.remove(p, true),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Whether a directory holds anything.
+    pub fn is_empty_dir(&mut self, p: &Path) -> io::Result<bool> {
+        match self {
+            Store::Local => Ok(fs::read_dir(p)?.next().is_none()),
+            Store::Nfs(s) => s.is_empty_dir(p),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Flushes the filesystem `p` is on: syncfs locally; nothing over NFS (every close
+    /// has committed already).
+    pub fn syncfs(&mut self, p: &Path) -> io::Result<()> {
+        match self {
+            Store::Local => {
+                use std::os::fd::AsRawFd;
+                let dir = File::open(p)?;
+                // SAFETY: syncfs on an open directory descriptor.
+                let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+            Store::Nfs(_) => Ok(()),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Writes a small file whole (create or truncate).
+    pub fn put(&mut self, p: &Path, data: &[u8]) -> io::Result<()> {
+        let mut h = self.open_write(p, false)?;
+        self.write(&mut h, data)?;
+        self.close(h)
+    }
+}
+
+fn mismatch() -> io::Error {
+    io::Error::other("file handle used with another store")
+}
+
+type Conn = Nfs3Connection<TokioIo<tokio::net::TcpStream>>;
+
+/// One NFSv3 client: its own runtime (one thread: the caller's) and connections.
+pub struct NfsStore {
+    rt: tokio::runtime::Runtime,
+    conn: Conn,
+    /// Directory handles by path (`/` is the export root), as the kernel's dentry cache.
+    dirs: HashMap<PathBuf, nfs_fh3>,
+    rtmax: usize,
+    wtmax: usize,
+}
+
+/// nfsstat3 as errno (most are the same numbers; a few differ on Linux).
+fn nfs_error(stat: nfsstat3) -> io::Error {
+    let errno = match stat {
+        nfsstat3::NFS3ERR_NAMETOOLONG => libc::ENAMETOOLONG,
+        nfsstat3::NFS3ERR_NOTEMPTY => libc::ENOTEMPTY,
+        nfsstat3::NFS3ERR_DQUOT => libc::EDQUOT,
+        nfsstat3::NFS3ERR_STALE | nfsstat3::NFS3ERR_BADHANDLE => libc::ESTALE,
+        nfsstat3::NFS3ERR_NOTSUPP => libc::EOPNOTSUPP,
+        nfsstat3::NFS3ERR_JUKEBOX => libc::EAGAIN,
+        s if (s as u32) < 100 => s as i32,
+        _ => libc::EIO,
+    };
+    io::Error::from_raw_os_error(errno)
+}
+
+fn rpc_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("NFS RPC failed: {e}"))
+}
+
+fn name_of(p: &Path) -> io::Result<&[u8]> {
+    use std::os::unix::ffi::OsStrExt;
+    p.file_name()
+        .map(|n| n.as_bytes())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))
+}
+
+fn attrs(a: Nfs3Option<fattr3>) -> Option<fattr3> {
+    match a {
+        Nfs3Option::Some(a) => Some(a),
+        Nfs3Option::None => None,
+    }
+}
+
+impl NfsStore {
+    pub fn connect(url: &NfsUrl) -> Result<Self, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("cannot start the NFS client: {e}"))?;
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(url.host.as_str(), url.port))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| format!("cannot resolve NFS server {:?}", url.host))?;
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "loadgen".into());
+        let cred = opaque_auth::auth_unix(&auth_unix {
+            stamp: std::process::id(),
+            machinename: Opaque::owned(host.into_bytes()),
+            uid,
+            gid,
+            gids: vec![],
+        });
+        let conn = rt
+            .block_on(
+                Nfs3ConnectionBuilder::new(TokioConnector, addr.ip().to_string(), &url.export)
+                    .portmapper_port(url.port)
+                    // As the kernel client: a reserved port when root may bind one.
+                    .connect_from_privileged_port(uid == 0)
+                    .credential(cred)
+                    .mount(),
+            )
+            .map_err(|e| {
+                format!(
+                    "cannot mount {} over NFSv3: {e}; check that the server exports it \
+                     and that rpcbind answers on port {}",
+                    url.to_url(),
+                    url.port
+                )
+            })?;
+        let mut s = Self {
+            rt,
+            dirs: HashMap::new(),
+            rtmax: 64 * 1024,
+            wtmax: 64 * 1024,
+            conn,
+        };
+        let root = s.conn.root_nfs_fh3();
+        let info = s
+            .rt
+            .block_on(s.conn.fsinfo(&nfs3::FSINFO3args {
+                fsroot: root.clone(),
+            }))
+            .map_err(|e| format!("FSINFO on {} failed: {e}", url.to_url()))?;
+        if let Nfs3Result::Ok(ok) = info {
+            let pick = |pref: u32, max: u32| {
+                let v = if pref > 0 { pref } else { max };
+                (v as usize).clamp(4096, 1 << 20)
+            };
+            s.rtmax = pick(ok.rtpref, ok.rtmax);
+            s.wtmax = pick(ok.wtpref, ok.wtmax);
+        }
+        s.dirs.insert(PathBuf::from("/"), root);
+        Ok(s)
+    }
+
+    fn lookup(&mut self, dir: &nfs_fh3, name: &[u8]) -> io::Result<(nfs_fh3, Option<fattr3>)> {
+        let args = nfs3::LOOKUP3args {
+            what: diropargs3 {
+                dir: dir.clone(),
+                name: filename3(Opaque::borrowed(name)),
+            },
+        };
+        match self.rt.block_on(self.conn.lookup(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => Ok((ok.object, attrs(ok.obj_attributes))),
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    /// The handle of directory `p`, from the cache or looked up component by component.
+    fn dir(&mut self, p: &Path) -> io::Result<nfs_fh3> {
+        if let Some(fh) = self.dirs.get(p) {
+            return Ok(fh.clone());
+        }
+        let mut cur = PathBuf::from("/");
+        let mut fh = self.dirs.get(&cur).cloned().unwrap_or_default();
+        for c in p.components() {
+            let Component::Normal(name) = c else {
+                continue;
+            };
+            cur.push(name);
+            if let Some(known) = self.dirs.get(&cur) {
+                fh = known.clone();
+                continue;
+            }
+            use std::os::unix::ffi::OsStrExt;
+            let (next, attr) = self.lookup(&fh, name.as_bytes())?;
+            if attr.is_some_and(|a| a.type_ != ftype3::NF3DIR) {
+                return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+            }
+            self.dirs.insert(cur.clone(), next.clone());
+            fh = next;
+        }
+        Ok(fh)
+    }
+
+    fn parent(&mut self, p: &Path) -> io::Result<nfs_fh3> {
+        self.dir(p.parent().unwrap_or(Path::new("/")))
+    }
+
+    fn lookup_path(&mut self, p: &Path) -> io::Result<(nfs_fh3, Option<fattr3>)> {
+        if p.file_name().is_none() {
+            // The export root.
+            let fh = self.dir(p)?;
+            let attr = self.getattr(&fh)?;
+            return Ok((fh, Some(attr)));
+        }
+        let dir = self.parent(p)?;
+        self.lookup(&dir, name_of(p)?)
+    }
+
+    fn mkdir(&mut self, p: &Path) -> io::Result<()> {
+        let dir = self.parent(p)?;
+        let args = nfs3::MKDIR3args {
+            where_: diropargs3 {
+                dir,
+                name: filename3(Opaque::borrowed(name_of(p)?)),
+            },
+            attributes: sattr3 {
+                mode: Nfs3Option::Some(0o755),
+                ..Default::default()
+            },
+        };
+        match self.rt.block_on(self.conn.mkdir(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => {
+                if let Nfs3Option::Some(fh) = ok.obj {
+                    self.dirs.insert(p.to_path_buf(), fh);
+                }
+                Ok(())
+            }
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    fn open_write(&mut self, p: &Path, append: bool) -> io::Result<Handle> {
+        let dir = self.parent(p)?;
+        let args = nfs3::CREATE3args {
+            where_: diropargs3 {
+                dir,
+                name: filename3(Opaque::borrowed(name_of(p)?)),
+            },
+            how: createhow3::UNCHECKED(sattr3 {
+                mode: Nfs3Option::Some(0o644),
+                size: if append {
+                    Nfs3Option::None
+                } else {
+                    Nfs3Option::Some(0)
+                },
+                ..Default::default()
+            }),
+        };
+        let (fh, attr) = match self.rt.block_on(self.conn.create(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => match ok.obj {
+                Nfs3Option::Some(fh) => (fh, attrs(ok.obj_attributes)),
+                Nfs3Option::None => self.lookup_path(p)?,
+            },
+            Nfs3Result::Err((stat, _)) => return Err(nfs_error(stat)),
+        };
+        let offset = if append {
+            match attr {
+                Some(a) => a.size,
+                None => self.getattr(&fh)?.size,
+            }
+        } else {
+            0
+        };
+        Ok(Handle::Nfs {
+            fh,
+            offset,
+            unstable: false,
+            eof: false,
+        })
+    }
+
+    fn getattr(&mut self, fh: &nfs_fh3) -> io::Result<fattr3> {
+        let args = nfs3::GETATTR3args { object: fh.clone() };
+        match self.rt.block_on(self.conn.getattr(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => Ok(ok.obj_attributes),
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    fn write(&mut self, fh: &nfs_fh3, mut offset: u64, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = buf.len().min(self.wtmax);
+            let args = nfs3::WRITE3args {
+                file: fh.clone(),
+                offset,
+                count: n as u32,
+                stable: nfs3::stable_how::UNSTABLE,
+                data: Opaque::borrowed(&buf[..n]),
+            };
+            let done = match self.rt.block_on(self.conn.write(&args)).map_err(rpc_error)? {
+                Nfs3Result::Ok(ok) => ok.count as usize,
+                Nfs3Result::Err((stat, _)) => return Err(nfs_error(stat)),
+            };
+            if done == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the NFS server wrote nothing",
+                ));
+            }
+            offset += done as u64;
+            buf = &buf[done.min(n)..];
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, fh: &nfs_fh3) -> io::Result<()> {
+        let args = nfs3::COMMIT3args {
+            file: fh.clone(),
+            offset: 0,
+            count: 0,
+        };
+        match self.rt.block_on(self.conn.commit(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(_) => Ok(()),
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    /// Reads at `offset`; the bytes read and whether they reach the end of the file.
+    fn read(&mut self, fh: &nfs_fh3, offset: u64, buf: &mut [u8]) -> io::Result<(usize, bool)> {
+        let want = buf.len().min(self.rtmax);
+        let args = nfs3::READ3args {
+            file: fh.clone(),
+            offset,
+            count: want as u32,
+        };
+        match self.rt.block_on(self.conn.read(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => {
+                let data = ok.data.as_ref();
+                let n = data.len().min(want);
+                buf[..n].copy_from_slice(&data[..n]);
+                Ok((n, ok.eof || n == 0))
+            }
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    fn remove(&mut self, p: &Path, dir: bool) -> io::Result<()> {
+        let parent = self.parent(p)?;
+        let object = diropargs3 {
+            dir: parent,
+            name: filename3(Opaque::borrowed(name_of(p)?)),
+        };
+        let stat = if dir {
+            match self
+                .rt
+                .block_on(self.conn.rmdir(&nfs3::RMDIR3args { object }))
+                .map_err(rpc_error)?
+            {
+                Nfs3Result::Ok(_) => None,
+                Nfs3Result::Err((stat, _)) => Some(stat),
+            }
+        } else {
+            match self
+                .rt
+                .block_on(self.conn.remove(&nfs3::REMOVE3args { object }))
+                .map_err(rpc_error)?
+            {
+                Nfs3Result::Ok(_) => None,
+                Nfs3Result::Err((stat, _)) => Some(stat),
+            }
+        };
+        match stat {
+            None => {
+                if dir {
+                    self.dirs.retain(|k, _| !k.starts_with(p));
+                }
+                Ok(())
+            }
+            Some(s) => Err(nfs_error(s)),
+        }
+    }
+
+    fn is_empty_dir(&mut self, p: &Path) -> io::Result<bool> {
+        let fh = self.dir(p)?;
+        let args = nfs3::READDIR3args {
+            dir: fh,
+            cookie: 0,
+            cookieverf: nfs3::cookieverf3::default(),
+            count: 4096,
+        };
+        match self.rt.block_on(self.conn.readdir(&args)).map_err(rpc_error)? {
+            Nfs3Result::Ok(ok) => Ok(ok
+                .reply
+                .entries
+                .0
+                .iter()
+                .all(|e| matches!(e.name.0.as_ref(), b"." | b".."))),
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nfs_urls_parse_and_bad_ones_say_why() {
+        let u = |s: &str| NfsUrl::parse(s).map(|r| r.map(|u| (u.host, u.port, u.export)));
+        assert_eq!(
+            u("nfs://127.0.0.1/export"),
+            Some(Ok(("127.0.0.1".into(), 111, "/export".into())))
+        );
+        assert_eq!(
+            u("nfs://server:2049/home/"),
+            Some(Ok(("server".into(), 2049, "/home".into())))
+        );
+        assert_eq!(u("nfs://h/"), Some(Ok(("h".into(), 111, "/".into()))));
+        assert_eq!(u("/mnt/nfs"), None);
+        for bad in ["nfs://", "nfs://host", "nfs://:111/x", "nfs://h:0/x", "nfs://h:x/e", "nfs://h/e?v=3"] {
+            let e = u(bad).and_then(Result::err).unwrap_or_default();
+            assert!(e.contains("nfs://HOST[:PORT]/EXPORT"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Target::parse("nfs://10.0.0.1/a").map(|t| t.describe()),
+            Ok("nfs://10.0.0.1/a".to_string())
+        );
+    }
+
+    #[test]
+    fn nfs_status_codes_map_to_linux_errno() {
+        assert_eq!(
+            nfs_error(nfsstat3::NFS3ERR_NOTEMPTY).raw_os_error(),
+            Some(libc::ENOTEMPTY)
+        );
+        assert_eq!(
+            nfs_error(nfsstat3::NFS3ERR_EXIST).kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert_eq!(
+            nfs_error(nfsstat3::NFS3ERR_NOENT).kind(),
+            io::ErrorKind::NotFound
+        );
+        assert_eq!(
+            nfs_error(nfsstat3::NFS3ERR_NAMETOOLONG).raw_os_error(),
+            Some(libc::ENAMETOOLONG)
+        );
+    }
+}
