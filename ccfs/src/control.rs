@@ -61,6 +61,9 @@ pub struct Status {
     /// Conflicts found by the syncs of this mount (both versions kept).
     #[serde(default)]
     pub conflicts: Vec<crate::overlay::Conflict>,
+    /// The FUSE requests served since the mount, by kind, and the bytes moved.
+    #[serde(default)]
+    pub requests: crate::counters::RequestCounts,
 }
 
 /// State shared by the FUSE session, the control socket and the final sync.
@@ -137,6 +140,7 @@ impl Daemon {
             pending_deletions,
             last_sync: lock(&self.last_sync).clone(),
             conflicts: lock(&self.conflicts).clone(),
+            requests: self.overlay.requests.snapshot(),
         }
     }
 

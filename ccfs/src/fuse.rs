@@ -22,6 +22,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
+use crate::counters::Req;
 use crate::error::FsError;
 use crate::overlay::{Ctx, Identity, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
@@ -362,6 +363,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.overlay.requests.count(Req::Lookup);
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
             Ok(found) => self.entry(&path, &found, reply),
@@ -383,6 +385,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.overlay.requests.count(Req::Getattr);
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::File { file, .. } = &*h {
@@ -426,6 +429,7 @@ impl Filesystem for CcfsFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.overlay.requests.count(Req::Setattr);
         let path = try_reply!(reply, self.path(ino));
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         let file = match handle.as_deref() {
@@ -447,6 +451,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.overlay.requests.count(Req::Readlink);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.readlink(&path) {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
@@ -464,6 +469,7 @@ impl Filesystem for CcfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.overlay.requests.count(Req::Mknod);
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self
@@ -484,6 +490,7 @@ impl Filesystem for CcfsFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.overlay.requests.count(Req::Mkdir);
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
@@ -493,10 +500,12 @@ impl Filesystem for CcfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.overlay.requests.count(Req::Unlink);
         self.remove(parent, name, false, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.overlay.requests.count(Req::Rmdir);
         self.remove(parent, name, true, reply);
     }
 
@@ -508,6 +517,7 @@ impl Filesystem for CcfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.overlay.requests.count(Req::Symlink);
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
@@ -526,6 +536,7 @@ impl Filesystem for CcfsFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Rename);
         let from_dir = try_reply!(reply, self.path(parent));
         let to_dir = try_reply!(reply, self.path(newparent));
         let from = from_dir.join(name);
@@ -556,6 +567,7 @@ impl Filesystem for CcfsFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.overlay.requests.count(Req::Link);
         let src = try_reply!(reply, self.path(ino));
         let dir = try_reply!(reply, self.path(newparent));
         let path = dir.join(newname);
@@ -566,6 +578,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.overlay.requests.count(Req::Open);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.open(&ctx(req, 0), &path, flags.0) {
             Ok((file, writer)) => {
@@ -591,6 +604,7 @@ impl Filesystem for CcfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.overlay.requests.count(Req::Read);
         let h = try_reply!(reply, self.file_of(fh));
         let Handle::File { file, .. } = &*h else {
             reply.error(Errno::EISDIR);
@@ -609,6 +623,7 @@ impl Filesystem for CcfsFs {
                 }
             }
         }
+        self.overlay.requests.read(got);
         reply.data(&buf[..got]);
     }
 
@@ -624,13 +639,17 @@ impl Filesystem for CcfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.overlay.requests.count(Req::Write);
         let h = try_reply!(reply, self.file_of(fh));
         let Handle::File { file, .. } = &*h else {
             reply.error(Errno::EISDIR);
             return;
         };
         match file.write_all_at(data, offset) {
-            Ok(()) => reply.written(data.len() as u32),
+            Ok(()) => {
+                self.overlay.requests.wrote(data.len());
+                reply.written(data.len() as u32)
+            }
             Err(e) => reply.error(Errno::from(e)),
         }
     }
@@ -643,6 +662,7 @@ impl Filesystem for CcfsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Flush);
         reply.ok();
     }
 
@@ -656,6 +676,7 @@ impl Filesystem for CcfsFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Release);
         let removed = self.handles().remove(&fh.0);
         if let Some(h) = removed {
             if let Handle::File {
@@ -676,6 +697,7 @@ impl Filesystem for CcfsFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Fsync);
         let h = try_reply!(reply, self.file_of(fh));
         let Handle::File { file, .. } = &*h else {
             reply.error(Errno::EISDIR);
@@ -693,6 +715,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.overlay.requests.count(Req::Opendir);
         let path = try_reply!(reply, self.path(ino));
         let listing = match self.overlay.readdir(&path) {
             Ok(l) => l,
@@ -723,6 +746,7 @@ impl Filesystem for CcfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.overlay.requests.count(Req::Readdir);
         let h = try_reply!(reply, self.handle(fh));
         let Handle::Dir { entries } = &*h else {
             reply.error(Errno::ENOTDIR);
@@ -744,6 +768,7 @@ impl Filesystem for CcfsFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Releasedir);
         self.handles().remove(&fh.0);
         reply.ok();
     }
@@ -756,10 +781,12 @@ impl Filesystem for CcfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Fsyncdir);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.overlay.requests.count(Req::Statfs);
         match self.overlay.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -785,6 +812,7 @@ impl Filesystem for CcfsFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Setxattr);
         if name == CONTROL_XATTR {
             reply.error(Errno::EPERM);
             return;
@@ -800,6 +828,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.overlay.requests.count(Req::Getxattr);
         let value = if ino.0 == ROOT && name == CONTROL_XATTR {
             Ok(self.control.clone())
         } else {
@@ -815,6 +844,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.overlay.requests.count(Req::Listxattr);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.listxattr(&path) {
             Ok(names) => {
@@ -830,6 +860,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.overlay.requests.count(Req::Removexattr);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.removexattr(&ctx(req, 0), &path, name) {
             Ok(()) => reply.ok(),
@@ -838,6 +869,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.overlay.requests.count(Req::Access);
         // Permission bits are checked by the kernel (default_permissions); this only
         // answers whether the object still exists.
         let path = try_reply!(reply, self.path(ino));
@@ -857,6 +889,7 @@ impl Filesystem for CcfsFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.overlay.requests.count(Req::Create);
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self
@@ -892,6 +925,7 @@ impl Filesystem for CcfsFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.overlay.requests.count(Req::Fallocate);
         let h = try_reply!(reply, self.file_of(fh));
         let Handle::File { file, .. } = &*h else {
             reply.error(Errno::EISDIR);

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod control;
+pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod fuse;

@@ -435,6 +435,14 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             human_bytes(st.dirty_bytes),
             st.pending_deletions
         );
+        let r = &st.requests;
+        println!(
+            "  requests served: {} ({} changing), read {}, written {}",
+            r.total,
+            r.mutating,
+            human_bytes(r.read_bytes),
+            human_bytes(r.write_bytes)
+        );
         for c in &st.conflicts {
             println!("  {}", describe_conflict(c));
         }

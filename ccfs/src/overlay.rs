@@ -145,6 +145,8 @@ pub struct Overlay {
     tmp_seq: AtomicU64,
     as_root: bool,
     sync_running: AtomicBool,
+    /// The FUSE requests this mount served (see [`crate::counters`]).
+    pub requests: crate::counters::Requests,
 }
 
 fn is_not_supported(e: &io::Error) -> bool {
@@ -241,6 +243,7 @@ impl Overlay {
             tmp_seq: AtomicU64::new(0),
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
+            requests: crate::counters::Requests::default(),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.

@@ -266,6 +266,37 @@ fn sync_command_pushes_while_mounted_and_status_counts() {
 }
 
 #[test]
+fn status_counts_the_requests_served_and_the_bytes_written() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let status = || -> serde_json::Value {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let before = status()["requests"].clone();
+    for i in 0..3 {
+        write(&fx.m(&format!("doc{i}.txt")), &"x".repeat(1000));
+    }
+    fs::rename(fx.m("doc0.txt"), fx.m("renamed.txt")).expect("rename");
+    assert_eq!(read(&fx.m("doc1.txt")).len(), 1000);
+    let after = status()["requests"].clone();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let op = |v: &serde_json::Value, k: &str| v["by_op"][k].as_u64().unwrap_or(0);
+    assert_eq!(n(&after, "write_bytes") - n(&before, "write_bytes"), 3000);
+    assert_eq!(op(&after, "create") - op(&before, "create"), 3);
+    assert_eq!(op(&after, "rename") - op(&before, "rename"), 1);
+    assert!(n(&after, "read_bytes") - n(&before, "read_bytes") >= 1000);
+    assert!(n(&after, "mutating") - n(&before, "mutating") >= 7, "{after}");
+    assert!(n(&after, "total") > n(&after, "mutating"));
+    let human = String::from_utf8_lossy(&ccfs(&["status".as_ref(), fx.mnt.as_os_str()]).stdout)
+        .to_string();
+    assert!(human.contains("requests served: "), "{human}");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
 fn plain_fusermount_unmount_also_syncs() {
     let fx = Fixture::new();
     let m = fx.mount();
