@@ -30,9 +30,11 @@ pub enum Op {
     Truncate,
     Fsync,
     Sync,
+    Rename,
+    Readdir,
 }
 
-pub const OPS: [Op; 11] = [
+pub const OPS: [Op; 13] = [
     Op::Mkdir,
     Op::Open,
     Op::Write,
@@ -44,6 +46,8 @@ pub const OPS: [Op; 11] = [
     Op::Truncate,
     Op::Fsync,
     Op::Sync,
+    Op::Rename,
+    Op::Readdir,
 ];
 
 impl Op {
@@ -60,6 +64,8 @@ impl Op {
             Op::Truncate => "truncate",
             Op::Fsync => "fsync",
             Op::Sync => "sync",
+            Op::Rename => "rename",
+            Op::Readdir => "readdir",
         }
     }
 

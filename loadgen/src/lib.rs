@@ -6,7 +6,9 @@
 
 pub mod charts;
 pub mod engine;
+pub mod login;
 pub mod remote;
 pub mod report;
 pub mod store;
+pub mod storm;
 pub mod workload;

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,6 +68,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         clients: usize,
     },
+    /// A class logging in at once: N homes on the share, every user's login burst, session
+    /// and logout together, straight on the share or through ccfs (or both, --compare).
+    LoginStorm(StormArgs),
     /// The CNES access-time test: create N empty files, then remove them.
     Access {
         dir: PathBuf,
@@ -79,6 +82,52 @@ enum Cmd {
         #[command(flatten)]
         out: OutputOpts,
     },
+}
+
+#[derive(Debug, Args, Clone)]
+struct StormArgs {
+    /// The directory on the share where the homes are made (a local directory works too).
+    #[arg(long)]
+    share: PathBuf,
+    /// Users logging in at once.
+    #[arg(long, default_value_t = 6)]
+    users: usize,
+    /// Mount every home through its own ccfs (cache and mount point of its own).
+    #[arg(long)]
+    with_ccfs: bool,
+    /// Run twice, without then with ccfs, and print both with their ratio.
+    #[arg(long, conflicts_with = "with_ccfs")]
+    compare: bool,
+    /// Seconds of session after the login (the profile's periodic actions run meanwhile).
+    #[arg(long, default_value_t = 30)]
+    session: u64,
+    /// A home profile model (default: the shipped GNOME + Firefox one).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// The ccfs binary (default: next to this loadgen, else on PATH).
+    #[arg(long)]
+    ccfs: Option<PathBuf>,
+    /// Local scratch space for mount points and the workstations' caches.
+    #[arg(long, default_value = "/var/tmp/loadgen-storm")]
+    work: PathBuf,
+    /// Do not count at the share side (no metering ccfs mount in front of the share).
+    #[arg(long)]
+    no_meter: bool,
+    /// Server process ids whose CPU time to measure (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    server_pids: Vec<u32>,
+    /// A file listing server process ids, one a line (first word), as deploy/testbed keeps.
+    #[arg(long)]
+    server_pids_file: Option<PathBuf>,
+    /// Write the results as JSON (schema loadgen-login-storm/1; a list with --compare).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// A name for the share under test (charts and tables).
+    #[arg(long)]
+    label: Option<String>,
+    /// Keep the homes on the share at the end.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -535,6 +584,147 @@ fn access_sets(files: usize) -> Sets {
     }
 }
 
+/// Checks the login-storm arguments and builds its configuration.
+fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
+    use loadgen::login::Profile;
+    if a.users == 0 || a.users > 1000 {
+        return Err(user("--users must be between 1 and 1000"));
+    }
+    if a.session > 86_400 {
+        return Err(user("--session is in seconds, at most 86400 (one day)"));
+    }
+    let share = a.share.canonicalize().map_err(|e| {
+        user(format!(
+            "--share {} is not usable: {e}; give an existing directory on the share",
+            a.share.display()
+        ))
+    })?;
+    if !share.is_dir() {
+        return Err(user(format!(
+            "--share {} is not a directory",
+            share.display()
+        )));
+    }
+    std::fs::create_dir_all(&a.work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    let work = a
+        .work
+        .canonicalize()
+        .map_err(|e| user(format!("--work: {e}")))?;
+    if work.starts_with(&share) || share.starts_with(&work) {
+        return Err(user(
+            "--work must be local scratch space outside --share (the workstations' caches go there)",
+        ));
+    }
+    let (profile, profile_name) = match &a.profile {
+        None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| user(format!("cannot read --profile {}: {e}", p.display())))?;
+            let prof = Profile::parse(&text)
+                .map_err(|e| user(format!("--profile {}: {e}", p.display())))?;
+            (prof, p.display().to_string())
+        }
+    };
+    let ccfs = match &a.ccfs {
+        Some(c) => c.clone(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("ccfs")))
+            .filter(|c| c.is_file())
+            .unwrap_or_else(|| PathBuf::from("ccfs")),
+    };
+    let needs_ccfs = a.with_ccfs || a.compare || !a.no_meter;
+    if needs_ccfs
+        && Command::new(&ccfs)
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+    {
+        return Err(user(format!(
+            "cannot run ccfs ({}); build it (cargo build --release) or pass --ccfs PATH",
+            ccfs.display()
+        )));
+    }
+    let mut pids = a.server_pids.clone();
+    if let Some(f) = &a.server_pids_file {
+        let text = std::fs::read_to_string(f).map_err(|e| {
+            user(format!(
+                "cannot read --server-pids-file {}: {e}",
+                f.display()
+            ))
+        })?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let pid = line
+                .split_whitespace()
+                .next()
+                .and_then(|w| w.parse::<u32>().ok());
+            pids.push(pid.ok_or_else(|| {
+                user(format!(
+                    "{}: {line:?} does not start with a process id",
+                    f.display()
+                ))
+            })?);
+        }
+    }
+    Ok(loadgen::storm::StormConfig {
+        share,
+        users: a.users,
+        with_ccfs: a.with_ccfs,
+        session: Duration::from_secs(a.session),
+        profile: Arc::new(profile),
+        profile_name,
+        ccfs,
+        work,
+        meter: !a.no_meter,
+        server_pids: pids,
+        keep: a.keep,
+        label: a.label.clone(),
+    })
+}
+
+fn login_storm(a: &StormArgs) -> Result<(), Error> {
+    let cfg = storm_config(a)?;
+    let modes: Vec<bool> = if a.compare {
+        vec![false, true]
+    } else {
+        vec![a.with_ccfs]
+    };
+    let mut runs = Vec::new();
+    for with in modes {
+        let c = loadgen::storm::StormConfig {
+            with_ccfs: with,
+            ..cfg.clone()
+        };
+        eprintln!(
+            "loadgen login-storm: {} users {}",
+            c.users,
+            if with {
+                "through ccfs"
+            } else {
+                "straight on the share"
+            }
+        );
+        let r = loadgen::storm::run(&c).map_err(Error::Failed)?;
+        runs.push(r);
+        if let Some(j) = &a.json {
+            let v = if a.compare {
+                serde_json::to_vec_pretty(&runs)
+            } else {
+                serde_json::to_vec_pretty(&runs[0])
+            };
+            write_out(j, &v.unwrap_or_default())
+                .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+        }
+    }
+    print!("{}", loadgen::storm::table(&runs));
+    match runs.iter().find_map(|r| r.error.clone()) {
+        Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
+        None => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = (|| -> Result<(), Error> {
@@ -632,6 +822,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Cmd::Agent { dir, opts, clients } => agent(&dir, &opts, clients),
+            Cmd::LoginStorm(a) => login_storm(&a),
             Cmd::Access {
                 dir,
                 files,

@@ -15,8 +15,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use nfs3_client::nfs3_types::nfs3::{
-    self, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfsstat3, sattr3,
-    Nfs3Option, Nfs3Result,
+    self, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfsstat3, sattr3, Nfs3Option,
+    Nfs3Result,
 };
 use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
@@ -462,9 +462,8 @@ impl NfsStore {
             conn,
         };
         let root = s.conn.root_nfs_fh3();
-        let info = s
-            .rt
-            .block_on(s.conn.fsinfo(&nfs3::FSINFO3args {
+        let info =
+            s.rt.block_on(s.conn.fsinfo(&nfs3::FSINFO3args {
                 fsroot: root.clone(),
             }))
             .map_err(|e| format!("FSINFO on {} failed: {e}", url.to_url()))?;
@@ -487,7 +486,11 @@ impl NfsStore {
                 name: filename3(Opaque::borrowed(name)),
             },
         };
-        match self.rt.block_on(self.conn.lookup(&args)).map_err(rpc_error)? {
+        match self
+            .rt
+            .block_on(self.conn.lookup(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(ok) => Ok((ok.object, attrs(ok.obj_attributes))),
             Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
         }
@@ -547,7 +550,11 @@ impl NfsStore {
                 ..Default::default()
             },
         };
-        match self.rt.block_on(self.conn.mkdir(&args)).map_err(rpc_error)? {
+        match self
+            .rt
+            .block_on(self.conn.mkdir(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(ok) => {
                 if let Nfs3Option::Some(fh) = ok.obj {
                     self.dirs.insert(p.to_path_buf(), fh);
@@ -575,7 +582,11 @@ impl NfsStore {
                 ..Default::default()
             }),
         };
-        let (fh, attr) = match self.rt.block_on(self.conn.create(&args)).map_err(rpc_error)? {
+        let (fh, attr) = match self
+            .rt
+            .block_on(self.conn.create(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(ok) => match ok.obj {
                 Nfs3Option::Some(fh) => (fh, attrs(ok.obj_attributes)),
                 Nfs3Option::None => self.lookup_path(p)?,
@@ -600,7 +611,11 @@ impl NfsStore {
 
     fn getattr(&mut self, fh: &nfs_fh3) -> io::Result<fattr3> {
         let args = nfs3::GETATTR3args { object: fh.clone() };
-        match self.rt.block_on(self.conn.getattr(&args)).map_err(rpc_error)? {
+        match self
+            .rt
+            .block_on(self.conn.getattr(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(ok) => Ok(ok.obj_attributes),
             Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
         }
@@ -616,7 +631,11 @@ impl NfsStore {
                 stable: nfs3::stable_how::UNSTABLE,
                 data: Opaque::borrowed(&buf[..n]),
             };
-            let done = match self.rt.block_on(self.conn.write(&args)).map_err(rpc_error)? {
+            let done = match self
+                .rt
+                .block_on(self.conn.write(&args))
+                .map_err(rpc_error)?
+            {
                 Nfs3Result::Ok(ok) => ok.count as usize,
                 Nfs3Result::Err((stat, _)) => return Err(nfs_error(stat)),
             };
@@ -638,7 +657,11 @@ impl NfsStore {
             offset: 0,
             count: 0,
         };
-        match self.rt.block_on(self.conn.commit(&args)).map_err(rpc_error)? {
+        match self
+            .rt
+            .block_on(self.conn.commit(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(_) => Ok(()),
             Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
         }
@@ -707,7 +730,11 @@ impl NfsStore {
             cookieverf: nfs3::cookieverf3::default(),
             count: 4096,
         };
-        match self.rt.block_on(self.conn.readdir(&args)).map_err(rpc_error)? {
+        match self
+            .rt
+            .block_on(self.conn.readdir(&args))
+            .map_err(rpc_error)?
+        {
             Nfs3Result::Ok(ok) => Ok(ok
                 .reply
                 .entries
@@ -736,7 +763,14 @@ mod tests {
         );
         assert_eq!(u("nfs://h/"), Some(Ok(("h".into(), 111, "/".into()))));
         assert_eq!(u("/mnt/nfs"), None);
-        for bad in ["nfs://", "nfs://host", "nfs://:111/x", "nfs://h:0/x", "nfs://h:x/e", "nfs://h/e?v=3"] {
+        for bad in [
+            "nfs://",
+            "nfs://host",
+            "nfs://:111/x",
+            "nfs://h:0/x",
+            "nfs://h:x/e",
+            "nfs://h/e?v=3",
+        ] {
             let e = u(bad).and_then(Result::err).unwrap_or_default();
             assert!(e.contains("nfs://HOST[:PORT]/EXPORT"), "{bad}: {e}");
         }

@@ -149,7 +149,10 @@ fn bad_input_is_refused_with_exit_2() {
             "nfs://HOST[:PORT]/EXPORT",
         ),
         // Nothing listens on port 1: no portmapper, a clear refusal.
-        (vec!["compilebench", "nfs://127.0.0.1:1/export"], "cannot mount"),
+        (
+            vec!["compilebench", "nfs://127.0.0.1:1/export"],
+            "cannot mount",
+        ),
     ] {
         let o = loadgen(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -607,7 +610,10 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
     for (name, data) in &on_disk {
         assert!(over_nfs[name] == *data, "{name} differs over NFS");
     }
-    for e in std::fs::read_dir(export).expect("ls").filter_map(Result::ok) {
+    for e in std::fs::read_dir(export)
+        .expect("ls")
+        .filter_map(Result::ok)
+    {
         std::fs::remove_dir_all(e.path()).expect("clean the export");
     }
     // The default phases end to end: every file written is read back and deleted.
@@ -631,8 +637,16 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
     assert_eq!(v["environment"]["fs_type"], "nfs3");
     let files = |i: usize| v["phases"][i]["files"].as_u64().expect("files");
     assert!(files(0) > 0 && files(1) > 0);
-    assert_eq!(files(2), files(0) + files(1), "read-compiled reads every file");
-    assert_eq!(files(3), files(0) + files(1), "delete-compiled deletes every file");
+    assert_eq!(
+        files(2),
+        files(0) + files(1),
+        "read-compiled reads every file"
+    );
+    assert_eq!(
+        files(3),
+        files(0) + files(1),
+        "delete-compiled deletes every file"
+    );
     assert_eq!(
         std::fs::read_dir(export).expect("ls").count(),
         0,

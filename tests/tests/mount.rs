@@ -287,10 +287,13 @@ fn status_counts_the_requests_served_and_the_bytes_written() {
     assert_eq!(op(&after, "create") - op(&before, "create"), 3);
     assert_eq!(op(&after, "rename") - op(&before, "rename"), 1);
     assert!(n(&after, "read_bytes") - n(&before, "read_bytes") >= 1000);
-    assert!(n(&after, "mutating") - n(&before, "mutating") >= 7, "{after}");
+    assert!(
+        n(&after, "mutating") - n(&before, "mutating") >= 7,
+        "{after}"
+    );
     assert!(n(&after, "total") > n(&after, "mutating"));
-    let human = String::from_utf8_lossy(&ccfs(&["status".as_ref(), fx.mnt.as_os_str()]).stdout)
-        .to_string();
+    let human =
+        String::from_utf8_lossy(&ccfs(&["status".as_ref(), fx.mnt.as_os_str()]).stdout).to_string();
     assert!(human.contains("requests served: "), "{human}");
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));

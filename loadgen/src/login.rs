@@ -1,0 +1,718 @@
+//! The home-directory profile model of `login-storm`: what a desktop session and a browser
+//! read and write in a user's home at login, during the session and at logout.
+//!
+//! The model is a text file (the shipped one: `data/login-profile/gnome-firefox.txt`, its
+//! sources in `SOURCE.md` beside it); [`Actor`] plays its actions on one home with
+//! per-operation latencies.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::engine::{Latencies, Op};
+
+/// The shipped model: a GNOME session and Firefox.
+pub const EMBEDDED: &str = include_str!("../data/login-profile/gnome-firefox.txt");
+
+/// SQLite page size used by the model (mozStorage's default).
+pub const PAGE: u64 = 32 * 1024;
+
+/// Home files above this size that no timed action reads are prepared sparse.
+const SPARSE_ABOVE: u64 = 256 * 1024;
+
+/// One step of the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A file of this size (in `[home]`: prepared before the login).
+    File {
+        path: String,
+        size: u64,
+    },
+    /// N new files, sizes spread between min and max; `{i}` and `{r}` in the pattern.
+    Many {
+        pattern: String,
+        n: u32,
+        min: u64,
+        max: u64,
+    },
+    Mkdir(String),
+    /// Open, read to the end, close.
+    Read(String),
+    /// List a directory tree and stat every entry.
+    Scan(String),
+    /// Create or truncate, write, close.
+    Write {
+        path: String,
+        size: u64,
+    },
+    /// Write a temporary file, fsync, rename it over the path.
+    Replace {
+        path: String,
+        size: u64,
+    },
+    Append {
+        path: String,
+        size: u64,
+    },
+    Unlink(String),
+    /// Read the header, then transactions: append pages to `DB-wal`, fdatasync each.
+    Sqlite {
+        db: String,
+        txns: u32,
+        pages: u32,
+    },
+    /// Copy the write-ahead log back into the database, fsync, truncate the log.
+    Checkpoint(String),
+}
+
+/// A parsed model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub home: Vec<Action>,
+    pub login: Vec<Action>,
+    pub session: Vec<Action>,
+    pub session_every: Duration,
+    pub logout: Vec<Action>,
+}
+
+impl Profile {
+    pub fn embedded() -> Self {
+        // The shipped model is checked by a unit test; an error here is a build defect.
+        Self::parse(EMBEDDED).unwrap_or_else(|e| panic!("embedded login profile: {e}"))
+    }
+
+    /// Parses a model; errors name the line and what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut vars: Vec<(String, String)> = Vec::new();
+        let mut p = Profile {
+            home: Vec::new(),
+            login: Vec::new(),
+            session: Vec::new(),
+            session_every: Duration::from_secs(15),
+            logout: Vec::new(),
+        };
+        let mut section: Option<&str> = None;
+        for (no, raw) in text.lines().enumerate() {
+            let no = no + 1;
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let err = |m: &str| format!("line {no}: {m}: {line:?}");
+            if let Some(h) = line.strip_prefix('[') {
+                let h = h.strip_suffix(']').ok_or_else(|| err("unclosed section"))?;
+                let mut w = h.split_whitespace();
+                section = match (w.next(), w.next(), w.next()) {
+                    (Some("home"), None, _) => Some("home"),
+                    (Some("login"), None, _) => Some("login"),
+                    (Some("logout"), None, _) => Some("logout"),
+                    (Some("session"), Some(secs), None) => {
+                        let s: u64 = secs
+                            .parse()
+                            .ok()
+                            .filter(|s| *s > 0)
+                            .ok_or_else(|| err("session period must be whole seconds > 0"))?;
+                        p.session_every = Duration::from_secs(s);
+                        Some("session")
+                    }
+                    _ => return Err(err("unknown section (home, login, session SECS, logout)")),
+                };
+                continue;
+            }
+            let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+            if words[0] == "set" {
+                if words.len() != 3 {
+                    return Err(err("set takes a name and a value"));
+                }
+                vars.push((format!("${}", words[1]), words[2].clone()));
+                vars.sort_by_key(|(k, _)| std::cmp::Reverse(k.len()));
+                continue;
+            }
+            for w in words.iter_mut().skip(1) {
+                for (k, v) in &vars {
+                    if w.contains(k.as_str()) {
+                        *w = w.replace(k.as_str(), v);
+                    }
+                }
+            }
+            let action = parse_action(&words).map_err(|m| err(&m))?;
+            let target = match section {
+                Some("home") => &mut p.home,
+                Some("login") => &mut p.login,
+                Some("session") => &mut p.session,
+                Some("logout") => &mut p.logout,
+                _ => return Err(err("action before any section")),
+            };
+            if section == Some("home")
+                && !matches!(
+                    action,
+                    Action::File { .. } | Action::Many { .. } | Action::Mkdir(_)
+                )
+            {
+                return Err(err("[home] holds only file, many and mkdir"));
+            }
+            target.push(action);
+        }
+        if p.login.is_empty() {
+            return Err("the profile has no [login] actions".into());
+        }
+        Ok(p)
+    }
+
+    /// Paths the timed sections read whole: prepared with real data (others, when large,
+    /// are prepared sparse, which no filesystem tells apart until read).
+    fn read_paths(&self) -> HashSet<&str> {
+        self.login
+            .iter()
+            .chain(&self.session)
+            .chain(&self.logout)
+            .filter_map(|a| match a {
+                Action::Read(p) => Some(p.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Files and bytes the `[home]` section makes.
+    pub fn home_size(&self) -> (u64, u64) {
+        self.home.iter().fold((0, 0), |(f, b), a| match a {
+            Action::File { size, .. } => (f + 1, b + size),
+            Action::Many { n, min, max, .. } => (f + *n as u64, b + *n as u64 * (min + max) / 2),
+            _ => (f, b),
+        })
+    }
+}
+
+fn parse_action(w: &[String]) -> Result<Action, String> {
+    let num = |i: usize| -> Result<u64, String> {
+        w.get(i)
+            .ok_or_else(|| format!("{} needs more arguments", w[0]))?
+            .parse::<u64>()
+            .map_err(|_| format!("argument {i} of {} is not a whole number", w[0]))
+    };
+    let path = |i: usize| -> Result<String, String> {
+        let p = w
+            .get(i)
+            .ok_or_else(|| format!("{} needs a path", w[0]))?
+            .clone();
+        if p.starts_with('/') || p.split('/').any(|c| c == "..") || p.contains('$') {
+            return Err(format!(
+                "{p:?} must be relative to the home, without .. or unknown $variables"
+            ));
+        }
+        Ok(p)
+    };
+    let arity = |n: usize| {
+        if w.len() == n {
+            Ok(())
+        } else {
+            Err(format!("{} takes {} arguments", w[0], n - 1))
+        }
+    };
+    let a = match w[0].as_str() {
+        "file" => {
+            arity(3)?;
+            Action::File {
+                path: path(1)?,
+                size: num(2)?,
+            }
+        }
+        "many" => {
+            arity(5)?;
+            let (min, max) = (num(3)?, num(4)?);
+            if min > max {
+                return Err("many: MIN is above MAX".into());
+            }
+            Action::Many {
+                pattern: path(1)?,
+                n: num(2)? as u32,
+                min,
+                max,
+            }
+        }
+        "mkdir" => {
+            arity(2)?;
+            Action::Mkdir(path(1)?)
+        }
+        "read" => {
+            arity(2)?;
+            Action::Read(path(1)?)
+        }
+        "scan" => {
+            arity(2)?;
+            Action::Scan(path(1)?)
+        }
+        "write" => {
+            arity(3)?;
+            Action::Write {
+                path: path(1)?,
+                size: num(2)?,
+            }
+        }
+        "replace" => {
+            arity(3)?;
+            Action::Replace {
+                path: path(1)?,
+                size: num(2)?,
+            }
+        }
+        "append" => {
+            arity(3)?;
+            Action::Append {
+                path: path(1)?,
+                size: num(2)?,
+            }
+        }
+        "unlink" => {
+            arity(2)?;
+            Action::Unlink(path(1)?)
+        }
+        "sqlite" => {
+            arity(4)?;
+            Action::Sqlite {
+                db: path(1)?,
+                txns: num(2)? as u32,
+                pages: num(3)? as u32,
+            }
+        }
+        "checkpoint" => {
+            arity(2)?;
+            Action::Checkpoint(path(1)?)
+        }
+        other => return Err(format!("unknown action {other:?}")),
+    };
+    Ok(a)
+}
+
+/// What one actor did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    pub files_written: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    /// Reads and scans of paths that were not there (with ccfs, `.cache` is local-only
+    /// and starts empty: the programs rebuild what they miss).
+    pub missing: u64,
+}
+
+/// Plays actions on one home.
+pub struct Actor {
+    pub home: PathBuf,
+    pub lat: Latencies,
+    pub tally: Tally,
+    rng: u64,
+    buf: Vec<u8>,
+}
+
+fn timed<T>(lat: &mut Latencies, op: Op, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    let t = Instant::now();
+    let r = f();
+    lat.record(op, t.elapsed());
+    r
+}
+
+impl Actor {
+    pub fn new(home: PathBuf, seed: u64) -> Self {
+        let mut a = Self {
+            home,
+            lat: Latencies::new(),
+            tally: Tally::default(),
+            rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            buf: Vec::new(),
+        };
+        a.buf = (0..256 * 1024).map(|_| a.next() as u8).collect();
+        a
+    }
+
+    fn next(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn size_between(&mut self, min: u64, max: u64) -> u64 {
+        min + self.next() % (max - min + 1)
+    }
+
+    fn at(&self, rel: &str) -> PathBuf {
+        self.home.join(rel)
+    }
+
+    fn parents(&mut self, p: &Path) -> io::Result<()> {
+        match p.parent() {
+            Some(d) if !d.exists() => timed(&mut self.lat, Op::Mkdir, || fs::create_dir_all(d)),
+            _ => Ok(()),
+        }
+    }
+
+    fn put(&mut self, f: &mut File, size: u64) -> io::Result<()> {
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(self.buf.len() as u64) as usize;
+            let buf = &self.buf[..n];
+            timed(&mut self.lat, Op::Write, || f.write_all(buf))?;
+            left -= n as u64;
+        }
+        self.tally.bytes_written += size;
+        self.tally.files_written += 1;
+        Ok(())
+    }
+
+    fn write_file(&mut self, p: &Path, size: u64, append: bool) -> io::Result<()> {
+        self.parents(p)?;
+        let mut o = OpenOptions::new();
+        o.create(true);
+        if append {
+            o.append(true);
+        } else {
+            o.write(true).truncate(true);
+        }
+        let mut f = timed(&mut self.lat, Op::Open, || o.open(p))?;
+        self.put(&mut f, size)?;
+        timed(&mut self.lat, Op::Close, || {
+            drop(f);
+            Ok(())
+        })
+    }
+
+    fn read_file(&mut self, p: &Path) -> io::Result<()> {
+        let mut f = timed(&mut self.lat, Op::Open, || File::open(p))?;
+        let mut buf = vec![0u8; 128 * 1024];
+        loop {
+            let n = timed(&mut self.lat, Op::Read, || f.read(&mut buf))?;
+            if n == 0 {
+                break;
+            }
+            self.tally.bytes_read += n as u64;
+        }
+        timed(&mut self.lat, Op::Close, || {
+            drop(f);
+            Ok(())
+        })
+    }
+
+    fn scan(&mut self, dir: &Path) -> io::Result<()> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let entries: Vec<PathBuf> = timed(&mut self.lat, Op::Readdir, || {
+                fs::read_dir(&d)?
+                    .map(|e| e.map(|e| e.path()))
+                    .collect::<io::Result<Vec<_>>>()
+            })?;
+            for p in entries {
+                let m = timed(&mut self.lat, Op::Stat, || fs::symlink_metadata(&p))?;
+                if m.is_dir() {
+                    stack.push(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn sqlite(&mut self, db: &Path, txns: u32, pages: u32) -> io::Result<()> {
+        // A missing database is created, as SQLite does (counted as missing).
+        self.parents(db)?;
+        let mut f = timed(&mut self.lat, Op::Open, || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(db)
+        })?;
+        if f.metadata()?.len() == 0 {
+            self.tally.missing += 1;
+        }
+        let mut header = [0u8; 4096];
+        let n = timed(&mut self.lat, Op::Read, || f.read(&mut header))?;
+        self.tally.bytes_read += n as u64;
+        let wal_path = PathBuf::from(format!("{}-wal", db.display()));
+        let mut wal = timed(&mut self.lat, Op::Open, || {
+            OpenOptions::new().create(true).append(true).open(&wal_path)
+        })?;
+        for _ in 0..txns {
+            for _ in 0..pages {
+                let page = &self.buf[..PAGE as usize];
+                timed(&mut self.lat, Op::Write, || wal.write_all(page))?;
+            }
+            timed(&mut self.lat, Op::Fsync, || wal.sync_data())?;
+            self.tally.bytes_written += pages as u64 * PAGE;
+        }
+        self.tally.files_written += 1;
+        timed(&mut self.lat, Op::Close, || {
+            drop(wal);
+            drop(f);
+            Ok(())
+        })
+    }
+
+    fn checkpoint(&mut self, db: &Path) -> io::Result<()> {
+        let wal_path = PathBuf::from(format!("{}-wal", db.display()));
+        let wal_len = match timed(&mut self.lat, Op::Stat, || fs::metadata(&wal_path)) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if wal_len == 0 {
+            return Ok(());
+        }
+        let f = timed(&mut self.lat, Op::Open, || {
+            OpenOptions::new().read(true).write(true).open(db)
+        })?;
+        let db_pages = (f.metadata()?.len() / PAGE).max(1);
+        let mut f = f;
+        for k in 0..wal_len.div_ceil(PAGE) {
+            let at = (self.next() % db_pages) * PAGE;
+            let page = &self.buf[..PAGE as usize];
+            timed(&mut self.lat, Op::Write, || {
+                f.seek(SeekFrom::Start(at))?;
+                f.write_all(page)
+            })?;
+            let _ = k;
+        }
+        timed(&mut self.lat, Op::Fsync, || f.sync_all())?;
+        let wal = timed(&mut self.lat, Op::Open, || {
+            OpenOptions::new().write(true).open(&wal_path)
+        })?;
+        timed(&mut self.lat, Op::Truncate, || wal.set_len(0))?;
+        timed(&mut self.lat, Op::Fsync, || wal.sync_all())?;
+        self.tally.bytes_written += wal_len;
+        self.tally.files_written += 1;
+        timed(&mut self.lat, Op::Close, || {
+            drop(wal);
+            drop(f);
+            Ok(())
+        })
+    }
+
+    /// Plays `actions`; `rep` fills `{r}` in `many` patterns.
+    pub fn play(&mut self, actions: &[Action], rep: u32) -> io::Result<()> {
+        for a in actions {
+            self.play_one(a, rep)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", describe(a))))?;
+        }
+        Ok(())
+    }
+
+    fn play_one(&mut self, a: &Action, rep: u32) -> io::Result<()> {
+        match a {
+            Action::File { path, size } => self.write_file(&self.at(path), *size, false),
+            Action::Many {
+                pattern,
+                n,
+                min,
+                max,
+            } => {
+                for i in 0..*n {
+                    let rel = pattern
+                        .replace("{i}", &i.to_string())
+                        .replace("{r}", &rep.to_string());
+                    let size = self.size_between(*min, *max);
+                    self.write_file(&self.at(&rel), size, false)?;
+                }
+                Ok(())
+            }
+            Action::Mkdir(p) => {
+                let p = self.at(p);
+                timed(&mut self.lat, Op::Mkdir, || fs::create_dir_all(&p))
+            }
+            Action::Read(p) | Action::Scan(p) => {
+                let path = self.at(p);
+                let r = if matches!(a, Action::Read(_)) {
+                    self.read_file(&path)
+                } else {
+                    self.scan(&path)
+                };
+                match r {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        self.tally.missing += 1;
+                        Ok(())
+                    }
+                    other => other,
+                }
+            }
+            Action::Write { path, size } => self.write_file(&self.at(path), *size, false),
+            Action::Append { path, size } => self.write_file(&self.at(path), *size, true),
+            Action::Replace { path, size } => {
+                let target = self.at(path);
+                let tmp = PathBuf::from(format!("{}.tmp-{}", target.display(), rep));
+                self.parents(&target)?;
+                let mut f = timed(&mut self.lat, Op::Open, || File::create(&tmp))?;
+                self.put(&mut f, *size)?;
+                timed(&mut self.lat, Op::Fsync, || f.sync_all())?;
+                timed(&mut self.lat, Op::Close, || {
+                    drop(f);
+                    Ok(())
+                })?;
+                timed(&mut self.lat, Op::Rename, || fs::rename(&tmp, &target))
+            }
+            Action::Unlink(p) => {
+                let p = self.at(p);
+                match timed(&mut self.lat, Op::Unlink, || fs::remove_file(&p)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                }
+            }
+            Action::Sqlite { db, txns, pages } => self.sqlite(&self.at(db), *txns, *pages),
+            Action::Checkpoint(db) => self.checkpoint(&self.at(db)),
+        }
+    }
+
+    /// A file of `size` bytes with real data only in its first page (SQLite reads its
+    /// header); the rest is a hole.
+    fn sparse(&mut self, p: &Path, size: u64) -> io::Result<()> {
+        self.parents(p)?;
+        let f = File::create(p)?;
+        f.set_len(size)?;
+        f.write_all_at(&self.buf[..4096.min(size as usize)], 0)
+    }
+
+    /// Makes the `[home]` files: real data where a timed section reads them or they are
+    /// small, sparse (same size) otherwise.
+    pub fn prepare(&mut self, profile: &Profile) -> io::Result<()> {
+        let read = profile.read_paths();
+        for a in &profile.home {
+            match a {
+                Action::File { path, size }
+                    if *size > SPARSE_ABOVE && !read.contains(path.as_str()) =>
+                {
+                    self.sparse(&self.at(path), *size)?;
+                }
+                Action::Many {
+                    pattern,
+                    n,
+                    min,
+                    max,
+                } if *max > SPARSE_ABOVE => {
+                    for i in 0..*n {
+                        let rel = pattern.replace("{i}", &i.to_string()).replace("{r}", "0");
+                        let size = self.size_between(*min, *max);
+                        if size > SPARSE_ABOVE && !read.contains(rel.as_str()) {
+                            self.sparse(&self.at(&rel), size)?;
+                        } else {
+                            self.write_file(&self.at(&rel), size, false)?;
+                        }
+                    }
+                }
+                other => self.play_one(other, 0)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn describe(a: &Action) -> String {
+    match a {
+        Action::File { path, .. }
+        | Action::Write { path, .. }
+        | Action::Replace { path, .. }
+        | Action::Append { path, .. } => path.clone(),
+        Action::Many { pattern, .. } => pattern.clone(),
+        Action::Mkdir(p) | Action::Read(p) | Action::Scan(p) | Action::Unlink(p) => p.clone(),
+        Action::Sqlite { db, .. } | Action::Checkpoint(db) => db.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_profile_parses_and_has_the_documented_shape() {
+        let p = Profile::parse(EMBEDDED).expect("parses");
+        let (files, bytes) = p.home_size();
+        assert!((1000..3000).contains(&files), "{files} files in the home");
+        assert!(bytes > 30 << 20, "{bytes} bytes");
+        assert!(p.login.len() > 80, "{} login actions", p.login.len());
+        assert_eq!(p.session_every, Duration::from_secs(15));
+        assert!(!p.session.is_empty() && !p.logout.is_empty());
+        let has = |v: &[Action], f: fn(&Action) -> bool| v.iter().any(f);
+        assert!(has(&p.login, |a| matches!(a, Action::Sqlite { .. })));
+        assert!(has(
+            &p.login,
+            |a| matches!(a, Action::Replace { path, .. } if path.ends_with("prefs.js"))
+        ));
+        assert!(has(&p.logout, |a| matches!(a, Action::Checkpoint(_))));
+        // Variables are resolved.
+        assert!(p.login.iter().all(|a| !describe(a).contains('$')));
+    }
+
+    #[test]
+    fn bad_profiles_name_the_line_and_the_problem() {
+        for (text, want) in [
+            ("read x\n", "line 1: action before any section"),
+            (
+                "[login]\nread /etc/passwd\n",
+                "line 2: \"/etc/passwd\" must be relative",
+            ),
+            ("[login]\nread ../x\n", "without .."),
+            ("[login]\nfrobnicate x\n", "unknown action"),
+            ("[login]\nwrite x big\n", "not a whole number"),
+            ("[session 0]\n", "session period"),
+            ("[home]\nread x\n", "[home] holds only"),
+            ("[home]\nfile x 1\n", "no [login] actions"),
+            ("[login]\nmany x 3 9 1\n", "MIN is above MAX"),
+            ("[login]\nread $NOPE/x\n", "unknown $variables"),
+        ] {
+            let e = Profile::parse(text).expect_err(text);
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn actions_do_what_they_say_on_disk() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let text = "[home]\nfile a.db 65536\nmany c/{i} 3 10 10\nfile big 2000000\n\
+                    [login]\nread c/0\nreplace p.js 100\nsqlite a.db 2 3\nscan c\n\
+                    [session 5]\nmany n/{r}-{i} 2 1 1\nappend h 7\n\
+                    [logout]\ncheckpoint a.db\nunlink p.js\nunlink missing\n";
+        let p = Profile::parse(text).expect("parse");
+        let mut a = Actor::new(dir.path().to_path_buf(), 7);
+        a.prepare(&p).expect("prepare");
+        let len = |r: &str| fs::metadata(dir.path().join(r)).map(|m| m.len()).ok();
+        assert_eq!(len("c/2"), Some(10));
+        assert_eq!(len("big"), Some(2_000_000));
+        a.play(&p.login, 0).expect("login");
+        assert_eq!(len("p.js"), Some(100));
+        assert_eq!(len("a.db-wal"), Some(2 * 3 * PAGE));
+        assert!(a.lat.count(Op::Rename) == 1 && a.lat.count(Op::Fsync) >= 3);
+        assert!(a.lat.count(Op::Readdir) >= 1 && a.lat.count(Op::Stat) >= 3);
+        a.play(&p.session, 4).expect("session");
+        assert_eq!(len("n/4-1"), Some(1));
+        assert_eq!(len("h"), Some(7));
+        a.play(&p.logout, 0).expect("logout");
+        assert_eq!(len("a.db-wal"), Some(0), "checkpoint empties the log");
+        assert_eq!(len("a.db"), Some(65536), "pages written in place");
+        assert_eq!(len("p.js"), None);
+        // A missing file is counted (programs rebuild their caches), not fatal.
+        a.play(
+            &[Action::Read("nope".into()), Action::Scan("gone".into())],
+            0,
+        )
+        .expect("missing is no error");
+        assert_eq!(a.tally.missing, 2);
+        // A missing database is created, as SQLite does.
+        let new_db = Action::Sqlite {
+            db: "new/n.db".into(),
+            txns: 1,
+            pages: 1,
+        };
+        a.play(&[new_db], 0).expect("created");
+        assert_eq!(a.tally.missing, 3);
+        assert_eq!(len("new/n.db-wal"), Some(PAGE));
+        let e = a
+            .play(
+                &[Action::Write {
+                    path: "c/0/x".into(),
+                    size: 1,
+                }],
+                0,
+            )
+            .expect_err("c/0 is a file");
+        assert!(e.to_string().contains("c/0/x"), "{e}");
+    }
+}
