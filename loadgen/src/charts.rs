@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use crate::report::{PhaseReport, RunReport};
+use crate::storm::StormReport;
 
 /// Where a TrueType font is looked for (Debian's fonts-dejavu-core), unless given.
 pub const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -317,7 +318,7 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
 }
 
 /// The HTML page: where the numbers come from, the tables, the charts.
-pub fn html(runs: &[RunReport], images: &[String]) -> String {
+pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> String {
     let mut h = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>loadgen report</title>\
          <style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}\
@@ -335,6 +336,17 @@ pub fn html(runs: &[RunReport], images: &[String]) -> String {
             esc(&e.hostname),
             esc(&r.version)
         );
+    }
+    if !storms.is_empty() {
+        h.push_str(&storm_table_html(storms));
+    }
+    if runs.is_empty() {
+        h.push_str("<h2>Charts</h2>");
+        for img in images {
+            let _ = write!(h, "<p><img src=\"{0}.svg\" alt=\"{0}\"></p>", esc(img));
+        }
+        h.push_str("</body></html>\n");
+        return h;
     }
     h.push_str("<h2>Runs</h2><table><tr><th>system</th><th>filesystem</th><th>mount source</th><th>clients</th><th>scale</th><th>complete</th></tr>");
     for r in runs {
@@ -395,6 +407,101 @@ pub fn html(runs: &[RunReport], images: &[String]) -> String {
     h
 }
 
+/// login-storm charts: every user's time to login (sorted, the distribution), its
+/// percentiles, and the writes that reached the share.
+pub fn storm_charts(storms: &[StormReport]) -> Vec<(String, Bars)> {
+    if storms.is_empty() {
+        return Vec::new();
+    }
+    let users = storms.iter().map(|s| s.per_user.len()).max().unwrap_or(0);
+    let sorted = |s: &StormReport| {
+        let mut v: Vec<f64> = s.per_user.iter().map(|u| u.login_s).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let distribution = Bars {
+        title: "Time to login, every user (sorted)".into(),
+        y_label: "seconds".into(),
+        groups: (1..=users).map(|i| i.to_string()).collect(),
+        series: storms
+            .iter()
+            .map(|s| (s.name(), sorted(s).into_iter().map(Some).collect()))
+            .collect(),
+        log_y: false,
+    };
+    let percentiles = Bars {
+        title: "Time to login".into(),
+        y_label: "seconds".into(),
+        groups: vec!["p50".into(), "p95".into(), "max".into()],
+        series: storms
+            .iter()
+            .map(|s| {
+                let t = &s.time_to_login;
+                (s.name(), vec![Some(t.p50_s), Some(t.p95_s), Some(t.max_s)])
+            })
+            .collect(),
+        log_y: false,
+    };
+    let writes = Bars {
+        title: "Changing requests that reached the share".into(),
+        y_label: "requests (log; 0 drawn at 0.5)".into(),
+        groups: vec!["login + session".into(), "logout".into()],
+        series: storms
+            .iter()
+            .map(|s| {
+                let m = |c: &Option<crate::storm::ShareCounts>| {
+                    c.as_ref().map(|c| (c.mutating as f64).max(0.5))
+                };
+                (
+                    s.name(),
+                    vec![m(&s.share_login_session), m(&s.share_logout)],
+                )
+            })
+            .collect(),
+        log_y: true,
+    };
+    vec![
+        ("login-distribution".into(), distribution),
+        ("login-percentiles".into(), percentiles),
+        ("share-writes".into(), writes),
+    ]
+}
+
+fn storm_table_html(storms: &[StormReport]) -> String {
+    let mut h = String::from(
+        "<h2>Login storms</h2><table><tr><th>run</th><th>share</th><th>users</th>\
+         <th>session s</th><th>login p50 s</th><th>p95 s</th><th>max s</th><th>logout p50 s</th>\
+         <th>share writes (login+session)</th><th>share bytes written (login+session)</th>\
+         <th>share writes (logout)</th><th>server CPU s</th><th>complete</th></tr>",
+    );
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+    for s in storms {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.2}</td>\
+             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&s.name()),
+            esc(&s.share),
+            esc(&s.environment.fs_type),
+            s.users,
+            s.session_s,
+            s.time_to_login.p50_s,
+            s.time_to_login.p95_s,
+            s.time_to_login.max_s,
+            s.logout.p50_s,
+            opt(s.share_login_session.as_ref().map(|c| c.mutating)),
+            opt(s.share_login_session.as_ref().map(|c| c.write_bytes)),
+            opt(s.share_logout.as_ref().map(|c| c.mutating)),
+            s.server_cpu_s
+                .map(|c| format!("{c:.1}"))
+                .unwrap_or_else(|| "-".into()),
+            if s.complete { "yes" } else { "no" }
+        );
+    }
+    h.push_str("</table>");
+    h
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -405,6 +512,7 @@ fn esc(s: &str) -> String {
 /// Writes every chart as SVG and PNG, and index.html, into `dir`; returns the files written.
 pub fn write_report(
     runs: &[RunReport],
+    storms: &[StormReport],
     dir: &Path,
     font: &Path,
 ) -> Result<Vec<PathBuf>, ChartError> {
@@ -415,7 +523,7 @@ pub fn write_report(
     })?;
     let mut written = Vec::new();
     let mut stems = Vec::new();
-    for (stem, bars) in charts(runs) {
+    for (stem, bars) in charts(runs).into_iter().chain(storm_charts(storms)) {
         let size = (1000, 560);
         let svg = bars_svg(&bars, size)?;
         let svg_path = dir.join(format!("{stem}.svg"));
@@ -430,7 +538,7 @@ pub fn write_report(
         stems.push(stem);
     }
     let index = dir.join("index.html");
-    std::fs::write(&index, html(runs, &stems)).map_err(|source| ChartError::Write {
+    std::fs::write(&index, html(runs, storms, &stems)).map_err(|source| ChartError::Write {
         path: index.clone(),
         source,
     })?;

@@ -584,6 +584,9 @@ fn access_sets(files: usize) -> Sets {
     }
 }
 
+const WORK_OUTSIDE: &str =
+    "--work must be local scratch space outside --share (the workstations' caches go there)";
+
 /// Checks the login-storm arguments and builds its configuration.
 fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     use loadgen::login::Profile;
@@ -605,16 +608,13 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
             share.display()
         )));
     }
-    std::fs::create_dir_all(&a.work)
-        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
-    let work = a
-        .work
-        .canonicalize()
-        .map_err(|e| user(format!("--work: {e}")))?;
-    if work.starts_with(&share) || share.starts_with(&work) {
-        return Err(user(
-            "--work must be local scratch space outside --share (the workstations' caches go there)",
-        ));
+    let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
+    let work_abs = std::env::current_dir()
+        .map(|d| d.join(&a.work))
+        .unwrap_or_else(|_| a.work.clone());
+    // Checked before anything is made, and again once the path is resolved.
+    if !outside(&work_abs) {
+        return Err(user(WORK_OUTSIDE));
     }
     let (profile, profile_name) = match &a.profile {
         None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
@@ -646,6 +646,15 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
             "cannot run ccfs ({}); build it (cargo build --release) or pass --ccfs PATH",
             ccfs.display()
         )));
+    }
+    std::fs::create_dir_all(&a.work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    let work = a
+        .work
+        .canonicalize()
+        .map_err(|e| user(format!("--work: {e}")))?;
+    if !outside(&work) {
+        return Err(user(WORK_OUTSIDE));
     }
     let mut pids = a.server_pids.clone();
     if let Some(f) = &a.server_pids_file {
@@ -789,33 +798,47 @@ fn main() -> ExitCode {
             }
             Cmd::Report { results, out, font } => {
                 let mut runs: Vec<RunReport> = Vec::new();
+                let mut storms: Vec<loadgen::storm::StormReport> = Vec::new();
                 for f in &results {
                     let bytes = std::fs::read(f)
                         .map_err(|e| user(format!("cannot read {}: {e}", f.display())))?;
-                    let parsed: Result<Vec<RunReport>, _> =
-                        serde_json::from_slice::<RunReport>(&bytes)
-                            .map(|r| vec![r])
-                            .or_else(|_| serde_json::from_slice::<Vec<RunReport>>(&bytes));
-                    let mut parsed = parsed.map_err(|e| {
+                    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
                         user(format!(
-                            "{} is not a loadgen result ({e}); give files written by --json",
+                            "{} is not JSON ({e}); give files written by --json",
                             f.display()
                         ))
                     })?;
-                    runs.append(&mut parsed);
+                    let items = match value {
+                        serde_json::Value::Array(a) => a,
+                        v => vec![v],
+                    };
+                    for item in items {
+                        let bad = |e: serde_json::Error| {
+                            user(format!(
+                                "{} is not a loadgen result ({e}); give files written by --json",
+                                f.display()
+                            ))
+                        };
+                        if item["schema"] == loadgen::storm::SCHEMA {
+                            storms.push(serde_json::from_value(item).map_err(bad)?);
+                        } else {
+                            runs.push(serde_json::from_value(item).map_err(bad)?);
+                        }
+                    }
                 }
-                if runs.is_empty() {
+                if runs.is_empty() && storms.is_empty() {
                     return Err(user("no runs in the given files"));
                 }
-                let written =
-                    loadgen::charts::write_report(&runs, &out, &font).map_err(|e| match e {
+                let written = loadgen::charts::write_report(&runs, &storms, &out, &font).map_err(
+                    |e| match e {
                         loadgen::charts::ChartError::Font { .. }
                         | loadgen::charts::ChartError::BadFont(_) => user(e.to_string()),
                         other => Error::Failed(other.to_string()),
-                    })?;
+                    },
+                )?;
                 println!(
                     "loadgen report: {} runs, {} files in {}",
-                    runs.len(),
+                    runs.len() + storms.len(),
                     written.len(),
                     out.display()
                 );

@@ -1,0 +1,220 @@
+//! `loadgen login-storm` end to end: real ccfs mounts (one per user and the share meter),
+//! real rsync at logout, counts taken at the share side.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn loadgen_bin() -> PathBuf {
+    common::ccfs_bin().with_file_name("loadgen")
+}
+
+fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
+    Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share)
+        .arg("--work")
+        .arg(work)
+        .arg("--ccfs")
+        .arg(common::ccfs_bin())
+        .args(extra)
+        .output()
+        .expect("run loadgen")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn no_mounts_under(dir: &Path) -> bool {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let d = dir.display().to_string();
+    !mi.lines().any(|l| l.contains(&d))
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+/// The shipped profile, both ways: with ccfs nothing changing reaches the share until the
+/// logout, without it every config write does; everything is cleaned up after.
+#[test]
+fn compare_counts_share_writes_at_the_share_side() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("storm.json");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--users",
+            "2",
+            "--session",
+            "0",
+            "--compare",
+            "--json",
+            json.to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let (without, with) = (&runs[0], &runs[1]);
+    assert_eq!(without["schema"], "loadgen-login-storm/1");
+    assert_eq!(
+        (without["with_ccfs"].as_bool(), with["with_ccfs"].as_bool()),
+        (Some(false), Some(true))
+    );
+    for r in [without, with] {
+        assert_eq!(r["complete"], true, "{r}");
+        assert_eq!(r["per_user"].as_array().expect("users").len(), 2);
+        assert!(r["time_to_login"]["p50_s"].as_f64().expect("p50") > 0.0);
+    }
+    let n = |r: &serde_json::Value, part: &str, k: &str| r[part][k].as_u64().expect(k);
+    assert!(
+        n(without, "share_login_session", "mutating") > 100,
+        "{}",
+        without["share_login_session"]
+    );
+    assert!(n(without, "share_login_session", "write_bytes") > 1_000_000);
+    assert_eq!(
+        n(with, "share_login_session", "mutating"),
+        0,
+        "with ccfs the login changes nothing on the share: {}",
+        with["share_login_session"]
+    );
+    assert!(n(with, "share_logout", "mutating") > 0, "the logout syncs");
+    assert!(n(with, "share_logout", "write_bytes") > 0);
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("time to login p50") && table.contains("ratio"),
+        "{table}"
+    );
+    // Homes removed, scratch removed, nothing left mounted.
+    assert_eq!(entries(share.path()), 0, "share left clean");
+    assert_eq!(entries(work.path()), 0, "work left clean");
+    assert!(no_mounts_under(work.path()));
+    // The report draws the storm charts.
+    let rep = out.path().join("report");
+    let o = Command::new(loadgen_bin())
+        .args(["report", json.to_str().expect("utf8"), "-o"])
+        .arg(&rep)
+        .output()
+        .expect("report");
+    assert!(o.status.success(), "{}", text(&o));
+    for f in [
+        "login-distribution.svg",
+        "login-percentiles.png",
+        "share-writes.svg",
+        "index.html",
+    ] {
+        assert!(rep.join(f).is_file(), "{f}");
+    }
+    let html = std::fs::read_to_string(rep.join("index.html")).expect("html");
+    assert!(
+        html.contains("Login storms") && html.contains("with ccfs"),
+        "{html}"
+    );
+}
+
+/// What the users wrote during login and session is on the share after the logout.
+#[test]
+fn with_ccfs_every_change_reaches_the_share_at_logout() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let profile = scratch.path().join("profile.txt");
+    std::fs::write(
+        &profile,
+        "[home]\nfile .config/app.conf 10\nfile Documents/old.txt 5\n\
+         [login]\nread .config/app.conf\nreplace .config/app.conf 123\nwrite Documents/a.txt 50\n\
+         [session 1]\nreplace .config/s.conf 77\nappend .history 3\n\
+         [logout]\nunlink Documents/old.txt\n",
+    )
+    .expect("profile");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--users",
+            "3",
+            "--session",
+            "2",
+            "--with-ccfs",
+            "--keep",
+            "--profile",
+            profile.to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let run: Vec<PathBuf> = std::fs::read_dir(share.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(run.len(), 1, "{run:?}");
+    for u in 0..3 {
+        let home = run[0].join(format!("user{u:03}"));
+        let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
+        assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
+        assert_eq!(len("Documents/a.txt"), Some(50));
+        assert_eq!(len(".config/s.conf"), Some(77), "written in the session");
+        assert_eq!(len(".history"), Some(6), "two session ticks appended");
+        assert_eq!(len("Documents/old.txt"), None, "deleted at logout");
+    }
+    assert!(no_mounts_under(work.path()));
+}
+
+#[test]
+fn bad_storm_input_is_refused_and_changes_nothing() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let bad_profile = work.path().join("bad.txt");
+    std::fs::write(&bad_profile, "[login]\nread /etc/shadow\n").expect("write");
+    let inside = share.path().join("w");
+    for (args, want) in [
+        (vec!["--users", "0"], "--users"),
+        (vec!["--session", "999999"], "--session"),
+        (
+            vec!["--profile", bad_profile.to_str().expect("utf8")],
+            "line 2",
+        ),
+        (
+            vec!["--profile", "/nonexistent/p.txt"],
+            "cannot read --profile",
+        ),
+        (vec!["--with-ccfs", "--compare"], "cannot be used with"),
+    ] {
+        let o = storm(share.path(), work.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let o = storm(Path::new("/nonexistent/share"), work.path(), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--share"));
+    let o = storm(share.path(), &inside, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("outside --share"));
+    let o = Command::new(loadgen_bin())
+        .args(["login-storm", "--share"])
+        .arg(share.path())
+        .args(["--work"])
+        .arg(work.path())
+        .args(["--ccfs", "/nonexistent/ccfs"])
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--ccfs"));
+    assert!(
+        entries(share.path()) <= 1,
+        "only the refused --work dir may exist"
+    );
+}
