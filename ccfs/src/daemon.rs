@@ -419,7 +419,12 @@ pub fn create_cache_dir(dir: &Path, owner: u32) -> io::Result<()> {
     }
     let shared_root = cache_root();
     for d in missing.iter().rev() {
-        fs::create_dir(d)?;
+        match fs::create_dir(d) {
+            Ok(()) => {}
+            // A parent another mount made meanwhile (two logins at once): theirs to set up.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d != dir => continue,
+            Err(e) => return Err(e),
+        }
         let as_root = crate::sys::geteuid() == 0;
         if as_root && *d == shared_root {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
@@ -749,4 +754,37 @@ pub fn all_caches() -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logins at once whose caches share a parent that does not exist yet: all are made,
+    /// each private.
+    #[test]
+    fn caches_with_a_missing_common_parent_are_made_concurrently() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        for round in 0..20 {
+            let parent = tmp.path().join(format!("r{round}/cache"));
+            let results: Vec<io::Result<()>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..4)
+                    .map(|i| {
+                        let d = parent.join(format!("user{i}"));
+                        s.spawn(move || create_cache_dir(&d, crate::sys::geteuid()))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("panic"))))
+                    .collect()
+            });
+            for r in results {
+                r.expect("every cache made");
+            }
+        }
+        for i in 0..4 {
+            let m = fs::metadata(tmp.path().join(format!("r0/cache/user{i}"))).expect("made");
+            assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        }
+    }
 }

@@ -700,34 +700,35 @@ fn login_storm(a: &StormArgs) -> Result<(), Error> {
     } else {
         vec![a.with_ccfs]
     };
-    let mut runs = Vec::new();
-    for with in modes {
-        let c = loadgen::storm::StormConfig {
-            with_ccfs: with,
-            ..cfg.clone()
-        };
-        eprintln!(
-            "loadgen login-storm: {} users {}",
-            c.users,
-            if with {
-                "through ccfs"
-            } else {
-                "straight on the share"
-            }
-        );
-        let r = loadgen::storm::run(&c).map_err(Error::Failed)?;
-        runs.push(r);
+    eprintln!(
+        "loadgen login-storm: preparing {} homes, then {}",
+        cfg.users,
+        if a.compare {
+            "straight on the share, then through ccfs"
+        } else if a.with_ccfs {
+            "through ccfs"
+        } else {
+            "straight on the share"
+        }
+    );
+    let mut write_error = None;
+    let runs = loadgen::storm::run(&cfg, &modes, |runs| {
         if let Some(j) = &a.json {
             let v = if a.compare {
-                serde_json::to_vec_pretty(&runs)
+                serde_json::to_vec_pretty(runs)
             } else {
                 serde_json::to_vec_pretty(&runs[0])
             };
-            write_out(j, &v.unwrap_or_default())
-                .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+            if let Err(e) = write_out(j, &v.unwrap_or_default()) {
+                write_error = Some(format!("cannot write {}: {e}", j.display()));
+            }
         }
-    }
+    })
+    .map_err(Error::Failed)?;
     print!("{}", loadgen::storm::table(&runs));
+    if let Some(e) = write_error {
+        return Err(Error::Failed(e));
+    }
     match runs.iter().find_map(|r| r.error.clone()) {
         Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
         None => Ok(()),

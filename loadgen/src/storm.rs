@@ -270,9 +270,16 @@ const RELAY_CONFIG: &str =
     "# loadgen login-storm's share meter: caches nothing, counts every request.\n\
 [paths]\ndotfiles_cached = false\nlocal_only = []\n[sync]\ninterval_secs = 0\n";
 
-/// Runs one storm. Errors before the users start are returned; a user's failure is in
-/// its result and in the report's `error`.
-pub fn run(cfg: &StormConfig) -> Result<StormReport, String> {
+/// Runs one storm per entry of `modes` (with ccfs or not), in order, on homes prepared
+/// once: a later storm finds the homes as the earlier one's logout left them (the class
+/// logging in again the next day). `on_run` gets the reports so far after each storm.
+/// Errors before the users start are returned; a user's failure is in its result and in
+/// the report's `error`.
+pub fn run(
+    cfg: &StormConfig,
+    modes: &[bool],
+    mut on_run: impl FnMut(&[StormReport]),
+) -> Result<Vec<StormReport>, String> {
     let stamp = format!("{}-{}", now_unix(), std::process::id());
     let run_name = format!("loadgen-storm-{stamp}");
     let run_on_share = cfg.share.join(&run_name);
@@ -283,23 +290,41 @@ pub fn run(cfg: &StormConfig) -> Result<StormReport, String> {
         "{\"tool\":\"loadgen\"}\n",
     )
     .map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
-    let work = cfg.work.join(format!("storm-{stamp}"));
-    std::fs::create_dir_all(&work).map_err(|e| format!("mkdir {}: {e}", work.display()))?;
-    let result = run_in(cfg, &run_on_share, &run_name, &work);
+    let mut reports = Vec::new();
+    let mut result = prepare(cfg, &run_on_share);
+    if result.is_ok() {
+        for (i, &with_ccfs) in modes.iter().enumerate() {
+            let work = cfg.work.join(format!("storm-{stamp}-{i}"));
+            if let Err(e) = std::fs::create_dir_all(&work) {
+                result = Err(format!("mkdir {}: {e}", work.display()));
+                break;
+            }
+            let c = StormConfig {
+                with_ccfs,
+                ..cfg.clone()
+            };
+            let r = run_in(&c, &run_on_share, &run_name, &work);
+            let _ = std::fs::remove_dir_all(&work);
+            match r {
+                Ok(r) => {
+                    reports.push(r);
+                    on_run(&reports);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+    }
     if !cfg.keep {
         let _ = std::fs::remove_dir_all(&run_on_share);
     }
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    result.map(|()| reports)
 }
 
-fn run_in(
-    cfg: &StormConfig,
-    run_on_share: &Path,
-    run_name: &str,
-    work: &Path,
-) -> Result<StormReport, String> {
-    // Homes, prepared straight on the share (untimed, not metered).
+/// The homes, straight on the share (untimed, not metered).
+fn prepare(cfg: &StormConfig, run_on_share: &Path) -> Result<(), String> {
     let prep: Vec<Result<(), String>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..cfg.users)
             .map(|u| {
@@ -320,6 +345,15 @@ fn run_in(
         return Err(e);
     }
     sync_path(run_on_share);
+    Ok(())
+}
+
+fn run_in(
+    cfg: &StormConfig,
+    run_on_share: &Path,
+    run_name: &str,
+    work: &Path,
+) -> Result<StormReport, String> {
     // The meter in front of the share.
     let relay = if cfg.meter {
         let conf = work.join("meter.toml");
