@@ -47,7 +47,8 @@ fn entries(dir: &Path) -> usize {
 /// logout, without it every config write does; everything is cleaned up after.
 #[test]
 fn compare_counts_share_writes_at_the_share_side() {
-    let share = tempfile::tempdir().expect("share");
+    // On $CCFS_TEST_SHARE_ROOT when set: scripts/test runs this on GlusterFS too.
+    let share = common::share_dir();
     let work = tempfile::tempdir().expect("work");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("storm.json");
@@ -128,7 +129,7 @@ fn compare_counts_share_writes_at_the_share_side() {
 /// What the users wrote during login and session is on the share after the logout.
 #[test]
 fn with_ccfs_every_change_reaches_the_share_at_logout() {
-    let share = tempfile::tempdir().expect("share");
+    let share = common::share_dir();
     let work = tempfile::tempdir().expect("work");
     let scratch = tempfile::tempdir().expect("scratch");
     let profile = scratch.path().join("profile.txt");

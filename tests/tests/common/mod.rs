@@ -39,8 +39,16 @@ pub fn text(o: &Output) -> String {
 
 /// Where the share lives for this run: a local temp dir, or below $CCFS_TEST_SHARE_ROOT
 /// (for example a GlusterFS client mount) when set.
-fn share_root() -> Option<PathBuf> {
+pub fn share_root() -> Option<PathBuf> {
     std::env::var_os("CCFS_TEST_SHARE_ROOT").map(PathBuf::from)
+}
+
+/// A temporary directory for a share: below $CCFS_TEST_SHARE_ROOT when set, else local.
+pub fn share_dir() -> tempfile::TempDir {
+    match share_root() {
+        Some(root) => tempfile::tempdir_in(root).expect("share dir on the test share"),
+        None => tempfile::tempdir().expect("share dir"),
+    }
 }
 
 /// A temporary share, mount point and cache.
