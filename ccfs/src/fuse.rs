@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -108,13 +108,46 @@ impl Nodes {
 #[derive(Debug)]
 enum Handle {
     File {
-        file: File,
-        writer: Option<u64>,
+        io: RwLock<FileIo>,
         node: u64,
     },
     Dir {
         entries: Vec<(u64, FileType, std::ffi::OsString)>,
     },
+}
+
+/// An open file: the descriptor, and while the copy-up is deferred (see
+/// [`Overlay::open_deferred`]) what it stands for.
+#[derive(Debug)]
+struct FileIo {
+    file: File,
+    writer: Option<u64>,
+    deferred: Option<Deferred>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    /// The flags of the writable open this handle stands for.
+    flags: i32,
+    /// The overlay's copy-up count when last checked.
+    seen: u64,
+}
+
+impl Handle {
+    fn file(node: u64, file: File, writer: Option<u64>, deferred: Option<Deferred>) -> Self {
+        Handle::File {
+            io: RwLock::new(FileIo {
+                file,
+                writer,
+                deferred,
+            }),
+            node,
+        }
+    }
+}
+
+fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
+    io.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The ccfs filesystem as fuser sees it.
@@ -342,7 +375,7 @@ impl CcfsFs {
 
     fn open_node_stat(&self, node: u64) -> Option<Stat> {
         self.handles().values().find_map(|h| match &**h {
-            Handle::File { file, node: n, .. } if *n == node => crate::sys::fstat(file).ok(),
+            Handle::File { io, node: n } if *n == node => crate::sys::fstat(&read_io(io).file).ok(),
             _ => None,
         })
     }
@@ -353,6 +386,78 @@ impl CcfsFs {
             Handle::File { .. } => Ok(h),
             Handle::Dir { .. } => Err(Errno::EISDIR),
         }
+    }
+
+    /// The file of a handle, ready for writing: a deferred handle is made writable now
+    /// (the file is copied to the cache unless it is there already).
+    fn writable<'a>(
+        &self,
+        req: &Request,
+        h: &'a Handle,
+    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
+        let Handle::File { io, node } = h else {
+            return Err(Errno::EISDIR);
+        };
+        {
+            let g = read_io(io);
+            if g.deferred.is_none() {
+                return Ok(g);
+            }
+        }
+        self.promote(req, io, *node)?;
+        Ok(read_io(io))
+    }
+
+    /// The file of a handle for reading: a deferred handle whose file has moved to the
+    /// cache since (another handle wrote it) follows it there.
+    fn readable<'a>(
+        &self,
+        req: &Request,
+        h: &'a Handle,
+    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
+        let Handle::File { io, node } = h else {
+            return Err(Errno::EISDIR);
+        };
+        let stale = {
+            let g = read_io(io);
+            match g.deferred {
+                Some(d) if d.seen != self.overlay.copy_up_count() => true,
+                _ => return Ok(g),
+            }
+        };
+        if stale {
+            let path = self.path(INodeNo(*node))?;
+            let now = self.overlay.copy_up_count();
+            match self.overlay.resolve(&path) {
+                Ok(found) if found.layer == crate::overlay::Layer::Upper => {
+                    self.promote(req, io, *node)?;
+                }
+                _ => {
+                    let mut g = io.write().unwrap_or_else(|e| e.into_inner());
+                    if let Some(d) = g.deferred.as_mut() {
+                        d.seen = now;
+                    }
+                }
+            }
+        }
+        Ok(read_io(io))
+    }
+
+    /// Opens for real what a deferred handle stands for and puts it in the handle.
+    fn promote(&self, req: &Request, io: &RwLock<FileIo>, node: u64) -> Result<(), Errno> {
+        let mut g = io.write().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = g.deferred else {
+            return Ok(());
+        };
+        let path = self.path(INodeNo(node))?;
+        let (file, writer) = self
+            .overlay
+            .open(&ctx(req, 0), &path, d.flags)
+            .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?;
+        g.file = file;
+        g.writer = writer;
+        g.deferred = None;
+        Ok(())
     }
 }
 
@@ -388,8 +493,8 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Getattr);
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
-                if let Handle::File { file, .. } = &*h {
-                    if let Ok(m) = crate::sys::fstat(file) {
+                if let Handle::File { io, .. } = &*h {
+                    if let Ok(m) = crate::sys::fstat(&read_io(io).file) {
                         reply.attr(&self.ttl, &attr(ino.0, &m));
                         return;
                     }
@@ -432,10 +537,11 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Setattr);
         let path = try_reply!(reply, self.path(ino));
         let handle = fh.and_then(|fh| self.handle(fh).ok());
-        let file = match handle.as_deref() {
-            Some(Handle::File { file, .. }) => Some(file),
+        let guard = match handle.as_deref() {
+            Some(h @ Handle::File { .. }) => Some(try_reply!(reply, self.writable(req, h))),
             _ => None,
         };
+        let file = guard.as_ref().map(|g| &g.file);
         let change = SetAttr {
             mode,
             uid,
@@ -580,13 +686,13 @@ impl Filesystem for CcfsFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.overlay.requests.count(Req::Open);
         let path = try_reply!(reply, self.path(ino));
-        match self.overlay.open(&ctx(req, 0), &path, flags.0) {
-            Ok((file, writer)) => {
-                let fh = self.add_handle(Handle::File {
-                    file,
-                    writer,
-                    node: ino.0,
+        match self.overlay.open_deferred(&ctx(req, 0), &path, flags.0) {
+            Ok((file, writer, deferred)) => {
+                let deferred = deferred.then(|| Deferred {
+                    flags: flags.0,
+                    seen: self.overlay.copy_up_count(),
                 });
+                let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred));
                 reply.opened(fh, FopenFlags::empty());
             }
             Err(e) => reply.error(reply_err("open", &path, &e)),
@@ -595,7 +701,7 @@ impl Filesystem for CcfsFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -606,10 +712,8 @@ impl Filesystem for CcfsFs {
     ) {
         self.overlay.requests.count(Req::Read);
         let h = try_reply!(reply, self.file_of(fh));
-        let Handle::File { file, .. } = &*h else {
-            reply.error(Errno::EISDIR);
-            return;
-        };
+        let g = try_reply!(reply, self.readable(req, &h));
+        let file = &g.file;
         let mut buf = vec![0u8; size as usize];
         let mut got = 0;
         while got < buf.len() {
@@ -629,7 +733,7 @@ impl Filesystem for CcfsFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -641,10 +745,8 @@ impl Filesystem for CcfsFs {
     ) {
         self.overlay.requests.count(Req::Write);
         let h = try_reply!(reply, self.file_of(fh));
-        let Handle::File { file, .. } = &*h else {
-            reply.error(Errno::EISDIR);
-            return;
-        };
+        let g = try_reply!(reply, self.writable(req, &h));
+        let file = &g.file;
         match file.write_all_at(data, offset) {
             Ok(()) => {
                 self.overlay.requests.wrote(data.len());
@@ -679,11 +781,10 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Release);
         let removed = self.handles().remove(&fh.0);
         if let Some(h) = removed {
-            if let Handle::File {
-                writer: Some(ino), ..
-            } = &*h
-            {
-                self.overlay.release_writer(*ino);
+            if let Handle::File { io, .. } = &*h {
+                if let Some(ino) = read_io(io).writer {
+                    self.overlay.release_writer(ino);
+                }
             }
         }
         reply.ok();
@@ -699,10 +800,19 @@ impl Filesystem for CcfsFs {
     ) {
         self.overlay.requests.count(Req::Fsync);
         let h = try_reply!(reply, self.file_of(fh));
-        let Handle::File { file, .. } = &*h else {
-            reply.error(Errno::EISDIR);
+        let g = read_io(match &*h {
+            Handle::File { io, .. } => io,
+            Handle::Dir { .. } => {
+                reply.error(Errno::EISDIR);
+                return;
+            }
+        });
+        if g.deferred.is_some() {
+            // Nothing was written through this handle: nothing to sync.
+            reply.ok();
             return;
-        };
+        }
+        let file = &g.file;
         let r = if datasync {
             file.sync_data()
         } else {
@@ -898,11 +1008,7 @@ impl Filesystem for CcfsFs {
         {
             Ok((found, file, writer)) => {
                 let id = self.nodes().remember(found.identity, &path);
-                let fh = self.add_handle(Handle::File {
-                    file,
-                    writer,
-                    node: id,
-                });
+                let fh = self.add_handle(Handle::file(id, file, writer, None));
                 reply.created(
                     &self.ttl,
                     &attr(id, &found.meta),
@@ -917,7 +1023,7 @@ impl Filesystem for CcfsFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -927,10 +1033,8 @@ impl Filesystem for CcfsFs {
     ) {
         self.overlay.requests.count(Req::Fallocate);
         let h = try_reply!(reply, self.file_of(fh));
-        let Handle::File { file, .. } = &*h else {
-            reply.error(Errno::EISDIR);
-            return;
-        };
+        let g = try_reply!(reply, self.writable(req, &h));
+        let file = &g.file;
         match crate::sys::fallocate(file, mode, offset, length) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Errno::from(e)),

@@ -147,6 +147,9 @@ pub struct Overlay {
     sync_running: AtomicBool,
     /// The FUSE requests this mount served (see [`crate::counters`]).
     pub requests: crate::counters::Requests,
+    /// Copy-ups so far: a deferred handle (see [`Overlay::open_deferred`]) that sees it
+    /// change checks whether its file moved to the cache.
+    copy_ups: AtomicU64,
 }
 
 fn is_not_supported(e: &io::Error) -> bool {
@@ -244,6 +247,7 @@ impl Overlay {
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
             requests: crate::counters::Requests::default(),
+            copy_ups: AtomicU64::new(0),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
@@ -554,6 +558,7 @@ impl Overlay {
             ],
         )?;
         inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
         let tmp = self.tmp_rel();
         let dst = up(rel);
         let result = self
@@ -616,6 +621,41 @@ impl Overlay {
         let found = self.resolve(rel)?;
         let (root, at) = self.place(found.layer, rel);
         Ok((root.open_file(&at, flags, 0)?, None))
+    }
+
+    /// [`Overlay::open`], except that opening (without O_TRUNC) a cached file that is
+    /// still only on the share copies nothing yet, even for writing: the handle reads the
+    /// share's copy, and [`Overlay::open`] with the same flags makes it writable at its
+    /// first write (or follows the file to the cache when another handle wrote it). A program that opens a large file read-write and writes it rarely (SQLite
+    /// opens its database so, and in WAL mode writes it only at checkpoints) then costs
+    /// no copy at open. Returns the file, its writer registration, and whether it is
+    /// deferred.
+    pub fn open_deferred(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        flags: i32,
+    ) -> FsResult<(File, Option<u64>, bool)> {
+        let f = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
+        if f & libc::O_TRUNC == 0 && self.policy.classify(rel) == PathClass::Cached {
+            let found = self.resolve(rel)?;
+            if found.layer == Layer::Lower && found.meta.is_file() {
+                // The kernel has checked the access asked for (default_permissions). A
+                // read-only open is deferred too: it follows the file to the cache once
+                // another handle has written it there.
+                let (root, at) = self.place(found.layer, rel);
+                let read_only = (f & !libc::O_ACCMODE & !libc::O_APPEND) | libc::O_RDONLY;
+                let file = root.open_file(&at, read_only, 0)?;
+                return Ok((file, None, true));
+            }
+        }
+        let (file, writer) = self.open(ctx, rel, flags)?;
+        Ok((file, writer, false))
+    }
+
+    /// How many copy-ups this mount has made (see [`Overlay::open_deferred`]).
+    pub fn copy_up_count(&self) -> u64 {
+        self.copy_ups.load(Ordering::Acquire)
     }
 
     /// A writable handle on a cache file was closed.

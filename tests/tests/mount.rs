@@ -146,6 +146,149 @@ fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "501\nok");
 }
 
+/// A file on the share opened read-write is copied to the cache at its first write, not
+/// at open: opened and closed unwritten it stays where it is; written, the change stays
+/// local until logout and the rest of the file is intact.
+#[test]
+fn opening_a_share_dotfile_read_write_copies_it_only_when_written() {
+    use std::os::unix::fs::FileExt;
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s(".app")).expect("mkdir");
+    let big: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(fx.s(".app/data.db"), &big).expect("seed");
+    let m = fx.mount();
+    let status = || -> serde_json::Value {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fx.m(".app/data.db"))
+            .expect("open rw");
+        let mut head = [0u8; 16];
+        f.read_exact_at(&mut head, 0).expect("read");
+        assert_eq!(&head[..], &big[..16]);
+        f.sync_all().expect("fsync with nothing written");
+    }
+    assert_eq!(
+        status()["dirty_files"],
+        0,
+        "opened, not written: nothing to sync"
+    );
+    assert!(
+        !fx.cache.join("upper/.app/data.db").exists(),
+        "no copy made for an unwritten open"
+    );
+    {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fx.m(".app/data.db"))
+            .expect("open rw");
+        f.write_all_at(b"XY", 2_000_000).expect("write");
+        let mut back = [0u8; 4];
+        f.read_exact_at(&mut back, 1_999_999).expect("read back");
+        assert_eq!(back, [big[1_999_999], b'X', b'Y', big[2_000_002]]);
+    }
+    assert_eq!(status()["dirty_files"], 1);
+    assert_eq!(
+        fs::read(fx.s(".app/data.db")).expect("share"),
+        big,
+        "share untouched"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut want = big.clone();
+    want[2_000_000..2_000_002].copy_from_slice(b"XY");
+    assert!(
+        fs::read(fx.s(".app/data.db")).expect("share") == want,
+        "synced whole"
+    );
+}
+
+/// Two processes hold a share database open read-write; one writes and checkpoints it
+/// (which copies it to the cache), the other, still unwritten, must read the new pages.
+#[test]
+fn a_reader_of_a_share_database_sees_another_process_write_it() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s(".mozilla")).expect("mkdir");
+    let sql_at = |db: &Path, q: &str| {
+        let out = Command::new("sqlite3")
+            .arg(db)
+            .arg(q)
+            .output()
+            .expect("sqlite3 installed");
+        assert!(out.status.success(), "sqlite3 {q}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let mut seed = String::from(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); BEGIN;",
+    );
+    for i in 0..300 {
+        seed.push_str(&format!("INSERT INTO t(v) VALUES('{i}');"));
+    }
+    seed.push_str("COMMIT; PRAGMA wal_checkpoint(TRUNCATE);");
+    sql_at(&fx.s(".mozilla/p.sqlite"), &seed);
+    let m = fx.mount();
+    let db = fx.m(".mozilla/p.sqlite");
+    // The readers open first (read-write, as sqlite3 does; and read-only), and read.
+    let mut ro_reader = Command::new("sqlite3")
+        .arg("-readonly")
+        .arg(&db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("read-only reader");
+    let ro_stdin = ro_reader.stdin.as_mut().expect("stdin");
+    ro_stdin
+        .write_all(b"SELECT count(*) FROM t;\n")
+        .expect("query");
+    ro_stdin.flush().expect("flush");
+    let mut reader = Command::new("sqlite3")
+        .arg(&db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("reader");
+    let stdin = reader.stdin.as_mut().expect("stdin");
+    stdin
+        .write_all(b"SELECT count(*) FROM t;\n")
+        .expect("query");
+    stdin.flush().expect("flush");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The writer adds rows and checkpoints them into the database file.
+    sql_at(
+        &db,
+        "INSERT INTO t(v) VALUES('a'); INSERT INTO t(v) VALUES('b'); PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    // Without the kernel's page cache (which both handles share), the reader's own handle
+    // must serve the new pages.
+    let _ = fs::write("/proc/sys/vm/drop_caches", "3\n");
+    stdin
+        .write_all(b"SELECT count(*) FROM t;\nPRAGMA integrity_check;\n.quit\n")
+        .expect("query");
+    ro_stdin
+        .write_all(b"SELECT count(*) FROM t;\n.quit\n")
+        .expect("query");
+    for r in [reader, ro_reader] {
+        let out = r.wait_with_output().expect("reader output");
+        let answer = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = answer.lines().collect();
+        assert_eq!(&lines[..2], ["300", "302"], "{answer}");
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        sql_at(
+            &fx.s(".mozilla/p.sqlite"),
+            "SELECT count(*) FROM t; PRAGMA integrity_check;"
+        ),
+        "302\nok"
+    );
+}
+
 #[test]
 fn two_processes_append_to_one_cached_file_at_once() {
     let fx = Fixture::new();

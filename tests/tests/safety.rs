@@ -497,12 +497,15 @@ fn a_full_cache_filesystem_gives_enospc_and_loses_nothing() {
         }
     }
     assert!(saw_enospc, "the 2 MiB cache must fill up");
-    // Copying up a 3 MiB file cannot fit: it fails cleanly and the old content stays.
-    let e = OpenOptions::new()
+    // Copying up a 3 MiB file cannot fit: the first write, which copies it up (the open
+    // defers it), fails cleanly and the old content stays.
+    let mut f = OpenOptions::new()
         .append(true)
         .open(fx.m(".config/big"))
-        .expect_err("copy-up cannot fit");
+        .expect("the open defers the copy-up");
+    let e = f.write_all(b"more").expect_err("copy-up cannot fit");
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    drop(f);
     assert!(
         fs::read(fx.m(".config/big")).expect("read") == big_old,
         "no half copy is shown"
