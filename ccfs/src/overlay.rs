@@ -356,10 +356,7 @@ impl Overlay {
 
     fn resolve_locked(&self, inner: &Inner, rel: &Path) -> FsResult<Found> {
         match self.policy.classify(rel) {
-            PathClass::Passthrough => {
-                let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Share, meta))
-            }
+            PathClass::Passthrough => self.resolve_share(rel),
             PathClass::LocalOnly => {
                 let meta = self.upper_stat(rel)?.ok_or_else(FsError::enoent)?;
                 Ok(self.found(inner, rel, Layer::Upper, meta))
@@ -389,8 +386,24 @@ impl Overlay {
 
     /// Finds `rel` in the merged view.
     pub fn resolve(&self, rel: &Path) -> FsResult<Found> {
+        if self.policy.classify(rel) == PathClass::Passthrough {
+            // No overlay state is involved: no lock held while the share answers.
+            return self.resolve_share(rel);
+        }
         let inner = self.lock();
         self.resolve_locked(&inner, rel)
+    }
+
+    /// A passthrough path, straight from the share.
+    fn resolve_share(&self, rel: &Path) -> FsResult<Found> {
+        let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
+        let (root, at) = self.place(Layer::Share, rel);
+        Ok(Found {
+            layer: Layer::Share,
+            real: root.path().join(at),
+            identity: (meta.dev(), meta.ino()),
+            meta,
+        })
     }
 
     /// The share's object under a cached path, if it is visible (not whited out).
@@ -693,6 +706,16 @@ impl Overlay {
         make: impl FnOnce(&Root, &Path) -> io::Result<()>,
     ) -> FsResult<Found> {
         let rel = parent.join(name);
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            // Straight to the share, no lock held while it answers (the share refuses an
+            // existing name itself: O_EXCL, mkdir, symlink, mknod).
+            if !self.resolve(parent)?.meta.is_dir() {
+                return Err(errno(libc::ENOTDIR));
+            }
+            make(&self.share, &rel)?;
+            self.chown_new(&self.share, &rel, ctx)?;
+            return self.resolve_share(&rel);
+        }
         let mut inner = self.lock();
         self.check_parent(&inner, parent)?;
         if self.resolve_locked(&inner, &rel).is_ok() {
@@ -852,6 +875,16 @@ impl Overlay {
 
     fn remove(&self, parent: &Path, name: &OsStr, dir: bool) -> FsResult<()> {
         let rel = parent.join(name);
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            let found = self.resolve_share(&rel)?;
+            match (dir, found.meta.is_dir()) {
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                (false, true) => return Err(errno(libc::EISDIR)),
+                (true, true) => self.share.rmdir(&rel)?,
+                (false, false) => self.share.unlink(&rel)?,
+            }
+            return Ok(());
+        }
         let mut inner = self.lock();
         let found = self.resolve_locked(&inner, &rel)?;
         if dir && !found.meta.is_dir() {
@@ -917,14 +950,15 @@ impl Overlay {
         if flags & !(libc::RENAME_NOREPLACE) != 0 {
             return Err(errno(libc::EINVAL));
         }
-        if class != PathClass::Cached {
+        if class == PathClass::Passthrough {
+            // No overlay state: no lock held while the share answers.
+            self.share.rename(&from, &to, flags)?;
+            return Ok(());
+        }
+        if class == PathClass::LocalOnly {
             let mut inner = self.lock();
-            if class == PathClass::Passthrough {
-                self.share.rename(&from, &to, flags)?;
-            } else {
-                self.ensure_upper_dir(&inner, to_parent, ctx)?;
-                self.cache.rename(&up(&from), &up(&to), flags)?;
-            }
+            self.ensure_upper_dir(&inner, to_parent, ctx)?;
+            self.cache.rename(&up(&from), &up(&to), flags)?;
             inner.touched.insert(to);
             return Ok(());
         }
@@ -1088,6 +1122,10 @@ impl Overlay {
 
     /// Where a metadata write on `rel` lands (copied up first if cached).
     fn writable_place(&self, ctx: &Ctx, rel: &Path) -> FsResult<(&Root, PathBuf)> {
+        if self.policy.classify(rel) == PathClass::Passthrough {
+            self.resolve_share(rel)?;
+            return Ok(self.place(Layer::Share, rel));
+        }
         let mut inner = self.lock();
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {

@@ -304,33 +304,23 @@ fn a_killed_run_keeps_the_phases_it_finished() {
     assert!(v["phases"][0]["files"].as_u64().expect("files") > 0);
 }
 
-/// The default workload with two clients accounts for every file and measures something.
-/// Runs in a temporary directory, or in $LOADGEN_TEST_DIR (scripts/test points it at a real
-/// GlusterFS volume from deploy/testbed).
-#[test]
-fn compilebench_accounts_for_every_file() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let dir = match std::env::var_os("LOADGEN_TEST_DIR") {
-        Some(d) => {
-            let d = std::path::PathBuf::from(d);
-            std::fs::create_dir_all(&d).expect("test dir");
-            d
-        }
-        None => tmp.path().to_path_buf(),
-    };
+/// Runs the default phases with two clients on `target` and checks that every file written
+/// is read back and deleted, with non-zero rates; returns the JSON report.
+fn compilebench_accounts(target: &str, extra: &[&str]) -> serde_json::Value {
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("r.json");
-    let o = loadgen(&[
+    let mut args = vec![
         "compilebench",
-        dir.to_str().expect("utf8"),
+        target,
         "--clients",
         "2",
         "--scale",
         "0.02",
-        "--allow-nonempty",
         "--json",
         json.to_str().expect("utf8"),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let o = loadgen(&args);
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
@@ -372,6 +362,25 @@ fn compilebench_accounts_for_every_file() {
             "{name}: the wall-clock rate never exceeds the sum of rates"
         );
     }
+    v
+}
+
+/// The default workload with two clients accounts for every file and measures something.
+/// Runs in a temporary directory, or in $LOADGEN_TEST_DIR (scripts/test points it at a real
+/// GlusterFS volume from deploy/testbed).
+#[test]
+fn compilebench_accounts_for_every_file() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = match std::env::var_os("LOADGEN_TEST_DIR") {
+        Some(d) => {
+            let d = std::path::PathBuf::from(d);
+            std::fs::create_dir_all(&d).expect("test dir");
+            d
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let v = compilebench_accounts(dir.to_str().expect("utf8"), &["--allow-nonempty"]);
+    assert!(v["environment"]["fs_type"].is_string());
     let left: Vec<_> = std::fs::read_dir(&dir)
         .expect("ls")
         .map(|e| e.expect("e").file_name())
@@ -617,36 +626,8 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
         std::fs::remove_dir_all(e.path()).expect("clean the export");
     }
     // The default phases end to end: every file written is read back and deleted.
-    let out = tempfile::tempdir().expect("out");
-    let json = out.path().join("r.json");
-    let o = loadgen(&[
-        "compilebench",
-        url,
-        "--clients",
-        "2",
-        "--scale",
-        "0.02",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
-    validate(&v);
-    assert_eq!(v["complete"], true);
+    let v = compilebench_accounts(url, &[]);
     assert_eq!(v["environment"]["fs_type"], "nfs3");
-    let files = |i: usize| v["phases"][i]["files"].as_u64().expect("files");
-    assert!(files(0) > 0 && files(1) > 0);
-    assert_eq!(
-        files(2),
-        files(0) + files(1),
-        "read-compiled reads every file"
-    );
-    assert_eq!(
-        files(3),
-        files(0) + files(1),
-        "delete-compiled deletes every file"
-    );
     assert_eq!(
         std::fs::read_dir(export).expect("ls").count(),
         0,

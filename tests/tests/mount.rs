@@ -234,29 +234,23 @@ fn a_reader_of_a_share_database_sees_another_process_write_it() {
     let m = fx.mount();
     let db = fx.m(".mozilla/p.sqlite");
     // The readers open first (read-write, as sqlite3 does; and read-only), and read.
-    let mut ro_reader = Command::new("sqlite3")
-        .arg("-readonly")
-        .arg(&db)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("read-only reader");
-    let ro_stdin = ro_reader.stdin.as_mut().expect("stdin");
-    ro_stdin
-        .write_all(b"SELECT count(*) FROM t;\n")
-        .expect("query");
-    ro_stdin.flush().expect("flush");
-    let mut reader = Command::new("sqlite3")
-        .arg(&db)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("reader");
-    let stdin = reader.stdin.as_mut().expect("stdin");
-    stdin
-        .write_all(b"SELECT count(*) FROM t;\n")
-        .expect("query");
-    stdin.flush().expect("flush");
+    let open_reader = |args: &[&str]| {
+        let mut child = Command::new("sqlite3")
+            .args(args)
+            .arg(&db)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sqlite3 reader");
+        let stdin = child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(b"SELECT count(*) FROM t;\n")
+            .expect("query");
+        stdin.flush().expect("flush");
+        child
+    };
+    let mut ro_reader = open_reader(&["-readonly"]);
+    let mut reader = open_reader(&[]);
     std::thread::sleep(std::time::Duration::from_millis(300));
     // The writer adds rows and checkpoints them into the database file.
     sql_at(
@@ -266,12 +260,13 @@ fn a_reader_of_a_share_database_sees_another_process_write_it() {
     // Without the kernel's page cache (which both handles share), the reader's own handle
     // must serve the new pages.
     let _ = fs::write("/proc/sys/vm/drop_caches", "3\n");
-    stdin
-        .write_all(b"SELECT count(*) FROM t;\nPRAGMA integrity_check;\n.quit\n")
-        .expect("query");
-    ro_stdin
-        .write_all(b"SELECT count(*) FROM t;\n.quit\n")
-        .expect("query");
+    for r in [&mut reader, &mut ro_reader] {
+        r.stdin
+            .as_mut()
+            .expect("stdin")
+            .write_all(b"SELECT count(*) FROM t;\n.quit\n")
+            .expect("query");
+    }
     for r in [reader, ro_reader] {
         let out = r.wait_with_output().expect("reader output");
         let answer = String::from_utf8_lossy(&out.stdout);

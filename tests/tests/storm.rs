@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::text;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -22,15 +24,6 @@ fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .expect("run loadgen")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn no_mounts_under(dir: &Path) -> bool {
