@@ -266,9 +266,16 @@ pub fn cpu_seconds(pids: &[u32]) -> f64 {
         .sum()
 }
 
-const RELAY_CONFIG: &str =
-    "# loadgen login-storm's share meter: caches nothing, counts every request.\n\
-[paths]\ndotfiles_cached = false\nlocal_only = []\n[sync]\ninterval_secs = 0\n";
+/// The meter's configuration: nothing cached, one FUSE thread a user (so that it never
+/// queues the users' requests behind each other).
+fn relay_config(users: usize) -> String {
+    format!(
+        "# loadgen login-storm's share meter: caches nothing, counts every request.\n\
+         [paths]\ndotfiles_cached = false\nlocal_only = []\n[sync]\ninterval_secs = 0\n\
+         [mount]\nthreads = {}\n",
+        users.clamp(4, 256)
+    )
+}
 
 /// Runs one storm per entry of `modes` (with ccfs or not), in order, on homes prepared
 /// once: a later storm finds the homes as the earlier one's logout left them (the class
@@ -357,7 +364,7 @@ fn run_in(
     // The meter in front of the share.
     let relay = if cfg.meter {
         let conf = work.join("meter.toml");
-        std::fs::write(&conf, RELAY_CONFIG).map_err(|e| e.to_string())?;
+        std::fs::write(&conf, relay_config(cfg.users)).map_err(|e| e.to_string())?;
         Some(CcfsMount::mount(
             &cfg.ccfs,
             &cfg.share,
