@@ -386,12 +386,32 @@ impl Overlay {
 
     /// Finds `rel` in the merged view.
     pub fn resolve(&self, rel: &Path) -> FsResult<Found> {
-        if self.policy.classify(rel) == PathClass::Passthrough {
+        match self.policy.classify(rel) {
             // No overlay state is involved: no lock held while the share answers.
-            return self.resolve_share(rel);
+            PathClass::Passthrough => self.resolve_share(rel),
+            PathClass::LocalOnly => {
+                let inner = self.lock();
+                self.resolve_locked(&inner, rel)
+            }
+            PathClass::Cached => {
+                {
+                    let inner = self.lock();
+                    if self.upper_stat(rel)?.is_some() || inner.state.hidden(rel) {
+                        return self.resolve_locked(&inner, rel);
+                    }
+                }
+                // Only on the share so far: ask it without holding the lock (other users
+                // of the mount go on meanwhile), then check that the cache still has no
+                // say (a copy-up or a delete may have happened meanwhile).
+                let meta = self.share.stat(rel)?;
+                let inner = self.lock();
+                if self.upper_stat(rel)?.is_some() || inner.state.hidden(rel) {
+                    return self.resolve_locked(&inner, rel);
+                }
+                let meta = meta.ok_or_else(FsError::enoent)?;
+                Ok(self.found(&inner, rel, Layer::Lower, meta))
+            }
         }
-        let inner = self.lock();
-        self.resolve_locked(&inner, rel)
     }
 
     /// A passthrough path, straight from the share.
