@@ -651,9 +651,19 @@ impl Overlay {
             *inner.writers.entry(ino).or_insert(0) += 1;
             return Ok((file, Some(ino)));
         }
+        if class == PathClass::Passthrough {
+            // The kernel has just looked it up: one round trip to the share, not two.
+            return Ok((self.share.open_file(rel, flags, 0)?, None));
+        }
         let found = self.resolve(rel)?;
         let (root, at) = self.place(found.layer, rel);
         Ok((root.open_file(&at, flags, 0)?, None))
+    }
+
+    /// Whether the cache has no say on `rel` (not in the upper layer, not deleted).
+    fn share_only(&self, rel: &Path) -> FsResult<bool> {
+        let inner = self.lock();
+        Ok(self.upper_stat(rel)?.is_none() && !inner.state.hidden(rel))
     }
 
     /// [`Overlay::open`], except that opening (without O_TRUNC) a cached file that is
@@ -670,16 +680,25 @@ impl Overlay {
         flags: i32,
     ) -> FsResult<(File, Option<u64>, bool)> {
         let f = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
-        if f & libc::O_TRUNC == 0 && self.policy.classify(rel) == PathClass::Cached {
-            let found = self.resolve(rel)?;
-            if found.layer == Layer::Lower && found.meta.is_file() {
-                // The kernel has checked the access asked for (default_permissions). A
-                // read-only open is deferred too: it follows the file to the cache once
-                // another handle has written it there.
-                let (root, at) = self.place(found.layer, rel);
-                let read_only = (f & !libc::O_ACCMODE & !libc::O_APPEND) | libc::O_RDONLY;
-                let file = root.open_file(&at, read_only, 0)?;
-                return Ok((file, None, true));
+        if f & libc::O_TRUNC == 0
+            && self.policy.classify(rel) == PathClass::Cached
+            && self.share_only(rel)?
+        {
+            // The kernel has checked the access asked for (default_permissions). A
+            // read-only open is deferred too: it follows the file to the cache once
+            // another handle has written it there. One round trip to the share: the open,
+            // then fstat on what it gave.
+            let read_only = (f & !libc::O_ACCMODE & !libc::O_APPEND) | libc::O_RDONLY;
+            match self.share.open_file(rel, read_only, 0) {
+                // Still the share's, and a regular file: else the usual way below.
+                Ok(file) => {
+                    if sys::fstat(&file)?.is_file() && self.share_only(rel)? {
+                        return Ok((file, None, true));
+                    }
+                }
+                // A write-only file: no reading it before it is written; the usual way.
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         let (file, writer) = self.open(ctx, rel, flags)?;
