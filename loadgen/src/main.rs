@@ -107,6 +107,10 @@ struct StormArgs {
     /// The ccfs binary (default: next to this loadgen, else on PATH).
     #[arg(long)]
     ccfs: Option<PathBuf>,
+    /// A ccfs configuration file for the users' mounts (which paths are cached, kept
+    /// local or passed through; see ccfs's README).
+    #[arg(long)]
+    ccfs_config: Option<PathBuf>,
     /// Local scratch space for mount points and the workstations' caches.
     #[arg(long, default_value = "/var/tmp/loadgen-storm")]
     work: PathBuf,
@@ -647,6 +651,13 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
             ccfs.display()
         )));
     }
+    let ccfs_config = match &a.ccfs_config {
+        None => None,
+        Some(c) => Some(
+            c.canonicalize()
+                .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?,
+        ),
+    };
     std::fs::create_dir_all(&a.work)
         .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
     let work = a
@@ -687,6 +698,7 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         ccfs,
         work,
         meter: !a.no_meter,
+        ccfs_config,
         server_pids: pids,
         keep: a.keep,
         label: a.label.clone(),

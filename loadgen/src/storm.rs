@@ -36,6 +36,8 @@ pub struct StormConfig {
     pub work: PathBuf,
     /// Count at the share side through a metering ccfs mount.
     pub meter: bool,
+    /// A ccfs configuration file for the users' mounts (default: ccfs's defaults).
+    pub ccfs_config: Option<PathBuf>,
     /// Server processes whose CPU time is measured.
     pub server_pids: Vec<u32>,
     pub keep: bool,
@@ -507,7 +509,7 @@ fn user(
             share_home,
             &mnt,
             &work.join(format!("cache/user{u:03}")),
-            None,
+            cfg.ccfs_config.as_deref(),
         ) {
             Ok(m) => {
                 mount = Some(m);

@@ -185,6 +185,10 @@ fn bad_storm_input_is_refused_and_changes_nothing() {
             "cannot read --profile",
         ),
         (vec!["--with-ccfs", "--compare"], "cannot be used with"),
+        (
+            vec!["--ccfs-config", "/nonexistent/c.toml"],
+            "--ccfs-config",
+        ),
     ] {
         let o = storm(share.path(), work.path(), &args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -210,5 +214,65 @@ fn bad_storm_input_is_refused_and_changes_nothing() {
     assert!(
         entries(share.path()) <= 1,
         "only the refused --work dir may exist"
+    );
+}
+
+/// The users' ccfs mounts take a configuration: paths passed through reach the share at
+/// once, during the login.
+#[test]
+fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
+    let share = common::share_dir();
+    let work = tempfile::tempdir().expect("work");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let profile = scratch.path().join("profile.txt");
+    std::fs::write(
+        &profile,
+        "[home]\nfile .db/big.sqlite 65536\nfile .config/a 1\n\
+         [login]\nsqlite .db/big.sqlite 3 1\nreplace .config/a 10\n[logout]\n",
+    )
+    .expect("profile");
+    let config = scratch.path().join("ccfs.toml");
+    std::fs::write(&config, "[paths]\npassthrough = [\".db/**\"]\n").expect("config");
+    let json = scratch.path().join("s.json");
+    let args = |cfg: Option<&Path>| {
+        let mut a = vec![
+            "--users".to_string(),
+            "2".into(),
+            "--session".into(),
+            "0".into(),
+            "--with-ccfs".into(),
+            "--profile".into(),
+            profile.display().to_string(),
+            "--json".into(),
+            json.display().to_string(),
+        ];
+        if let Some(c) = cfg {
+            a.push("--ccfs-config".into());
+            a.push(c.display().to_string());
+        }
+        a
+    };
+    let mut fsyncs = Vec::new();
+    for cfg in [None, Some(config.as_path())] {
+        let a = args(cfg);
+        let o = storm(
+            share.path(),
+            work.path(),
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+        let during = &r["share_login_session"]["by_op"];
+        fsyncs.push(during["fsync"].as_u64().unwrap_or(0));
+    }
+    assert_eq!(
+        fsyncs[0], 0,
+        "cached: no fsync reaches the share during the login"
+    );
+    assert_eq!(
+        fsyncs[1],
+        2 * 3,
+        "passed through: every transaction's fsync does"
     );
 }
