@@ -214,8 +214,10 @@ fn opening_a_share_dotfile_read_write_copies_it_only_when_written() {
 fn a_reader_of_a_share_database_sees_another_process_write_it() {
     let fx = Fixture::new();
     fs::create_dir_all(fx.s(".mozilla")).expect("mkdir");
+    // A reader may meet the writer's checkpoint: wait for locks as applications do.
     let sql_at = |db: &Path, q: &str| {
         let out = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 10000"])
             .arg(db)
             .arg(q)
             .output()
@@ -236,6 +238,7 @@ fn a_reader_of_a_share_database_sees_another_process_write_it() {
     // The readers open first (read-write, as sqlite3 does; and read-only), and read.
     let open_reader = |args: &[&str]| {
         let mut child = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 10000"])
             .args(args)
             .arg(&db)
             .stdin(std::process::Stdio::piped())
