@@ -10,9 +10,24 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engine::{Latencies, Op};
+
+/// Set when the run is to stop (SIGINT, SIGTERM): actors stop between actions.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn check_interrupted() -> io::Result<()> {
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "interrupted by a signal",
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// The shipped model: a GNOME session and Firefox.
 pub const EMBEDDED: &str = include_str!("../data/login-profile/gnome-firefox.txt");
@@ -492,6 +507,7 @@ impl Actor {
     /// Plays `actions`; `rep` fills `{r}` in `many` patterns.
     pub fn play(&mut self, actions: &[Action], rep: u32) -> io::Result<()> {
         for a in actions {
+            check_interrupted()?;
             self.play_one(a, rep)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", describe(a))))?;
         }
@@ -576,6 +592,7 @@ impl Actor {
     pub fn prepare(&mut self, profile: &Profile) -> io::Result<()> {
         let read = profile.read_paths();
         for a in &profile.home {
+            check_interrupted()?;
             match a {
                 Action::File { path, size }
                     if *size > SPARSE_ABOVE && !read.contains(path.as_str()) =>

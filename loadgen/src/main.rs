@@ -707,6 +707,7 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
 
 fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let cfg = storm_config(a)?;
+    loadgen::storm::stop_on_signals();
     let modes: Vec<bool> = if a.compare {
         vec![false, true]
     } else {
@@ -738,6 +739,11 @@ fn login_storm(a: &StormArgs) -> Result<(), Error> {
     })
     .map_err(Error::Failed)?;
     print!("{}", loadgen::storm::table(&runs));
+    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+        return Err(Error::Failed(
+            "interrupted by a signal: stopped cleanly, homes and mounts removed".into(),
+        ));
+    }
     if let Some(e) = write_error {
         return Err(Error::Failed(e));
     }

@@ -303,6 +303,9 @@ pub fn run(
     let mut result = prepare(cfg, &run_on_share);
     if result.is_ok() {
         for (i, &with_ccfs) in modes.iter().enumerate() {
+            if interrupted() {
+                break;
+            }
             let work = cfg.work.join(format!("storm-{stamp}-{i}"));
             if let Err(e) = std::fs::create_dir_all(&work) {
                 result = Err(format!("mkdir {}: {e}", work.display()));
@@ -540,9 +543,10 @@ fn user(
     let session_start = Instant::now();
     let mut tick = 1u32;
     while r.error.is_none() && every * tick <= cfg.session {
-        let due = session_start + every * tick;
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        sleep_until(session_start + every * tick);
+        if interrupted() {
+            r.error = Some("interrupted by a signal".into());
+            break;
         }
         if let Err(e) = actor.play(&cfg.profile.session, tick) {
             r.error = Some(format!("session: {e}"));
@@ -550,9 +554,7 @@ fn user(
         r.session_ticks = tick;
         tick += 1;
     }
-    if let Some(rest) = cfg.session.checked_sub(session_start.elapsed()) {
-        std::thread::sleep(rest);
-    }
+    sleep_until(session_start + cfg.session);
     session_lat.merge(&std::mem::take(&mut actor.lat));
     sessions_done.wait();
     let t1 = Instant::now();
@@ -571,6 +573,39 @@ fn user(
     r.missing_files = actor.tally.missing;
     logouts_done.wait();
     (r, login_lat, session_lat)
+}
+
+fn interrupted() -> bool {
+    crate::login::INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sleeps until `t`, waking early when interrupted.
+fn sleep_until(t: Instant) {
+    while !interrupted() {
+        match t.checked_duration_since(Instant::now()) {
+            Some(left) => std::thread::sleep(left.min(Duration::from_millis(100))),
+            None => return,
+        }
+    }
+}
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    crate::login::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// SIGINT and SIGTERM stop the storm cleanly: the users stop between actions, log out
+/// (ccfs unmounts and syncs), and the homes and scratch space are removed.
+pub fn stop_on_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installing a handler that only stores to an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
 }
 
 fn mb(b: u64) -> String {

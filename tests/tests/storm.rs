@@ -291,3 +291,82 @@ fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
         "passed through: every transaction's fsync does"
     );
 }
+
+/// Ctrl-C in the middle of a session: the users log out (ccfs syncs what they wrote), the
+/// mounts go, the scratch space is removed, and loadgen says it was interrupted.
+#[test]
+fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
+    let Setup {
+        share,
+        work,
+        scratch: _keep,
+        profile,
+    } = setup(
+        "[home]\nfile .config/app.conf 10\n[login]\nreplace .config/app.conf 123\n\
+         [session 1]\nappend .history 3\n[logout]\n",
+    );
+    let mut child = Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share.path())
+        .arg("--work")
+        .arg(work.path())
+        .arg("--ccfs")
+        .arg(common::ccfs_bin())
+        .args(["--users", "2", "--session", "300", "--with-ccfs", "--keep"])
+        .arg("--profile")
+        .arg(&profile)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loadgen");
+    let work_name = work.path().display().to_string();
+    let mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .filter(|l| l.contains(&work_name))
+            .count()
+    };
+    let t = std::time::Instant::now();
+    // The meter and both users' mounts, then a session tick or two.
+    while mounts() < 3 && t.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(mounts(), 3, "the storm did not get going");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "loadgen did not stop after SIGINT"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("interrupted"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(mounts(), 0, "no mount left");
+    assert_eq!(entries(work.path()), 0, "scratch space removed");
+    // Kept homes: what the users wrote reached the share at their forced logout.
+    let run: Vec<PathBuf> = std::fs::read_dir(share.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(run.len(), 1, "{run:?}");
+    for u in 0..2 {
+        let home = run[0].join(format!("user{u:03}"));
+        let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
+        assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
+        assert!(len(".history").is_some_and(|n| n > 0 && n % 3 == 0));
+    }
+}
