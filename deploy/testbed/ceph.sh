@@ -15,7 +15,13 @@ port_free() { ! ss -ltn | grep -q '127.0.0.1:6789 '; }
 
 # Ceph's daemons sometimes fail their first start in a fresh cluster: one clean retry.
 up() {
-  "$0" up_once || { echo "testbed: ceph did not come up; retrying once" >&2; "$0" down; "$0" up_once; }
+  "$0" up_once || {
+    # Keep the failed attempt's logs (down removes the state) for a look at why.
+    rm -rf "$STATE.failed-logs" && cp -r "$STATE/log" "$STATE.failed-logs" 2>/dev/null || true
+    echo "testbed: ceph did not come up (logs kept in $STATE.failed-logs); retrying once" >&2
+    "$0" down
+    "$0" up_once
+  }
 }
 
 up_once() {

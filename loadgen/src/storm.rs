@@ -86,6 +86,9 @@ pub struct UserResult {
     pub bytes_written: u64,
     /// Profile files the user's programs looked for and did not find.
     pub missing_files: u64,
+    /// This user's operation latencies during the session.
+    #[serde(default)]
+    pub session_latency: BTreeMap<String, LatencyReport>,
     pub error: Option<String>,
 }
 
@@ -499,6 +502,7 @@ fn user(
         logout_s: 0.0,
         bytes_written: 0,
         missing_files: 0,
+        session_latency: BTreeMap::new(),
         error: None,
     };
     let mut session_lat = Latencies::new();
@@ -556,6 +560,7 @@ fn user(
     }
     sleep_until(session_start + cfg.session);
     session_lat.merge(&std::mem::take(&mut actor.lat));
+    r.session_latency = latency_report(&session_lat);
     sessions_done.wait();
     let t1 = Instant::now();
     if r.error.is_none() {
@@ -721,6 +726,37 @@ pub fn table(runs: &[StormReport]) -> String {
             }
         }
         out.push('\n');
+    }
+    for (title, pick) in [
+        (
+            "login",
+            (|r: &StormReport| &r.latency_login) as fn(&StormReport) -> &BTreeMap<_, _>,
+        ),
+        ("session", |r: &StormReport| &r.latency_session),
+    ] {
+        if runs.iter().all(|r| pick(r).is_empty()) {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n{:<30}{:<8}{:>7}{:>8}{:>8}{:>8}\n",
+            format!("{title} latency (ms)"),
+            "op",
+            "count",
+            "p50",
+            "p99",
+            "max"
+        ));
+        for (name, r) in names.iter().zip(runs) {
+            for (op, l) in pick(r) {
+                out.push_str(&format!(
+                    "  {name:<28}{op:<8}{:>7}{:>8.2}{:>8.2}{:>8.1}\n",
+                    l.count,
+                    l.p50_us / 1000.0,
+                    l.p99_us / 1000.0,
+                    l.max_us / 1000.0
+                ));
+            }
+        }
     }
     for r in runs {
         if let Some(e) = &r.error {
