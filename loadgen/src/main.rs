@@ -95,7 +95,8 @@ struct StormArgs {
     /// Mount every home through its own ccfs (cache and mount point of its own).
     #[arg(long)]
     with_ccfs: bool,
-    /// Run twice, without then with ccfs, and print both with their ratio.
+    /// Run twice on homes prepared once, without then with ccfs, and print both with
+    /// their ratio.
     #[arg(long, conflicts_with = "with_ccfs")]
     compare: bool,
     /// Seconds of session after the login (the profile's periodic actions run meanwhile).

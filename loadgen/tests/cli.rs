@@ -20,19 +20,25 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn schema() -> jsonschema::Validator {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/result-v1.schema.json");
+fn schema(file: &str) -> jsonschema::Validator {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schema")
+        .join(file);
     let s: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path).expect("schema")).expect("json");
     jsonschema::validator_for(&s).expect("valid schema")
 }
 
-fn validate(v: &serde_json::Value) {
-    let errors: Vec<String> = schema()
+fn validate_against(file: &str, v: &serde_json::Value) {
+    let errors: Vec<String> = schema(file)
         .iter_errors(v)
         .map(|e| format!("{} at {}", e, e.instance_path()))
         .collect();
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+fn validate(v: &serde_json::Value) {
+    validate_against("result-v1.schema.json", v);
 }
 
 #[test]
@@ -633,4 +639,59 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
         0,
         "nothing left on the server"
     );
+}
+
+/// login-storm without ccfs needs no ccfs at all (--no-meter): its JSON follows
+/// schema/login-storm-v1.schema.json, and every user's home was written.
+#[test]
+fn login_storm_json_matches_its_schema() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("s.json");
+    let o = loadgen(&[
+        "login-storm",
+        "--share",
+        share.path().to_str().expect("utf8"),
+        "--work",
+        work.path().to_str().expect("utf8"),
+        "--users",
+        "3",
+        "--session",
+        "0",
+        "--no-meter",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    validate_against("login-storm-v1.schema.json", &v);
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["per_user"].as_array().expect("users").len(), 3);
+    for u in v["per_user"].as_array().expect("users") {
+        assert!(u["login_s"].as_f64().expect("login") > 0.0);
+        assert!(u["bytes_written"].as_u64().expect("bytes") > 100_000, "{u}");
+    }
+    assert!(v["share_login_session"].is_null(), "no meter, no counts");
+    assert_eq!(std::fs::read_dir(share.path()).expect("ls").count(), 0);
+    // The published results (with ccfs, share-side counts, server CPU) follow it too.
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doc/results");
+    let mut seen = 0;
+    for dir in std::fs::read_dir(&results).expect("doc/results").flatten() {
+        if !dir.file_name().to_string_lossy().ends_with("-login-storm") {
+            continue;
+        }
+        for f in std::fs::read_dir(dir.path()).expect("ls").flatten() {
+            if f.path().extension().is_some_and(|e| e == "json") {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(f.path()).expect("read")).expect("json");
+                for run in v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]) {
+                    validate_against("login-storm-v1.schema.json", &run);
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(seen >= 3, "{seen} published storms");
 }
