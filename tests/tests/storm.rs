@@ -46,6 +46,16 @@ fn setup(profile: &str) -> Setup {
     }
 }
 
+/// User `u`'s home in the one run directory a `--keep` storm left on the share.
+fn kept_home(share: &Path, u: usize) -> PathBuf {
+    let run: Vec<PathBuf> = std::fs::read_dir(share)
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(run.len(), 1, "{run:?}");
+    run[0].join(format!("user{u:03}"))
+}
+
 fn no_mounts_under(dir: &Path) -> bool {
     let mi = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let d = dir.display().to_string();
@@ -168,13 +178,8 @@ fn with_ccfs_every_change_reaches_the_share_at_logout() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let run: Vec<PathBuf> = std::fs::read_dir(share.path())
-        .expect("ls")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(run.len(), 1, "{run:?}");
     for u in 0..3 {
-        let home = run[0].join(format!("user{u:03}"));
+        let home = kept_home(share.path(), u);
         let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
         assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
         assert_eq!(len("Documents/a.txt"), Some(50));
@@ -358,13 +363,8 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
     assert_eq!(mounts(), 0, "no mount left");
     assert_eq!(entries(work.path()), 0, "scratch space removed");
     // Kept homes: what the users wrote reached the share at their forced logout.
-    let run: Vec<PathBuf> = std::fs::read_dir(share.path())
-        .expect("ls")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(run.len(), 1, "{run:?}");
     for u in 0..2 {
-        let home = run[0].join(format!("user{u:03}"));
+        let home = kept_home(share.path(), u);
         let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
         assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
         assert!(len(".history").is_some_and(|n| n > 0 && n % 3 == 0));
