@@ -590,35 +590,53 @@ impl Actor {
     /// Makes the `[home]` files: real data where a timed section reads them or they are
     /// small, sparse (same size) otherwise.
     pub fn prepare(&mut self, profile: &Profile) -> io::Result<()> {
+        self.prepare_files(profile, false).map(|_| ())
+    }
+
+    /// Makes the `[home]` files this home does not show; returns how many. Through ccfs
+    /// these are the local-only ones (`.cache` by default), which then stay in the
+    /// workstation's cache: a returning user's.
+    pub fn prepare_missing(&mut self, profile: &Profile) -> io::Result<u64> {
+        self.prepare_files(profile, true)
+    }
+
+    fn prepare_files(&mut self, profile: &Profile, only_missing: bool) -> io::Result<u64> {
         let read = profile.read_paths();
+        let mut made = 0;
         for a in &profile.home {
             check_interrupted()?;
-            match a {
-                Action::File { path, size }
-                    if *size > SPARSE_ABOVE && !read.contains(path.as_str()) =>
-                {
-                    self.sparse(&self.at(path), *size)?;
-                }
+            let files: Vec<(String, u64)> = match a {
+                Action::File { path, size } => vec![(path.clone(), *size)],
                 Action::Many {
                     pattern,
                     n,
                     min,
                     max,
-                } if *max > SPARSE_ABOVE => {
-                    for i in 0..*n {
+                } => (0..*n)
+                    .map(|i| {
                         let rel = pattern.replace("{i}", &i.to_string()).replace("{r}", "0");
-                        let size = self.size_between(*min, *max);
-                        if size > SPARSE_ABOVE && !read.contains(rel.as_str()) {
-                            self.sparse(&self.at(&rel), size)?;
-                        } else {
-                            self.write_file(&self.at(&rel), size, false)?;
-                        }
-                    }
+                        (rel, self.size_between(*min, *max))
+                    })
+                    .collect(),
+                other => {
+                    self.play_one(other, 0)?;
+                    continue;
                 }
-                other => self.play_one(other, 0)?,
+            };
+            for (rel, size) in files {
+                let p = self.at(&rel);
+                if only_missing && fs::symlink_metadata(&p).is_ok() {
+                    continue;
+                }
+                if size > SPARSE_ABOVE && !read.contains(rel.as_str()) {
+                    self.sparse(&p, size)?;
+                } else {
+                    self.write_file(&p, size, false)?;
+                }
+                made += 1;
             }
         }
-        Ok(())
+        Ok(made)
     }
 }
 
@@ -705,6 +723,11 @@ mod tests {
         assert_eq!(len("a.db-wal"), Some(0), "checkpoint empties the log");
         assert_eq!(len("a.db"), Some(65536), "pages written in place");
         assert_eq!(len("p.js"), None);
+        // Only what is missing is made again.
+        fs::remove_file(dir.path().join("c/1")).expect("rm");
+        let mut b = Actor::new(dir.path().to_path_buf(), 7);
+        assert_eq!(b.prepare_missing(&p).expect("missing"), 1);
+        assert_eq!(len("c/1"), Some(10));
         // A missing file is counted (programs rebuild their caches), not fatal.
         a.play(
             &[Action::Read("nope".into()), Action::Scan("gone".into())],

@@ -112,6 +112,10 @@ struct StormArgs {
     /// local or passed through; see ccfs's README).
     #[arg(long)]
     ccfs_config: Option<PathBuf>,
+    /// With ccfs, users return to their workstations: each cache already holds the
+    /// local-only files (`.cache`) of an earlier session (default: a first login).
+    #[arg(long)]
+    returning_users: bool,
     /// Local scratch space for mount points and the workstations' caches.
     #[arg(long, default_value = "/var/tmp/loadgen-storm")]
     work: PathBuf,
@@ -700,6 +704,7 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         work,
         meter: !a.no_meter,
         ccfs_config,
+        returning_users: a.returning_users,
         server_pids: pids,
         keep: a.keep,
         label: a.label.clone(),

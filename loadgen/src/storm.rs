@@ -38,6 +38,9 @@ pub struct StormConfig {
     pub meter: bool,
     /// A ccfs configuration file for the users' mounts (default: ccfs's defaults).
     pub ccfs_config: Option<PathBuf>,
+    /// With ccfs: each workstation's cache already holds the user's local-only files from
+    /// an earlier session (else: a first login on every workstation).
+    pub returning_users: bool,
     /// Server processes whose CPU time is measured.
     pub server_pids: Vec<u32>,
     pub keep: bool,
@@ -132,6 +135,9 @@ pub struct StormReport {
     pub with_ccfs: bool,
     pub session_s: f64,
     pub profile: String,
+    /// With ccfs: the workstations' caches held the users' local-only files already.
+    #[serde(default)]
+    pub returning_users: bool,
     pub time_to_login: Summary,
     pub logout: Summary,
     pub per_user: Vec<UserResult>,
@@ -388,6 +394,7 @@ fn run_in(
         None => run_on_share.to_path_buf(),
     };
     let n = cfg.users;
+    let ready = Barrier::new(n + 1);
     let start = Barrier::new(n + 1);
     let sessions_done = Barrier::new(n + 1);
     let logouts_done = Barrier::new(n + 1);
@@ -400,19 +407,16 @@ fn run_in(
     let mut meter_err = None;
     std::thread::scope(|s| {
         for u in 0..n {
-            let (start, sessions_done, logouts_done, results) =
-                (&start, &sessions_done, &logouts_done, &results);
+            let gates = Gates {
+                ready: &ready,
+                start: &start,
+                sessions_done: &sessions_done,
+                logouts_done: &logouts_done,
+            };
+            let results = &results;
             let share_home = share_view.join(format!("user{u:03}"));
             s.spawn(move || {
-                let r = user(
-                    cfg,
-                    u,
-                    &share_home,
-                    work,
-                    start,
-                    sessions_done,
-                    logouts_done,
-                );
+                let r = user(cfg, u, &share_home, work, &gates);
                 if let Ok(mut g) = results.lock() {
                     g.push(r);
                 }
@@ -422,6 +426,7 @@ fn run_in(
             Ok(c) => *slot = c,
             Err(e) => meter_err = Some(e),
         };
+        ready.wait();
         snap(&mut c0);
         cpu.0 = cpu_seconds(&cfg.server_pids);
         start.wait();
@@ -463,6 +468,7 @@ fn run_in(
         with_ccfs: cfg.with_ccfs,
         session_s: cfg.session.as_secs_f64(),
         profile: cfg.profile_name.clone(),
+        returning_users: cfg.with_ccfs && cfg.returning_users,
         time_to_login: Summary::of(&logins),
         logout: Summary::of(&logouts),
         complete: error.is_none() && per_user.len() == n,
@@ -484,15 +490,46 @@ fn sync_path(p: &Path) {
     }
 }
 
+/// The barriers every user passes, in this order.
+struct Gates<'a> {
+    /// Untimed preparation done (the share counters are read after it).
+    ready: &'a Barrier,
+    start: &'a Barrier,
+    sessions_done: &'a Barrier,
+    logouts_done: &'a Barrier,
+}
+
+/// A returning user: the local-only files of an earlier session on this workstation are
+/// made through a ccfs mount with this user's cache, which keeps them after unmounting.
+fn warm_up(
+    cfg: &StormConfig,
+    u: usize,
+    share_home: &Path,
+    mnt: &Path,
+    cache: &Path,
+) -> Result<(), String> {
+    let mut m = CcfsMount::mount(
+        &cfg.ccfs,
+        share_home,
+        mnt,
+        cache,
+        cfg.ccfs_config.as_deref(),
+    )?;
+    let made = Actor::new(mnt.to_path_buf(), 5000 + u as u64)
+        .prepare_missing(&cfg.profile)
+        .map_err(|e| format!("warming the cache: {e}"));
+    let unmounted = m.umount();
+    made?;
+    unmounted
+}
+
 /// One user's login, session and logout. Always passes every barrier.
 fn user(
     cfg: &StormConfig,
     u: usize,
     share_home: &Path,
     work: &Path,
-    start: &Barrier,
-    sessions_done: &Barrier,
-    logouts_done: &Barrier,
+    gates: &Gates,
 ) -> (UserResult, Latencies, Latencies) {
     let mut r = UserResult {
         user: u,
@@ -506,16 +543,31 @@ fn user(
         error: None,
     };
     let mut session_lat = Latencies::new();
-    start.wait();
+    let mnt = work.join(format!("home/user{u:03}"));
+    let cache = work.join(format!("cache/user{u:03}"));
+    if cfg.with_ccfs && cfg.returning_users {
+        if let Err(e) = warm_up(cfg, u, share_home, &mnt, &cache) {
+            r.error = Some(e);
+        }
+    }
+    gates.ready.wait();
+    gates.start.wait();
     let t0 = Instant::now();
     let mut mount = None;
+    let failed = |r: UserResult, session_lat| {
+        gates.sessions_done.wait();
+        gates.logouts_done.wait();
+        (r, Latencies::new(), session_lat)
+    };
+    if r.error.is_some() {
+        return failed(r, session_lat);
+    }
     let home = if cfg.with_ccfs {
-        let mnt = work.join(format!("home/user{u:03}"));
         match CcfsMount::mount(
             &cfg.ccfs,
             share_home,
             &mnt,
-            &work.join(format!("cache/user{u:03}")),
+            &cache,
             cfg.ccfs_config.as_deref(),
         ) {
             Ok(m) => {
@@ -524,9 +576,7 @@ fn user(
             }
             Err(e) => {
                 r.error = Some(e);
-                sessions_done.wait();
-                logouts_done.wait();
-                return (r, Latencies::new(), session_lat);
+                return failed(r, session_lat);
             }
         }
     } else {
@@ -561,7 +611,7 @@ fn user(
     sleep_until(session_start + cfg.session);
     session_lat.merge(&std::mem::take(&mut actor.lat));
     r.session_latency = latency_report(&session_lat);
-    sessions_done.wait();
+    gates.sessions_done.wait();
     let t1 = Instant::now();
     if r.error.is_none() {
         if let Err(e) = actor.play(&cfg.profile.logout, 0) {
@@ -576,7 +626,7 @@ fn user(
     r.logout_s = t1.elapsed().as_secs_f64();
     r.bytes_written = actor.tally.bytes_written;
     r.missing_files = actor.tally.missing;
-    logouts_done.wait();
+    gates.logouts_done.wait();
     (r, login_lat, session_lat)
 }
 

@@ -370,3 +370,55 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
         assert!(len(".history").is_some_and(|n| n > 0 && n % 3 == 0));
     }
 }
+
+/// Returning users find their local-only files (`.cache`) in their workstation's cache;
+/// first-time users do not. Making them is preparation: nothing of it is counted.
+#[test]
+fn returning_users_find_their_local_cache() {
+    let Setup {
+        share,
+        work,
+        scratch,
+        profile,
+    } = setup(
+        "[home]\nfile .cache/fonts/a.cache 5000\nfile .config/app.conf 10\n\
+         [login]\nread .cache/fonts/a.cache\nread .config/app.conf\n[logout]\n",
+    );
+    let json = scratch.path().join("s.json");
+    let mut found = Vec::new();
+    for returning in [false, true] {
+        let mut args = vec![
+            "--users",
+            "2",
+            "--session",
+            "0",
+            "--with-ccfs",
+            "--profile",
+            profile.to_str().expect("utf8"),
+            "--json",
+            json.to_str().expect("utf8"),
+        ];
+        if returning {
+            args.push("--returning-users");
+        }
+        let o = storm(share.path(), work.path(), &args);
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+        assert_eq!(r["returning_users"], returning);
+        assert_eq!(r["share_login_session"]["mutating"], 0, "{r}");
+        let missing: u64 = r["per_user"]
+            .as_array()
+            .expect("users")
+            .iter()
+            .map(|u| u["missing_files"].as_u64().expect("missing"))
+            .sum();
+        found.push(missing);
+    }
+    assert_eq!(
+        found,
+        vec![2, 0],
+        "first login: one miss a user; returning: none"
+    );
+    assert!(no_mounts_under(work.path()));
+}
