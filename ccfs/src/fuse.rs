@@ -78,9 +78,12 @@ impl Nodes {
 
     /// `path` is gone (unlinked or renamed over): a node keeps its other names.
     fn drop_name(&mut self, identity: Identity, path: &Path) {
-        let Some(id) = self.by_identity.get(&identity).copied() else {
-            return;
-        };
+        if let Some(id) = self.by_identity.get(&identity).copied() {
+            self.drop_name_of(id, path);
+        }
+    }
+
+    fn drop_name_of(&mut self, id: u64, path: &Path) {
         if let Some(node) = self.by_id.get_mut(&id) {
             if node.paths.len() > 1 {
                 node.paths.retain(|p| p != path);
@@ -341,16 +344,36 @@ impl CcfsFs {
         reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0));
     }
 
-    /// After `path` went away (unlink, rmdir, renamed over): forgets that name of its
-    /// node, and the object's identity when it was its last name, so a reused inode number
-    /// on the backing filesystem never maps to a node the kernel still holds.
-    fn retire(&self, gone: Option<crate::overlay::Found>, path: &Path) {
-        if let Some(found) = gone {
-            let mut nodes = self.nodes();
-            nodes.drop_name(found.identity, path);
-            if found.meta.is_dir() || found.meta.nlink() <= 1 {
-                nodes.by_identity.remove(&found.identity);
+    /// Before `path` goes away (unlink, rmdir, renamed over): when it is the object's last
+    /// name, its identity is forgotten first, so that an object created meanwhile with the
+    /// same inode number on the backing filesystem gets a node of its own (the kernel may
+    /// still hold the old one). Returns what [`CcfsFs::settle`] needs.
+    fn unmap_dying(&self, gone: Option<&crate::overlay::Found>) -> Option<(Identity, u64)> {
+        let found = gone?;
+        if found.meta.is_dir() || found.meta.nlink() <= 1 {
+            let id = self.nodes().by_identity.remove(&found.identity)?;
+            return Some((found.identity, id));
+        }
+        None
+    }
+
+    /// After the change: done, `path` leaves its node's names; failed, the identity is
+    /// mapped back.
+    fn settle(
+        &self,
+        gone: Option<&crate::overlay::Found>,
+        unmapped: Option<(Identity, u64)>,
+        path: &Path,
+        done: bool,
+    ) {
+        let mut nodes = self.nodes();
+        match (done, unmapped, gone) {
+            (true, Some((_, id)), _) => nodes.drop_name_of(id, path),
+            (true, None, Some(found)) => nodes.drop_name(found.identity, path),
+            (false, Some((identity, id)), _) => {
+                nodes.by_identity.entry(identity).or_insert(id);
             }
+            _ => {}
         }
     }
 
@@ -359,16 +382,15 @@ impl CcfsFs {
         let parent_path = try_reply!(reply, self.path(parent));
         let path = parent_path.join(name);
         let found = self.overlay.resolve(&path).ok();
+        let unmapped = self.unmap_dying(found.as_ref());
         let result = if dir {
             self.overlay.rmdir(&parent_path, name)
         } else {
             self.overlay.unlink(&parent_path, name)
         };
+        self.settle(found.as_ref(), unmapped, &path, result.is_ok());
         match result {
-            Ok(()) => {
-                self.retire(found, &path);
-                reply.ok()
-            }
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e)),
         }
     }
@@ -648,16 +670,18 @@ impl Filesystem for CcfsFs {
         let from = from_dir.join(name);
         let to = to_dir.join(newname);
         let replaced = self.overlay.resolve(&to).ok();
-        match self.overlay.rename(
+        let unmapped = self.unmap_dying(replaced.as_ref());
+        let result = self.overlay.rename(
             &ctx(req, 0),
             &from_dir,
             name,
             &to_dir,
             newname,
             flags.bits(),
-        ) {
+        );
+        self.settle(replaced.as_ref(), unmapped, &to, result.is_ok());
+        match result {
             Ok(()) => {
-                self.retire(replaced, &to);
                 self.nodes().reroot(&from, &to);
                 reply.ok()
             }
