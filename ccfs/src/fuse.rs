@@ -417,17 +417,7 @@ impl CcfsFs {
         req: &Request,
         h: &'a Handle,
     ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { io, node } = h else {
-            return Err(Errno::EISDIR);
-        };
-        {
-            let g = read_io(io);
-            if g.deferred.is_none() {
-                return Ok(g);
-            }
-        }
-        self.promote(req, io, *node)?;
-        Ok(read_io(io))
+        self.file_for(req, h, true)
     }
 
     /// The file of a handle for reading: a deferred handle whose file has moved to the
@@ -437,30 +427,42 @@ impl CcfsFs {
         req: &Request,
         h: &'a Handle,
     ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
+        self.file_for(req, h, false)
+    }
+
+    fn file_for<'a>(
+        &self,
+        req: &Request,
+        h: &'a Handle,
+        write: bool,
+    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
         let Handle::File { io, node } = h else {
             return Err(Errno::EISDIR);
         };
-        let stale = {
+        let now = self.overlay.copy_up_count();
+        {
+            // The common case, one shared lock: not deferred, or nothing copied up since.
             let g = read_io(io);
             match g.deferred {
-                Some(d) if d.seen != self.overlay.copy_up_count() => true,
+                Some(d) if write || d.seen != now => {}
                 _ => return Ok(g),
             }
+        }
+        let moved = || {
+            self.path(INodeNo(*node))
+                .ok()
+                .and_then(|p| self.overlay.resolve(&p).ok())
+                .is_some_and(|f| f.layer == crate::overlay::Layer::Upper)
         };
-        if stale {
-            let path = self.path(INodeNo(*node))?;
-            let now = self.overlay.copy_up_count();
-            match self.overlay.resolve(&path) {
-                Ok(found) if found.layer == crate::overlay::Layer::Upper => {
-                    self.promote(req, io, *node)?;
-                }
-                _ => {
-                    let mut g = io.write().unwrap_or_else(|e| e.into_inner());
-                    if let Some(d) = g.deferred.as_mut() {
-                        d.seen = now;
-                    }
-                }
-            }
+        if write || moved() {
+            self.promote(req, io, *node)?;
+        } else if let Some(d) = io
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .deferred
+            .as_mut()
+        {
+            d.seen = now;
         }
         Ok(read_io(io))
     }

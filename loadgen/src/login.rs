@@ -320,6 +320,8 @@ pub struct Actor {
     pub tally: Tally,
     rng: u64,
     buf: Vec<u8>,
+    /// Where reads land (kept: no allocation a file).
+    rbuf: Vec<u8>,
 }
 
 fn timed<T>(lat: &mut Latencies, op: Op, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
@@ -337,6 +339,7 @@ impl Actor {
             tally: Tally::default(),
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             buf: Vec::new(),
+            rbuf: vec![0; 128 * 1024],
         };
         a.buf = (0..256 * 1024).map(|_| a.next() as u8).collect();
         a
@@ -357,10 +360,17 @@ impl Actor {
         self.home.join(rel)
     }
 
-    fn parents(&mut self, p: &Path) -> io::Result<()> {
-        match p.parent() {
-            Some(d) if !d.exists() => timed(&mut self.lat, Op::Mkdir, || fs::create_dir_all(d)),
-            _ => Ok(()),
+    /// Opens `p` with `o` (which creates it); a missing parent directory is made then, as
+    /// programs do, instead of looking for it before every open.
+    fn open_creating(&mut self, p: &Path, o: &OpenOptions) -> io::Result<File> {
+        match timed(&mut self.lat, Op::Open, || o.open(p)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = p.parent() {
+                    timed(&mut self.lat, Op::Mkdir, || fs::create_dir_all(d))?;
+                }
+                timed(&mut self.lat, Op::Open, || o.open(p))
+            }
+            other => other,
         }
     }
 
@@ -378,7 +388,6 @@ impl Actor {
     }
 
     fn write_file(&mut self, p: &Path, size: u64, append: bool) -> io::Result<()> {
-        self.parents(p)?;
         let mut o = OpenOptions::new();
         o.create(true);
         if append {
@@ -386,7 +395,7 @@ impl Actor {
         } else {
             o.write(true).truncate(true);
         }
-        let mut f = timed(&mut self.lat, Op::Open, || o.open(p))?;
+        let mut f = self.open_creating(p, &o)?;
         self.put(&mut f, size)?;
         timed(&mut self.lat, Op::Close, || {
             drop(f);
@@ -396,9 +405,9 @@ impl Actor {
 
     fn read_file(&mut self, p: &Path) -> io::Result<()> {
         let mut f = timed(&mut self.lat, Op::Open, || File::open(p))?;
-        let mut buf = vec![0u8; 128 * 1024];
+        let buf = &mut self.rbuf;
         loop {
-            let n = timed(&mut self.lat, Op::Read, || f.read(&mut buf))?;
+            let n = timed(&mut self.lat, Op::Read, || f.read(buf))?;
             if n == 0 {
                 break;
             }
@@ -430,15 +439,14 @@ impl Actor {
 
     fn sqlite(&mut self, db: &Path, txns: u32, pages: u32) -> io::Result<()> {
         // A missing database is created, as SQLite does (counted as missing).
-        self.parents(db)?;
-        let mut f = timed(&mut self.lat, Op::Open, || {
+        let mut f = self.open_creating(
+            db,
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(false)
-                .open(db)
-        })?;
+                .truncate(false),
+        )?;
         if f.metadata()?.len() == 0 {
             self.tally.missing += 1;
         }
@@ -475,19 +483,17 @@ impl Actor {
         if wal_len == 0 {
             return Ok(());
         }
-        let f = timed(&mut self.lat, Op::Open, || {
+        let mut f = timed(&mut self.lat, Op::Open, || {
             OpenOptions::new().read(true).write(true).open(db)
         })?;
         let db_pages = (f.metadata()?.len() / PAGE).max(1);
-        let mut f = f;
-        for k in 0..wal_len.div_ceil(PAGE) {
+        for _ in 0..wal_len.div_ceil(PAGE) {
             let at = (self.next() % db_pages) * PAGE;
             let page = &self.buf[..PAGE as usize];
             timed(&mut self.lat, Op::Write, || {
                 f.seek(SeekFrom::Start(at))?;
                 f.write_all(page)
             })?;
-            let _ = k;
         }
         timed(&mut self.lat, Op::Fsync, || f.sync_all())?;
         let wal = timed(&mut self.lat, Op::Open, || {
@@ -556,8 +562,10 @@ impl Actor {
             Action::Replace { path, size } => {
                 let target = self.at(path);
                 let tmp = PathBuf::from(format!("{}.tmp-{}", target.display(), rep));
-                self.parents(&target)?;
-                let mut f = timed(&mut self.lat, Op::Open, || File::create(&tmp))?;
+                let mut f = self.open_creating(
+                    &tmp,
+                    OpenOptions::new().write(true).create(true).truncate(true),
+                )?;
                 self.put(&mut f, *size)?;
                 timed(&mut self.lat, Op::Fsync, || f.sync_all())?;
                 timed(&mut self.lat, Op::Close, || {
@@ -581,8 +589,10 @@ impl Actor {
     /// A file of `size` bytes with real data only in its first page (SQLite reads its
     /// header); the rest is a hole.
     fn sparse(&mut self, p: &Path, size: u64) -> io::Result<()> {
-        self.parents(p)?;
-        let f = File::create(p)?;
+        let f = self.open_creating(
+            p,
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )?;
         f.set_len(size)?;
         f.write_all_at(&self.buf[..4096.min(size as usize)], 0)
     }

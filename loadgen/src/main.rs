@@ -358,7 +358,6 @@ fn spawn_progress(progress: Arc<Progress>, phases: Vec<Phase>, done: Arc<AtomicB
 }
 
 /// Runs one workload and writes its report; returns the report.
-#[allow(clippy::too_many_arguments)]
 fn run_workload(
     command: &str,
     dir: &Path,
@@ -366,9 +365,11 @@ fn run_workload(
     phases: Vec<Phase>,
     clients: usize,
     opts: &RunOpts,
-    json: Option<&Path>,
-    csv: Option<&Path>,
+    // A sweep writes its runs itself, as one list.
+    to_files: bool,
 ) -> Result<RunReport, Error> {
+    let json = opts.out.json.as_deref().filter(|_| to_files);
+    let csv = opts.out.csv.as_deref().filter(|_| to_files);
     let mut warnings = Vec::new();
     // With --hosts the agents drop their hosts' caches; here only for a local run.
     if opts.drop_caches && opts.hosts.is_empty() && !engine::drop_caches() {
@@ -663,15 +664,6 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
                 .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?,
         ),
     };
-    std::fs::create_dir_all(&a.work)
-        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
-    let work = a
-        .work
-        .canonicalize()
-        .map_err(|e| user(format!("--work: {e}")))?;
-    if !outside(&work) {
-        return Err(user(WORK_OUTSIDE));
-    }
     let mut pids = a.server_pids.clone();
     if let Some(f) = &a.server_pids_file {
         let text = std::fs::read_to_string(f).map_err(|e| {
@@ -692,6 +684,16 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
                 ))
             })?);
         }
+    }
+    // Made last: bad input changes nothing.
+    std::fs::create_dir_all(&a.work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    let work = a
+        .work
+        .canonicalize()
+        .map_err(|e| user(format!("--work: {e}")))?;
+    if !outside(&work) {
+        return Err(user(WORK_OUTSIDE));
     }
     Ok(loadgen::storm::StormConfig {
         share,
@@ -772,16 +774,7 @@ fn main() -> ExitCode {
                 check_common(clients, &opts)?;
                 let phases = parse_phases(&opts)?;
                 let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
-                let r = run_workload(
-                    "compilebench",
-                    &dir,
-                    sets,
-                    phases,
-                    clients,
-                    &opts,
-                    opts.out.json.as_deref(),
-                    opts.out.csv.as_deref(),
-                )?;
+                let r = run_workload("compilebench", &dir, sets, phases, clients, &opts, true)?;
                 finish(&r)
             }
             Cmd::Sweep { dir, opts, clients } => {
@@ -793,16 +786,8 @@ fn main() -> ExitCode {
                 let mut runs = Vec::new();
                 for &c in &clients {
                     eprintln!("loadgen sweep: {c} clients");
-                    let r = run_workload(
-                        "sweep",
-                        &dir,
-                        sets.clone(),
-                        phases.clone(),
-                        c,
-                        &opts,
-                        None,
-                        None,
-                    )?;
+                    let r =
+                        run_workload("sweep", &dir, sets.clone(), phases.clone(), c, &opts, false)?;
                     let failed = r.error.clone();
                     runs.push(r);
                     if let Some(e) = failed {
@@ -904,8 +889,7 @@ fn main() -> ExitCode {
                     vec![Phase::Create, Phase::DeleteTree],
                     clients,
                     &opts,
-                    opts.out.json.as_deref(),
-                    opts.out.csv.as_deref(),
+                    true,
                 )?;
                 finish(&r)
             }

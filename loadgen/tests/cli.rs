@@ -20,6 +20,11 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// A JSON file loadgen wrote (whole: it is written atomically).
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("json written")).expect("whole JSON")
+}
+
 fn schema(file: &str) -> jsonschema::Validator {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("schema")
@@ -64,8 +69,7 @@ fn every_phase_runs_and_its_json_matches_the_schema() {
         csv.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["complete"], true);
     assert_eq!(v["phases"].as_array().expect("phases").len(), 11);
@@ -200,8 +204,7 @@ fn a_full_target_stops_cleanly_and_keeps_the_phases_measured() {
         "{}",
         text(&o)
     );
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["complete"], false);
     assert_eq!(v["phases"][0]["name"], "create");
@@ -257,8 +260,7 @@ fn access_creates_and_removes_empty_files() {
         json.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["phases"][0]["files"], 1000);
     assert_eq!(v["phases"][1]["files"], 1000);
@@ -302,8 +304,7 @@ fn a_killed_run_keeps_the_phases_it_finished() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("whole JSON");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["complete"], false);
     assert_eq!(v["phases"][0]["name"], "create");
@@ -328,8 +329,7 @@ fn compilebench_accounts(target: &str, extra: &[&str]) -> serde_json::Value {
     args.extend_from_slice(extra);
     let o = loadgen(&args);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["complete"], true);
     let phase = |name: &str| {
@@ -495,8 +495,7 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         json.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate(&v);
     assert_eq!(v["config"]["clients"], 6);
     assert_eq!(v["complete"], true);
@@ -649,8 +648,17 @@ fn login_storm_json_matches_its_schema() {
     let work = tempfile::tempdir().expect("work");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("s.json");
+    // This test process stands in for a server (lines as deploy/testbed keeps them).
+    let pids = out.path().join("pids");
+    std::fs::write(
+        &pids,
+        format!("{} 12345 cargo test\n\n", std::process::id()),
+    )
+    .expect("pids");
     let o = loadgen(&[
         "login-storm",
+        "--server-pids-file",
+        pids.to_str().expect("utf8"),
         "--share",
         share.path().to_str().expect("utf8"),
         "--work",
@@ -664,8 +672,7 @@ fn login_storm_json_matches_its_schema() {
         json.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let v = read_json(&json);
     validate_against("login-storm-v1.schema.json", &v);
     assert_eq!(v["complete"], true);
     assert_eq!(v["per_user"].as_array().expect("users").len(), 3);
@@ -674,6 +681,27 @@ fn login_storm_json_matches_its_schema() {
         assert!(u["bytes_written"].as_u64().expect("bytes") > 100_000, "{u}");
     }
     assert!(v["share_login_session"].is_null(), "no meter, no counts");
+    assert!(
+        v["server_cpu_s"].as_f64().is_some_and(|c| c >= 0.0),
+        "{}",
+        v["server_cpu_s"]
+    );
+    // A pids file that is not one refuses the run and makes nothing.
+    std::fs::write(&pids, "glusterd 12\n").expect("pids");
+    let work2 = work.path().join("fresh");
+    let o = loadgen(&[
+        "login-storm",
+        "--share",
+        share.path().to_str().expect("utf8"),
+        "--work",
+        work2.to_str().expect("utf8"),
+        "--no-meter",
+        "--server-pids-file",
+        pids.to_str().expect("utf8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not start with a process id"));
+    assert!(!work2.exists(), "nothing made");
     assert_eq!(std::fs::read_dir(share.path()).expect("ls").count(), 0);
     // The published results (with ccfs, share-side counts, server CPU) follow it too.
     let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doc/results");
@@ -684,8 +712,7 @@ fn login_storm_json_matches_its_schema() {
         }
         for f in std::fs::read_dir(dir.path()).expect("ls").flatten() {
             if f.path().extension().is_some_and(|e| e == "json") {
-                let v: serde_json::Value =
-                    serde_json::from_slice(&std::fs::read(f.path()).expect("read")).expect("json");
+                let v: serde_json::Value = read_json(&f.path());
                 for run in v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]) {
                     validate_against("login-storm-v1.schema.json", &run);
                     seen += 1;

@@ -89,8 +89,7 @@ fn compare_counts_share_writes_at_the_share_side() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let runs: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let runs = common::read_json(&json);
     let (without, with) = (&runs[0], &runs[1]);
     assert_eq!(without["schema"], "loadgen-login-storm/1");
     assert_eq!(
@@ -281,8 +280,7 @@ fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
             &a.iter().map(String::as_str).collect::<Vec<_>>(),
         );
         assert!(o.status.success(), "{}", text(&o));
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+        let r = common::read_json(&json);
         let during = &r["share_login_session"]["by_op"];
         fsyncs.push(during["fsync"].as_u64().unwrap_or(0));
     }
@@ -403,8 +401,7 @@ fn returning_users_find_their_local_cache() {
         }
         let o = storm(share.path(), work.path(), &args);
         assert!(o.status.success(), "{}", text(&o));
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+        let r = common::read_json(&json);
         assert_eq!(r["returning_users"], returning);
         assert_eq!(r["share_login_session"]["mutating"], 0, "{r}");
         let missing: u64 = r["per_user"]

@@ -28,6 +28,11 @@ pub fn ccfs(args: &[&std::ffi::OsStr]) -> Output {
         .expect("run ccfs")
 }
 
+/// A JSON file a command wrote.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("json written")).expect("whole JSON")
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
