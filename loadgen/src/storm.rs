@@ -219,25 +219,33 @@ impl CcfsMount {
         })
     }
 
+    /// `ccfs umount` (which syncs). The other users' threads start processes all the time,
+    /// and a child between fork and exec briefly holds this user's open files: a busy
+    /// mount is tried again. The mount counts as gone only once it is.
     fn umount(&mut self) -> Result<(), String> {
-        if !self.mounted {
-            return Ok(());
+        let mut tries = 0;
+        while self.mounted {
+            let out = Command::new(&self.ccfs)
+                .arg("umount")
+                .arg(&self.mnt)
+                .output()
+                .map_err(|e| format!("cannot run ccfs umount: {e}"))?;
+            if out.status.success() {
+                self.mounted = false;
+                break;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            tries += 1;
+            if !err.contains("busy") || tries == 20 {
+                return Err(format!(
+                    "ccfs umount {} failed: {}",
+                    self.mnt.display(),
+                    err.trim()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        let out = Command::new(&self.ccfs)
-            .arg("umount")
-            .arg(&self.mnt)
-            .output()
-            .map_err(|e| format!("cannot run ccfs umount: {e}"))?;
-        self.mounted = false;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "ccfs umount {} failed: {}",
-                self.mnt.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        Ok(())
     }
 
     fn counts(&self) -> Result<ShareCounts, String> {
