@@ -8,6 +8,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -171,10 +172,17 @@ pub fn decode(text: &[u8]) -> (Vec<Record>, usize) {
 }
 
 /// The journal file of one cache directory.
+///
+/// Records are written at `good_len`, the end of the last record known to be whole and
+/// durable, never with `O_APPEND`: a write that fails half way (a full cache) leaves a
+/// fragment that the next append overwrites, so no record ever sits behind a torn one.
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
     file: File,
+    good_len: u64,
+    /// A failed append could not cut its fragment off: cut it before the next write.
+    needs_trim: bool,
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -191,12 +199,7 @@ impl Journal {
         };
         let (records, valid) = decode(&text);
         let state = OverlayState::replay(&records);
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)?;
+        let file = open_rw(path, true)?;
         if valid < text.len() {
             tracing::warn!(
                 journal = %path.display(),
@@ -210,31 +213,66 @@ impl Journal {
             Self {
                 path: path.to_path_buf(),
                 file,
+                good_len: valid as u64,
+                needs_trim: false,
             },
             state,
         ))
     }
 
-    /// Appends records durably (one write, one fdatasync).
+    /// Appends records durably (one write at the end of the last whole record, one
+    /// fdatasync). On failure nothing of them counts: the fragment is cut off now, or
+    /// overwritten by the next append.
     pub fn append(&mut self, records: &[Record]) -> io::Result<()> {
         let mut buf = String::new();
         for r in records {
             buf.push_str(&encode(r));
         }
-        self.file.write_all(buf.as_bytes())?;
-        self.file.sync_data()
+        if self.needs_trim {
+            self.file.set_len(self.good_len)?;
+            self.needs_trim = false;
+        }
+        let written = self
+            .file
+            .write_all_at(buf.as_bytes(), self.good_len)
+            .and_then(|()| self.file.sync_data());
+        match written {
+            Ok(()) => {
+                self.good_len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Cutting a file shorter needs no space; if even that fails, the next
+                // append cuts first (and overwrites the fragment anyway).
+                if self.file.set_len(self.good_len).is_err() {
+                    self.needs_trim = true;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename).
     pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
         let text: String = state.snapshot().iter().map(encode).collect();
         write_atomic(&self.path, text.as_bytes())?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.path)?;
+        self.file = open_rw(&self.path, false)?;
+        self.good_len = text.len() as u64;
+        self.needs_trim = false;
         Ok(())
     }
+}
+
+/// The journal file, for reading and writing at chosen offsets; never through a symlink.
+fn open_rw(path: &Path, create: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Writes a file atomically and durably: a private temp file beside it, fsync, rename,
