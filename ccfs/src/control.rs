@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::overlay::Overlay;
-use crate::sync::{run_sync, RsyncOptions, SyncReport};
+use crate::sync::{run_sync, RsyncOptions, SyncMode, SyncReport};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "cmd", rename_all = "lowercase")]
@@ -111,9 +111,9 @@ impl Daemon {
     }
 
     /// Runs one sync (syncs never overlap) and remembers its outcome.
-    pub fn sync_now(&self, everything: bool) -> SyncOutcome {
+    pub fn sync_now(&self, mode: SyncMode) -> SyncOutcome {
         let _one_at_a_time = lock(&self.sync_lock);
-        let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, everything));
+        let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, mode));
         if let Some(err) = &outcome.error {
             tracing::error!("sync failed: {err}");
         }
@@ -173,7 +173,7 @@ impl Daemon {
     fn answer(&self, req: &Request) -> serde_json::Value {
         let v = match req {
             Request::Status => serde_json::to_value(self.status()),
-            Request::Sync => serde_json::to_value(self.sync_now(false)),
+            Request::Sync => serde_json::to_value(self.sync_now(SyncMode::Session)),
             Request::Wait => serde_json::to_value(self.wait_final()),
         };
         v.unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))

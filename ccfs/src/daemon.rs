@@ -472,6 +472,26 @@ pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
     Ok(f)
 }
 
+/// The cache's lock for a recovery: when the daemon that held it is gone but processes it
+/// started still hold it (an rsync of a killed daemon finishing its write), waits for them
+/// (up to `patience`) rather than racing them on the share.
+pub fn lock_for_recovery(dir: &Path, patience: Duration) -> Result<File, UserError> {
+    let start = std::time::Instant::now();
+    loop {
+        match lock_cache(dir) {
+            Ok(f) => return Ok(f),
+            Err(e) => {
+                let daemon_alive =
+                    cache_owner(dir).is_some_and(|pid| pid != 0 && crate::sys::process_alive(pid));
+                if daemon_alive || start.elapsed() >= patience {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
 pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncOptions {
     RsyncOptions {
         binary: binary.to_path_buf(),
@@ -479,25 +499,27 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
         timeout: settings.rsync_timeout,
         caps: sync::probe_share(share),
         fsync: sync::rsync_has_fsync(binary),
+        hold_fd: None,
     }
 }
 
 /// Brings a cache up to date with the share after an earlier session ended without its
-/// logout sync. Returns the outcome, or None when there was nothing to do.
+/// logout sync: sends exactly the work its journal records (with the same conflict checks as
+/// a logout), and empties the cache once all of it is on the share. What the cache holds
+/// beyond the journal is a clean copy and is never sent. Returns the outcome, or None when
+/// the journal had no work.
 pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOutcome> {
-    let needs = !overlay.lock().state().is_clean()
-        || fs::read_dir(overlay.upper())
-            .map(|d| {
-                d.flatten().any(|e| {
-                    overlay.policy().classify(Path::new(&e.file_name()))
-                        != crate::policy::PathClass::LocalOnly
-                })
-            })
-            .unwrap_or(false);
-    if !needs {
+    if !overlay.has_unsynced_work() {
+        if let Err(e) = overlay.drop_clean_cache() {
+            tracing::warn!("cannot empty the clean cache: {e}");
+        }
         return None;
     }
-    Some(SyncOutcome::from(sync::run_sync(overlay, rsync, true)))
+    Some(SyncOutcome::from(sync::run_sync(
+        overlay,
+        rsync,
+        sync::SyncMode::Recover,
+    )))
 }
 
 /// Runs the mount in this process until it is unmounted; returns whether the final sync
@@ -531,7 +553,8 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         &plan.cache_dir,
         plan.settings.policy.clone(),
     )?);
-    let rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     if let Some(outcome) = recover_overlay(&overlay, &rsync) {
         if outcome.ok {
             tracing::info!("recovered the unsynced changes of an earlier session");
@@ -542,7 +565,6 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
             );
         }
     }
-    overlay.drop_clean_cache()?;
 
     let socket = plan.cache_dir.join("control.sock");
     if socket.as_os_str().len() >= 100 {
@@ -618,7 +640,7 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
     session.run()?;
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
-    let outcome = daemon.sync_now(false);
+    let outcome = daemon.sync_now(crate::sync::SyncMode::Logout);
     let ok = outcome.ok;
     daemon.set_final(outcome);
     daemon.drain_waiters(Duration::from_secs(5));
@@ -647,7 +669,7 @@ fn spawn_periodic_sync(
                 waited = Duration::ZERO;
                 let clean = daemon.overlay.lock().state().is_clean();
                 if !clean {
-                    let outcome = daemon.sync_now(false);
+                    let outcome = daemon.sync_now(crate::sync::SyncMode::Session);
                     tracing::info!(ok = outcome.ok, "periodic sync");
                 }
             }
@@ -703,7 +725,7 @@ fn recover_as_owner(
     config: Option<&Path>,
     meta: &CacheMeta,
 ) -> anyhow::Result<Option<SyncOutcome>> {
-    let _lock = lock_cache(cache_dir)?;
+    let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
     let config = config.map(Path::to_path_buf).or(meta.config.clone());
     let settings = match &config {
         Some(c) => {
@@ -726,13 +748,11 @@ fn recover_as_owner(
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
-    let opts = rsync_options(&settings, &rsync, &meta.share);
+    let mut opts = rsync_options(&settings, &rsync, &meta.share);
+    opts.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     let outcome = recover_overlay(&overlay, &opts);
     if let Some(report) = outcome.as_ref().and_then(|o| o.report.as_ref()) {
         control::log_conflicts(cache_dir, &report.conflicts);
-    }
-    if outcome.as_ref().is_none_or(|o| o.ok) {
-        overlay.drop_clean_cache()?;
     }
     Ok(outcome)
 }

@@ -1,9 +1,8 @@
 //! The FUSE adapter: the only module that knows fuser's request and reply types.
 //!
-//! Each handler turns node ids into paths, calls the [`Overlay`], and turns the result into
-//! a reply; every error goes through [`reply_err`]. Node ids are allocated per object
-//! identity (see [`crate::overlay::Identity`]), so a file keeps its inode number across
-//! copy-up and rename for the life of the mount.
+//! Each handler turns node ids into paths ([`crate::nodes`]), calls the [`Overlay`], and
+//! turns the result into a reply; every error goes through [`reply_err`]. A node keeps its
+//! id (the inode number programs see) across copy-up and rename for the life of the mount.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -24,89 +23,14 @@ use fuser::{
 
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::overlay::{Ctx, Identity, Overlay, SetAttr};
+use crate::overlay::{Ctx, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
 /// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
 /// control socket is. It is not listed by listxattr.
 pub const CONTROL_XATTR: &str = "user.ccfs.control";
 
-const ROOT: u64 = 1;
-
-/// A node the kernel knows. A file with several hard links may be known by several
-/// names; the first is the one used to reach it.
-#[derive(Debug)]
-struct Node {
-    paths: Vec<PathBuf>,
-    lookups: u64,
-}
-
-#[derive(Debug)]
-struct Nodes {
-    by_id: HashMap<u64, Node>,
-    by_identity: HashMap<Identity, u64>,
-    next: u64,
-}
-
-impl Nodes {
-    /// The node id for an object, allocating one on first sight.
-    fn id_for(&mut self, identity: Identity) -> u64 {
-        if let Some(id) = self.by_identity.get(&identity) {
-            return *id;
-        }
-        self.next += 1;
-        let id = self.next;
-        self.by_identity.insert(identity, id);
-        id
-    }
-
-    /// A lookup reply for `path`: counts the lookup and makes `path` the node's first name.
-    fn remember(&mut self, identity: Identity, path: &Path) -> u64 {
-        let id = self.id_for(identity);
-        if id == ROOT {
-            return id;
-        }
-        let node = self.by_id.entry(id).or_insert_with(|| Node {
-            paths: Vec::new(),
-            lookups: 0,
-        });
-        node.lookups += 1;
-        node.paths.retain(|p| p != path);
-        node.paths.insert(0, path.to_path_buf());
-        id
-    }
-
-    /// `path` is gone (unlinked or renamed over): a node keeps its other names.
-    fn drop_name(&mut self, identity: Identity, path: &Path) {
-        if let Some(id) = self.by_identity.get(&identity).copied() {
-            self.drop_name_of(id, path);
-        }
-    }
-
-    fn drop_name_of(&mut self, id: u64, path: &Path) {
-        if let Some(node) = self.by_id.get_mut(&id) {
-            if node.paths.len() > 1 {
-                node.paths.retain(|p| p != path);
-            }
-        }
-    }
-
-    /// After a rename: every known path at or below `from` moves below `to`.
-    fn reroot(&mut self, from: &Path, to: &Path) {
-        for node in self.by_id.values_mut() {
-            for p in node.paths.iter_mut() {
-                if let Ok(rest) = p.strip_prefix(from) {
-                    *p = if rest.as_os_str().is_empty() {
-                        to.to_path_buf()
-                    } else {
-                        to.join(rest)
-                    };
-                }
-            }
-            node.paths.dedup();
-        }
-    }
-}
+use crate::nodes::{Nodes, ROOT};
 
 #[derive(Debug)]
 enum Handle {
@@ -134,6 +58,8 @@ struct Deferred {
     flags: i32,
     /// The overlay's copy-up count when last checked.
     seen: u64,
+    /// The share object the handle has open (device, inode): it stays bound to it.
+    object: (u64, u64),
 }
 
 impl Handle {
@@ -158,6 +84,8 @@ fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
 pub struct CcfsFs {
     overlay: Arc<Overlay>,
     nodes: Mutex<Nodes>,
+    /// The node of a file with several links, by its backing object (see [`CcfsFs::entry`]).
+    links: Mutex<HashMap<(u64, u64), u64>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     ttl: Duration,
@@ -166,6 +94,7 @@ pub struct CcfsFs {
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
     let n = e.errno();
+    let path = crate::journal::escape(path);
     if matches!(
         n,
         libc::ENOENT
@@ -175,9 +104,9 @@ fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
             | libc::EXDEV
             | libc::ENAMETOOLONG
     ) {
-        tracing::trace!(op, path = %path.display(), "{e}");
+        tracing::trace!(op, path, "{e}");
     } else {
-        tracing::warn!(op, path = %path.display(), errno = n, "{e}");
+        tracing::warn!(op, path, errno = n, "{e}");
     }
     Errno::from_i32(n)
 }
@@ -282,26 +211,10 @@ impl CcfsFs {
         ttl: Duration,
         control_socket: &Path,
     ) -> std::io::Result<Self> {
-        let root = overlay
-            .resolve(Path::new(""))
-            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-        let mut by_identity = HashMap::new();
-        by_identity.insert(root.identity, ROOT);
-        let mut by_id = HashMap::new();
-        by_id.insert(
-            ROOT,
-            Node {
-                paths: vec![PathBuf::new()],
-                lookups: 1,
-            },
-        );
         Ok(Self {
             overlay,
-            nodes: Mutex::new(Nodes {
-                by_id,
-                by_identity,
-                next: ROOT,
-            }),
+            nodes: Mutex::new(Nodes::new()),
+            links: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             ttl,
@@ -318,11 +231,7 @@ impl CcfsFs {
     }
 
     fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
-        self.nodes()
-            .by_id
-            .get(&ino.0)
-            .and_then(|n| n.paths.first().cloned())
-            .ok_or(Errno::ESTALE)
+        self.nodes().path(ino.0).ok_or(Errno::ESTALE)
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
@@ -339,59 +248,57 @@ impl CcfsFs {
         FileHandle(fh)
     }
 
-    fn entry(&self, path: &Path, found: &crate::overlay::Found, reply: ReplyEntry) {
-        let id = self.nodes().remember(found.identity, path);
-        reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0));
-    }
-
-    /// Before `path` goes away (unlink, rmdir, renamed over): when it is the object's last
-    /// name, its identity is forgotten first, so that an object created meanwhile with the
-    /// same inode number on the backing filesystem gets a node of its own (the kernel may
-    /// still hold the old one). Returns what [`CcfsFs::settle`] needs.
-    fn unmap_dying(&self, gone: Option<&crate::overlay::Found>) -> Option<(Identity, u64)> {
-        let found = gone?;
-        if found.meta.is_dir() || found.meta.nlink() <= 1 {
-            let id = self.nodes().by_identity.remove(&found.identity)?;
-            return Some((found.identity, id));
-        }
-        None
-    }
-
-    /// After the change: done, `path` leaves its node's names; failed, the identity is
-    /// mapped back.
-    fn settle(
-        &self,
-        gone: Option<&crate::overlay::Found>,
-        unmapped: Option<(Identity, u64)>,
-        path: &Path,
-        done: bool,
-    ) {
-        let mut nodes = self.nodes();
-        match (done, unmapped, gone) {
-            (true, Some((_, id)), _) => nodes.drop_name_of(id, path),
-            (true, None, Some(found)) => nodes.drop_name(found.identity, path),
-            (false, Some((identity, id)), _) => {
-                nodes.by_identity.entry(identity).or_insert(id);
+    /// An entry reply for `name` in `parent`: counts the lookup on its node. A file with
+    /// several links joins the node of another of its names, when one is known and a name
+    /// of that node still holds the same object (a freed and reused backing inode number
+    /// never joins two files).
+    fn entry(&self, parent: INodeNo, name: &OsStr, found: &crate::overlay::Found) -> FileAttr {
+        let m = &found.meta;
+        if !m.is_dir() && m.nlink() > 1 {
+            let key = (m.dev(), m.ino());
+            let known = self.links().get(&key).copied();
+            if let Some(id) = known {
+                let witness = self.nodes().path(id);
+                let same = witness.is_some_and(|w| {
+                    self.overlay
+                        .resolve(&w)
+                        .is_ok_and(|f| (f.meta.dev(), f.meta.ino()) == key)
+                });
+                if same && self.nodes().add_name(id, parent.0, name) {
+                    return attr(id, m);
+                }
             }
-            _ => {}
+            let id = self.nodes().child(parent.0, name, m.file_type(), true);
+            self.links().insert(key, id);
+            return attr(id, m);
         }
+        let id = self.nodes().child(parent.0, name, m.file_type(), true);
+        attr(id, m)
     }
 
-    /// unlink (`dir` false) or rmdir (`dir` true).
+    fn links(&self) -> MutexGuard<'_, HashMap<(u64, u64), u64>> {
+        self.links.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
+    /// that nothing made meanwhile at that name can get it, and put back if the change fails.
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
         let parent_path = try_reply!(reply, self.path(parent));
         let path = parent_path.join(name);
-        let found = self.overlay.resolve(&path).ok();
-        let unmapped = self.unmap_dying(found.as_ref());
+        let detached = self.nodes().detach(parent.0, name);
         let result = if dir {
             self.overlay.rmdir(&parent_path, name)
         } else {
             self.overlay.unlink(&parent_path, name)
         };
-        self.settle(found.as_ref(), unmapped, &path, result.is_ok());
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e)),
+            Err(e) => {
+                if let Some(id) = detached {
+                    self.nodes().reattach(parent.0, name, id);
+                }
+                reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e))
+            }
         }
     }
 
@@ -449,10 +356,11 @@ impl CcfsFs {
             }
         }
         let moved = || {
+            let object = read_io(io).deferred.map(|d| d.object);
             self.path(INodeNo(*node))
                 .ok()
-                .and_then(|p| self.overlay.resolve(&p).ok())
-                .is_some_and(|f| f.layer == crate::overlay::Layer::Upper)
+                .zip(object)
+                .is_some_and(|(p, o)| self.overlay.binding(&p, o) == crate::overlay::Binding::Cache)
         };
         if write || moved() {
             self.promote(req, io, *node)?;
@@ -473,11 +381,26 @@ impl CcfsFs {
         let Some(d) = g.deferred else {
             return Ok(());
         };
-        let path = self.path(INodeNo(node))?;
-        let (file, writer) = self
-            .overlay
-            .open(&ctx(req, 0), &path, d.flags)
-            .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?;
+        // A descriptor stays bound to its file: when its name now holds another file (or
+        // none), the handle gets a private copy that no name shows, as POSIX has it.
+        let path = self.path(INodeNo(node)).ok();
+        let bound = path
+            .as_ref()
+            .map(|p| self.overlay.binding(p, d.object))
+            .unwrap_or(crate::overlay::Binding::Elsewhere);
+        let (file, writer) = match (bound, &path) {
+            (crate::overlay::Binding::Elsewhere, _) | (_, None) => {
+                let copy = self
+                    .overlay
+                    .detached_copy(&g.file)
+                    .map_err(|e| reply_err("write (file without a name)", Path::new(""), &e))?;
+                (copy, None)
+            }
+            (_, Some(path)) => self
+                .overlay
+                .open(&ctx(req, 0), path, d.flags)
+                .map_err(|e| reply_err("open (deferred copy-up)", path, &e))?,
+        };
         g.file = file;
         g.writer = writer;
         g.deferred = None;
@@ -495,22 +418,13 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Lookup);
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
-            Ok(found) => self.entry(&path, &found, reply),
+            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
             Err(e) => reply.error(reply_err("lookup", &path, &e)),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if ino.0 == ROOT {
-            return;
-        }
-        let mut nodes = self.nodes();
-        if let Some(node) = nodes.by_id.get_mut(&ino.0) {
-            node.lookups = node.lookups.saturating_sub(nlookup);
-            if node.lookups == 0 {
-                nodes.by_id.remove(&ino.0);
-            }
-        }
+        self.nodes().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -525,18 +439,19 @@ impl Filesystem for CcfsFs {
                 }
             }
         }
-        let path = try_reply!(reply, self.path(ino));
+        // fstat of a file unlinked while open comes without a handle: use any handle
+        // still open on the node.
+        let fallback = |e: Errno, reply: ReplyAttr| match self.open_node_stat(ino.0) {
+            Some(m) => reply.attr(&self.ttl, &attr(ino.0, &m)),
+            None => reply.error(e),
+        };
+        let path = match self.path(ino) {
+            Ok(p) => p,
+            Err(e) => return fallback(e, reply),
+        };
         match self.overlay.resolve(&path) {
             Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
-            Err(e) => {
-                // fstat of a file unlinked while open comes without a handle: use any
-                // handle still open on the node.
-                if let Some(m) = self.open_node_stat(ino.0) {
-                    reply.attr(&self.ttl, &attr(ino.0, &m));
-                } else {
-                    reply.error(reply_err("getattr", &path, &e));
-                }
-            }
+            Err(e) => fallback(reply_err("getattr", &path, &e), reply),
         }
     }
 
@@ -606,7 +521,7 @@ impl Filesystem for CcfsFs {
             .overlay
             .mknod(&ctx(req, umask), &dir, name, mode, u64::from(rdev))
         {
-            Ok(found) => self.entry(&path, &found, reply),
+            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
             Err(e) => reply.error(reply_err("mknod", &path, &e)),
         }
     }
@@ -624,7 +539,7 @@ impl Filesystem for CcfsFs {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
-            Ok(found) => self.entry(&path, &found, reply),
+            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
             Err(e) => reply.error(reply_err("mkdir", &path, &e)),
         }
     }
@@ -651,7 +566,11 @@ impl Filesystem for CcfsFs {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
-            Ok(found) => self.entry(&path, &found, reply),
+            Ok(found) => reply.entry(
+                &self.ttl,
+                &self.entry(parent, link_name, &found),
+                Generation(0),
+            ),
             Err(e) => reply.error(reply_err("symlink", &path, &e)),
         }
     }
@@ -670,9 +589,7 @@ impl Filesystem for CcfsFs {
         let from_dir = try_reply!(reply, self.path(parent));
         let to_dir = try_reply!(reply, self.path(newparent));
         let from = from_dir.join(name);
-        let to = to_dir.join(newname);
-        let replaced = self.overlay.resolve(&to).ok();
-        let unmapped = self.unmap_dying(replaced.as_ref());
+        let replaced = self.nodes().detach(newparent.0, newname);
         let result = self.overlay.rename(
             &ctx(req, 0),
             &from_dir,
@@ -681,13 +598,18 @@ impl Filesystem for CcfsFs {
             newname,
             flags.bits(),
         );
-        self.settle(replaced.as_ref(), unmapped, &to, result.is_ok());
         match result {
             Ok(()) => {
-                self.nodes().reroot(&from, &to);
+                self.nodes()
+                    .rename((parent.0, name), (newparent.0, newname));
                 reply.ok()
             }
-            Err(e) => reply.error(reply_err("rename", &from, &e)),
+            Err(e) => {
+                if let Some(id) = replaced {
+                    self.nodes().reattach(newparent.0, newname, id);
+                }
+                reply.error(reply_err("rename", &from, &e))
+            }
         }
     }
 
@@ -704,7 +626,17 @@ impl Filesystem for CcfsFs {
         let dir = try_reply!(reply, self.path(newparent));
         let path = dir.join(newname);
         match self.overlay.link(&ctx(req, 0), &src, &dir, newname) {
-            Ok(found) => self.entry(&path, &found, reply),
+            Ok(found) => {
+                // The new name is another name of the source's node.
+                let id = if self.nodes().add_name(ino.0, newparent.0, newname) {
+                    self.links()
+                        .insert((found.meta.dev(), found.meta.ino()), ino.0);
+                    ino.0
+                } else {
+                    self.entry(newparent, newname, &found).ino.0
+                };
+                reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0))
+            }
             Err(e) => reply.error(reply_err("link", &path, &e)),
         }
     }
@@ -714,10 +646,18 @@ impl Filesystem for CcfsFs {
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.open_deferred(&ctx(req, 0), &path, flags.0) {
             Ok((file, writer, deferred)) => {
-                let deferred = deferred.then(|| Deferred {
-                    flags: flags.0,
-                    seen: self.overlay.copy_up_count(),
-                });
+                let deferred = match deferred.then(|| crate::sys::fstat(&file)) {
+                    Some(Ok(m)) => Some(Deferred {
+                        flags: flags.0,
+                        seen: self.overlay.copy_up_count(),
+                        object: (m.dev(), m.ino()),
+                    }),
+                    Some(Err(e)) => {
+                        reply.error(Errno::from(e));
+                        return;
+                    }
+                    None => None,
+                };
                 let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred));
                 reply.opened(fh, FopenFlags::empty());
             }
@@ -866,7 +806,7 @@ impl Filesystem for CcfsFs {
         {
             let mut nodes = self.nodes();
             for e in listing {
-                let id = nodes.id_for(e.identity);
+                let id = nodes.child(ino.0, &e.name, e.file_type, false);
                 entries.push((id, file_type(e.file_type), e.name));
             }
         }
@@ -1033,15 +973,9 @@ impl Filesystem for CcfsFs {
             .create(&ctx(req, umask), &dir, name, mode, flags)
         {
             Ok((found, file, writer)) => {
-                let id = self.nodes().remember(found.identity, &path);
-                let fh = self.add_handle(Handle::file(id, file, writer, None));
-                reply.created(
-                    &self.ttl,
-                    &attr(id, &found.meta),
-                    Generation(0),
-                    fh,
-                    FopenFlags::empty(),
-                );
+                let a = self.entry(parent, name, &found);
+                let fh = self.add_handle(Handle::file(a.ino.0, file, writer, None));
+                reply.created(&self.ttl, &a, Generation(0), fh, FopenFlags::empty());
             }
             Err(e) => reply.error(reply_err("create", &path, &e)),
         }

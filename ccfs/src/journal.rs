@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::state::{Origin, OverlayState, Record, ShareId};
+use crate::state::{Origin, OverlayState, Record, Sent, ShareId};
 
 fn fnv1a(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -81,7 +81,10 @@ fn body(record: &Record) -> String {
         Record::Rename { from, to } => format!("M {} {}", escape(from), escape(to)),
         Record::Clean(p) => format!("C {}", escape(p)),
         Record::Deleted(p) => format!("W {}", escape(p)),
-        Record::Sending(p) => format!("S {}", escape(p)),
+        Record::Sending(p, Some(t)) => {
+            format!("S {} {} {} {}", escape(p), t.size, t.mtime.0, t.mtime.1)
+        }
+        Record::Sending(p, None) => format!("S {}", escape(p)),
         Record::SyncEnd => "E .".to_string(),
     }
 }
@@ -134,7 +137,16 @@ fn parse_body(b: &str) -> Option<Record> {
         },
         "C" => Record::Clean(path),
         "W" => Record::Deleted(path),
-        "S" => Record::Sending(path),
+        "S" => match it.next() {
+            None => Record::Sending(path, None),
+            Some(size) => Record::Sending(
+                path,
+                Some(Sent {
+                    size: size.parse().ok()?,
+                    mtime: (it.next()?.parse().ok()?, it.next()?.parse().ok()?),
+                }),
+            ),
+        },
         "E" => Record::SyncEnd,
         _ => return None,
     };
@@ -395,7 +407,13 @@ mod tests {
                 })
             )),
             arb_path().prop_map(Record::Deleted),
-            arb_path().prop_map(Record::Sending),
+            (arb_path(), any::<Option<(u64, i32, u32)>>()).prop_map(|(p, t)| Record::Sending(
+                p,
+                t.map(|(size, s, n)| Sent {
+                    size,
+                    mtime: (i64::from(s), i64::from(n)),
+                })
+            )),
             Just(Record::SyncEnd),
         ]
     }

@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod error;
 pub mod fuse;
 pub mod journal;
+pub mod nodes;
 pub mod overlay;
 pub mod policy;
 pub mod state;

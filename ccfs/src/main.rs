@@ -481,7 +481,9 @@ fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error>
     };
     let mut failed = 0;
     for d in &dirs {
-        if let Some(pid) = daemon::cache_owner(d) {
+        // A lock held by processes of a dead daemon (its rsync finishing) is waited for by
+        // the recovery itself; only a live owner means a running mount.
+        if let Some(pid) = daemon::cache_owner(d).filter(|p| ccfs::sys::process_alive(*p)) {
             println!(
                 "ccfs: {}: in use by a running mount (pid {pid}); skipped",
                 d.display()

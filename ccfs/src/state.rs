@@ -24,6 +24,14 @@ pub struct ShareId {
     pub ctime: (i64, i64),
 }
 
+/// What a sync handed to rsync for one path: the cache copy's size and mtime at that moment.
+/// After a sync that failed or was cut short, a share file with these is our own transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sent {
+    pub size: u64,
+    pub mtime: (i64, i64),
+}
+
 /// One change to the overlay's record. Paths are relative to the mount root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -31,21 +39,23 @@ pub enum Record {
     Dirty(PathBuf),
     /// `path` in the cache was copied up from this share object.
     Origin(PathBuf, Origin),
-    /// What the share is expected to hold at `path` (None: nothing) until our next sync.
+    /// The cache took `path` over: what the share held there then (None: nothing). It stands
+    /// until one of our own syncs settles the path (renames and deletes leave it alone).
     Base(PathBuf, Option<ShareId>),
     /// `path` (and all below it) was removed from the cache; with `whiteout` the share's
     /// copy must be deleted at sync and is hidden until then.
     Delete { path: PathBuf, whiteout: bool },
-    /// Everything recorded at or below `from` now lives at or below `to`.
+    /// Everything the cache holds at or below `from` now lives at or below `to` (the bases
+    /// stay: they describe share paths, not objects).
     Rename { from: PathBuf, to: PathBuf },
     /// The share has `path` as the cache has it.
     Clean(PathBuf),
     /// The share no longer has `path`: its whiteout is done.
     Deleted(PathBuf),
-    /// A sync is about to send `path`: until [`Record::SyncEnd`], what the share holds there
-    /// may be our own half-finished transfer, not another workstation's change.
-    Sending(PathBuf),
-    /// The sync that recorded `Sending` finished and refreshed the bases.
+    /// A sync is about to send `path` as it is now (None: unknown). Until
+    /// [`Record::SyncEnd`], a share file that matches is our own transfer.
+    Sending(PathBuf, Option<Sent>),
+    /// The sync that recorded `Sending` is over and its outcome settled in the bases.
     SyncEnd,
 }
 
@@ -55,8 +65,8 @@ pub struct OverlayState {
     dirty: BTreeSet<PathBuf>,
     whiteouts: BTreeSet<PathBuf>,
     origins: BTreeMap<PathBuf, Origin>,
-    bases: BTreeMap<PathBuf, ShareId>,
-    sending: BTreeSet<PathBuf>,
+    bases: BTreeMap<PathBuf, Option<ShareId>>,
+    sending: BTreeMap<PathBuf, Option<Sent>>,
 }
 
 /// Keys of `set` equal to `root` or below it.
@@ -75,7 +85,7 @@ fn subtree_set(set: &BTreeSet<PathBuf>, root: &Path) -> Vec<PathBuf> {
 }
 
 /// `path` with its prefix `from` replaced by `to`.
-fn reroot(path: &Path, from: &Path, to: &Path) -> PathBuf {
+pub fn reroot(path: &Path, from: &Path, to: &Path) -> PathBuf {
     match path.strip_prefix(from) {
         Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
         Ok(rest) => to.join(rest),
@@ -93,11 +103,8 @@ impl OverlayState {
             Record::Origin(p, o) => {
                 self.origins.insert(p.clone(), *o);
             }
-            Record::Base(p, Some(b)) => {
+            Record::Base(p, b) => {
                 self.bases.insert(p.clone(), *b);
-            }
-            Record::Base(p, None) => {
-                self.bases.remove(p);
             }
             Record::Delete { path, whiteout } => {
                 for k in subtree_set(&self.dirty, path) {
@@ -106,24 +113,17 @@ impl OverlayState {
                 for k in subtree(&self.origins, path) {
                     self.origins.remove(&k);
                 }
-                self.drop_bases_below(path);
                 if *whiteout {
                     self.whiteouts.insert(path.clone());
                 }
             }
             Record::Rename { from, to } => {
-                // Whatever was recorded at the target is replaced.
+                // Whatever the cache held at the target is replaced.
                 for k in subtree_set(&self.dirty, to) {
                     self.dirty.remove(&k);
                 }
                 for k in subtree(&self.origins, to) {
                     self.origins.remove(&k);
-                }
-                self.drop_bases_below(to);
-                for k in subtree(&self.bases, from) {
-                    if let Some(b) = self.bases.remove(&k) {
-                        self.bases.insert(reroot(&k, from, to), b);
-                    }
                 }
                 for k in subtree_set(&self.dirty, from) {
                     self.dirty.remove(&k);
@@ -145,20 +145,10 @@ impl OverlayState {
             Record::Deleted(p) => {
                 self.whiteouts.remove(p);
             }
-            Record::Sending(p) => {
-                self.sending.insert(p.clone());
+            Record::Sending(p, sent) => {
+                self.sending.insert(p.clone(), *sent);
             }
             Record::SyncEnd => self.sending.clear(),
-        }
-    }
-
-    /// Drops the bases at or below `root`, but not those of whiteouts, which stay pending
-    /// (and are checked against the share before the deletion is applied).
-    fn drop_bases_below(&mut self, root: &Path) {
-        for k in subtree(&self.bases, root) {
-            if !self.whiteouts.contains(&k) {
-                self.bases.remove(&k);
-            }
         }
     }
 
@@ -184,19 +174,24 @@ impl OverlayState {
             out.push(Record::Origin(p.clone(), *o));
         }
         for (p, b) in &self.bases {
-            out.push(Record::Base(p.clone(), Some(*b)));
+            out.push(Record::Base(p.clone(), *b));
         }
         for p in &self.dirty {
             out.push(Record::Dirty(p.clone()));
         }
-        for p in &self.sending {
-            out.push(Record::Sending(p.clone()));
+        for (p, sent) in &self.sending {
+            out.push(Record::Sending(p.clone(), *sent));
         }
         out
     }
 
     pub fn is_dirty(&self, p: &Path) -> bool {
         self.dirty.contains(p)
+    }
+
+    /// Dirty paths at or below `root`.
+    pub fn dirty_below(&self, root: &Path) -> Vec<PathBuf> {
+        subtree_set(&self.dirty, root)
     }
 
     pub fn dirty(&self) -> impl Iterator<Item = &PathBuf> {
@@ -211,14 +206,20 @@ impl OverlayState {
         self.origins.get(p).copied()
     }
 
-    /// True when an unfinished sync was sending `p`.
-    pub fn was_sending(&self, p: &Path) -> bool {
-        self.sending.contains(p)
+    /// What an unfinished sync was sending, by path.
+    pub fn sending(&self) -> impl Iterator<Item = (&PathBuf, &Option<Sent>)> {
+        self.sending.iter()
     }
 
-    /// What the share is expected to hold at `p` (None: nothing).
+    /// What the share held at `p` when the cache took it over, or after our last sync of it
+    /// (None: nothing, or never taken over: then anything there now is someone else's).
     pub fn base(&self, p: &Path) -> Option<ShareId> {
-        self.bases.get(p).copied()
+        self.bases.get(p).copied().flatten()
+    }
+
+    /// True when the cache took `p` over in this session (its base is recorded).
+    pub fn taken_over(&self, p: &Path) -> bool {
+        self.bases.contains_key(p)
     }
 
     /// True when `p` or one of its ancestors is deleted: the share's copy is hidden.
@@ -248,10 +249,10 @@ impl OverlayState {
         self.whiteouts.len()
     }
 
-    /// Drops origins and bases (used once the cache is emptied at mount).
-    pub fn forget_origins(&mut self) {
-        self.origins.clear();
-        self.bases.clear();
+    /// Starts afresh once everything is on the share and the cache is emptied: nothing
+    /// of this session's take-overs is kept.
+    pub fn reset(&mut self) {
+        *self = Self::default();
     }
 }
 
@@ -327,6 +328,39 @@ mod tests {
         let s = OverlayState::replay(&records);
         assert!(s.is_dirty(Path::new(".b/d e/.a")));
         assert!(!s.is_whiteout(Path::new(".b/d e/.a")));
+        assert_eq!(OverlayState::replay(&s.snapshot()), s);
+    }
+
+    /// The base of a share path is what the share held when the cache first took the path
+    /// over; a save by temp + rename onto it, or a delete, must not replace it.
+    #[test]
+    fn bases_stay_with_their_share_path_across_renames_and_deletes() {
+        let id = |ino| ShareId {
+            ino,
+            size: 1,
+            mtime: (1, 0),
+            ctime: (1, 0),
+        };
+        let records = [
+            Record::Base(p(".a"), Some(id(1))),
+            Record::Dirty(p(".a")),
+            Record::Base(p(".a.tmp"), None),
+            Record::Dirty(p(".a.tmp")),
+            Record::Rename {
+                from: p(".a.tmp"),
+                to: p(".a"),
+            },
+            Record::Base(p(".b"), Some(id(2))),
+            Record::Delete {
+                path: p(".b"),
+                whiteout: true,
+            },
+        ];
+        let s = OverlayState::replay(&records);
+        assert_eq!(s.base(Path::new(".a")), Some(id(1)));
+        assert!(s.is_dirty(Path::new(".a")));
+        assert_eq!(s.base(Path::new(".b")), Some(id(2)));
+        assert!(s.taken_over(Path::new(".a.tmp")));
         assert_eq!(OverlayState::replay(&s.snapshot()), s);
     }
 

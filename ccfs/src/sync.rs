@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::overlay::Overlay;
+use crate::overlay::{Overlay, Transfer};
 
 /// What the share supports, probed once per mount.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -32,6 +32,12 @@ pub fn probe_share(share: &Path) -> ShareCaps {
     }
 }
 
+/// The holding directory rsync's `--delay-updates` uses in each directory it writes to.
+/// Not rsync's default (`.~tmp~`), which may be a user's own: after an interrupted sync,
+/// ccfs removes from this directory only the names it was sending (see
+/// [`crate::overlay::SyncSession`]).
+pub const PARTIAL_DIR: &str = ".ccfs-sync-partial~";
+
 /// How to run rsync.
 #[derive(Debug, Clone)]
 pub struct RsyncOptions {
@@ -41,24 +47,34 @@ pub struct RsyncOptions {
     pub caps: ShareCaps,
     /// rsync 3.2.4+ knows `--fsync`.
     pub fsync: bool,
+    /// A descriptor rsync (and every process it forks) inherits and keeps open while it
+    /// runs: the cache's lock, so that `ccfs recover` cannot start while an rsync of a dead
+    /// daemon still writes to the share.
+    pub hold_fd: Option<std::os::fd::RawFd>,
 }
 
-/// The rsync command line (without the program name) for one sync.
-/// `update_only` (crash recovery) keeps any share file newer than the cache's copy.
-/// The file list is read from standard input (`--files-from=-`), so a sync needs no space
-/// in a full cache.
-pub fn rsync_args(
-    opts: &RsyncOptions,
-    upper: &Path,
-    share: &Path,
-    update_only: bool,
-) -> Vec<OsString> {
+/// Which sync this is: a logout or a recovery empties the cache once everything is on the
+/// share; a sync while mounted keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    Session,
+    Logout,
+    Recover,
+}
+
+/// The rsync command line (without the program name) for one sync. Recovery runs the
+/// same command as a logout: no `--update`, every listed path is sent, after the same
+/// conflict checks. The file list is read from standard input (`--files-from=-`), so a
+/// sync needs no space in a full cache.
+pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "--archive".into(),
         // Every listed path changed: never let the size+mtime quick check skip one.
         "--ignore-times".into(),
         "--hard-links".into(),
+        "--sparse".into(),
         "--delay-updates".into(),
+        format!("--partial-dir={PARTIAL_DIR}").into(),
         "--force".into(),
         "--from0".into(),
         format!("--timeout={}", opts.timeout.as_secs().max(1)).into(),
@@ -72,9 +88,6 @@ pub fn rsync_args(
     }
     if opts.fsync {
         args.push("--fsync".into());
-    }
-    if update_only {
-        args.push("--update".into());
     }
     args.extend(opts.extra_args.iter().map(OsString::from));
     let mut src = upper.as_os_str().to_os_string();
@@ -127,6 +140,12 @@ pub struct SyncReport {
     /// Conflicts found before sending (both versions kept).
     #[serde(default)]
     pub conflicts: Vec<crate::overlay::Conflict>,
+    /// Paths handed to rsync that did not reach the share (they stay in the cache).
+    #[serde(default)]
+    pub not_sent: Vec<PathBuf>,
+    /// The cache was emptied after a logout or recovery that put everything on the share.
+    #[serde(default)]
+    pub cache_dropped: bool,
     pub ok: bool,
     pub seconds: f64,
     /// Unix time at the end of the sync.
@@ -189,91 +208,102 @@ fn tail(text: &[u8], lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join(" | ")
 }
 
-/// Sends what the cache has and the share lacks. With `everything` (crash recovery) the
-/// whole cache is offered to rsync with `--update`, since the journal may lag the cache.
-/// Conflicts with changes made on the share are resolved first (both versions kept).
-/// Nothing is marked clean unless rsync reported success.
+/// Runs rsync over `files` (relative to `upper`); returns how the transfer ended and, when
+/// it did not complete, why.
+pub fn run_rsync(
+    opts: &RsyncOptions,
+    upper: &Path,
+    share: &Path,
+    files: &[PathBuf],
+) -> Result<(Transfer, Option<String>), SyncError> {
+    let args = rsync_args(opts, upper, share);
+    tracing::info!(files = files.len(), "rsync to share");
+    let mut cmd = Command::new(&opts.binary);
+    cmd.args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    crate::sys::die_with_parent(&mut cmd, opts.hold_fd);
+    let mut child = cmd.spawn().map_err(|source| SyncError::Spawn {
+        binary: opts.binary.clone(),
+        source,
+    })?;
+    let mut list = Vec::new();
+    for p in files {
+        list.extend_from_slice(p.as_os_str().as_bytes());
+        list.push(0);
+    }
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| SyncError::List(std::io::Error::other("no stdin")))?;
+    let feeder = std::thread::spawn(move || stdin.write_all(&list));
+    let out = child.wait_with_output().map_err(SyncError::List)?;
+    let fed = feeder
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("list writer panicked")));
+    if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
+        return Ok((
+            Transfer::Incomplete,
+            Some(format!("rsync was killed by signal {sig}")),
+        ));
+    }
+    let code = out.status.code().unwrap_or(-1);
+    if code != 0 {
+        return Ok((
+            Transfer::Incomplete,
+            Some(format!("rsync exit {code}: {}", tail(&out.stderr, 4))),
+        ));
+    }
+    if let Err(e) = fed {
+        return Ok((
+            Transfer::Incomplete,
+            Some(format!("cannot pass the file list to rsync: {e}")),
+        ));
+    }
+    Ok((Transfer::Complete, None))
+}
+
+/// Sends what the journal says the cache has and the share lacks, after checking each path
+/// against the share (conflicts keep both versions). Paths that cannot be checked or sent
+/// are reported and stay in the cache; the others go on. A logout or a recovery that put
+/// everything on the share empties the cache, so the next mount starts from the share.
 pub fn run_sync(
     overlay: &Overlay,
     opts: &RsyncOptions,
-    everything: bool,
+    mode: SyncMode,
 ) -> Result<SyncReport, SyncError> {
     let start = Instant::now();
-    let conflicts = overlay.resolve_conflicts(&hostname(), &stamp(SystemTime::now()))?;
-    let snap = overlay.begin_sync(everything)?;
-    let result = (|| -> Result<SyncReport, SyncError> {
-        let mut report = SyncReport {
-            sent: snap.files.len(),
-            conflicts,
-            ..Default::default()
-        };
-        if !snap.files.is_empty() {
-            overlay.clean_partial_transfers(&snap)?;
-            overlay.mark_sending(&snap)?;
-            let args = rsync_args(opts, overlay.upper(), overlay.share(), everything);
-            tracing::info!(files = snap.files.len(), "rsync to share");
-            let mut child = Command::new(&opts.binary)
-                .args(&args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|source| SyncError::Spawn {
-                    binary: opts.binary.clone(),
-                    source,
-                })?;
-            let mut list = Vec::new();
-            for p in &snap.files {
-                list.extend_from_slice(p.as_os_str().as_bytes());
-                list.push(0);
-            }
-            let mut stdin = child
-                .stdin
-                .take()
-                .ok_or_else(|| SyncError::List(std::io::Error::other("no stdin")))?;
-            let feeder = std::thread::spawn(move || stdin.write_all(&list));
-            let out = child.wait_with_output().map_err(SyncError::List)?;
-            let fed = feeder
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("list writer panicked")));
-            let code = out.status.code().unwrap_or(-1);
-            if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
-                return Err(SyncError::Rsync {
-                    code,
-                    stderr: format!("rsync was killed by signal {sig}"),
-                });
-            }
-            // 24: some source files vanished (deleted meanwhile): still dirty-safe, since
-            // only paths unchanged since the snapshot are marked clean.
-            if code != 0 && code != 24 {
-                return Err(SyncError::Rsync {
-                    code,
-                    stderr: tail(&out.stderr, 4),
-                });
-            }
-            fed.map_err(SyncError::List)?;
-        }
-        report.cleaned = overlay.finish_sync(&snap)?;
-        for d in &snap.deletions {
-            match overlay.apply_deletion(d) {
-                Ok(()) => report.deleted += 1,
-                Err(e) => report
-                    .errors
-                    .push(format!("cannot delete {} on the share: {e}", d.display())),
-            }
-        }
-        Ok(report)
-    })();
-    overlay.end_sync();
-    let mut report = result?;
-    if let Err(e) = overlay.compact() {
-        // The journal stays valid (uncompacted); a full cache is the usual cause.
-        tracing::warn!("journal compaction failed: {e}");
+    let session = overlay.begin_sync(&hostname(), &stamp(SystemTime::now()))?;
+    let mut report = SyncReport {
+        sent: session.files.len(),
+        conflicts: session.conflicts.clone(),
+        ..Default::default()
+    };
+    let (transfer, why) = if session.files.is_empty() {
+        (Transfer::Complete, None)
+    } else {
+        run_rsync(opts, overlay.upper(), overlay.share(), &session.files)?
+    };
+    let settled = session.finish(transfer)?;
+    report.cleaned = settled.cleaned;
+    report.deleted = settled.deleted;
+    report.conflicts.extend(settled.conflicts);
+    report.errors = settled.errors;
+    report.errors.extend(why);
+    report.not_sent = settled.not_sent;
+    if mode != SyncMode::Session {
+        report.cache_dropped = overlay.drop_clean_cache()?;
     }
-    let inner = overlay.lock();
-    report.remaining_dirty = inner.state().dirty_count();
-    report.remaining_deletions = inner.state().whiteout_count();
-    drop(inner);
+    if !report.cache_dropped {
+        if let Err(e) = overlay.compact() {
+            // The journal stays valid (uncompacted); a full cache is the usual cause.
+            tracing::warn!("journal compaction failed: {e}");
+        }
+    }
+    let (dirty, _, deletions) = overlay.pending();
+    report.remaining_dirty = dirty;
+    report.remaining_deletions = deletions;
     report.ok = report.errors.is_empty();
     report.seconds = start.elapsed().as_secs_f64();
     report.finished_at = SystemTime::now()
@@ -294,6 +324,7 @@ mod tests {
             timeout: Duration::from_secs(30),
             caps,
             fsync: true,
+            hold_fd: None,
         }
     }
 
@@ -306,7 +337,6 @@ mod tests {
             }),
             Path::new("/c/upper"),
             Path::new("/share/alice"),
-            false,
         );
         let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
         for want in [
@@ -317,6 +347,8 @@ mod tests {
             "--from0",
             "--xattrs",
             "--fsync",
+            "--sparse",
+            "--partial-dir=.ccfs-sync-partial~",
         ] {
             assert!(a.contains(&want.to_string()), "{want} missing from {a:?}");
         }
@@ -328,18 +360,6 @@ mod tests {
             &a[a.len() - 3..],
             ["--bwlimit=100", "/c/upper/", "/share/alice/"]
         );
-    }
-
-    #[test]
-    fn recovery_keeps_newer_share_files() {
-        let a = rsync_args(
-            &opts(ShareCaps::default()),
-            Path::new("u"),
-            Path::new("s"),
-            true,
-        );
-        assert!(a.iter().any(|x| x == "--update"));
-        assert!(!a.iter().any(|x| x == "--xattrs" || x == "--acls"));
     }
 
     #[test]

@@ -238,6 +238,35 @@ fn copy_slow(src: &File, dst: &File, mut off: u64, mut left: usize) -> io::Resul
     Ok(())
 }
 
+/// Makes a command's process die with the thread that starts it (PR_SET_PDEATHSIG: a killed
+/// daemon leaves no rsync writing to the share), and keep `hold` open across exec (its
+/// children inherit it too; see [`crate::sync::RsyncOptions::hold_fd`]).
+pub fn die_with_parent(cmd: &mut std::process::Command, hold: Option<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid is async-signal-safe and has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, fcntl) on values copied into it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl: then it is too late to learn of it.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(fd) = hold {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 pub fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }

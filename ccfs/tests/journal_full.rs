@@ -63,9 +63,13 @@ fn a_failed_append_on_a_full_cache_loses_no_later_record() {
     let long: Vec<Record> = (0..200)
         .map(|i| dirty(format!(".failed-{i}-{}", "x".repeat(40))))
         .collect();
-    assert!(j.append(&long).is_err(), "a full filesystem refuses the records");
+    assert!(
+        j.append(&long).is_err(),
+        "a full filesystem refuses the records"
+    );
     fs::remove_file(&filler).expect("free space");
-    j.append(&[dirty(".after-1".into())]).expect("append after space came back");
+    j.append(&[dirty(".after-1".into())])
+        .expect("append after space came back");
     j.append(&[dirty(".after-2".into())]).expect("another");
     drop(j);
     let (_, state) = Journal::open(&path).expect("replay");

@@ -464,18 +464,11 @@ fn after_kill_9_recover_sends_the_unsynced_changes() {
     let fx = Fixture::new();
     write(&fx.s(".bashrc"), "old");
     let m = fx.mount();
-    let pid = m.daemon_pid();
     write(&fx.m(".bashrc"), "new");
     write(&fx.m(".newfile"), "fresh");
     fs::create_dir(fx.m(".dir")).expect("mkdir");
     write(&fx.m(".dir/inner"), "deep");
-    assert!(Command::new("kill")
-        .arg("-9")
-        .arg(pid.to_string())
-        .status()
-        .expect("kill")
-        .success());
-    m.abandon();
+    m.crash();
     assert_eq!(read(&fx.s(".bashrc")), "old");
     let out = ccfs(&[
         "recover".as_ref(),
@@ -504,17 +497,10 @@ fn a_mount_after_a_crash_shows_and_sends_the_unsynced_changes() {
     let fx = Fixture::new();
     write(&fx.s(".bashrc"), "old");
     let m = fx.mount();
-    let pid = m.daemon_pid();
     write(&fx.m(".bashrc"), "new");
     fs::remove_file(fx.m(".bashrc")).expect("rm");
     write(&fx.m(".bashrc"), "newest");
-    assert!(Command::new("kill")
-        .arg("-9")
-        .arg(pid.to_string())
-        .status()
-        .expect("kill")
-        .success());
-    m.abandon();
+    m.crash();
     let m = fx.mount();
     assert_eq!(
         read(&fx.m(".bashrc")),

@@ -300,7 +300,7 @@ fn check_after_recovery(share: &Path, d: &Durable) {
         assert!(v >= d.record);
     }
     // No leftovers of an interrupted rsync.
-    assert!(!dir.join(".~tmp~").exists());
+    assert!(!dir.join(ccfs::sync::PARTIAL_DIR).exists());
 }
 
 #[test]
@@ -430,7 +430,7 @@ fn sync_killed_midway(kill_daemon: bool, points: u64, seed: u64) {
         let (_, all_new) = every_share_file_is_old_or_new(&fx.share, N);
         assert_eq!(all_new, N, "after recovery every file is the new version");
         assert!(
-            !fx.s(".data/.~tmp~").exists(),
+            !fx.s(&format!(".data/{}", ccfs::sync::PARTIAL_DIR)).exists(),
             "partial transfers must be cleaned up"
         );
         println!("point {point}: at the kill {olds} old + {news} new, after recovery all new");

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::error::{errno, FsError, FsResult};
 use crate::journal::Journal;
 use crate::policy::{PathClass, Policy};
-use crate::state::{Origin, OverlayState, Record, ShareId};
+use crate::state::{Origin, OverlayState, Record};
 use crate::sys::{self, Root, SetTime, Stat};
 
 /// Who is asking: new files belong to this user when ccfs runs as root.
@@ -46,9 +46,16 @@ pub enum Layer {
     Share,
 }
 
-/// A stable identity for an object: the share's (dev, ino) for anything that came from the
-/// share (kept across copy-up), else the cache's (dev, ino).
-pub type Identity = (u64, u64);
+/// Where the file an open handle stands for is now (see [`Overlay::binding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// Still the share's copy, under its name.
+    Share,
+    /// Copied to the cache from that very share object, under its name.
+    Cache,
+    /// The name holds another object now, or nothing.
+    Elsewhere,
+}
 
 #[derive(Debug, Clone)]
 pub struct Found {
@@ -57,7 +64,6 @@ pub struct Found {
     /// the confined roots).
     pub real: PathBuf,
     pub meta: Stat,
-    pub identity: Identity,
 }
 
 #[derive(Debug, Clone)]
@@ -65,7 +71,6 @@ pub struct DirEntry {
     pub name: OsString,
     /// `S_IFMT` bits of the entry's type.
     pub file_type: u32,
-    pub identity: Identity,
 }
 
 /// Attribute changes for [`Overlay::setattr`].
@@ -79,40 +84,9 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
-/// What a sync has to send, taken under the lock.
-#[derive(Debug, Clone, Default)]
-pub struct SyncSnapshot {
-    /// Dirty paths that exist in the cache, sorted.
-    pub files: Vec<PathBuf>,
-    /// Paths to delete on the share, deepest first.
-    pub deletions: Vec<PathBuf>,
-    /// Paths marked dirty that the cache does not have (an operation failed after the
-    /// mark): nothing to send, the mark is cleared with the others.
-    pub stale: Vec<PathBuf>,
-}
+pub use session::{Conflict, ConflictKind, SyncSession, Transfer};
 
-/// How the share and the cache disagreed at sync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ConflictKind {
-    /// Changed here and, since we took it, on the share (another workstation logged out).
-    ModifiedOnBoth,
-    /// Created here and, meanwhile, on the share.
-    CreatedOnBoth,
-    /// Deleted here, changed on the share: the share's version is kept.
-    DeletedHereModifiedThere,
-    /// Changed here, deleted on the share: ours is written back.
-    ModifiedHereDeletedThere,
-}
-
-/// One conflict found at sync; nothing is overwritten, both versions are kept.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Conflict {
-    pub path: PathBuf,
-    pub kind: ConflictKind,
-    /// Where our version went (the conflict copy), or what was kept.
-    pub kept: String,
-}
+mod session;
 
 /// Mutable state behind the lock.
 #[derive(Debug)]
@@ -139,7 +113,6 @@ pub struct Overlay {
     /// The cache directory; the upper layer is its `upper/` subdirectory.
     cache: Root,
     upper_abs: PathBuf,
-    share_dev: u64,
     policy: Policy,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
@@ -231,7 +204,6 @@ impl Overlay {
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let overlay = Self {
-            share_dev: share_meta.dev(),
             share,
             cache,
             upper_abs: cache_dir.join("upper"),
@@ -302,30 +274,15 @@ impl Overlay {
         self.cache.stat(&up(rel))
     }
 
-    /// What the share holds at `rel` now, for conflict checks. A directory is known by its
-    /// inode alone (its times change whenever entries do).
-    fn share_id(&self, rel: &Path) -> io::Result<Option<ShareId>> {
-        Ok(self.share.stat(rel)?.map(|m| {
-            if m.is_dir() {
-                ShareId {
-                    ino: m.ino(),
-                    size: u64::MAX,
-                    mtime: (0, 0),
-                    ctime: (0, 0),
-                }
-            } else {
-                ShareId {
-                    ino: m.ino(),
-                    size: m.len(),
-                    mtime: m.mtime(),
-                    ctime: m.ctime(),
-                }
-            }
-        }))
-    }
-
-    fn base_record(&self, rel: &Path) -> io::Result<Record> {
-        Ok(Record::Base(rel.to_path_buf(), self.share_id(rel)?))
+    /// The record of the cache taking `rel` over: what the share holds there now. None
+    /// when the cache took it over before in this session: the first base stands until
+    /// our own sync settles the path.
+    fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Option<Record>> {
+        if inner.state.taken_over(rel) {
+            return Ok(None);
+        }
+        let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
+        Ok(Some(Record::Base(rel.to_path_buf(), now)))
     }
 
     /// The root and path of an object found in `layer`.
@@ -336,21 +293,12 @@ impl Overlay {
         }
     }
 
-    fn found(&self, inner: &Inner, rel: &Path, layer: Layer, meta: Stat) -> Found {
-        let identity = match layer {
-            Layer::Upper => inner
-                .state
-                .origin(rel)
-                .map(|o| (o.dev, o.ino))
-                .unwrap_or((meta.dev(), meta.ino())),
-            Layer::Lower | Layer::Share => (meta.dev(), meta.ino()),
-        };
+    fn found(&self, rel: &Path, layer: Layer, meta: Stat) -> Found {
         let (root, at) = self.place(layer, rel);
         Found {
             layer,
             real: root.path().join(at),
             meta,
-            identity,
         }
     }
 
@@ -359,17 +307,17 @@ impl Overlay {
             PathClass::Passthrough => self.resolve_share(rel),
             PathClass::LocalOnly => {
                 let meta = self.upper_stat(rel)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Upper, meta))
+                Ok(self.found(rel, Layer::Upper, meta))
             }
             PathClass::Cached => {
                 if let Some(meta) = self.upper_stat(rel)? {
-                    return Ok(self.found(inner, rel, Layer::Upper, meta));
+                    return Ok(self.found(rel, Layer::Upper, meta));
                 }
                 if inner.state.hidden(rel) {
                     return Err(FsError::enoent());
                 }
                 let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(inner, rel, Layer::Lower, meta))
+                Ok(self.found(rel, Layer::Lower, meta))
             }
         }
     }
@@ -409,7 +357,7 @@ impl Overlay {
                     return self.resolve_locked(&inner, rel);
                 }
                 let meta = meta.ok_or_else(FsError::enoent)?;
-                Ok(self.found(&inner, rel, Layer::Lower, meta))
+                Ok(self.found(rel, Layer::Lower, meta))
             }
         }
     }
@@ -421,7 +369,6 @@ impl Overlay {
         Ok(Found {
             layer: Layer::Share,
             real: root.path().join(at),
-            identity: (meta.dev(), meta.ino()),
             meta,
         })
     }
@@ -444,7 +391,7 @@ impl Overlay {
         }
         let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
         if self.lower_meta(&inner, rel)?.is_some_and(|m| m.is_dir()) {
-            for (name, ino, kind) in self.share.read_dir(rel)? {
+            for (name, _, kind) in self.share.read_dir(rel)? {
                 let child = rel.join(&name);
                 match self.policy.classify(&child) {
                     PathClass::LocalOnly => continue,
@@ -464,31 +411,29 @@ impl Overlay {
                     DirEntry {
                         name,
                         file_type: kind,
-                        identity: (self.share_dev, ino),
                     },
                 );
             }
         }
         if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
-            for (name, ino, kind) in self.cache.read_dir(&up(rel))? {
+            for (name, _, kind) in self.cache.read_dir(&up(rel))? {
                 let child = rel.join(&name);
                 if self.policy.classify(&child) == PathClass::Passthrough {
                     continue; // the share is authoritative for passthrough names
                 }
-                let meta = self.upper_stat(&child)?;
-                let Some(meta) = meta else { continue };
-                let identity = inner
-                    .state
-                    .origin(&child)
-                    .map(|o| (o.dev, o.ino))
-                    .unwrap_or((meta.dev(), ino));
-                let kind = if kind == 0 { meta.file_type() } else { kind };
+                let kind = if kind == 0 {
+                    match self.upper_stat(&child)? {
+                        Some(meta) => meta.file_type(),
+                        None => continue,
+                    }
+                } else {
+                    kind
+                };
                 names.insert(
                     name.clone(),
                     DirEntry {
                         name,
                         file_type: kind,
-                        identity,
                     },
                 );
             }
@@ -576,20 +521,22 @@ impl Overlay {
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
-        self.record(
-            inner,
-            &[
-                Record::Origin(
-                    rel.to_path_buf(),
-                    Origin {
-                        dev: meta.dev(),
-                        ino: meta.ino(),
-                    },
-                ),
-                self.base_record(rel)?,
-                Record::Dirty(rel.to_path_buf()),
-            ],
-        )?;
+        let mut records = vec![Record::Origin(
+            rel.to_path_buf(),
+            Origin {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        )];
+        if !inner.state.taken_over(rel) {
+            // The version copied is the one the user's changes start from.
+            records.push(Record::Base(
+                rel.to_path_buf(),
+                Some(session::share_id_of(&meta)),
+            ));
+        }
+        records.push(Record::Dirty(rel.to_path_buf()));
+        self.record(inner, &records)?;
         inner.touched.insert(rel.to_path_buf());
         self.copy_ups.fetch_add(1, Ordering::AcqRel);
         let tmp = self.tmp_rel();
@@ -705,6 +652,37 @@ impl Overlay {
         Ok((file, writer, false))
     }
 
+    /// Where the share object `object` (device, inode), which a handle has open, is now
+    /// under `rel`: still on the share, copied up from it, or gone from that name.
+    pub fn binding(&self, rel: &Path, object: (u64, u64)) -> Binding {
+        let Ok(found) = self.resolve(rel) else {
+            return Binding::Elsewhere;
+        };
+        match found.layer {
+            Layer::Lower if (found.meta.dev(), found.meta.ino()) == object => Binding::Share,
+            Layer::Upper
+                if self
+                    .lock()
+                    .state
+                    .origin(rel)
+                    .is_some_and(|o| (o.dev, o.ino) == object) =>
+            {
+                Binding::Cache
+            }
+            _ => Binding::Elsewhere,
+        }
+    }
+
+    /// A private copy of an open file that no name shows (the handle of a file whose name
+    /// now holds another): writes go there and are never synced, as to an unlinked file.
+    pub fn detached_copy(&self, src: &File) -> FsResult<File> {
+        let copy =
+            self.cache
+                .open_file(Path::new("work"), libc::O_TMPFILE | libc::O_RDWR, 0o600)?;
+        sys::copy_data(src, &copy, sys::fstat(src)?.len())?;
+        Ok(copy)
+    }
+
     /// How many copy-ups this mount has made (see [`Overlay::open_deferred`]).
     pub fn copy_up_count(&self) -> u64 {
         self.copy_ups.load(Ordering::Acquire)
@@ -773,7 +751,9 @@ impl Overlay {
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                self.record(&mut inner, &[self.base_record(&rel)?])?;
+                if let Some(base) = self.take_over(&inner, &rel)? {
+                    self.record(&mut inner, &[base])?;
+                }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = make(&self.cache, &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
@@ -883,7 +863,9 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                self.record(&mut inner, &[self.base_record(&rel)?])?;
+                if let Some(base) = self.take_over(&inner, &rel)? {
+                    self.record(&mut inner, &[base])?;
+                }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
@@ -955,8 +937,9 @@ impl Overlay {
             whiteout,
         }];
         if whiteout {
-            // What we mean to delete on the share: a later change there is a conflict.
-            records.push(self.base_record(&rel)?);
+            // What we mean to delete on the share (unless an earlier take-over recorded
+            // what the user started from): a later change there is a conflict.
+            records.extend(self.take_over(&inner, &rel)?);
         }
         self.record(&mut inner, &records)?;
         if self.upper_stat(&rel)?.is_some() {
@@ -1046,9 +1029,23 @@ impl Overlay {
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
         let whiteout_from = self.needs_whiteout(&inner, &from)?;
+        // Take-overs first: the target (what the user replaces there), and every dirty
+        // path that moves below it (a directory made in this session).
+        let mut records: Vec<Record> = Vec::new();
+        records.extend(self.take_over(&inner, &to)?);
+        for moved in inner.state.dirty_below(&from) {
+            let there = crate::state::reroot(&moved, &from, &to);
+            if there != to {
+                records.extend(self.take_over(&inner, &there)?);
+            }
+        }
+        if whiteout_from {
+            records.extend(self.take_over(&inner, &from)?);
+        }
         // Write-ahead: the target is dirty before the cache changes, so a crash in between
-        // leaves a journal that is not clean and recovery sends the whole cache.
-        self.record(&mut inner, &[Record::Dirty(to.clone())])?;
+        // leaves a journal that sends it.
+        records.push(Record::Dirty(to.clone()));
+        self.record(&mut inner, &records)?;
         self.cache.rename(&up(&from), &up(&to), 0)?;
         let mut records = vec![Record::Rename {
             from: from.clone(),
@@ -1059,11 +1056,8 @@ impl Overlay {
                 path: from.clone(),
                 whiteout: true,
             });
-            records.push(self.base_record(&from)?);
         }
         records.push(Record::Dirty(to.clone()));
-        // The object moved; what the share holds at the new name is what we replace.
-        records.push(self.base_record(&to)?);
         self.record(&mut inner, &records)?;
         inner.touched.insert(to);
         Ok(())
@@ -1196,336 +1190,6 @@ impl Overlay {
 
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {
         Ok(fsinfo::statfs(self.share.path())?)
-    }
-
-    // ---- sync support -------------------------------------------------------------
-
-    /// Every non-local-only object in the cache, depth first.
-    fn walk_upper(&self, mut visit: impl FnMut(&Path, u64, u32)) -> io::Result<()> {
-        let mut stack = vec![PathBuf::new()];
-        while let Some(dir) = stack.pop() {
-            for (name, ino, kind) in self.cache.read_dir(&up(&dir))? {
-                let rel = dir.join(name);
-                if self.policy.classify(&rel) == PathClass::LocalOnly {
-                    continue;
-                }
-                let kind = if kind == 0 {
-                    self.upper_stat(&rel)?.map(|m| m.file_type()).unwrap_or(0)
-                } else {
-                    kind
-                };
-                if kind == libc::S_IFDIR {
-                    stack.push(rel.clone());
-                }
-                visit(&rel, ino, kind);
-            }
-        }
-        Ok(())
-    }
-
-    /// Before a sync: compares what the share holds at each dirty or deleted path with what
-    /// it held when we took the path over. Where another workstation changed it, nothing is
-    /// overwritten: our version moves to `NAME.ccfs-conflict-HOST-STAMP` (sent beside the
-    /// share's), and a deletion of a file changed there is dropped.
-    pub fn resolve_conflicts(&self, host: &str, stamp: &str) -> FsResult<Vec<Conflict>> {
-        let mut inner = self.lock();
-        let mut out = Vec::new();
-        let dirty: Vec<PathBuf> = inner.state.dirty().cloned().collect();
-        for p in dirty {
-            if self.policy.classify(&p) != PathClass::Cached {
-                continue;
-            }
-            let Some(ours) = self.upper_stat(&p)? else {
-                continue;
-            };
-            if ours.is_dir() {
-                continue;
-            }
-            let base = inner.state.base(&p);
-            let cur = self.share_id(&p)?;
-            if cur == base {
-                continue;
-            }
-            if inner.state.was_sending(&p) {
-                // Our own interrupted transfer may have put it there: ours is sent again.
-                self.record(&mut inner, &[Record::Base(p.clone(), cur)])?;
-                continue;
-            }
-            match (base, cur) {
-                (Some(_), None) => {
-                    self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
-                    out.push(Conflict {
-                        path: p.clone(),
-                        kind: ConflictKind::ModifiedHereDeletedThere,
-                        kept: "ours, written back".into(),
-                    });
-                }
-                (None, Some(c)) if self.same_content(&p, &ours, &c)? => {
-                    self.record(&mut inner, &[Record::Base(p.clone(), Some(c))])?;
-                }
-                _ => {
-                    let name = self.conflict_name(&inner, &p, host, stamp)?;
-                    self.cache
-                        .rename(&up(&p), &up(&name), libc::RENAME_NOREPLACE)?;
-                    self.record(
-                        &mut inner,
-                        &[
-                            Record::Rename {
-                                from: p.clone(),
-                                to: name.clone(),
-                            },
-                            Record::Dirty(name.clone()),
-                            Record::Base(name.clone(), None),
-                        ],
-                    )?;
-                    let kind = if base.is_none() {
-                        ConflictKind::CreatedOnBoth
-                    } else {
-                        ConflictKind::ModifiedOnBoth
-                    };
-                    tracing::warn!(path = %p.display(), kept = %name.display(), "conflict: {kind:?}");
-                    out.push(Conflict {
-                        path: p.clone(),
-                        kind,
-                        kept: name.to_string_lossy().into_owned(),
-                    });
-                }
-            }
-        }
-        let whiteouts: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
-        for w in whiteouts {
-            let cur = self.share_id(&w)?;
-            if cur.is_some() && cur != inner.state.base(&w) && self.upper_stat(&w)?.is_none() {
-                self.record(
-                    &mut inner,
-                    &[Record::Deleted(w.clone()), Record::Base(w.clone(), None)],
-                )?;
-                tracing::warn!(path = %w.display(), "conflict: deleted here, changed on the share; kept");
-                out.push(Conflict {
-                    path: w,
-                    kind: ConflictKind::DeletedHereModifiedThere,
-                    kept: "the share's version".into(),
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    /// Same bytes in our copy and the share's (small files only)?
-    fn same_content(&self, rel: &Path, ours: &Stat, theirs: &ShareId) -> io::Result<bool> {
-        if ours.len() != theirs.size || ours.len() > 1 << 20 || !ours.is_file() {
-            return Ok(false);
-        }
-        let read = |root: &Root, at: &Path| -> io::Result<Vec<u8>> {
-            let mut v = Vec::new();
-            io::Read::read_to_end(&mut root.open_file(at, libc::O_RDONLY, 0)?, &mut v)?;
-            Ok(v)
-        };
-        Ok(read(&self.cache, &up(rel))? == read(&self.share, rel)?)
-    }
-
-    fn conflict_name(
-        &self,
-        inner: &Inner,
-        rel: &Path,
-        host: &str,
-        stamp: &str,
-    ) -> io::Result<PathBuf> {
-        let base = rel
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        for n in 1.. {
-            let suffix = if n == 1 {
-                String::new()
-            } else {
-                format!("-{n}")
-            };
-            let name = rel.with_file_name(format!("{base}.ccfs-conflict-{host}-{stamp}{suffix}"));
-            if self.upper_stat(&name)?.is_none()
-                && self.share.stat(&name)?.is_none()
-                && !inner.state.is_dirty(&name)
-            {
-                return Ok(name);
-            }
-        }
-        Err(io::Error::from_raw_os_error(libc::EEXIST))
-    }
-
-    /// Removes what an interrupted rsync `--delay-updates` left on the share: the
-    /// `.~tmp~` directories (partial files) in the directories this sync writes to.
-    pub fn clean_partial_transfers(&self, snap: &SyncSnapshot) -> FsResult<usize> {
-        let mut dirs: Vec<PathBuf> = snap
-            .files
-            .iter()
-            .map(|p| p.parent().unwrap_or(Path::new("")).to_path_buf())
-            .collect();
-        dirs.sort();
-        dirs.dedup();
-        let mut cleaned = 0;
-        for d in dirs {
-            let tmp = d.join(".~tmp~");
-            if self.share.stat(&tmp)?.is_some_and(|m| m.is_dir()) {
-                remove_tree(&self.share, &tmp)?;
-                cleaned += 1;
-            }
-        }
-        Ok(cleaned)
-    }
-
-    /// Takes what a sync must send. With `everything`, every object in the cache is sent
-    /// (crash recovery: the journal may lag the cache), not only the recorded dirty paths.
-    pub fn begin_sync(&self, everything: bool) -> FsResult<SyncSnapshot> {
-        let mut inner = self.lock();
-        self.sync_running.store(true, Ordering::Release);
-        inner.touched.clear();
-        inner.released.clear();
-        let mut files: Vec<PathBuf> = inner.state.dirty().cloned().collect();
-        if everything {
-            self.walk_upper(|rel, _, _| files.push(rel.to_path_buf()))?;
-        }
-        files.retain(|p| self.policy.classify(p) != PathClass::LocalOnly);
-        files.sort();
-        files.dedup();
-        let (mut files, stale): (Vec<PathBuf>, Vec<PathBuf>) = files
-            .into_iter()
-            .partition(|p| self.upper_stat(p).ok().flatten().is_some());
-        self.add_hard_link_names(&mut files)?;
-        let mut deletions: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
-        deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        Ok(SyncSnapshot {
-            files,
-            deletions,
-            stale,
-        })
-    }
-
-    /// A changed file with several names changed under all of them: rsync must see every
-    /// name to keep the link group whole on the share (`--hard-links`).
-    fn add_hard_link_names(&self, files: &mut Vec<PathBuf>) -> io::Result<()> {
-        let mut inodes = HashSet::new();
-        for p in files.iter() {
-            if let Some(m) = self.upper_stat(p)? {
-                if !m.is_dir() && m.nlink() > 1 {
-                    inodes.insert(m.ino());
-                }
-            }
-        }
-        if inodes.is_empty() {
-            return Ok(());
-        }
-        self.walk_upper(|rel, ino, kind| {
-            if kind != libc::S_IFDIR && inodes.contains(&ino) {
-                files.push(rel.to_path_buf());
-            }
-        })?;
-        files.sort();
-        files.dedup();
-        Ok(())
-    }
-
-    /// Journals the paths a sync is about to send (see [`Record::Sending`]).
-    pub fn mark_sending(&self, snap: &SyncSnapshot) -> FsResult<()> {
-        let mut inner = self.lock();
-        let records: Vec<Record> = snap
-            .files
-            .iter()
-            .map(|p| Record::Sending(p.clone()))
-            .collect();
-        self.record(&mut inner, &records)
-    }
-
-    /// After rsync succeeded: marks clean every sent path not changed since `begin_sync`.
-    pub fn finish_sync(&self, snap: &SyncSnapshot) -> FsResult<usize> {
-        let mut inner = self.lock();
-        let mut clean = Vec::new();
-        for p in &snap.stale {
-            if inner.state.is_dirty(p)
-                && !inner.touched.contains(p)
-                && self.upper_stat(p)?.is_none()
-            {
-                clean.push(Record::Clean(p.clone()));
-            }
-        }
-        for p in &snap.files {
-            if !inner.state.is_dirty(p) || inner.touched.contains(p) {
-                continue;
-            }
-            let Some(meta) = self.upper_stat(p)? else {
-                continue;
-            };
-            let ino = meta.ino();
-            if inner.writers.contains_key(&ino) || inner.released.contains(&ino) {
-                continue;
-            }
-            clean.push(Record::Clean(p.clone()));
-        }
-        let n = clean.len();
-        // The share now holds what we sent: that is what a later sync compares against.
-        for p in &snap.files {
-            if self.upper_stat(p)?.is_some_and(|m| !m.is_dir()) {
-                clean.push(self.base_record(p)?);
-            }
-        }
-        clean.push(Record::SyncEnd);
-        self.record(&mut inner, &clean)?;
-        Ok(n)
-    }
-
-    /// Deletes `rel` on the share if it is still a whiteout and the cache has nothing
-    /// there, then records the whiteout done. Never removes a non-empty directory.
-    pub fn apply_deletion(&self, rel: &Path) -> FsResult<()> {
-        let mut inner = self.lock();
-        if !inner.state.is_whiteout(rel) {
-            return Ok(());
-        }
-        if self.upper_stat(rel)?.is_none() {
-            if let Some(meta) = self.share.stat(rel)? {
-                let r = if meta.is_dir() {
-                    self.share.rmdir(rel)
-                } else {
-                    self.share.unlink(rel)
-                };
-                match r {
-                    Ok(()) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        self.record(&mut inner, &[Record::Deleted(rel.to_path_buf())])?;
-        Ok(())
-    }
-
-    pub fn end_sync(&self) {
-        self.sync_running.store(false, Ordering::Release);
-    }
-
-    /// Rewrites the journal as a snapshot of the current state.
-    pub fn compact(&self) -> FsResult<()> {
-        let mut inner = self.lock();
-        let Inner { state, journal, .. } = &mut *inner;
-        journal.compact(state).map_err(FsError::Journal)
-    }
-
-    /// Empties the cache of everything but local-only paths. Only when nothing is unsynced.
-    pub fn drop_clean_cache(&self) -> FsResult<bool> {
-        let mut inner = self.lock();
-        if !inner.state.is_clean() {
-            return Ok(false);
-        }
-        for (name, _, _) in self.cache.read_dir(Path::new("upper"))? {
-            let rel = PathBuf::from(&name);
-            if self.policy.classify(&rel) == PathClass::LocalOnly {
-                continue;
-            }
-            remove_tree(&self.cache, &up(&rel))?;
-        }
-        inner.state.forget_origins();
-        let Inner { state, journal, .. } = &mut *inner;
-        journal.compact(state).map_err(FsError::Journal)?;
-        Ok(true)
     }
 
     /// Counts for `ccfs status`: dirty objects, their bytes, pending deletions.

@@ -1,0 +1,316 @@
+//! The inode layer: the node ids the kernel knows, each bound to a parent node and a name,
+//! with its lookup count. No FUSE types here.
+//!
+//! Node ids come from a counter and are never reused; they never rest on an inode number
+//! of the share or the cache, which those filesystems free and give to new files (a share
+//! on ext4 gives a deleted dotfile's number to the next document: a node keyed by it would
+//! cross the two files). A node keeps its id across copy-up and rename (a rename moves the
+//! node, and its children with it); an unlink or a rename over it detaches it from its
+//! name, so a new file at that name gets a node of its own while the kernel may still
+//! hold the old one. A hard-linked file is one node with several names (the kernel keeps
+//! one inode, so its cached attributes stay right for every name).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+
+/// The root directory's node id (FUSE's).
+pub const ROOT: u64 = 1;
+
+#[derive(Debug)]
+struct Node {
+    /// Its names (parent node, name); the first is the one used to reach it. Empty once
+    /// every name was unlinked or renamed over.
+    names: Vec<(u64, OsString)>,
+    /// `S_IFMT` bits of what the node was last found to be.
+    kind: u32,
+    /// Lookups the kernel holds (replies it got) and has not forgotten yet.
+    lookups: u64,
+}
+
+/// The node table (see the module documentation).
+#[derive(Debug)]
+pub struct Nodes {
+    by_id: HashMap<u64, Node>,
+    children: BTreeMap<(u64, OsString), u64>,
+    next: u64,
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Nodes {
+    pub fn new() -> Self {
+        let mut by_id = HashMap::new();
+        by_id.insert(
+            ROOT,
+            Node {
+                names: vec![(ROOT, OsString::new())],
+                kind: libc::S_IFDIR,
+                lookups: 1,
+            },
+        );
+        Self {
+            by_id,
+            children: BTreeMap::new(),
+            next: ROOT,
+        }
+    }
+
+    /// The path of a node below the mount root; None for a node that has no name any more
+    /// (or whose parent lost its name) or that the table does not know.
+    pub fn path(&self, id: u64) -> Option<PathBuf> {
+        let mut names = Vec::new();
+        let mut cur = id;
+        while cur != ROOT {
+            let (parent, name) = self.by_id.get(&cur)?.names.first()?;
+            names.push(name.as_os_str());
+            cur = *parent;
+            if names.len() > 4096 {
+                return None; // a cycle would be a bug; never loop forever
+            }
+        }
+        Some(names.iter().rev().collect())
+    }
+
+    /// The node for `name` in `parent` found to be of type `kind`; made on first sight, or
+    /// anew when the name now holds an object of another type. With `lookup`, counts one
+    /// lookup the kernel will later forget (a lookup, create or link reply); a directory
+    /// listing names nodes without counting.
+    pub fn child(&mut self, parent: u64, name: &OsStr, kind: u32, lookup: bool) -> u64 {
+        let key = (parent, name.to_os_string());
+        if let Some(&id) = self.children.get(&key) {
+            if let Some(node) = self.by_id.get_mut(&id) {
+                if node.kind == kind {
+                    if lookup {
+                        node.lookups += 1;
+                    }
+                    return id;
+                }
+            }
+            // Another object now: the kernel must not see it under the old inode.
+            self.detach(parent, name);
+        }
+        self.next += 1;
+        let id = self.next;
+        self.by_id.insert(
+            id,
+            Node {
+                names: vec![key.clone()],
+                kind,
+                lookups: u64::from(lookup),
+            },
+        );
+        self.children.insert(key, id);
+        id
+    }
+
+    /// Gives node `id` one more name, `name` in `parent` (a hard link made, or found to be
+    /// one), counting a lookup; whatever node had that name loses it.
+    pub fn add_name(&mut self, id: u64, parent: u64, name: &OsStr) -> bool {
+        let key = (parent, name.to_os_string());
+        if self.children.get(&key) == Some(&id) {
+            if let Some(node) = self.by_id.get_mut(&id) {
+                node.lookups += 1;
+            }
+            return true;
+        }
+        if !self.by_id.contains_key(&id) {
+            return false;
+        }
+        self.detach(parent, name);
+        if let Some(node) = self.by_id.get_mut(&id) {
+            node.names.push(key.clone());
+            node.lookups += 1;
+        }
+        self.children.insert(key, id);
+        true
+    }
+
+    /// Whether `id` still has a name.
+    pub fn is_attached(&self, id: u64) -> bool {
+        self.by_id.get(&id).is_some_and(|n| !n.names.is_empty())
+    }
+
+    /// `name` in `parent` is gone (unlinked, or about to be renamed over): its node loses
+    /// the name but lives on while the kernel holds it. Returns the node.
+    pub fn detach(&mut self, parent: u64, name: &OsStr) -> Option<u64> {
+        let key = (parent, name.to_os_string());
+        let id = self.children.remove(&key)?;
+        let drop_now = match self.by_id.get_mut(&id) {
+            Some(node) => {
+                node.names.retain(|n| *n != key);
+                node.names.is_empty() && node.lookups == 0
+            }
+            None => false,
+        };
+        if drop_now {
+            self.remove(id);
+        }
+        Some(id)
+    }
+
+    /// Undoes [`Nodes::detach`] when the change failed, unless the name got another node
+    /// meanwhile.
+    pub fn reattach(&mut self, parent: u64, name: &OsStr, id: u64) {
+        let key = (parent, name.to_os_string());
+        if self.children.contains_key(&key) {
+            return;
+        }
+        if let Some(node) = self.by_id.get_mut(&id) {
+            node.names.push(key.clone());
+            self.children.insert(key, id);
+        }
+    }
+
+    /// The node at `from` now lives at `to` (its children follow); whatever was at `to` was
+    /// detached before.
+    pub fn rename(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
+        let old = (from.0, from.1.to_os_string());
+        let new = (to.0, to.1.to_os_string());
+        if self.children.get(&old).is_some() && self.children.get(&old) == self.children.get(&new) {
+            // Two names of one file: rename does nothing.
+            return;
+        }
+        self.detach(to.0, to.1);
+        let Some(id) = self.children.remove(&old) else {
+            return;
+        };
+        if let Some(node) = self.by_id.get_mut(&id) {
+            for n in node.names.iter_mut() {
+                if *n == old {
+                    *n = new.clone();
+                }
+            }
+        }
+        self.children.insert(new, id);
+    }
+
+    /// The kernel forgot `n` lookups of `id`. A node nobody refers to any more leaves the
+    /// table, with the uncounted nodes a listing made below it.
+    pub fn forget(&mut self, id: u64, n: u64) {
+        if id == ROOT {
+            return;
+        }
+        let Some(node) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            self.remove_if_unused(id);
+        }
+    }
+
+    /// Removes `id` if neither the kernel nor a child still refers to it.
+    fn remove_if_unused(&mut self, id: u64) {
+        let kids: Vec<u64> = self
+            .children
+            .range((id, OsString::new())..)
+            .take_while(|((p, _), _)| *p == id)
+            .map(|(_, c)| *c)
+            .collect();
+        for kid in kids {
+            if self.by_id.get(&kid).is_some_and(|k| k.lookups == 0) {
+                self.remove_if_unused(kid);
+            }
+        }
+        let has_kids = self
+            .children
+            .range((id, OsString::new())..)
+            .next()
+            .is_some_and(|((p, _), _)| *p == id);
+        if !has_kids && self.by_id.get(&id).is_some_and(|n| n.lookups == 0) {
+            self.remove(id);
+        }
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(node) = self.by_id.remove(&id) {
+            for key in node.names {
+                self.children.remove(&key);
+            }
+        }
+    }
+
+    /// How many nodes the table holds (for tests and status).
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const F: u32 = libc::S_IFREG;
+    const D: u32 = libc::S_IFDIR;
+
+    #[test]
+    fn a_new_file_at_an_unlinked_name_gets_a_new_node() {
+        let mut n = Nodes::new();
+        let x = n.child(ROOT, OsStr::new(".x"), F, true);
+        assert_eq!(n.path(x).as_deref(), Some(Path::new(".x")));
+        n.detach(ROOT, OsStr::new(".x"));
+        assert_eq!(n.path(x), None, "the old node has no name");
+        let y = n.child(ROOT, OsStr::new(".x"), F, true);
+        assert_ne!(x, y, "ids are never reused");
+        n.forget(x, 1);
+        assert_eq!(n.path(y).as_deref(), Some(Path::new(".x")));
+    }
+
+    #[test]
+    fn rename_moves_the_node_and_its_children_and_detaches_the_target() {
+        let mut n = Nodes::new();
+        let d = n.child(ROOT, OsStr::new(".d"), D, true);
+        let f = n.child(d, OsStr::new("f"), F, true);
+        let t = n.child(ROOT, OsStr::new(".t"), D, true);
+        n.rename((ROOT, OsStr::new(".d")), (ROOT, OsStr::new(".t")));
+        assert_eq!(n.path(f).as_deref(), Some(Path::new(".t/f")));
+        assert_eq!(n.path(d).as_deref(), Some(Path::new(".t")));
+        assert_eq!(n.path(t), None);
+        assert_eq!(n.child(ROOT, OsStr::new(".t"), D, false), d);
+    }
+
+    #[test]
+    fn a_name_that_changes_type_gets_a_new_node() {
+        let mut n = Nodes::new();
+        let a = n.child(ROOT, OsStr::new("a"), F, true);
+        let b = n.child(ROOT, OsStr::new("a"), D, true);
+        assert_ne!(a, b);
+        assert_eq!(n.path(a), None);
+    }
+
+    #[test]
+    fn a_hard_linked_file_is_one_node_until_its_last_name_goes() {
+        let mut n = Nodes::new();
+        let a = n.child(ROOT, OsStr::new("a"), F, true);
+        assert!(n.add_name(a, ROOT, OsStr::new("b")));
+        assert_eq!(n.child(ROOT, OsStr::new("b"), F, true), a);
+        n.detach(ROOT, OsStr::new("a"));
+        assert_eq!(n.path(a).as_deref(), Some(Path::new("b")));
+        n.rename((ROOT, OsStr::new("b")), (ROOT, OsStr::new("c")));
+        assert_eq!(n.path(a).as_deref(), Some(Path::new("c")));
+        n.detach(ROOT, OsStr::new("c"));
+        assert!(!n.is_attached(a));
+    }
+
+    #[test]
+    fn forgotten_nodes_leave_the_table_with_their_listed_children() {
+        let mut n = Nodes::new();
+        let d = n.child(ROOT, OsStr::new("d"), D, true);
+        for i in 0..10 {
+            n.child(d, OsStr::new(&format!("{i}")), F, false);
+        }
+        assert_eq!(n.len(), 12);
+        n.forget(d, 1);
+        assert_eq!(n.len(), 1, "only the root is left");
+    }
+}

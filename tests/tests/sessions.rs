@@ -1,0 +1,442 @@
+//! The flows users live, through real mounts: a second login after a clean logout, the
+//! same user on two workstations, crashes before and during recovery, renames and deletes
+//! after the share changed, a failed sync, long names and paths, sparse files, and a share
+//! that reuses inode numbers (run with CCFS_TEST_SHARE_ROOT on an ext4 image in CI).
+//! Each test is the regression test of a fault that was reproduced against an earlier
+//! version; the scenario is named in its comment.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// Every conflict copy of `name` in `dir`.
+fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!("{name}.ccfs-conflict-");
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("ls")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Sets a file's mtime (and atime) to `secs` after the epoch, as `touch -d` or a
+/// workstation clock behind the server would.
+fn set_mtime(p: &Path, secs: i64) {
+    let t = ccfs::sys::SetTime::At { secs, nsecs: 0 };
+    ccfs::sys::utimens(p, t, t).unwrap_or_else(|e| panic!("utimens {}: {e}", p.display()));
+}
+
+/// What the cache holds besides local-only paths after a logout: nothing is left that the
+/// next mount could take for unsynced work.
+fn upper_entries(cache: &Path) -> Vec<String> {
+    match fs::read_dir(cache.join("upper")) {
+        Ok(d) => d
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != ".cache")
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(out.status.success(), "{}", text(out));
+}
+
+fn recover(cache: &Path) -> std::process::Output {
+    ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ])
+}
+
+/// Scenario 1: workstation A edits .x and .y and logs out cleanly; on B the user deletes .x
+/// and edits .y (B's clock is behind) and logs out; the next login and logout on A must not
+/// bring .x back nor put A's old .y over B's.
+#[test]
+fn a_second_login_after_a_clean_logout_resends_nothing() {
+    let fx = Fixture::new();
+    write(&fx.s(".x"), "x0\n");
+    write(&fx.s(".y"), "y0\n");
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    write(&mnt_a.join(".x"), "x from a\n");
+    write(&mnt_a.join(".y"), "y from a\n");
+    ok(&a.umount());
+    assert_eq!(
+        upper_entries(&cache_a),
+        Vec::<String>::new(),
+        "a clean logout leaves nothing to resend"
+    );
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    fs::remove_file(mnt_b.join(".x")).expect("rm .x on b");
+    write(&mnt_b.join(".y"), "y from b\n");
+    set_mtime(&mnt_b.join(".y"), 1_000_000_000);
+    ok(&b.umount());
+    assert!(!fx.s(".x").exists());
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    assert!(!mnt_a.join(".x").exists(), "A sees B's delete");
+    assert_eq!(read(&mnt_a.join(".y")), "y from b\n");
+    ok(&a.umount());
+    assert!(!fx.s(".x").exists(), ".x was resurrected");
+    assert_eq!(read(&fx.s(".y")), "y from b\n", "A's old .y came back");
+}
+
+/// Scenario 2: `mv .bashrc.orig .bashrc` where the saved original is older than the share's
+/// .bashrc, then kill -9 and `ccfs recover`: the original must be on the share as .bashrc.
+/// The same for a file whose mtime was set back (`cp -p`, a clock behind the server).
+#[test]
+fn recovery_sends_a_renamed_in_file_older_than_the_shares() {
+    let fx = Fixture::new();
+    write(&fx.s(".bashrc"), "edited\n");
+    write(&fx.s(".bashrc.orig"), "original\n");
+    write(&fx.s(".profile"), "share's\n");
+    set_mtime(&fx.s(".bashrc.orig"), 1_000_000_000);
+    let m = fx.mount();
+    fs::rename(fx.m(".bashrc.orig"), fx.m(".bashrc")).expect("mv");
+    write(&fx.m(".profile"), "ours, with an old mtime\n");
+    set_mtime(&fx.m(".profile"), 1_000_000_000);
+    m.crash();
+    ok(&recover(&fx.cache));
+    assert_eq!(read(&fx.s(".bashrc")), "original\n");
+    assert!(!fx.s(".bashrc.orig").exists());
+    assert_eq!(read(&fx.s(".profile")), "ours, with an old mtime\n");
+}
+
+/// Scenario 3: on a share that reuses inode numbers (ext4), a dotfile synced while mounted
+/// frees its inode number, and a document created next may get it: the two names must
+/// never share a node (reading the dotfile must not show the document, writing it must not
+/// change the document).
+#[test]
+fn a_reused_share_inode_number_never_crosses_two_files() {
+    let fx = Fixture::new();
+    for i in 0..20 {
+        write(&fx.s(&format!(".x{i}")), &format!("dot {i}\n"));
+    }
+    let m = fx.mount();
+    for i in 0..20 {
+        // The kernel holds the dotfile's node; its share inode is replaced by the sync.
+        let dot = fx.m(&format!(".x{i}"));
+        let before = fs::metadata(&dot).expect("stat").ino();
+        write(&dot, &format!("dot {i} edited\n"));
+        let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+        ok(&out);
+        let doc = fx.m(&format!("doc{i}.txt"));
+        write(&doc, &format!("document {i}\n"));
+        assert_ne!(
+            fs::metadata(&doc).expect("stat").ino(),
+            before,
+            "a new document got the dotfile's inode number"
+        );
+        assert_eq!(read(&dot), format!("dot {i} edited\n"));
+        write(&dot, &format!("dot {i} again\n"));
+        assert_eq!(read(&doc), format!("document {i}\n"));
+    }
+    ok(&m.umount());
+    for i in 0..20 {
+        assert_eq!(
+            read(&fx.s(&format!("doc{i}.txt"))),
+            format!("document {i}\n")
+        );
+        assert_eq!(read(&fx.s(&format!(".x{i}"))), format!("dot {i} again\n"));
+    }
+}
+
+/// Scenario 4: A copies up .a, .b and .c; B changes all three and logs out; A saves .a by
+/// temp + rename, deletes .b and logs out: every version of B must survive, A's beside it.
+#[test]
+fn conflicts_are_found_after_a_save_by_rename_and_a_delete() {
+    let fx = Fixture::new();
+    for n in ["a", "b", "c"] {
+        write(&fx.s(&format!(".{n}")), &format!("{n} original\n"));
+    }
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    for n in ["a", "b", "c"] {
+        write(&mnt_a.join(format!(".{n}")), &format!("{n} first from a\n"));
+    }
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    for n in ["a", "b", "c"] {
+        write(&mnt_b.join(format!(".{n}")), &format!("{n} from b\n"));
+    }
+    ok(&b.umount());
+    write(&mnt_a.join(".a.tmp"), "a saved by a\n");
+    fs::rename(mnt_a.join(".a.tmp"), mnt_a.join(".a")).expect("save by rename");
+    fs::remove_file(mnt_a.join(".b")).expect("rm .b");
+    let out = a.umount();
+    ok(&out);
+    let says = String::from_utf8_lossy(&out.stdout);
+    for n in ["a", "b", "c"] {
+        assert_eq!(
+            read(&fx.s(&format!(".{n}"))),
+            format!("{n} from b\n"),
+            "B's .{n} was overwritten or deleted: {says}"
+        );
+    }
+    let a_copies = conflict_copies(&fx.share, ".a");
+    assert_eq!(a_copies.len(), 1, "{a_copies:?}");
+    assert_eq!(read(&a_copies[0]), "a saved by a\n");
+    let c_copies = conflict_copies(&fx.share, ".c");
+    assert_eq!(c_copies.len(), 1, "{c_copies:?}");
+    assert_eq!(read(&c_copies[0]), "c first from a\n");
+    assert!(says.contains("conflict: .b was deleted here"), "{says}");
+}
+
+/// Writes an rsync wrapper that runs the real rsync and then fails with exit 23 while the
+/// file `flag` exists (a sync that went wrong after sending), and returns a config using it.
+fn failing_rsync_config(fx: &Fixture, flag: &Path) -> PathBuf {
+    let real = ccfs::sync::find_program("rsync").expect("rsync");
+    let wrapper = fx.tmp.path().join("rsync-wrapper");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n{} \"$@\"\nrc=$?\nif [ -e {} ]; then exit 23; fi\nexit $rc\n",
+            real.display(),
+            flag.display()
+        ),
+    )
+    .expect("wrapper");
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fx.config(&format!(
+        "[sync]\nrsync = \"{}\"\ninterval_secs = 0\n",
+        wrapper.display()
+    ))
+}
+
+/// Scenario 5: after a sync that fails (rsync exit 23), a later change of the same path on
+/// the share by another workstation must still be seen as a conflict.
+#[test]
+fn a_failed_sync_hides_no_later_conflict() {
+    let fx = Fixture::new();
+    write(&fx.s(".x"), "original\n");
+    let flag = fx.tmp.path().join("fail");
+    let config = failing_rsync_config(&fx, &flag);
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_with(&["--config", config.to_str().expect("utf8")]);
+    write(&fx.m(".x"), "a, first\n");
+    write(&flag, "");
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(
+        !out.status.success(),
+        "the failed sync says so: {}",
+        text(&out)
+    );
+    fs::remove_file(&flag).expect("rm flag");
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    write(&mnt_b.join(".x"), "from b\n");
+    ok(&b.umount());
+    write(&fx.m(".x"), "a, second\n");
+    ok(&a.umount());
+    assert_eq!(read(&fx.s(".x")), "from b\n", "B's version was overwritten");
+    let copies = conflict_copies(&fx.share, ".x");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), "a, second\n");
+}
+
+/// Scenario 6: a descriptor opened on .x (not copied up yet) stays bound to that file when
+/// `mv .y .x` replaces the name: it reads and writes its own file, and .x is .y.
+#[test]
+fn an_open_descriptor_stays_with_its_file_when_the_name_is_replaced() {
+    let fx = Fixture::new();
+    write(&fx.s(".x"), "xxxx\n");
+    write(&fx.s(".y"), "yyyy\n");
+    let m = fx.mount();
+    let mut old = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.m(".x"))
+        .expect("open .x");
+    fs::rename(fx.m(".y"), fx.m(".x")).expect("mv .y .x");
+    old.write_all(b"ZZ")
+        .expect("write through the old descriptor");
+    let mut back = String::new();
+    old.seek(SeekFrom::Start(0)).expect("seek");
+    old.read_to_string(&mut back).expect("read back");
+    assert_eq!(back, "ZZxx\n", "the old descriptor reads its own file");
+    assert_eq!(
+        read(&fx.m(".x")),
+        "yyyy\n",
+        "the name holds the renamed file"
+    );
+    drop(old);
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".x")), "yyyy\n");
+    assert!(!fx.s(".y").exists());
+}
+
+/// Scenario 8: ccfs's own rsync holding directory has a name of its own; a user's
+/// `.~tmp~` (rsync's default name) is never removed.
+#[test]
+fn a_users_own_tmp_directory_survives_syncs() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".~tmp~")).expect("mkdir");
+    write(&fx.s(".~tmp~/precious"), "keep me\n");
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    fs::create_dir(fx.s(".config/.~tmp~")).expect("mkdir");
+    write(&fx.s(".config/.~tmp~/precious"), "keep me too\n");
+    let m = fx.mount();
+    write(&fx.m(".a"), "a\n");
+    write(&fx.m(".config/b"), "b\n");
+    ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
+    write(&fx.m(".a"), "a2\n");
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".~tmp~/precious")), "keep me\n");
+    assert_eq!(read(&fx.s(".config/.~tmp~/precious")), "keep me too\n");
+    assert_eq!(read(&fx.s(".a")), "a2\n");
+}
+
+/// Scenario 9: the daemon is killed while its rsync is sending: that rsync dies with it
+/// (or `ccfs recover` waits for it), and an immediate recover completes the share.
+#[test]
+fn an_rsync_of_a_killed_daemon_does_not_outlive_it() {
+    let fx = Fixture::new();
+    let config = fx.config("[sync]\nextra_args = [\"--bwlimit=200\"]\ninterval_secs = 0\n");
+    let m = fx.mount_with(&["--config", config.to_str().expect("utf8")]);
+    let big = pattern(3 << 20, 9);
+    fs::write(fx.m(".big"), &big).expect("write");
+    let pid = m.daemon_pid();
+    let mnt = fx.mnt.clone();
+    let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
+    wait_until("rsync to start", Duration::from_secs(30), || {
+        !descendants(pid).is_empty()
+    });
+    let kids = descendants(pid);
+    m.crash();
+    wait_until(
+        "the rsync of the killed daemon to end",
+        Duration::from_secs(30),
+        || kids.iter().all(|k| !alive(*k)),
+    );
+    let _ = syncer.join();
+    ok(&recover(&fx.cache));
+    assert_eq!(fs::read(fx.s(".big")).expect("read"), big);
+    assert!(!fx.s(&format!(".{}", ccfs::sync::PARTIAL_DIR)).exists());
+}
+
+/// Scenario 10: a conflict copy name would pass 255 bytes, and another path is too long
+/// for rsync: both are reported, and everything else still reaches the share.
+#[test]
+fn one_unsendable_path_blocks_nothing_else() {
+    let fx = Fixture::new();
+    let long = format!(".{}", "n".repeat(250));
+    write(&fx.s(&long), "original\n");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount();
+    write(&fx.m(&long), "from a\n");
+    write(&fx.m(".other"), "other from a\n");
+    // A path near PATH_MAX (made with relative steps, as a program deep in it would).
+    let d = "d".repeat(200);
+    let script = format!(
+        "cd '{}' && mkdir .deep && cd .deep && for i in $(seq 20); do mkdir {d} && cd {d}; done && echo deep > {}",
+        fx.mnt.display(),
+        "f".repeat(50)
+    );
+    let made = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("sh");
+    assert!(made.status.success(), "{}", text(&made));
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    write(&mnt_b.join(&long), "from b\n");
+    ok(&b.umount());
+    let out = a.umount();
+    let says = text(&out);
+    assert_eq!(read(&fx.s(".other")), "other from a\n", "{says}");
+    assert_eq!(read(&fx.s(&long)), "from b\n", "{says}");
+    let copies: Vec<PathBuf> = fs::read_dir(&fx.share)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().expect("n").to_string_lossy().into_owned();
+            n.starts_with(&long[..100]) && n.contains(".ccfs-conflict-")
+        })
+        .collect();
+    assert_eq!(copies.len(), 1, "our version is kept beside B's: {says}");
+    assert_eq!(read(&copies[0]), "from a\n");
+    assert!(copies[0].file_name().expect("n").len() <= 255);
+    // The deep file either reached the share, or it is named as not sent and the logout
+    // says the cache keeps it: never lost in silence, never in the way of the rest.
+    let deep_on_share = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "cd '{}/.deep' && for i in $(seq 20); do cd {d}; done && cat {}",
+                fx.share.display(),
+                "f".repeat(50)
+            ),
+        ])
+        .output()
+        .expect("sh");
+    let landed = deep_on_share.status.success() && deep_on_share.stdout == b"deep\n";
+    assert_eq!(out.status.success(), landed, "{says}");
+    if !landed {
+        assert!(says.contains("not sent to the share: .deep/"), "{says}");
+    }
+}
+
+/// Scenario 12: a sparse dotfile stays sparse on the share.
+#[test]
+fn a_sparse_dotfile_stays_sparse_on_the_share() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    {
+        let mut f = fs::File::create(fx.m(".sparse")).expect("create");
+        f.seek(SeekFrom::Start(200 << 20)).expect("seek");
+        f.write_all(b"end").expect("write");
+    }
+    ok(&m.umount());
+    let meta = fs::metadata(fx.s(".sparse")).expect("on the share");
+    assert_eq!(meta.len(), (200 << 20) + 3);
+    assert!(
+        meta.blocks() * 512 < 8 << 20,
+        "{} bytes allocated for a 200 MiB sparse file",
+        meta.blocks() * 512
+    );
+}
+
+/// A crash during recovery itself: the next recovery finishes the job, and a second
+/// recovery after that has nothing left to do.
+#[test]
+fn a_recovery_cut_short_is_finished_by_the_next() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    for i in 0..50 {
+        write(&fx.m(&format!(".f{i}")), &format!("v{i}\n"));
+    }
+    m.crash();
+    // The recovery is killed as soon as its rsync runs.
+    let mut child = Command::new(ccfs_bin())
+        .args(["recover", "--cache-dir"])
+        .arg(&fx.cache)
+        .spawn()
+        .expect("recover");
+    let pid = child.id();
+    wait_until("the recovery's rsync", Duration::from_secs(30), || {
+        !descendants(pid).is_empty() || !alive(pid)
+    });
+    kill(pid, libc::SIGKILL);
+    let _ = child.wait();
+    let out = recover(&fx.cache);
+    ok(&out);
+    assert!(fx.s(".f0").exists(), "{}", text(&out));
+    for i in 0..50 {
+        assert_eq!(read(&fx.s(&format!(".f{i}"))), format!("v{i}\n"));
+    }
+    let again = recover(&fx.cache);
+    ok(&again);
+    assert_eq!(upper_entries(&fx.cache), Vec::<String>::new());
+}
