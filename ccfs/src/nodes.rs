@@ -171,7 +171,7 @@ impl Nodes {
     pub fn rename(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
         let old = (from.0, from.1.to_os_string());
         let new = (to.0, to.1.to_os_string());
-        if self.children.get(&old).is_some() && self.children.get(&old) == self.children.get(&new) {
+        if self.children.contains_key(&old) && self.children.get(&old) == self.children.get(&new) {
             // Two names of one file: rename does nothing.
             return;
         }
