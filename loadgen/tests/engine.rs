@@ -196,30 +196,79 @@ fn create_writes_and_read_reads_every_byte() {
     assert_eq!(r[0].latencies.count(Op::Open), 2 * s.source.len() as u64);
 }
 
+/// The start barrier, seen on disk: when every client has prepared a phase and none has
+/// started it (the moment `run_with_gate` calls the gate), every client's preparation is
+/// complete and no client's timed work has begun.
 #[test]
 fn clients_start_each_phase_together() {
     let s = sets(0.01);
     let tmp = tempfile::tempdir().expect("tmp");
-    let r = run(&config(
-        tmp.path(),
-        6,
-        &[Phase::Create, Phase::StatTree, Phase::DeleteTree],
-        s,
-    ));
+    let clients = 6;
+    // Create (nothing to prepare), DeleteTree (nothing to prepare), StatTree (prepared by
+    // creating a new tree, untimed).
+    let phases = [Phase::Create, Phase::DeleteTree, Phase::StatTree];
+    let cfg = config(tmp.path(), clients, &phases, s.clone());
+    let at_gate: std::sync::Mutex<Vec<(usize, BTreeMap<String, u64>)>> = Default::default();
+    let gate = |i: usize| {
+        let seen = walk(tmp.path());
+        at_gate.lock().expect("lock").push((i, seen));
+        true
+    };
+    let r = engine::run_with_gate(
+        &cfg,
+        &Progress::default(),
+        &AtomicBool::new(false),
+        &gate,
+        |_| {},
+    );
+    assert_eq!(r.len(), phases.len());
     for p in &r {
-        assert_eq!(p.clients.len(), 6);
-        // A loose bound: the machine is shared and has two cores.
-        assert!(
-            p.start_skew() < Duration::from_millis(250),
-            "{}: skew {:?}",
-            p.phase.name(),
-            p.start_skew()
-        );
+        assert!(p.error().is_none(), "{}: {:?}", p.phase.name(), p.error());
+        assert_eq!(p.clients.len(), clients);
         for c in &p.clients {
             assert!(c.end >= c.start);
         }
         assert!(p.first_done() <= p.last_done());
     }
+    // Every client's tree `t`, complete, as paths below the run directory.
+    let trees = |t: u32| -> BTreeMap<String, u64> {
+        let one = expected(
+            &s,
+            TreeState {
+                exists: true,
+                ..Default::default()
+            },
+        );
+        (0..clients)
+            .flat_map(|c| {
+                one.iter()
+                    .map(move |(p, n)| (format!("client-{c}/tree-{t}/{p}"), *n))
+            })
+            .collect()
+    };
+    let at_gate = at_gate.into_inner().expect("lock");
+    let at = |i: usize| {
+        &at_gate
+            .iter()
+            .find(|(g, _)| *g == i)
+            .expect("gate called")
+            .1
+    };
+    assert_eq!(at_gate.len(), phases.len(), "one gate a phase");
+    assert!(
+        at(0).is_empty(),
+        "no client began creating before the others"
+    );
+    assert_eq!(
+        *at(1),
+        trees(1),
+        "no client began deleting before the others"
+    );
+    assert_eq!(
+        *at(2),
+        trees(2),
+        "every client had prepared its new tree before any began"
+    );
 }
 
 #[test]

@@ -191,7 +191,7 @@ fn with_ccfs_every_change_reaches_the_share_at_logout() {
 
 #[test]
 fn bad_storm_input_is_refused_and_changes_nothing() {
-    let share = tempfile::tempdir().expect("share");
+    let share = common::share_dir();
     let work = tempfile::tempdir().expect("work");
     let bad_profile = work.path().join("bad.txt");
     std::fs::write(&bad_profile, "[login]\nread /etc/shadow\n").expect("write");
@@ -288,10 +288,12 @@ fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
         fsyncs[0], 0,
         "cached: no fsync reaches the share during the login"
     );
-    assert_eq!(
-        fsyncs[1],
-        2 * 3,
-        "passed through: every transaction's fsync does"
+    // Each user's three transactions each end in an fdatasync; more may come on top (the
+    // kernel and ccfs are free to sync more often), never fewer.
+    assert!(
+        fsyncs[1] >= 2 * 3,
+        "passed through: every transaction's fsync reaches the share, got {}",
+        fsyncs[1]
     );
 }
 
@@ -331,13 +333,28 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
             .filter(|l| l.contains(&work_name))
             .count()
     };
-    let t = std::time::Instant::now();
-    // The meter and both users' mounts, then a session tick or two.
-    while mounts() < 3 && t.elapsed() < std::time::Duration::from_secs(60) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(mounts(), 3, "the storm did not get going");
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // The meter and both users' mounts.
+    common::wait_until(
+        "the meter's and both users' mounts",
+        std::time::Duration::from_secs(60),
+        || mounts() == 3,
+    );
+    // Both users are in their session: each has appended to .history (seen through their
+    // mount, work/storm-*/home/userNNN) at least once.
+    let in_session = |u: usize| {
+        std::fs::read_dir(work.path()).is_ok_and(|d| {
+            d.flatten().any(|run| {
+                run.path()
+                    .join(format!("home/user{u:03}/.history"))
+                    .exists()
+            })
+        })
+    };
+    common::wait_until(
+        "a session tick of both users",
+        std::time::Duration::from_secs(60),
+        || (0..2).all(in_session),
+    );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let t = std::time::Instant::now();
