@@ -759,24 +759,57 @@ pub const READY_LINE: &str = "ccfs: the mount is live";
 
 /// The log writer of every ccfs command: standard error, which the background daemon
 /// turns into CACHE/ccfs.log. It never fails: a full disk or a closed descriptor costs
-/// the line, never the daemon.
+/// the line, never the daemon. Each event arrives as one line; a line break or other
+/// control character inside it (a file name with a newline, logged by any module) is
+/// written as `\xHH`, so one event is one line of the log and cannot forge another.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LogWriter;
+pub struct LogWriter {
+    /// Colours are on (a terminal): escape sequences are kept.
+    ansi: bool,
+}
+
+impl LogWriter {
+    pub fn new(ansi: bool) -> Self {
+        Self { ansi }
+    }
+}
+
+/// `buf` with every control character but a tab, the final newline and (with `ansi`)
+/// escape written as `\xHH`.
+fn one_line(buf: &[u8], ansi: bool) -> std::borrow::Cow<'_, [u8]> {
+    let last = buf.len().saturating_sub(1);
+    let needs = |i: usize, b: u8| {
+        (b < 0x20 || b == 0x7f) && b != b'\t' && !(b == b'\n' && i == last) && !(b == 0x1b && ansi)
+    };
+    if !buf.iter().enumerate().any(|(i, &b)| needs(i, b)) {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let mut out = Vec::with_capacity(buf.len() + 16);
+    for (i, &b) in buf.iter().enumerate() {
+        if needs(i, b) {
+            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
 
 impl io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let line = one_line(buf, self.ansi);
         if STAGE.load(Ordering::Acquire) == STAGE_STARTING {
             let mut early = EARLY_LOG.lock().unwrap_or_else(|e| e.into_inner());
             // Checked again under the lock: the log may have been opened meanwhile.
             if STAGE.load(Ordering::Acquire) == STAGE_STARTING
-                && early.len() + buf.len() <= EARLY_LOG_MAX
+                && early.len() + line.len() <= EARLY_LOG_MAX
             {
-                early.extend_from_slice(buf);
+                early.extend_from_slice(&line);
             }
-            sys::write_fd_lossy(2, buf);
+            sys::write_fd_lossy(2, &line);
             return Ok(buf.len());
         }
-        sys::write_fd_lossy(2, buf);
+        sys::write_fd_lossy(2, &line);
         Ok(buf.len())
     }
 
@@ -789,7 +822,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
     type Writer = LogWriter;
 
     fn make_writer(&'a self) -> Self::Writer {
-        LogWriter
+        *self
     }
 }
 
@@ -1402,6 +1435,18 @@ fn list_caches(only: Option<u32>) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_log_event_is_one_line() {
+        let event = b"2026 DEBUG copied up path=.x\n* * * * * root touch /pwned\r\n";
+        let line = one_line(event, false);
+        assert_eq!(
+            &*line,
+            &b"2026 DEBUG copied up path=.x\\x0a* * * * * root touch /pwned\\x0d\n"[..]
+        );
+        assert_eq!(&*one_line(b"\x1b[1mok\tfine\n", true), b"\x1b[1mok\tfine\n");
+        assert_eq!(&*one_line(b"\x1b[1m\n", false), b"\\x1b[1m\n");
+    }
 
     #[test]
     fn log_paths_and_text_stay_on_one_printable_line() {

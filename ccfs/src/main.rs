@@ -96,11 +96,12 @@ struct MountArgs {
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CCFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(daemon::LogWriter)
+        .with_writer(daemon::LogWriter::new(ansi))
         .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .try_init();
     std::panic::set_hook(Box::new(|info| {
         let where_ = info
