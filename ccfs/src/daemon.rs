@@ -30,10 +30,12 @@ pub fn user_error(problem: impl Into<String>, fix: impl Into<String>) -> UserErr
     }
 }
 
-/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs`
-/// where the mount helper drops the subtype).
+/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs` or
+/// `ccfs:CACHE_DIR` where the mount helper drops the subtype).
 pub fn is_ccfs_mount(m: &fsinfo::MountEntry) -> bool {
-    m.fs_type == "fuse.ccfs" || (m.fs_type.starts_with("fuse") && m.source == "ccfs")
+    m.fs_type == "fuse.ccfs"
+        || (m.fs_type.starts_with("fuse")
+            && (m.source == "ccfs" || control::cache_dir_of_source(&m.source).is_some()))
 }
 
 /// The mount points of every ccfs mount in this mount namespace.
@@ -344,6 +346,8 @@ pub fn plan_mount(
         ));
     }
     check_cache_path(&cache_dir, owner)?;
+    // The mount table records the cache dir, so commands find the daemon without the mount.
+    control::mount_source(&cache_dir)?;
     let cache_exists = fs::symlink_metadata(&cache_dir).is_ok();
     let probe = if cache_exists {
         cache_dir.clone()
@@ -557,17 +561,19 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         plan.share.clone(),
         plan.mountpoint.clone(),
         plan.cache_dir.clone(),
-    ));
+    )?);
     control::serve(daemon.clone(), &socket)?;
     let stop_periodic = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(every) = plan.settings.sync_interval {
         spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
     }
 
-    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
+    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout)?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        fuser::MountOption::FSName("ccfs".into()),
+        // `ccfs:CACHE_DIR`: `ccfs status`, `sync` and `umount` find the control socket in
+        // the mount table, without asking the mount (which may wait on a dead share).
+        fuser::MountOption::FSName(control::mount_source(&plan.cache_dir)?),
         fuser::MountOption::Subtype("ccfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
@@ -618,7 +624,8 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
     session.run()?;
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
-    let outcome = daemon.sync_now(false);
+    // Does not start rsync when the share does not answer: the cache keeps everything.
+    let outcome = daemon.logout_sync();
     let ok = outcome.ok;
     daemon.set_final(outcome);
     daemon.drain_waiters(Duration::from_secs(5));
@@ -647,8 +654,13 @@ fn spawn_periodic_sync(
                 waited = Duration::ZERO;
                 let clean = daemon.overlay.lock().state().is_clean();
                 if !clean {
+                    // Not started while the share does not answer (logged by the daemon).
                     let outcome = daemon.sync_now(false);
-                    tracing::info!(ok = outcome.ok, "periodic sync");
+                    tracing::info!(
+                        ok = outcome.ok,
+                        share_unreachable = outcome.share_unreachable.is_some(),
+                        "periodic sync"
+                    );
                 }
             }
         })?;

@@ -27,10 +27,6 @@ use crate::error::FsError;
 use crate::overlay::{Ctx, Identity, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
-/// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
-/// control socket is. It is not listed by listxattr.
-pub const CONTROL_XATTR: &str = "user.ccfs.control";
-
 const ROOT: u64 = 1;
 
 /// A node the kernel knows. A file with several hard links may be known by several
@@ -161,7 +157,6 @@ pub struct CcfsFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     ttl: Duration,
-    control: Vec<u8>,
 }
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
@@ -277,11 +272,7 @@ macro_rules! try_reply {
 }
 
 impl CcfsFs {
-    pub fn new(
-        overlay: Arc<Overlay>,
-        ttl: Duration,
-        control_socket: &Path,
-    ) -> std::io::Result<Self> {
+    pub fn new(overlay: Arc<Overlay>, ttl: Duration) -> std::io::Result<Self> {
         let root = overlay
             .resolve(Path::new(""))
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
@@ -305,7 +296,6 @@ impl CcfsFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             ttl,
-            control: control_socket.as_os_str().as_bytes().to_vec(),
         })
     }
 
@@ -949,10 +939,6 @@ impl Filesystem for CcfsFs {
         reply: ReplyEmpty,
     ) {
         self.overlay.requests.count(Req::Setxattr);
-        if name == CONTROL_XATTR {
-            reply.error(Errno::EPERM);
-            return;
-        }
         let path = try_reply!(reply, self.path(ino));
         match self
             .overlay
@@ -965,14 +951,11 @@ impl Filesystem for CcfsFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.overlay.requests.count(Req::Getxattr);
-        let value = if ino.0 == ROOT && name == CONTROL_XATTR {
-            Ok(self.control.clone())
-        } else {
-            let path = try_reply!(reply, self.path(ino));
-            self.overlay
-                .getxattr(&path, name)
-                .map_err(|e| reply_err("getxattr", &path, &e))
-        };
+        let path = try_reply!(reply, self.path(ino));
+        let value = self
+            .overlay
+            .getxattr(&path, name)
+            .map_err(|e| reply_err("getxattr", &path, &e));
         match value {
             Ok(v) => reply_xattr(reply, size, &v),
             Err(e) => reply.error(e),
