@@ -672,30 +672,41 @@ fn account_of(uid: u32) -> io::Result<Account> {
     sys::user_by_uid(uid)?.ok_or_else(|| io_other(format!("uid {uid} has no account")))
 }
 
-/// Takes the cache's lock for the life of this process and writes our pid in it.
+/// Takes the cache's lock for the life of this process and writes our pid in it. The
+/// lock file is opened without following a symlink and must be a regular file of ours.
 pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
     let path = dir.join("lock");
+    let cannot = |why: String| {
+        user_error(
+            format!("cannot use {}: {why}", LogPath(&path)),
+            "check the cache dir (remove what is there; ccfs makes its lock itself)",
+        )
+    };
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
-        .map_err(|e| {
-            user_error(
-                format!("cannot open {}: {e}", path.display()),
-                "check the cache dir",
-            )
-        })?;
-    match crate::sys::try_lock_exclusive(&f) {
+        .map_err(|e| cannot(e.to_string()))?;
+    let st = sys::fstat(&f).map_err(|e| cannot(e.to_string()))?;
+    if !st.is_file() || st.uid() != sys::geteuid() {
+        return Err(cannot(format!(
+            "not a regular file of uid {} (a file of uid {}, mode {:o})",
+            sys::geteuid(),
+            st.uid(),
+            st.mode()
+        )));
+    }
+    match sys::try_lock_exclusive(&f) {
         Ok(true) => {}
         _ => {
             return Err(user_error(
                 format!(
                     "cache dir {} is in use by another ccfs process",
-                    dir.display()
+                    LogPath(dir)
                 ),
                 "wait for it to finish, or unmount the mount that uses it",
             ))
