@@ -109,7 +109,8 @@ pub fn default_cache_dir(mountpoint: &Path, uid: u32) -> PathBuf {
 /// symlink, must belong to `owner` and must not be writable by others; every existing
 /// directory above it must belong to root or `owner` and not be writable by others
 /// (unless sticky and root's, like /var/tmp), and a symlink above it is accepted only in
-/// a directory nobody but root can write (in /var/tmp anyone could have planted it).
+/// a directory nobody but root or `owner` can write (in /var/tmp anyone could have
+/// planted it).
 /// This is the early, friendly check; [`create_cache_dir`] enforces the same while it
 /// walks the path.
 pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
@@ -152,7 +153,11 @@ pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
         let is_symlink = fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink());
         if is_symlink {
             let planted = parent
-                .map(|p| fs::metadata(p).map_or(true, |m| m.uid() != 0 || m.mode() & 0o022 != 0))
+                .map(|p| {
+                    fs::metadata(p).map_or(true, |m| {
+                        (m.uid() != 0 && m.uid() != owner) || m.mode() & 0o022 != 0
+                    })
+                })
                 .unwrap_or(false);
             if planted {
                 return Err(user_error(
@@ -568,8 +573,9 @@ pub fn create_cache_dir(dir: &Path, owner: u32) -> io::Result<()> {
                 cur = next;
             }
             Some(st) if st.is_symlink() => {
-                // Only a symlink nobody but root could have made is followed.
-                if here.uid() != 0 || here.mode() & 0o022 != 0 {
+                // Only a symlink nobody but root (or we ourselves) could have made is
+                // followed; root never gets here in a user's directory (see above).
+                if (here.uid() != 0 && here.uid() != me) || here.mode() & 0o022 != 0 {
                     return Err(io_other(format!(
                         "{} is a symlink in a directory others can write",
                         LogPath(&at.join(&name))
