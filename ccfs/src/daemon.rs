@@ -862,20 +862,37 @@ pub fn report_fatal(line: &str) {
 
 /// Opens CACHE/ccfs.log for appending as whoever this process is now (for a mount root
 /// made for a user: the user, after the drop): never through a symlink at its name, and
-/// only a regular file of ours.
+/// only a regular file of ours. Anything else at that name (a symlink, a log an older
+/// ccfs made as root) is removed (the entry itself, never what it points to) and a fresh
+/// log made: the cache directory is ours.
 fn open_log_file(cache_dir: &Path) -> io::Result<File> {
     let dir = DirFd::open(cache_dir)?;
-    let f = dir.open_file(
-        OsStr::new("ccfs.log"),
-        libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_NONBLOCK,
-        0o600,
-    )?;
-    let st = sys::fstat(&f)?;
-    if !st.is_file() {
-        return Err(io_other("it is not a regular file".to_string()));
+    let name = OsStr::new("ccfs.log");
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK;
+    let ours = |f: &File| sys::fstat(f).is_ok_and(|st| st.is_file() && st.uid() == sys::geteuid());
+    match dir.open_file(name, flags | libc::O_CREAT, 0o600) {
+        Ok(f) if ours(&f) => return Ok(f),
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return Err(e),
+        Err(_) => {}
     }
-    if st.uid() != sys::geteuid() {
-        return Err(io_other(format!("it belongs to uid {}", st.uid())));
+    match dir.entry(name)? {
+        Some(st) if st.is_dir() => {
+            return Err(io_other("it is a directory".to_string()));
+        }
+        Some(_) => {
+            dir.unlink(name)?;
+            tracing::warn!(
+                "replaced {}/ccfs.log, which was not a regular file of uid {}",
+                LogPath(cache_dir),
+                sys::geteuid()
+            );
+        }
+        None => {}
+    }
+    let f = dir.open_file(name, flags | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+    if !ours(&f) {
+        return Err(io_other("it is not a regular file of ours".to_string()));
     }
     Ok(f)
 }

@@ -1104,6 +1104,13 @@ impl DirFd {
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// Removes the entry `name` (not a directory; a symlink itself, not what it points to).
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        let n = component(name)?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::unlinkat(self.0.as_raw_fd(), n.as_ptr(), 0) })
+    }
+
     /// fchown of the directory itself (`None` keeps the group).
     pub fn chown(&self, uid: u32, gid: Option<u32>) -> io::Result<()> {
         // SAFETY: fchown on a descriptor we hold; u32::MAX (-1) keeps the group.

@@ -356,6 +356,33 @@ fn symlinks_planted_in_the_cache_never_lead_root_to_write() {
     assert_eq!(left, want, "nothing new appeared next to root's files");
 }
 
+/// A log root made in the cache (as ccfs did before the daemon opened its own) cannot be
+/// appended to by the user: the daemon, as the user, replaces it with a log of its own
+/// (the cache directory is the user's), and says so there.
+#[test]
+fn a_log_that_is_not_the_users_is_replaced_by_the_users_own() {
+    let (fx, alice) = alice_fixture();
+    let out = mount_for_alice(&fx, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(umount(&fx.mnt).status.success());
+    let log = fx.cache.join("ccfs.log");
+    fs::remove_file(&log).expect("rm");
+    write(&log, "a log root made\n");
+    fs::set_permissions(&log, fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = mount_for_alice(&fx, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(umount(&fx.mnt).status.success());
+    let m = fs::symlink_metadata(&log).expect("log");
+    assert!(m.is_file());
+    assert_eq!(m.uid(), alice.uid, "the log is the user's now");
+    let text = read(&log);
+    assert!(!text.contains("a log root made"), "{text}");
+    assert!(
+        text.contains("replaced") && text.contains("ccfs is mounted"),
+        "{text}"
+    );
+}
+
 /// The text after a newline in a file name never starts a line of the daemon's log, and
 /// the name did reach the log (escaped).
 #[test]
