@@ -150,10 +150,20 @@ pub struct Mount<'a> {
 }
 
 impl Mount<'_> {
-    /// Logs out with `ccfs umount` and returns its output.
+    /// Logs out with `ccfs umount` and returns its output. If that left the mount in place
+    /// (the test then fails on the output), it is detached lazily, so that the daemon
+    /// finishes and no longer holds the share (a loop-mounted test share could not go).
     pub fn umount(mut self) -> Output {
         self.active = false;
-        ccfs(&["umount".as_ref(), self.mnt.as_os_str()])
+        let out = ccfs(&["umount".as_ref(), self.mnt.as_os_str()]);
+        if !out.status.success() && listed_as_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.mnt)
+                .output();
+        }
+        out
     }
 
     pub fn status(&self) -> serde_json::Value {
@@ -206,6 +216,21 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether the mount table lists `p` (canonical but for its last part), without a request
+/// to the filesystem mounted there.
+fn listed_as_mounted(p: &Path) -> bool {
+    let p = match (
+        p.parent().and_then(|d| d.canonicalize().ok()),
+        p.file_name(),
+    ) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => p.to_path_buf(),
+    };
+    fsinfo::mounts()
+        .map(|m| m.iter().any(|e| e.mount_point == p))
+        .unwrap_or(false)
 }
 
 pub fn is_mounted(p: &Path) -> bool {
