@@ -889,3 +889,135 @@ pub fn timed_out(e: &std::io::Error) -> bool {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache dir goes into the mount table as the mount's source and comes back
+    /// unchanged through the kernel's octal escapes (a space is `\040` there).
+    #[test]
+    fn the_cache_dir_survives_the_mount_table() {
+        let dir = Path::new("/var/tmp/ccfs/1000/home alice#1");
+        let source = mount_source(dir).expect("carriable");
+        assert_eq!(source, "ccfs:/var/tmp/ccfs/1000/home alice#1");
+        let escaped = source.replace(' ', "\\040").replace('#', "\\043");
+        let line = format!(
+            "50 27 0:45 / /home/alice rw,nosuid,nodev,relatime - fuse {escaped} rw,user_id=0,group_id=0,default_permissions,allow_other\n"
+        );
+        let entries = fsinfo::parse_mountinfo(&line);
+        assert_eq!(entries.len(), 1);
+        assert!(crate::daemon::is_ccfs_mount(&entries[0]));
+        assert_eq!(
+            cache_dir_of_source(&entries[0].source).as_deref(),
+            Some(dir)
+        );
+        assert_eq!(user_id_option(&entries[0].options), Some(0));
+    }
+
+    #[test]
+    fn cache_dirs_the_mount_table_cannot_carry_are_refused_with_the_fix() {
+        use std::os::unix::ffi::OsStrExt;
+        let bad: [(&Path, &str); 5] = [
+            (Path::new("/var/tmp/a,b"), "comma"),
+            (Path::new("/var/tmp/a\\b"), "backslash"),
+            (Path::new("/var/tmp/a\nb"), "control character"),
+            (Path::new("relative/cache"), "not absolute"),
+            (
+                Path::new(std::ffi::OsStr::from_bytes(b"/var/tmp/\xff")),
+                "UTF-8",
+            ),
+        ];
+        for (dir, why) in bad {
+            let e = mount_source(dir).expect_err("refused");
+            assert!(e.problem.contains(why), "{dir:?}: {e}");
+            assert!(e.fix.contains("--cache-dir"), "{e}");
+        }
+        // Sources that name no cache dir: the plain "ccfs" of older mounts, a relative path.
+        assert_eq!(cache_dir_of_source("ccfs"), None);
+        assert_eq!(cache_dir_of_source("ccfs:relative"), None);
+        assert_eq!(cache_dir_of_source("/dev/sda1"), None);
+    }
+
+    fn entry(source: &str, options: &str) -> fsinfo::MountEntry {
+        fsinfo::MountEntry {
+            mount_point: PathBuf::from("/home/alice"),
+            fs_type: "fuse.ccfs".into(),
+            source: source.into(),
+            options: options.into(),
+        }
+    }
+
+    /// A mount made by a user must name a cache dir of that user; a mount root made (for
+    /// a user, with --user) may name anyone's, since the daemon runs as them.
+    #[test]
+    fn a_mount_naming_someone_elses_cache_is_refused() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let owner = std::fs::metadata(tmp.path()).expect("meta").uid();
+        let source = mount_source(tmp.path()).expect("source");
+        let by_owner = mount_ref(&entry(&source, &format!("rw,user_id={owner}"))).expect("ok");
+        assert_eq!(by_owner.socket, tmp.path().join("control.sock"));
+        assert_eq!((by_owner.mount_uid, by_owner.cache_uid), (owner, owner));
+        assert!(mount_ref(&entry(&source, "rw,user_id=0")).is_ok());
+        let other = owner.wrapping_add(4242).max(1);
+        let e = mount_ref(&entry(&source, &format!("rw,user_id={other}"))).expect_err("refused");
+        assert!(e.contains("not to the mount's owner"), "{e}");
+        let e = mount_ref(&entry("ccfs", "rw,user_id=0")).expect_err("no cache dir");
+        assert!(e.contains("names no cache dir"), "{e}");
+        let e = mount_ref(&entry(&source, "rw")).expect_err("no owner");
+        assert!(e.contains("user_id"), "{e}");
+    }
+
+    /// The last component of a mount point is only read as a link, never stat-ed; a
+    /// symlink to the mount point leads to it.
+    #[test]
+    fn mount_point_paths_follow_links_and_parents() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path().canonicalize().expect("canonical");
+        let real = root.join("real");
+        std::fs::create_dir(&real).expect("mkdir");
+        std::os::unix::fs::symlink(&real, root.join("abs-link")).expect("symlink");
+        std::os::unix::fs::symlink("real", root.join("rel-link")).expect("symlink");
+        std::fs::create_dir(root.join("sub")).expect("mkdir");
+        for p in [
+            root.join("real"),
+            root.join("real/"),
+            root.join("real/."),
+            root.join("abs-link"),
+            root.join("rel-link"),
+            root.join("sub/../real"),
+        ] {
+            assert_eq!(mount_point_path(&p).expect("resolved"), real, "{p:?}");
+        }
+        // A path that does not exist resolves lexically below its parent.
+        assert_eq!(
+            mount_point_path(&root.join("missing")).expect("resolved"),
+            root.join("missing")
+        );
+    }
+
+    #[test]
+    fn the_probe_tells_a_reachable_share_from_one_that_fails() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let share = tmp.path().join("share");
+        std::fs::create_dir(&share).expect("mkdir");
+        let probe = ShareProbe::start(&share, PROBE_TIMEOUT).expect("probe");
+        assert_eq!(probe.check(), ShareHealth::Reachable);
+        std::fs::remove_dir(&share).expect("rmdir");
+        let first = probe.check();
+        let ShareHealth::Error { error, since } = &first else {
+            panic!("an error: {first:?}");
+        };
+        assert!(error.contains("No such file"), "{error}");
+        assert!(
+            first.describe().starts_with("error: "),
+            "{}",
+            first.describe()
+        );
+        // The outage started with the first failed look, not the latest.
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(matches!(probe.check(), ShareHealth::Error { since: s, .. } if s == *since));
+        std::fs::create_dir(&share).expect("mkdir");
+        assert_eq!(probe.check(), ShareHealth::Reachable);
+    }
+}
