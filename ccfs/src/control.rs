@@ -593,12 +593,12 @@ pub fn log_conflicts(cache_dir: &Path, conflicts: &[crate::overlay::Conflict]) {
     }
 }
 
-fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
+fn serve_one(daemon: &Daemon, stream: UnixStream, owner: u32) -> std::io::Result<()> {
     // The socket is the owner's only (0600 in a 0700 directory); this holds even if the
-    // modes were loosened: only root and the daemon's own user are answered.
+    // modes were loosened: only root and the cache's owner (whom the daemon runs as) are
+    // answered.
     let peer = crate::sys::peer_credentials(&stream)?;
-    let me = crate::sys::geteuid();
-    if peer.uid != 0 && peer.uid != me {
+    if peer.uid != 0 && peer.uid != owner {
         tracing::warn!(
             uid = peer.uid,
             pid = peer.pid,
@@ -635,6 +635,7 @@ pub fn serve(daemon: Arc<Daemon>, socket: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
     std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let owner = std::fs::symlink_metadata(&daemon.cache_dir)?.uid();
     std::thread::Builder::new()
         .name("ccfs-control".into())
         .spawn(move || {
@@ -644,7 +645,7 @@ pub fn serve(daemon: Arc<Daemon>, socket: &Path) -> std::io::Result<()> {
                 let _ = std::thread::Builder::new()
                     .name("ccfs-control-conn".into())
                     .spawn(move || {
-                        if let Err(e) = serve_one(&d, stream) {
+                        if let Err(e) = serve_one(&d, stream, owner) {
                             tracing::debug!("control connection: {e}");
                         }
                     });

@@ -127,29 +127,34 @@ trait FileServer {
     fn keeps_identities(&self, how: Outage) -> bool;
 }
 
-/// Waits until `dir` answers again: listed, and a file made and removed in it.
-fn wait_until_answers(dir: &Path) {
+/// Waits until `dir` answers again (listed, and a file made and removed in it); the
+/// last failed look if it does not within [`GUARD`].
+fn answers_again(dir: &Path) -> Result<(), String> {
     let start = Instant::now();
     loop {
         let out = within(
-            Command::new("sh").args([
-                "-c",
-                "ls \"$1\" >/dev/null && : > \"$1/.ccfs-outage-alive\" && rm \"$1/.ccfs-outage-alive\"",
-                "sh",
-            ])
-            .arg(dir),
+            Command::new("sh")
+                .args([
+                    "-c",
+                    "ls \"$1\" >/dev/null && : > \"$1/.ccfs-outage-alive\" && rm \"$1/.ccfs-outage-alive\"",
+                    "sh",
+                ])
+                .arg(dir),
             "a look at the share",
         );
         if out.status.success() {
-            return;
+            return Ok(());
         }
-        assert!(
-            start.elapsed() < GUARD,
-            "the share at {} did not come back: {}",
-            dir.display(),
-            text(&out)
-        );
+        if start.elapsed() > GUARD {
+            return Err(text(&out));
+        }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn wait_until_answers(dir: &Path) {
+    if let Err(e) = answers_again(dir) {
+        panic!("the share at {} did not come back: {e}", dir.display());
     }
 }
 
@@ -300,7 +305,8 @@ impl GlusterServer {
         })
     }
 
-    fn brick_pids(&self) -> Vec<u32> {
+    /// The live brick processes, from the pid files glusterd keeps.
+    fn live_bricks(&self) -> Vec<u32> {
         let dir = self.state.join("run/vols/ccfsvol");
         let mut pids: Vec<u32> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -311,8 +317,33 @@ impl GlusterServer {
             .filter(|p| alive(*p))
             .collect();
         pids.sort_unstable();
-        assert_eq!(pids.len(), 3, "three live bricks in {}", dir.display());
         pids
+    }
+
+    fn brick_pids(&self) -> Vec<u32> {
+        let pids = self.live_bricks();
+        assert_eq!(pids.len(), 3, "three live bricks: {pids:?}");
+        pids
+    }
+
+    /// Starts the killed bricks again; the last `volume start` output if they do not run.
+    /// glusterd takes a moment to notice they died (until then `volume start force` finds
+    /// them "already running"), so it is asked until all three run.
+    fn restart_bricks(&self) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let out = self.start_volume();
+            let begun = Instant::now();
+            while begun.elapsed() < Duration::from_secs(5) {
+                if self.live_bricks().len() == 3 {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if start.elapsed() > GUARD {
+                return Err(text(&out));
+            }
+        }
     }
 
     fn start_volume(&self) -> Output {
@@ -359,8 +390,9 @@ impl FileServer for GlusterServer {
             kill(pid, libc::SIGCONT);
         }
         if self.killed {
-            let out = self.start_volume();
-            assert!(out.status.success(), "volume start: {}", text(&out));
+            if let Err(e) = self.restart_bricks() {
+                panic!("the bricks did not start again: {e}");
+            }
             self.killed = false;
         }
         wait_until_answers(&self.mnt);
@@ -377,7 +409,13 @@ impl Drop for GlusterServer {
             kill(pid, libc::SIGCONT);
         }
         if self.killed {
-            let _ = self.start_volume();
+            if let Err(e) = self.restart_bricks() {
+                eprintln!("the bricks did not start again: {e}");
+            }
+        }
+        // What runs next on the testbed needs the volume back.
+        if let Err(e) = answers_again(&self.mnt) {
+            eprintln!("the volume did not come back: {e}");
         }
     }
 }
