@@ -273,15 +273,8 @@ impl Overlay {
         };
         for p in dirty {
             // The share is asked without the lock held; the answer is compared under it.
-            let cur = match self.share.stat(&p) {
-                Ok(m) => m.as_ref().map(share_id_of),
-                Err(e) => {
-                    session
-                        .errors
-                        .push(io_err("cannot check on the share", &p, &e));
-                    held.insert(p);
-                    continue;
-                }
+            let Some(cur) = self.share_now(&p, session, &mut held) else {
+                continue;
             };
             let mut inner = self.lock();
             let base = inner.state.base(&p);
@@ -335,15 +328,8 @@ impl Overlay {
             }
         }
         for w in whiteouts {
-            let cur = match self.share.stat(&w) {
-                Ok(m) => m.as_ref().map(share_id_of),
-                Err(e) => {
-                    session
-                        .errors
-                        .push(io_err("cannot check on the share", &w, &e));
-                    held.insert(w);
-                    continue;
-                }
+            let Some(cur) = self.share_now(&w, session, &mut held) else {
+                continue;
             };
             let mut inner = self.lock();
             if !inner.state.is_whiteout(&w)
@@ -365,6 +351,26 @@ impl Overlay {
             });
         }
         Ok(held)
+    }
+
+    /// What the share holds at `p` now, asked without the lock; when it cannot say, `p` is
+    /// held back from this sync and the reason recorded.
+    fn share_now(
+        &self,
+        p: &Path,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> Option<Option<ShareId>> {
+        match self.share.stat(p) {
+            Ok(m) => Some(m.as_ref().map(share_id_of)),
+            Err(e) => {
+                session
+                    .errors
+                    .push(io_err("cannot check on the share", p, &e));
+                held.insert(p.to_path_buf());
+                None
+            }
+        }
     }
 
     /// Moves our version of `p` to a conflict name; the share's version at `p` becomes the
