@@ -103,6 +103,11 @@ pub enum ConfigError {
     Policy { path: PathBuf, source: PolicyError },
     #[error("invalid config file {path}: {message}")]
     Value { path: PathBuf, message: String },
+    /// Root was asked to read a config file someone else could change.
+    #[error(
+        "config file {path} {problem}, and root only reads a config that only root can change"
+    )]
+    NotRootOnly { path: PathBuf, problem: String },
 }
 
 /// Validated settings.
@@ -147,6 +152,68 @@ impl Settings {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Loads a config file for root, who must not read what anyone else could change: the
+    /// file (symlinks resolved) and every directory above it must belong to root and not
+    /// be writable by group or others. A sticky directory of root's (like /tmp) may hold
+    /// it, since nobody else can replace root's file there. The file read is the one
+    /// checked (opened without following a symlink, checked again through the open file).
+    pub fn load_root_only(path: &Path) -> Result<Self, ConfigError> {
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let read_err = |source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let not_root_only = |problem: String| ConfigError::NotRootOnly {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let real = path.canonicalize().map_err(read_err)?;
+        let mut dir = real.parent();
+        while let Some(d) = dir {
+            let m = std::fs::symlink_metadata(d).map_err(read_err)?;
+            if m.uid() != 0 {
+                return Err(not_root_only(format!(
+                    "lies in {} of uid {}",
+                    d.display(),
+                    m.uid()
+                )));
+            }
+            let sticky = m.mode() & 0o1000 != 0;
+            if m.mode() & 0o022 != 0 && !sticky {
+                return Err(not_root_only(format!(
+                    "lies in {}, writable by group or others (mode {:o})",
+                    d.display(),
+                    m.mode() & 0o7777
+                )));
+            }
+            dir = d.parent();
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&real)
+            .map_err(read_err)?;
+        let m = file.metadata().map_err(read_err)?;
+        if !m.is_file() {
+            return Err(not_root_only("is not a regular file".to_string()));
+        }
+        if m.uid() != 0 {
+            return Err(not_root_only(format!("belongs to uid {}", m.uid())));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(not_root_only(format!(
+                "is writable by group or others (mode {:o})",
+                m.mode() & 0o7777
+            )));
+        }
+        let mut text = String::new();
+        file.take(1 << 20)
+            .read_to_string(&mut text)
+            .map_err(read_err)?;
         Self::from_toml(&text, path)
     }
 
@@ -235,5 +302,40 @@ mod tests {
         assert!(e.to_string().contains("local_only"), "{e}");
         let e = Settings::from_toml("not toml at all [", Path::new("c.toml")).expect_err("syntax");
         assert!(e.to_string().contains("c.toml"), "{e}");
+    }
+
+    /// Root reads only a config that only root can change (these tests run as root).
+    #[test]
+    fn root_reads_only_a_config_only_root_can_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ok = tmp.path().join("ok.toml");
+        std::fs::write(&ok, "[mount]\nthreads = 2\n").expect("write");
+        std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let s = Settings::load_root_only(&ok).expect("root's 0644 file in root's dir");
+        assert_eq!(s.threads, 2);
+        // Writable by others.
+        std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let e = Settings::load_root_only(&ok).expect_err("0666");
+        assert!(matches!(e, ConfigError::NotRootOnly { .. }), "{e}");
+        assert!(e.to_string().contains("666"), "{e}");
+        // Another owner.
+        std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::os::unix::fs::chown(&ok, Some(65534), None).expect("chown");
+        let e = Settings::load_root_only(&ok).expect_err("nobody's file");
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+        // A root file in a directory others can write (and so swap the file).
+        std::os::unix::fs::chown(&ok, Some(0), None).expect("chown");
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let inside = open.join("c.toml");
+        std::fs::write(&inside, "").expect("write");
+        let e = Settings::load_root_only(&inside).expect_err("open dir");
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        // A symlink to a root-only file is read through.
+        let link = tmp.path().join("link.toml");
+        std::os::unix::fs::symlink(&ok, &link).expect("symlink");
+        assert_eq!(Settings::load_root_only(&link).expect("link").threads, 2);
     }
 }

@@ -115,7 +115,8 @@ impl Daemon {
         let _one_at_a_time = lock(&self.sync_lock);
         let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, mode));
         if let Some(err) = &outcome.error {
-            tracing::error!("sync failed: {err}");
+            // rsync's messages quote file names, which are the user's: escaped.
+            tracing::error!("sync failed: {}", crate::daemon::LogText(err));
         }
         if let Some(report) = &outcome.report {
             log_conflicts(&self.cache_dir, &report.conflicts);
@@ -236,7 +237,12 @@ fn serve_one(daemon: &Daemon, stream: UnixStream) -> std::io::Result<()> {
 pub fn serve(daemon: Arc<Daemon>, socket: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    // The mode is set on the name itself, never through a symlink swapped in meanwhile.
+    let (dir, name) = match (socket.parent(), socket.file_name()) {
+        (Some(d), Some(n)) => (d, Path::new(n)),
+        _ => return Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+    };
+    crate::sys::Root::open(dir)?.chmod(name, 0o600)?;
     std::thread::Builder::new()
         .name("ccfs-control".into())
         .spawn(move || {

@@ -1,19 +1,23 @@
 //! Mounting: input checks (before anything changes), the daemon's life cycle, recovery.
 
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
+use crate::config::{ConfigError, Settings};
 use crate::control::{self, Daemon, SyncOutcome};
 use crate::fuse::CcfsFs;
 use crate::overlay::Overlay;
 use crate::sync::{self, RsyncOptions};
+use crate::sys::{self, Account, DirFd};
 
 /// A problem with what the user asked for: one line naming it and the fix. Exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +31,34 @@ pub fn user_error(problem: impl Into<String>, fix: impl Into<String>) -> UserErr
     UserError {
         problem: problem.into(),
         fix: fix.into(),
+    }
+}
+
+/// A path or file name in a log line or message: printable ASCII only
+/// ([`crate::journal::escape`]: `\xHH` for spaces, newlines, backslashes and anything
+/// else), so a name cannot start a line of its own or pose as another field.
+pub struct LogPath<'a>(pub &'a Path);
+
+impl std::fmt::Display for LogPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::journal::escape(self.0))
+    }
+}
+
+/// Free text that may quote file names (an rsync error, an error message) in a log line:
+/// control characters, backslashes and anything outside ASCII become `\xHH`.
+pub struct LogText<'a>(pub &'a str);
+
+impl std::fmt::Display for LogText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for &b in self.0.as_bytes() {
+            if (b == b' ' || b.is_ascii_graphic()) && b != b'\\' {
+                write!(f, "{}", b as char)?;
+            } else {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -76,27 +108,30 @@ pub fn default_cache_dir(mountpoint: &Path, uid: u32) -> PathBuf {
 /// Refuses a cache path another user could tamper with: the cache directory must not be a
 /// symlink, must belong to `owner` and must not be writable by others; every existing
 /// directory above it must belong to root or `owner` and not be writable by others
-/// (unless sticky and root's, like /var/tmp).
+/// (unless sticky and root's, like /var/tmp), and a symlink above it is accepted only in
+/// a directory nobody but root or `owner` can write (in /var/tmp anyone could have
+/// planted it).
+/// This is the early, friendly check; [`create_cache_dir`] enforces the same while it
+/// walks the path.
 pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
-    use std::os::unix::fs::MetadataExt;
+    let shown = LogPath(cache_dir);
     if let Ok(m) = fs::symlink_metadata(cache_dir) {
         if m.file_type().is_symlink() {
             return Err(user_error(
-                format!("cache dir {} is a symlink", cache_dir.display()),
+                format!("cache dir {shown} is a symlink"),
                 "remove it; ccfs creates its cache directory itself",
             ));
         }
         if !m.is_dir() {
             return Err(user_error(
-                format!("cache dir {} is not a directory", cache_dir.display()),
+                format!("cache dir {shown} is not a directory"),
                 "remove it or choose another --cache-dir",
             ));
         }
         if m.uid() != owner {
             return Err(user_error(
                 format!(
-                    "cache dir {} belongs to uid {}, not to uid {owner}",
-                    cache_dir.display(),
+                    "cache dir {shown} belongs to uid {}, not to uid {owner}",
                     m.uid()
                 ),
                 "remove it (someone else may have planted it) or choose another --cache-dir",
@@ -105,8 +140,7 @@ pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
         if m.mode() & 0o022 != 0 {
             return Err(user_error(
                 format!(
-                    "cache dir {} is writable by other users (mode {:o})",
-                    cache_dir.display(),
+                    "cache dir {shown} is writable by other users (mode {:o})",
                     m.mode() & 0o7777
                 ),
                 "remove it or make it private (chmod 700)",
@@ -115,13 +149,33 @@ pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
     }
     let mut dir = cache_dir.parent();
     while let Some(d) = dir {
+        let parent = d.parent();
+        let is_symlink = fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink());
+        if is_symlink {
+            let planted = parent
+                .map(|p| {
+                    fs::metadata(p).map_or(true, |m| {
+                        (m.uid() != 0 && m.uid() != owner) || m.mode() & 0o022 != 0
+                    })
+                })
+                .unwrap_or(false);
+            if planted {
+                return Err(user_error(
+                    format!(
+                        "{} above the cache dir is a symlink in a directory others can write",
+                        LogPath(d)
+                    ),
+                    "remove it (someone may have planted it) or give the real path",
+                ));
+            }
+        }
         if let Ok(m) = fs::metadata(d) {
             let shared_sticky = m.mode() & 0o1000 != 0 && m.uid() == 0;
             if m.mode() & 0o022 != 0 && !shared_sticky {
                 return Err(user_error(
                     format!(
                         "{} above the cache dir is writable by other users",
-                        d.display()
+                        LogPath(d)
                     ),
                     "put the cache below a directory only root or the user can write",
                 ));
@@ -130,14 +184,14 @@ pub fn check_cache_path(cache_dir: &Path, owner: u32) -> Result<(), UserError> {
                 return Err(user_error(
                     format!(
                         "{} above the cache dir belongs to another user (uid {})",
-                        d.display(),
+                        LogPath(d),
                         m.uid()
                     ),
                     "put the cache below a directory of root or of the user",
                 ));
             }
         }
-        dir = d.parent();
+        dir = parent;
     }
     Ok(())
 }
@@ -200,25 +254,61 @@ fn absolute(p: &Path) -> PathBuf {
     }
 }
 
-fn writable(dir: &Path) -> bool {
-    let c = match std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
-        Ok(c) => c,
-        Err(_) => return false,
-    };
-    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+/// The pid of the daemon holding a cache's lock (0 if it cannot be read), if one does.
+/// The lock file is opened without following a symlink and only read if it is a regular
+/// file: run it as the cache's owner when the cache is a user's (see
+/// [`cache_in_use_as`]).
+pub fn cache_owner(cache_dir: &Path) -> Option<u32> {
+    let dir = DirFd::open(cache_dir).ok()?;
+    let f = dir
+        .open_file(OsStr::new("lock"), libc::O_RDONLY | libc::O_NONBLOCK, 0)
+        .ok()?;
+    if !sys::fstat(&f).is_ok_and(|st| st.is_file()) {
+        return Some(0);
+    }
+    match sys::try_lock_exclusive(&f) {
+        Ok(true) => None,
+        _ => {
+            let mut text = String::new();
+            let _ = io::Read::read_to_string(&mut io::Read::take(&f, 64), &mut text);
+            text.trim().parse().ok().or(Some(0))
+        }
+    }
 }
 
-/// The pid of the daemon holding a cache's lock, if one does.
-pub fn cache_owner(cache_dir: &Path) -> Option<u32> {
-    let f = File::open(cache_dir.join("lock")).ok()?;
-    match crate::sys::try_lock_exclusive(&f) {
-        Ok(true) => None,
-        _ => fs::read_to_string(cache_dir.join("lock"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .or(Some(0)),
+/// [`cache_owner`], done by `user` in a child process when root asks about a user's
+/// cache: root opens nothing in a directory the user controls.
+pub fn cache_in_use_as(cache_dir: &Path, user: Option<&Account>) -> io::Result<Option<u32>> {
+    match user {
+        Some(u) if sys::geteuid() == 0 && u.uid != 0 => {
+            let answer = sys::run_as_user(u, || {
+                serde_json::to_vec(&cache_owner(cache_dir)).unwrap_or_default()
+            })?;
+            serde_json::from_slice(&answer).map_err(io::Error::other)
+        }
+        _ => Ok(cache_owner(cache_dir)),
     }
+}
+
+/// Loads a config file. Root reads only a file that only root can change (see
+/// [`Settings::load_root_only`]), since it names the program every sync runs.
+pub fn load_config(path: &Path) -> Result<Settings, UserError> {
+    let loaded = if sys::geteuid() == 0 {
+        Settings::load_root_only(path)
+    } else {
+        Settings::load(path)
+    };
+    loaded.map_err(|e| match e {
+        ConfigError::NotRootOnly { .. } => user_error(
+            LogText(&e.to_string()).to_string(),
+            "make the file and every directory above it root's and not writable by others \
+             (chown root, chmod go-w), or leave --config out",
+        ),
+        _ => user_error(
+            LogText(&e.to_string()).to_string(),
+            "fix the file (see `ccfs mount --help` for the format)",
+        ),
+    })
 }
 
 /// Checks a mount request. Changes nothing.
@@ -243,7 +333,7 @@ pub fn plan_mount(
                 .flatten()
                 .ok_or_else(|| {
                     user_error(
-                        format!("no such user: {name}"),
+                        format!("no such user: {}", LogText(name)),
                         "give an existing login name",
                     )
                 })?,
@@ -254,50 +344,45 @@ pub fn plan_mount(
         .map(|u| u.uid)
         .unwrap_or_else(crate::sys::geteuid);
     let settings = match config {
-        Some(c) => Settings::load(c).map_err(|e| {
-            user_error(
-                e.to_string(),
-                "fix the file (see `ccfs mount --help` for the format)",
-            )
-        })?,
+        Some(c) => load_config(c)?,
         None => Settings::default(),
     };
     let share_meta = fs::metadata(share).map_err(|e| {
         user_error(
-            format!("share {} is not reachable: {e}", share.display()),
+            format!("share {} is not reachable: {e}", LogPath(share)),
             "mount the network share first, or give the right path",
         )
     })?;
     if !share_meta.is_dir() {
         return Err(user_error(
-            format!("share {} is not a directory", share.display()),
+            format!("share {} is not a directory", LogPath(share)),
             "give the directory of the user's home on the share",
         ));
     }
     let share = share
         .canonicalize()
-        .map_err(|e| user_error(format!("share {}: {e}", share.display()), "check the path"))?;
+        .map_err(|e| user_error(format!("share {}: {e}", LogPath(share)), "check the path"))?;
     let mp_meta = fs::metadata(mountpoint).map_err(|_| {
         user_error(
-            format!("mountpoint {} does not exist", mountpoint.display()),
+            format!("mountpoint {} does not exist", LogPath(mountpoint)),
             "create it first (mkdir)",
         )
     })?;
     if !mp_meta.is_dir() {
         return Err(user_error(
-            format!("mountpoint {} is not a directory", mountpoint.display()),
+            format!("mountpoint {} is not a directory", LogPath(mountpoint)),
             "give an empty directory",
         ));
     }
     let mountpoint = mountpoint.canonicalize().map_err(|e| {
         user_error(
-            format!("mountpoint {}: {e}", mountpoint.display()),
+            format!("mountpoint {}: {e}", LogPath(mountpoint)),
             "check the path",
         )
     })?;
     if fsinfo::is_mount_point(&mountpoint).unwrap_or(false) {
         return Err(user_error(
-            format!("{} is already mounted", mountpoint.display()),
+            format!("{} is already mounted", LogPath(&mountpoint)),
             "unmount it first (`ccfs umount` or `fusermount3 -u`)",
         ));
     }
@@ -306,7 +391,7 @@ pub fn plan_mount(
         .unwrap_or(true);
     if non_empty {
         return Err(user_error(
-            format!("mountpoint {} is not empty", mountpoint.display()),
+            format!("mountpoint {} is not empty", LogPath(&mountpoint)),
             "use an empty directory, so no local files are hidden by the mount",
         ));
     }
@@ -314,8 +399,8 @@ pub fn plan_mount(
         return Err(user_error(
             format!(
                 "mountpoint {} and share {} overlap",
-                mountpoint.display(),
-                share.display()
+                LogPath(&mountpoint),
+                LogPath(&share)
             ),
             "mount somewhere outside the share (the share must stay reachable underneath)",
         ));
@@ -328,8 +413,8 @@ pub fn plan_mount(
         return Err(user_error(
             format!(
                 "cache dir {} is inside the share {}",
-                cache_dir.display(),
-                share.display()
+                LogPath(&cache_dir),
+                LogPath(&share)
             ),
             "put the cache on a local disk (default /var/tmp/ccfs)",
         ));
@@ -338,7 +423,7 @@ pub fn plan_mount(
         return Err(user_error(
             format!(
                 "cache dir {} overlaps the share or the mountpoint",
-                cache_dir.display()
+                LogPath(&cache_dir)
             ),
             "use a separate local directory for the cache",
         ));
@@ -357,18 +442,27 @@ pub fn plan_mount(
         }
         p
     };
-    if !writable(&probe) {
+    if !sys::may_write(&probe) {
         return Err(user_error(
-            format!("cache dir {} is not writable", probe.display()),
+            format!("cache dir {} is not writable", LogPath(&probe)),
             "choose a --cache-dir this user can write, on a local disk",
         ));
     }
     if cache_exists {
-        if let Some(pid) = cache_owner(&cache_dir) {
+        let in_use = cache_in_use_as(&cache_dir, user.as_ref()).map_err(|e| {
+            user_error(
+                format!(
+                    "cannot tell whether cache dir {} is in use: {e}",
+                    LogPath(&cache_dir)
+                ),
+                "check the cache dir, or give another --cache-dir",
+            )
+        })?;
+        if let Some(pid) = in_use {
             return Err(user_error(
                 format!(
                     "cache dir {} is in use by another ccfs mount (pid {pid})",
-                    cache_dir.display()
+                    LogPath(&cache_dir)
                 ),
                 "unmount that first, or give another --cache-dir",
             ));
@@ -386,7 +480,9 @@ pub fn plan_mount(
             "load the fuse module (modprobe fuse) or install fuse3",
         ));
     }
-    if crate::sys::geteuid() != 0 && sync::find_program("fusermount3").is_none() {
+    // A user's mount is unmounted by fusermount3, also when root made it for them.
+    let needs_fusermount = crate::sys::geteuid() != 0 || user.is_some();
+    if needs_fusermount && sync::find_program("fusermount3").is_none() {
         return Err(user_error(
             "fusermount3 is not installed",
             "install fuse3 (apt-get install fuse3)",
@@ -405,63 +501,218 @@ pub fn plan_mount(
     })
 }
 
-/// Creates the cache directory (0700, owned by `owner`) and any missing parents: the shared
-/// cache root root's and 0755, the others the owner's and 0700.
+/// How many symlinks a path may pass through (as the kernel's own limit).
+const MAX_SYMLINKS: usize = 40;
+
+fn io_other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+/// Creates the cache directory (0700, owned by `owner`) and any missing parents: the
+/// shared cache root and the directories above it root's and 0755, the others the
+/// owner's and 0700.
+///
+/// The path is walked one directory at a time from `/`, each step opened relative to the
+/// last without following a symlink, and every directory made is set up through its open
+/// descriptor (mkdirat, openat `O_NOFOLLOW`, fstat, fchown, fchmod), so nobody can swap
+/// a symlink in between. A symlink on the way is followed only where nobody but root can
+/// write. Run by root, the walk does nothing itself below a directory that belongs to the
+/// user: what lies there is made by the user, in a child process that has become the
+/// user for good.
 pub fn create_cache_dir(dir: &Path, owner: u32) -> io::Result<()> {
-    let mut missing = Vec::new();
-    let mut cur = Some(dir);
-    while let Some(d) = cur {
-        if fs::symlink_metadata(d).is_ok() {
-            break;
-        }
-        missing.push(d.to_path_buf());
-        cur = d.parent();
-    }
+    let me = sys::geteuid();
     let shared_root = cache_root();
-    for d in missing.iter().rev() {
-        match fs::create_dir(d) {
-            Ok(()) => {}
-            // A parent another mount made meanwhile (two logins at once): theirs to set up.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d != dir => continue,
-            Err(e) => return Err(e),
+    let mut queue: VecDeque<OsString> = VecDeque::new();
+    push_components(&mut queue, &absolute(dir))?;
+    let mut cur = DirFd::open(Path::new("/"))?;
+    let mut at = PathBuf::from("/");
+    let mut symlinks = 0;
+    while let Some(name) = queue.pop_front() {
+        let here = cur.stat()?;
+        if me == 0 && here.uid() != 0 {
+            // A directory of the user: the rest is the user's to make.
+            if here.uid() != owner {
+                return Err(io_other(format!(
+                    "{} belongs to uid {}, not to root or uid {owner}",
+                    LogPath(&at),
+                    here.uid()
+                )));
+            }
+            queue.push_front(name);
+            let rest: Vec<OsString> = queue.into_iter().collect();
+            return make_as_user(&cur, &rest, owner);
         }
-        let as_root = crate::sys::geteuid() == 0;
-        if as_root && *d == shared_root {
-            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
-        } else {
-            fs::set_permissions(d, fs::Permissions::from_mode(0o700))?;
-            if as_root {
-                std::os::unix::fs::chown(d, Some(owner), None)?;
+        let shared_sticky = here.mode() & 0o1000 != 0 && here.uid() == 0;
+        if here.mode() & 0o022 != 0 && !shared_sticky {
+            return Err(io_other(format!(
+                "{} is writable by other users",
+                LogPath(&at)
+            )));
+        }
+        match cur.entry(&name)? {
+            None => {
+                match cur.mkdir(&name, 0o700) {
+                    Ok(()) => {}
+                    // Made meanwhile (two logins at once): checked below like any other.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+                let next = cur.open_dir(&name)?;
+                at.push(&name);
+                let st = next.stat()?;
+                if st.uid() == me {
+                    if me == 0 && shared_root.starts_with(&at) {
+                        next.chmod(0o755)?;
+                    } else {
+                        if me == 0 && owner != 0 {
+                            next.chown(owner, None)?;
+                        }
+                        next.chmod(0o700)?;
+                    }
+                }
+                cur = next;
+            }
+            Some(st) if st.is_symlink() => {
+                // Only a symlink nobody but root (or we ourselves) could have made is
+                // followed; root never gets here in a user's directory (see above).
+                if (here.uid() != 0 && here.uid() != me) || here.mode() & 0o022 != 0 {
+                    return Err(io_other(format!(
+                        "{} is a symlink in a directory others can write",
+                        LogPath(&at.join(&name))
+                    )));
+                }
+                symlinks += 1;
+                if symlinks > MAX_SYMLINKS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = cur.readlink(&name)?;
+                if target.is_absolute() {
+                    cur = DirFd::open(Path::new("/"))?;
+                    at = PathBuf::from("/");
+                }
+                let mut ahead = VecDeque::new();
+                push_components(&mut ahead, &target)?;
+                while let Some(c) = ahead.pop_back() {
+                    queue.push_front(c);
+                }
+            }
+            Some(st) if st.is_dir() => {
+                cur = cur.open_dir(&name)?;
+                at.push(&name);
+            }
+            Some(_) => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        }
+    }
+    let st = cur.stat()?;
+    if st.uid() != owner {
+        return Err(io_other(format!(
+            "cache dir {} belongs to uid {}, not to uid {owner}",
+            LogPath(dir),
+            st.uid()
+        )));
+    }
+    // Through the descriptor of the very directory checked: no path is followed.
+    cur.chmod(0o700)
+}
+
+/// Appends the components of `p` to `queue`; `..` is refused (a cache path has none).
+fn push_components(queue: &mut VecDeque<OsString>, p: &Path) -> io::Result<()> {
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => queue.push_back(n.to_os_string()),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(io_other(format!(
+                    "{} has a `..` component; give the path without it",
+                    LogPath(p)
+                )))
             }
         }
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+    Ok(())
 }
 
-/// Takes the cache's lock for the life of this process and writes our pid in it.
+/// Makes `rest` below the user's directory `from` as the user (in a child process that
+/// has become the user for good when root runs this): each directory 0700, never through
+/// a symlink, and each must be the user's.
+fn make_as_user(from: &DirFd, rest: &[OsString], owner: u32) -> io::Result<()> {
+    let make = || -> Result<(), String> {
+        let mut opened = None;
+        for name in rest {
+            let cur = opened.as_ref().unwrap_or(from);
+            match cur.mkdir(name, 0o700) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("cannot create {}: {e}", LogPath(Path::new(name)))),
+            }
+            let next = cur
+                .open_dir(name)
+                .map_err(|e| format!("cannot open {}: {e}", LogPath(Path::new(name))))?;
+            let st = next.stat().map_err(|e| e.to_string())?;
+            if st.uid() != owner {
+                return Err(format!(
+                    "{} belongs to uid {}, not to uid {owner}",
+                    LogPath(Path::new(name)),
+                    st.uid()
+                ));
+            }
+            opened = Some(next);
+        }
+        opened
+            .as_ref()
+            .unwrap_or(from)
+            .chmod(0o700)
+            .map_err(|e| e.to_string())
+    };
+    if sys::geteuid() != 0 || owner == 0 {
+        return make().map_err(io_other);
+    }
+    let account = account_of(owner)?;
+    let answer = sys::run_as_user(&account, || serde_json::to_vec(&make()).unwrap_or_default())?;
+    let made: Result<(), String> = serde_json::from_slice(&answer).map_err(io::Error::other)?;
+    made.map_err(io_other)
+}
+
+/// The account of a uid, or an error naming it.
+fn account_of(uid: u32) -> io::Result<Account> {
+    sys::user_by_uid(uid)?.ok_or_else(|| io_other(format!("uid {uid} has no account")))
+}
+
+/// Takes the cache's lock for the life of this process and writes our pid in it. The
+/// lock file is opened without following a symlink and must be a regular file of ours.
 pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
     let path = dir.join("lock");
+    let cannot = |why: String| {
+        user_error(
+            format!("cannot use {}: {why}", LogPath(&path)),
+            "check the cache dir (remove what is there; ccfs makes its lock itself)",
+        )
+    };
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
-        .map_err(|e| {
-            user_error(
-                format!("cannot open {}: {e}", path.display()),
-                "check the cache dir",
-            )
-        })?;
-    match crate::sys::try_lock_exclusive(&f) {
+        .map_err(|e| cannot(e.to_string()))?;
+    let st = sys::fstat(&f).map_err(|e| cannot(e.to_string()))?;
+    if !st.is_file() || st.uid() != sys::geteuid() {
+        return Err(cannot(format!(
+            "not a regular file of uid {} (a file of uid {}, mode {:o})",
+            sys::geteuid(),
+            st.uid(),
+            st.mode()
+        )));
+    }
+    match sys::try_lock_exclusive(&f) {
         Ok(true) => {}
         _ => {
             return Err(user_error(
                 format!(
                     "cache dir {} is in use by another ccfs process",
-                    dir.display()
+                    LogPath(dir)
                 ),
                 "wait for it to finish, or unmount the mount that uses it",
             ))
@@ -522,71 +773,355 @@ pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOu
     )))
 }
 
-/// Runs the mount in this process until it is unmounted; returns whether the final sync
-/// put everything on the share.
-pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
-    let started_as_root = crate::sys::geteuid() == 0;
-    create_cache_dir(&plan.cache_dir, plan.owner)?;
-    // Started by root for a user: everything but the mount itself runs as that user, so
-    // the share sees the user's uid and groups (NFS root_squash works) and the cache is
-    // theirs.
-    if let Some(u) = &plan.user {
-        crate::sys::set_effective(u)
-            .map_err(|e| anyhow::anyhow!("cannot switch to user {}: {e}", u.name))?;
-    }
-    let _lock = lock_cache(&plan.cache_dir)?;
-    let meta = CacheMeta {
-        share: plan.share.clone(),
-        mountpoint: plan.mountpoint.clone(),
-        config: plan.config.clone(),
-    };
-    write_atomic(
-        &plan.cache_dir.join("meta.json"),
-        &serde_json::to_vec_pretty(&meta)?,
-    )?;
-    // Modes passed by the kernel are final: our own umask must not mask them again.
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(0) };
+// ---- the daemon's log -------------------------------------------------------------------
 
-    let overlay = Arc::new(Overlay::new(
-        &plan.share,
-        &plan.cache_dir,
-        plan.settings.policy.clone(),
-    )?);
-    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
-    rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
-    if let Some(outcome) = recover_overlay(&overlay, &rsync) {
-        if outcome.ok {
-            tracing::info!("recovered the unsynced changes of an earlier session");
+/// Where this process's log goes: `FOREGROUND` standard error as given (a terminal, or
+/// `ccfs recover` run by someone); the stages after it belong to the daemon `ccfs mount`
+/// starts in the background: `STARTING` (standard output and error both go to the
+/// waiting `ccfs mount`; lines are also kept for the log), `LOG_OPEN` (standard error is
+/// CACHE/ccfs.log, standard output still reaches `ccfs mount`), `READY` (both are the
+/// log).
+static STAGE: AtomicU8 = AtomicU8::new(STAGE_FOREGROUND);
+const STAGE_FOREGROUND: u8 = 0;
+const STAGE_STARTING: u8 = 1;
+const STAGE_LOG_OPEN: u8 = 2;
+const STAGE_READY: u8 = 3;
+
+/// Lines logged before the daemon could open its log (it opens it only once it runs as
+/// the user), written at its head then.
+static EARLY_LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+const EARLY_LOG_MAX: usize = 1 << 20;
+
+/// The line the background daemon prints on standard output once its mount is live;
+/// `ccfs mount` waits for it.
+pub const READY_LINE: &str = "ccfs: the mount is live";
+
+/// The log writer of every ccfs command: standard error, which the background daemon
+/// turns into CACHE/ccfs.log. It never fails: a full disk or a closed descriptor costs
+/// the line, never the daemon. Each event arrives as one line; a line break or other
+/// control character inside it (a file name with a newline, logged by any module) is
+/// written as `\xHH`, so one event is one line of the log and cannot forge another.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWriter {
+    /// Colours are on (a terminal): escape sequences are kept.
+    ansi: bool,
+}
+
+impl LogWriter {
+    pub fn new(ansi: bool) -> Self {
+        Self { ansi }
+    }
+}
+
+/// `buf` with every control character but a tab, the final newline and (with `ansi`)
+/// escape written as `\xHH`.
+fn one_line(buf: &[u8], ansi: bool) -> std::borrow::Cow<'_, [u8]> {
+    let last = buf.len().saturating_sub(1);
+    let needs = |i: usize, b: u8| {
+        (b < 0x20 || b == 0x7f) && b != b'\t' && !(b == b'\n' && i == last) && !(b == 0x1b && ansi)
+    };
+    if !buf.iter().enumerate().any(|(i, &b)| needs(i, b)) {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let mut out = Vec::with_capacity(buf.len() + 16);
+    for (i, &b) in buf.iter().enumerate() {
+        if needs(i, b) {
+            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
         } else {
-            tracing::warn!(
-                error = outcome.error.as_deref().unwrap_or("deletions left"),
-                "could not sync an earlier session's changes; they stay in the cache and are shown"
-            );
+            out.push(b);
         }
     }
+    std::borrow::Cow::Owned(out)
+}
 
-    let socket = plan.cache_dir.join("control.sock");
-    if socket.as_os_str().len() >= 100 {
-        anyhow::bail!(
-            "cache dir path {} is too long for its control socket; use a shorter --cache-dir",
-            plan.cache_dir.display()
+impl io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let line = one_line(buf, self.ansi);
+        if STAGE.load(Ordering::Acquire) == STAGE_STARTING {
+            let mut early = EARLY_LOG.lock().unwrap_or_else(|e| e.into_inner());
+            // Checked again under the lock: the log may have been opened meanwhile.
+            if STAGE.load(Ordering::Acquire) == STAGE_STARTING
+                && early.len() + line.len() <= EARLY_LOG_MAX
+            {
+                early.extend_from_slice(&line);
+            }
+            sys::write_fd_lossy(2, &line);
+            return Ok(buf.len());
+        }
+        sys::write_fd_lossy(2, &line);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
+
+/// Marks this process as the daemon `ccfs mount` started in the background (its standard
+/// output and error lead to the waiting `ccfs mount`).
+pub fn started_by_mount() {
+    STAGE.store(STAGE_STARTING, Ordering::Release);
+}
+
+/// Writes a fatal error line: to standard error (the log, for the daemon) and, while the
+/// background daemon is not live yet, also to the waiting `ccfs mount`, which shows it.
+/// Never fails.
+pub fn report_fatal(line: &str) {
+    let text = format!("{line}\n");
+    sys::write_fd_lossy(2, text.as_bytes());
+    if STAGE.load(Ordering::Acquire) == STAGE_LOG_OPEN {
+        sys::write_fd_lossy(1, text.as_bytes());
+    }
+}
+
+/// Opens CACHE/ccfs.log for appending as whoever this process is now (for a mount root
+/// made for a user: the user, after the drop): never through a symlink at its name, and
+/// only a regular file of ours. Anything else at that name (a symlink, a log an older
+/// ccfs made as root) is removed (the entry itself, never what it points to) and a fresh
+/// log made: the cache directory is ours.
+fn open_log_file(cache_dir: &Path) -> io::Result<File> {
+    let dir = DirFd::open(cache_dir)?;
+    let name = OsStr::new("ccfs.log");
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK;
+    let ours = |f: &File| sys::fstat(f).is_ok_and(|st| st.is_file() && st.uid() == sys::geteuid());
+    match dir.open_file(name, flags | libc::O_CREAT, 0o600) {
+        Ok(f) if ours(&f) => return Ok(f),
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return Err(e),
+        Err(_) => {}
+    }
+    match dir.entry(name)? {
+        Some(st) if st.is_dir() => {
+            return Err(io_other("it is a directory".to_string()));
+        }
+        Some(_) => {
+            dir.unlink(name)?;
+            tracing::warn!(
+                "replaced {}/ccfs.log, which was not a regular file of uid {}",
+                LogPath(cache_dir),
+                sys::geteuid()
+            );
+        }
+        None => {}
+    }
+    let f = dir.open_file(name, flags | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+    if !ours(&f) {
+        return Err(io_other("it is not a regular file of ours".to_string()));
+    }
+    Ok(f)
+}
+
+/// The background daemon's log (its standard error) becomes CACHE/ccfs.log, with the
+/// lines logged so far at its head. A log that cannot be used (a symlink, another
+/// user's file, a full disk) is replaced by nothing: the daemon runs on.
+fn open_daemon_log(cache_dir: &Path) {
+    if STAGE.load(Ordering::Acquire) != STAGE_STARTING {
+        return;
+    }
+    let target = match open_log_file(cache_dir) {
+        Ok(f) => Ok(f),
+        Err(e) => {
+            tracing::warn!(
+                "cannot use the log {}/ccfs.log: {e}; this mount logs nothing",
+                LogPath(cache_dir)
+            );
+            OpenOptions::new().write(true).open("/dev/null")
+        }
+    };
+    let mut early = EARLY_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(f) = &target {
+        let _ = (&*f).write_all(&early);
+        let _ = sys::dup_onto(f, 2);
+    }
+    *early = Vec::new();
+    STAGE.store(STAGE_LOG_OPEN, Ordering::Release);
+}
+
+/// Tells the waiting `ccfs mount` that the mount is live, then sends standard output to
+/// the log as well (so `ccfs mount` sees the end of it).
+fn report_ready() {
+    let stage = STAGE.load(Ordering::Acquire);
+    if stage != STAGE_STARTING && stage != STAGE_LOG_OPEN {
+        return;
+    }
+    sys::write_fd_lossy(1, format!("{READY_LINE}\n").as_bytes());
+    let _ = sys::dup_onto(&io::stderr(), 1);
+    STAGE.store(STAGE_READY, Ordering::Release);
+}
+
+// ---- the mount's life cycle ---------------------------------------------------------------
+
+/// fuser's mount options in the kernel's terms, for a mount root makes itself (the same
+/// defaults as fuser: nodev and nosuid unless asked otherwise; allow_other when the
+/// session lets other users in).
+fn kernel_mount(config: &fuser::Config) -> anyhow::Result<sys::FuseMount> {
+    use fuser::MountOption as O;
+    let (mut fsname, mut subtype) = (None, None);
+    let (mut nodev, mut nosuid) = (true, true);
+    let mut flags: u64 = 0;
+    let mut options: Vec<String> = Vec::new();
+    for o in &config.mount_options {
+        match o {
+            O::FSName(n) => fsname = Some(n.clone()),
+            O::Subtype(s) => subtype = Some(s.clone()),
+            O::CUSTOM(c) => options.push(c.clone()),
+            O::DefaultPermissions => options.push("default_permissions".into()),
+            O::AutoUnmount => {
+                anyhow::bail!("auto_unmount needs fusermount3 to mount, not root itself")
+            }
+            O::Dev => nodev = false,
+            O::NoDev => nodev = true,
+            O::Suid => nosuid = false,
+            O::NoSuid => nosuid = true,
+            O::RO => flags |= libc::MS_RDONLY,
+            O::RW => flags &= !libc::MS_RDONLY,
+            O::Exec => flags &= !libc::MS_NOEXEC,
+            O::NoExec => flags |= libc::MS_NOEXEC,
+            O::Atime => flags &= !libc::MS_NOATIME,
+            O::NoAtime => flags |= libc::MS_NOATIME,
+            O::Sync => flags |= libc::MS_SYNCHRONOUS,
+            O::Async => flags &= !libc::MS_SYNCHRONOUS,
+            O::DirSync => flags |= libc::MS_DIRSYNC,
+        }
+    }
+    if nodev {
+        flags |= libc::MS_NODEV;
+    }
+    if nosuid {
+        flags |= libc::MS_NOSUID;
+    }
+    if matches!(
+        config.acl,
+        fuser::SessionACL::All | fuser::SessionACL::RootAndOwner
+    ) {
+        options.push("allow_other".into());
+    }
+    let source = fsname
+        .or_else(|| subtype.clone())
+        .unwrap_or_else(|| "/dev/fuse".into());
+    let fstype = subtype.map_or_else(|| "fuse".to_string(), |s| format!("fuse.{s}"));
+    Ok(sys::FuseMount {
+        source,
+        fstype,
+        flags,
+        options: options.join(","),
+    })
+}
+
+/// A mount root made for a user: the kernel records it as the user's (`user_id`), so the
+/// user (the daemon, once it has dropped root) may unmount it with `fusermount3 -u`. Its
+/// channel goes to the FUSE session; until the session has run to its end, dropping this
+/// detaches the mount again (`fusermount3 -u -z`), so a failed start leaves no dead mount.
+struct UserMount {
+    channel: Option<std::os::fd::OwnedFd>,
+    mountpoint: PathBuf,
+    fusermount: PathBuf,
+    attached: bool,
+}
+
+impl UserMount {
+    fn mount(plan: &MountPlan, config: &fuser::Config, user: &Account) -> anyhow::Result<Self> {
+        let fusermount = sync::find_program("fusermount3")
+            .ok_or_else(|| user_error("fusermount3 is not installed", "install fuse3"))?;
+        let m = kernel_mount(config)?;
+        let channel = sys::mount_fuse(&plan.mountpoint, &m, user.uid, user.gid)
+            .map_err(|e| anyhow::anyhow!("cannot mount {}: {e}", LogPath(&plan.mountpoint)))?;
+        Ok(Self {
+            channel: Some(channel),
+            mountpoint: plan.mountpoint.clone(),
+            fusermount,
+            attached: true,
+        })
+    }
+
+    fn take_channel(&mut self) -> anyhow::Result<std::os::fd::OwnedFd> {
+        self.channel
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the FUSE channel was already taken"))
+    }
+
+    /// `fusermount3 -u` (not lazy: a busy mount stays, as a root unmount would), run by
+    /// the daemon as the user.
+    fn unmount_command(&self) -> (PathBuf, PathBuf) {
+        (self.fusermount.clone(), self.mountpoint.clone())
+    }
+}
+
+impl Drop for UserMount {
+    fn drop(&mut self) {
+        drop(self.channel.take());
+        if self.attached {
+            let _ = std::process::Command::new(&self.fusermount)
+                .args(["-u", "-z", "-q", "--"])
+                .arg(&self.mountpoint)
+                .output();
+        }
+    }
+}
+
+/// Unmounts a user's mount as the user (`fusermount3 -u`).
+fn unmount_as_user(fusermount: &Path, mountpoint: &Path) -> io::Result<()> {
+    let out = std::process::Command::new(fusermount)
+        .args(["-u", "--"])
+        .arg(mountpoint)
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(io_other(
+        LogText(String::from_utf8_lossy(&out.stderr).trim()).to_string(),
+    ))
+}
+
+/// Runs the mount in this process until it is unmounted; returns whether the final sync
+/// put everything on the share. A cache directory this mount made is removed again if
+/// the mount fails before it is live.
+pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
+    let mut live = false;
+    let result = serve(plan, &mut live);
+    if result.is_err() && !live && !plan.cache_exists {
+        remove_new_cache(plan);
+    }
+    result
+}
+
+/// Removes a cache directory this mount made, as its owner (root asks the user to, in a
+/// child process: the directory is the user's).
+fn remove_new_cache(plan: &MountPlan) {
+    let remove = || fs::remove_dir_all(&plan.cache_dir).map_err(|e| e.to_string());
+    let removed = match &plan.user {
+        Some(u) if sys::geteuid() == 0 => {
+            sys::run_as_user(u, || serde_json::to_vec(&remove()).unwrap_or_default())
+                .map_err(|e| e.to_string())
+                .and_then(|answer| {
+                    serde_json::from_slice::<Result<(), String>>(&answer)
+                        .map_err(|e| e.to_string())?
+                })
+        }
+        _ => remove(),
+    };
+    if let Err(e) = removed {
+        tracing::warn!(
+            "cannot remove the cache dir {} made for the failed mount: {}",
+            LogPath(&plan.cache_dir),
+            LogText(&e)
         );
     }
-    let daemon = Arc::new(Daemon::new(
-        overlay.clone(),
-        rsync,
-        plan.share.clone(),
-        plan.mountpoint.clone(),
-        plan.cache_dir.clone(),
-    ));
-    control::serve(daemon.clone(), &socket)?;
-    let stop_periodic = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    if let Some(every) = plan.settings.sync_interval {
-        spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
-    }
+}
 
-    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
+fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
+    let started_as_root = sys::geteuid() == 0;
+    create_cache_dir(&plan.cache_dir, plan.owner).map_err(|e| {
+        anyhow::anyhow!("cannot create cache dir {}: {e}", LogPath(&plan.cache_dir))
+    })?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("ccfs".into()),
@@ -604,14 +1139,79 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
     // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
     // a mount that drops to a user shares one channel between its threads.
     config.clone_fd = plan.user.is_none();
-    if plan.user.is_some() {
-        crate::sys::restore_root()?;
+
+    // Started by root for a user: root mounts first (for the user, who may then unmount
+    // it), then drops root for good, before anything in the cache (the user's) is opened.
+    // Everything after runs as the user, with the user's groups, and cannot become root
+    // again: the share sees the user (NFS root_squash works) and the cache is theirs.
+    let mut user_mount = match &plan.user {
+        Some(u) if started_as_root => {
+            let m = UserMount::mount(plan, &config, u)?;
+            sys::drop_privileges(u)
+                .map_err(|e| anyhow::anyhow!("cannot become user {}: {e}", LogText(&u.name)))?;
+            Some(m)
+        }
+        _ => None,
+    };
+    open_daemon_log(&plan.cache_dir);
+    let _lock = lock_cache(&plan.cache_dir)?;
+    let meta = CacheMeta {
+        share: plan.share.clone(),
+        mountpoint: plan.mountpoint.clone(),
+        config: plan.config.clone(),
+    };
+    write_atomic(
+        &plan.cache_dir.join("meta.json"),
+        &serde_json::to_vec_pretty(&meta)?,
+    )?;
+    // Modes passed by the kernel are final: our own umask must not mask them again.
+    sys::set_umask(0);
+
+    let overlay = Arc::new(Overlay::new(
+        &plan.share,
+        &plan.cache_dir,
+        plan.settings.policy.clone(),
+    )?);
+    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
+    if let Some(outcome) = recover_overlay(&overlay, &rsync) {
+        if outcome.ok {
+            tracing::info!("recovered the unsynced changes of an earlier session");
+        } else {
+            tracing::warn!(
+                error = %LogText(outcome.error.as_deref().unwrap_or("deletions left")),
+                "could not sync an earlier session's changes; they stay in the cache and are shown"
+            );
+        }
     }
-    let mut session = fuser::Session::new(fs, &plan.mountpoint, &config)?;
-    if let Some(u) = &plan.user {
-        crate::sys::become_user(u)?;
+
+    let socket = plan.cache_dir.join("control.sock");
+    if socket.as_os_str().len() >= 100 {
+        anyhow::bail!(
+            "cache dir path {} is too long for its control socket; use a shorter --cache-dir",
+            LogPath(&plan.cache_dir)
+        );
     }
+    let daemon = Arc::new(Daemon::new(
+        overlay.clone(),
+        rsync,
+        plan.share.clone(),
+        plan.mountpoint.clone(),
+        plan.cache_dir.clone(),
+    ));
+    control::serve(daemon.clone(), &socket)?;
+    let stop_periodic = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(every) = plan.settings.sync_interval {
+        spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
+    }
+
+    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
+    let mut session = match user_mount.as_mut() {
+        Some(m) => fuser::Session::from_fd(fs, m.take_channel()?, config.acl, config.clone())?,
+        None => fuser::Session::new(fs, &plan.mountpoint, &config)?,
+    };
     let mut unmounter = session.unmount_callable();
+    let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -622,22 +1222,28 @@ pub fn run_foreground(plan: &MountPlan) -> anyhow::Result<bool> {
         .spawn(move || {
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting on signal");
-                // Only this thread needs root back, to unmount a mount root made.
-                if crate::sys::geteuid() != 0 {
-                    let _ = crate::sys::thread_regain_root();
-                }
-                if let Err(e) = unmounter.unmount() {
+                let unmounted = match &user_unmount {
+                    Some((fusermount, mountpoint)) => unmount_as_user(fusermount, mountpoint),
+                    None => unmounter.unmount(),
+                };
+                if let Err(e) = unmounted {
                     tracing::warn!("unmount on signal failed: {e}");
                 }
             }
         })?;
     tracing::info!(
-        share = %plan.share.display(),
-        mountpoint = %plan.mountpoint.display(),
-        cache = %plan.cache_dir.display(),
+        share = %LogPath(&plan.share),
+        mountpoint = %LogPath(&plan.mountpoint),
+        cache = %LogPath(&plan.cache_dir),
         "ccfs is mounted"
     );
+    *live = true;
+    report_ready();
     session.run()?;
+    if let Some(m) = user_mount.as_mut() {
+        // The session ended with the unmount: nothing is left to detach.
+        m.attached = false;
+    }
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
     let outcome = daemon.sync_now(crate::sync::SyncMode::Logout);
@@ -677,76 +1283,154 @@ fn spawn_periodic_sync(
     Ok(())
 }
 
-/// Recovers one cache directory (no daemon may hold it).
-pub fn recover_cache(
-    cache_dir: &Path,
-    config: Option<&Path>,
-) -> anyhow::Result<Option<SyncOutcome>> {
-    let meta_path = cache_dir.join("meta.json");
-    let meta: CacheMeta = serde_json::from_slice(&fs::read(&meta_path).map_err(|e| {
+/// What recovering one cache came to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Recovered {
+    /// Nothing was left unsynced.
+    Nothing,
+    /// What an earlier session left was synced (see the outcome).
+    Synced(SyncOutcome),
+    /// A running mount holds the cache (its pid, 0 if unknown): left alone.
+    InUse(u32),
+}
+
+/// An error of work done in a child process as a user, carried back to root.
+#[derive(Debug, Serialize, Deserialize)]
+enum ChildError {
+    User { problem: String, fix: String },
+    Failure(String),
+}
+
+impl ChildError {
+    fn from_anyhow(e: anyhow::Error) -> Self {
+        match e.downcast::<UserError>() {
+            Ok(u) => ChildError::User {
+                problem: u.problem,
+                fix: u.fix,
+            },
+            Err(e) => ChildError::Failure(format!("{e:#}")),
+        }
+    }
+
+    fn into_anyhow(self) -> anyhow::Error {
+        match self {
+            ChildError::User { problem, fix } => user_error(problem, fix).into(),
+            ChildError::Failure(m) => anyhow::anyhow!(m),
+        }
+    }
+}
+
+/// Recovers one cache directory (left alone if a mount holds it).
+///
+/// `settings` come from the `--config` of the command line. Root recovers a user's cache
+/// in a child process that has become the cache's owner for good (and may not gain
+/// privileges again) before anything in the cache is opened: root itself only looks at
+/// who owns the directory. Root uses `settings` or the defaults, never the config a
+/// cache's meta.json names (the user can write that file); a user recovering their own
+/// cache may use the config their mount used.
+pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::Result<Recovered> {
+    let not_a_cache = || {
         user_error(
-            format!(
-                "{} is not a ccfs cache ({}: {e})",
-                cache_dir.display(),
-                meta_path.display()
-            ),
+            format!("{} is not a ccfs cache directory", LogPath(cache_dir)),
             "give the --cache-dir of an earlier mount",
         )
-    })?)?;
-    let md = fs::symlink_metadata(cache_dir)?;
-    let euid = crate::sys::geteuid();
+    };
+    let md = fs::symlink_metadata(cache_dir).map_err(|_| not_a_cache())?;
+    if !md.is_dir() {
+        return Err(not_a_cache().into());
+    }
+    let euid = sys::geteuid();
     // Root recovers every user's cache, as that user; a user only their own.
     let owner = if euid == 0 { md.uid() } else { euid };
     check_cache_path(cache_dir, owner)?;
-    let account = if euid == 0 && owner != 0 {
-        let a = crate::sys::user_by_uid(owner)?.ok_or_else(|| {
-            user_error(
-                format!(
-                    "cache dir {} belongs to uid {owner}, which has no account",
-                    cache_dir.display()
-                ),
-                "remove the cache or restore the account",
-            )
-        })?;
-        crate::sys::set_effective(&a)?;
-        Some(a)
-    } else {
-        None
-    };
-    let result = recover_as_owner(cache_dir, config, &meta);
-    if account.is_some() {
-        crate::sys::restore_root()?;
+    if euid != 0 || owner == 0 {
+        return recover_as_owner(cache_dir, settings, euid != 0);
     }
-    result
+    let account = sys::user_by_uid(owner)?.ok_or_else(|| {
+        user_error(
+            format!(
+                "cache dir {} belongs to uid {owner}, which has no account",
+                LogPath(cache_dir)
+            ),
+            "remove the cache or restore the account",
+        )
+    })?;
+    let answer = sys::run_as_user(&account, || {
+        let r = recover_as_owner(cache_dir, settings, false).map_err(ChildError::from_anyhow);
+        serde_json::to_vec(&r).unwrap_or_default()
+    })?;
+    let r: Result<Recovered, ChildError> = serde_json::from_slice(&answer).map_err(|e| {
+        anyhow::anyhow!(
+            "the recovery as {} gave no readable answer: {e}",
+            LogText(&account.name)
+        )
+    })?;
+    r.map_err(ChildError::into_anyhow)
+}
+
+/// Reads CACHE/meta.json: never through a symlink, only a regular file, at most 1 MiB.
+fn read_meta(cache_dir: &Path) -> Result<CacheMeta, UserError> {
+    let not_a_cache = |why: String| {
+        user_error(
+            format!(
+                "{} is not a ccfs cache (meta.json: {why})",
+                LogPath(cache_dir)
+            ),
+            "give the --cache-dir of an earlier mount",
+        )
+    };
+    let dir = DirFd::open(cache_dir).map_err(|e| not_a_cache(e.to_string()))?;
+    let f = dir
+        .open_file(
+            OsStr::new("meta.json"),
+            libc::O_RDONLY | libc::O_NONBLOCK,
+            0,
+        )
+        .map_err(|e| not_a_cache(e.to_string()))?;
+    if !sys::fstat(&f).is_ok_and(|st| st.is_file()) {
+        return Err(not_a_cache("not a regular file".to_string()));
+    }
+    let mut text = Vec::new();
+    io::Read::read_to_end(&mut io::Read::take(&f, 1 << 20), &mut text)
+        .map_err(|e| not_a_cache(e.to_string()))?;
+    serde_json::from_slice(&text).map_err(|e| not_a_cache(e.to_string()))
 }
 
 fn recover_as_owner(
     cache_dir: &Path,
-    config: Option<&Path>,
-    meta: &CacheMeta,
-) -> anyhow::Result<Option<SyncOutcome>> {
-    let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
-    let config = config.map(Path::to_path_buf).or(meta.config.clone());
-    let settings = match &config {
-        Some(c) => {
-            Settings::load(c).map_err(|e| user_error(e.to_string(), "fix the config file"))?
-        }
-        None => Settings::default(),
+    settings: Option<&Settings>,
+    use_cache_config: bool,
+) -> anyhow::Result<Recovered> {
+    // A lock held by processes of a dead daemon (its rsync finishing) is waited for below;
+    // only a live owner (or a lock that names none) means a running mount.
+    if let Some(pid) = cache_owner(cache_dir).filter(|&p| p == 0 || sys::process_alive(p)) {
+        return Ok(Recovered::InUse(pid));
+    }
+    let meta = read_meta(cache_dir)?;
+    let settings = match (settings, &meta.config) {
+        (Some(s), _) => s.clone(),
+        (None, Some(c)) if use_cache_config => Settings::load(c).map_err(|e| {
+            user_error(
+                LogText(&e.to_string()).to_string(),
+                "fix the config file, or give one with --config",
+            )
+        })?,
+        _ => Settings::default(),
     };
+    let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
     if !meta.share.is_dir() {
         anyhow::bail!(user_error(
-            format!("share {} is not reachable", meta.share.display()),
+            format!("share {} is not reachable", LogPath(&meta.share)),
             "run `ccfs recover` again once the share is mounted"
         ));
     }
     let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {
         user_error(
-            format!("rsync ({}) is not installed", settings.rsync),
+            format!("rsync ({}) is not installed", LogText(&settings.rsync)),
             "install it (apt-get install rsync)",
         )
     })?;
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(0) };
+    sys::set_umask(0);
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
     let mut opts = rsync_options(&settings, &rsync, &meta.share);
     opts.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
@@ -754,19 +1438,46 @@ fn recover_as_owner(
     if let Some(report) = outcome.as_ref().and_then(|o| o.report.as_ref()) {
         control::log_conflicts(cache_dir, &report.conflicts);
     }
-    Ok(outcome)
+    Ok(match outcome {
+        None => Recovered::Nothing,
+        Some(o) => Recovered::Synced(o),
+    })
 }
 
 /// Every cache directory under the cache root (ROOT/UID/NAME with a meta.json).
 pub fn all_caches() -> Vec<PathBuf> {
+    list_caches(None)
+}
+
+/// The caches of one user: ROOT/UID/NAME where ROOT/UID is named for them and theirs.
+pub fn user_caches(uid: u32) -> Vec<PathBuf> {
+    list_caches(Some(uid))
+}
+
+/// Lists caches by name only (lstat; nothing in them is opened: a recovery does that, as
+/// the owner).
+fn list_caches(only: Option<u32>) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(users) = fs::read_dir(cache_root()) else {
         return out;
     };
     for u in users.flatten() {
+        let Ok(m) = fs::symlink_metadata(u.path()) else {
+            continue;
+        };
+        if !m.is_dir() {
+            continue;
+        }
+        if let Some(uid) = only {
+            if m.uid() != uid || u.file_name() != OsStr::new(&uid.to_string()) {
+                continue;
+            }
+        }
         if let Ok(caches) = fs::read_dir(u.path()) {
             for c in caches.flatten() {
-                if c.path().join("meta.json").is_file() {
+                let is_cache = fs::symlink_metadata(c.path()).is_ok_and(|m| m.is_dir())
+                    && fs::symlink_metadata(c.path().join("meta.json")).is_ok_and(|m| m.is_file());
+                if is_cache {
                     out.push(c.path());
                 }
             }
@@ -779,6 +1490,82 @@ pub fn all_caches() -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_log_event_is_one_line() {
+        let event = b"2026 DEBUG copied up path=.x\n* * * * * root touch /pwned\r\n";
+        let line = one_line(event, false);
+        assert_eq!(
+            &*line,
+            &b"2026 DEBUG copied up path=.x\\x0a* * * * * root touch /pwned\\x0d\n"[..]
+        );
+        assert_eq!(&*one_line(b"\x1b[1mok\tfine\n", true), b"\x1b[1mok\tfine\n");
+        assert_eq!(&*one_line(b"\x1b[1m\n", false), b"\\x1b[1m\n");
+    }
+
+    #[test]
+    fn log_paths_and_text_stay_on_one_printable_line() {
+        let p = Path::new(".x\n* * * * * root touch /pwned");
+        let shown = LogPath(p).to_string();
+        assert!(!shown.contains('\n') && !shown.contains(' '), "{shown}");
+        assert_eq!(crate::journal::unescape(&shown).as_deref(), Some(p));
+        let t = LogText("rsync: \"a\nb\u{1b}[31m\" failed").to_string();
+        assert_eq!(t, "rsync: \"a\\x0ab\\x1b[31m\" failed");
+    }
+
+    /// The mount root makes for a user carries the same options fuser would pass.
+    #[test]
+    fn kernel_mount_options_follow_fusers() {
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName("ccfs".into()),
+            fuser::MountOption::Subtype("ccfs".into()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoDev,
+            fuser::MountOption::NoSuid,
+        ];
+        config.acl = fuser::SessionACL::All;
+        let m = kernel_mount(&config).expect("valid");
+        assert_eq!(m.source, "ccfs");
+        assert_eq!(m.fstype, "fuse.ccfs");
+        assert_eq!(m.flags, libc::MS_NODEV | libc::MS_NOSUID);
+        assert_eq!(m.options, "default_permissions,allow_other");
+        config.mount_options = vec![fuser::MountOption::Dev, fuser::MountOption::RO];
+        config.acl = fuser::SessionACL::Owner;
+        let m = kernel_mount(&config).expect("valid");
+        assert_eq!(
+            (m.source.as_str(), m.fstype.as_str()),
+            ("/dev/fuse", "fuse")
+        );
+        assert_eq!(m.flags, libc::MS_NOSUID | libc::MS_RDONLY);
+        assert_eq!(m.options, "");
+        config.mount_options = vec![fuser::MountOption::AutoUnmount];
+        assert!(kernel_mount(&config).is_err());
+    }
+
+    /// A symlink planted in a directory anyone can write (like /var/tmp) is never
+    /// followed when the cache directory is made: nothing appears where it points.
+    #[test]
+    fn cache_dir_creation_follows_no_planted_symlink() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let open = tmp.path().join("open");
+        fs::create_dir(&open).expect("mkdir");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let victim = tmp.path().join("victim");
+        fs::create_dir(&victim).expect("mkdir");
+        std::os::unix::fs::symlink(&victim, open.join("ccfs")).expect("symlink");
+        let e = create_cache_dir(&open.join("ccfs/1000/name"), 1000).expect_err("planted");
+        assert!(e.to_string().contains("symlink"), "{e}");
+        assert_eq!(fs::read_dir(&victim).expect("ls").count(), 0);
+        // A symlink in a directory only root can write is the admin's and is followed.
+        let trusted = tmp.path().join("trusted");
+        std::os::unix::fs::symlink(&victim, &trusted).expect("symlink");
+        create_cache_dir(&trusted.join("c"), 0).expect("through root's symlink");
+        let m = fs::symlink_metadata(victim.join("c")).expect("made");
+        assert!(m.is_dir());
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+    }
 
     /// Logins at once whose caches share a parent that does not exist yet: all are made,
     /// each private.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 
 use ccfs::control::{self, Request, Status, SyncOutcome};
-use ccfs::daemon::{self, user_error, UserError};
+use ccfs::daemon::{self, user_error, Recovered, UserError};
 use ccfs::fuse::CONTROL_XATTR;
 
 /// ccfs keeps writes to configuration files (dotfiles) of a home directory mounted from a
@@ -50,11 +50,16 @@ enum Cmd {
         keep: bool,
     },
     /// Finish what an earlier session left unsynced (safe at boot and before every mount).
+    /// Root works on each cache as its owner.
     Recover {
         /// One cache directory (default: every cache under /var/tmp/ccfs or $CCFS_CACHE_ROOT).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
-        /// The config file (default: the one the mount used).
+        /// Only this user's caches (root only, as from a PAM session hook).
+        #[arg(long, conflicts_with = "cache_dir")]
+        user: Option<String>,
+        /// The config file (default: for root the built-in defaults, for a user the one
+        /// their mount used). Root reads only a file only root can change.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -75,23 +80,44 @@ struct MountArgs {
     /// the user's uid and groups and the cache belongs to the user.
     #[arg(long)]
     user: Option<String>,
+    /// Started by `ccfs mount` in the background: report on standard output when the mount
+    /// is live, log to CACHE/ccfs.log.
+    #[arg(long, hide = true, requires = "foreground")]
+    daemon: bool,
     /// The user's home directory on the network share.
     share: PathBuf,
     /// Where to mount it (an empty directory).
     mountpoint: PathBuf,
 }
 
+/// Logging that never takes the process down: a writer that swallows its errors (a full
+/// disk under the daemon's log costs lines, not the mount) and a panic hook that only
+/// formats and writes, ignoring failure (a hook that panicked would abort the process).
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CCFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(daemon::LogWriter::new(ansi))
+        .log_internal_errors(false)
+        .with_ansi(ansi)
         .try_init();
     std::panic::set_hook(Box::new(|info| {
-        tracing::error!("panic: {info}");
-        eprintln!("ccfs: internal error: {info}");
+        let where_ = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        daemon::report_fatal(&format!(
+            "ccfs: internal error{where_}: {}",
+            daemon::LogText(&what)
+        ));
     }));
 }
 
@@ -129,36 +155,28 @@ fn mount(args: MountArgs) -> Result<(), Error> {
         args.user.as_deref(),
     )?;
     if args.foreground {
+        if args.daemon {
+            daemon::started_by_mount();
+        }
         init_logging("info,fuser=error");
         return match daemon::run_foreground(&plan) {
             Ok(true) => Ok(()),
             Ok(false) => Err(fail(format!(
                 "the logout sync did not finish; changes are kept in {} (run `ccfs recover --cache-dir {}`)",
-                plan.cache_dir.display(),
-                plan.cache_dir.display()
+                shown(&plan.cache_dir),
+                shown(&plan.cache_dir)
             ))),
             Err(e) => Err(from_anyhow(e)),
         };
     }
-    // Background: start the daemon as a child and return once the mount is live.
-    let created = !plan.cache_exists;
-    daemon::create_cache_dir(&plan.cache_dir, plan.owner).map_err(|e| {
-        fail(format!(
-            "cannot create cache dir {}: {e}",
-            plan.cache_dir.display()
-        ))
-    })?;
-    let log_path = plan.cache_dir.join("ccfs.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| fail(format!("cannot open {}: {e}", log_path.display())))?;
-    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    // Background: start the daemon as a child and return once it says the mount is live.
+    // The daemon makes its cache directory and opens its own log (as the user, for a
+    // mount made for one); until it is live its output comes here, through a pipe.
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
         .arg("--foreground")
+        .arg("--daemon")
         .arg("--cache-dir")
         .arg(&plan.cache_dir);
     if let Some(c) = &plan.config {
@@ -169,57 +187,84 @@ fn mount(args: MountArgs) -> Result<(), Error> {
     }
     cmd.arg(&plan.share).arg(&plan.mountpoint);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let log_err = log
+    let (output, output_end) =
+        std::io::pipe().map_err(|e| fail(format!("cannot make a pipe: {e}")))?;
+    let output_end2 = output_end
         .try_clone()
-        .map_err(|e| fail(format!("cannot open log: {e}")))?;
+        .map_err(|e| fail(format!("cannot make a pipe: {e}")))?;
+    cmd.stdin(Stdio::null())
+        .stdout(output_end)
+        .stderr(output_end2);
     let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
         .spawn()
         .map_err(|e| fail(format!("cannot start the ccfs daemon: {e}")))?;
-    let start = Instant::now();
-    loop {
-        if daemon::ccfs_mounts()
-            .map(|m| m.contains(&plan.mountpoint))
-            .unwrap_or(false)
-        {
-            println!(
-                "ccfs: mounted {} at {} (cache {}, pid {})",
-                plan.share.display(),
-                plan.mountpoint.display(),
-                plan.cache_dir.display(),
-                child.id()
-            );
-            return Ok(());
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            let text = std::fs::read(&log_path).unwrap_or_default();
-            let text =
-                String::from_utf8_lossy(&text[(log_start as usize).min(text.len())..]).into_owned();
-            let last = text
-                .lines()
-                .rev()
-                .find(|l| l.starts_with("ccfs:"))
-                .or_else(|| text.lines().last())
-                .unwrap_or("")
-                .to_string();
-            if created {
-                let _ = std::fs::remove_dir_all(&plan.cache_dir);
+    // Our copies of the pipe's writing end go with `cmd`: the daemon holds the only ones.
+    drop(cmd);
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(output)) {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
             }
-            return Err(fail(format!(
-                "the ccfs daemon exited ({status}) before the mount was live: {}",
-                last.trim_start_matches("ccfs: error: ")
-            )));
         }
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err(fail(format!(
-                "the mount did not come up in 10 minutes; see {}",
-                log_path.display()
-            )));
+    });
+    let start = Instant::now();
+    let mut said: Vec<String> = Vec::new();
+    let mut exited = None;
+    loop {
+        match lines.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line == daemon::READY_LINE => {
+                println!(
+                    "ccfs: mounted {} at {} (cache {}, pid {})",
+                    shown(&plan.share),
+                    shown(&plan.mountpoint),
+                    shown(&plan.cache_dir),
+                    child.id()
+                );
+                return Ok(());
+            }
+            Ok(line) => said.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if exited.is_none() {
+                    exited = child.try_wait().ok().flatten().map(|s| (s, Instant::now()));
+                }
+                if start.elapsed() > Duration::from_secs(600) {
+                    return Err(fail(format!(
+                        "the mount did not come up in 10 minutes; see {}/ccfs.log",
+                        shown(&plan.cache_dir)
+                    )));
+                }
+                // A process the daemon started may still hold the pipe: give it a moment.
+                if exited.is_some_and(|(_, at)| at.elapsed() > Duration::from_secs(2)) {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
+    let status = match exited {
+        Some((s, _)) => s,
+        None => child
+            .wait()
+            .map_err(|e| fail(format!("cannot wait for the ccfs daemon: {e}")))?,
+    };
+    let last = said
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("ccfs:"))
+        .or_else(|| said.last())
+        .map(String::as_str)
+        .unwrap_or("");
+    Err(fail(format!(
+        "the ccfs daemon exited ({status}) before the mount was live: {}",
+        last.trim_start_matches("ccfs: error: ")
+    )))
+}
+
+/// A path as ccfs prints it: printable ASCII only (see [`daemon::LogPath`]).
+fn shown(p: &Path) -> String {
+    daemon::LogPath(p).to_string()
 }
 
 /// The control socket of a ccfs mount point.
@@ -260,28 +305,28 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
                 r.sent, r.deleted, r.seconds, r.remaining_dirty, r.remaining_deletions
             );
             for e in &r.errors {
-                println!("ccfs: {what}: {e}");
+                println!("ccfs: {what}: {}", daemon::LogText(e));
             }
             for c in &r.conflicts {
                 println!("ccfs: {what}: {}", describe_conflict(c));
             }
         }
-        (None, Some(e)) => println!("ccfs: {what} failed: {e}"),
+        (None, Some(e)) => println!("ccfs: {what} failed: {}", daemon::LogText(e)),
         (None, None) => {}
     }
 }
 
 fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
     use ccfs::overlay::ConflictKind as K;
-    let p = c.path.display();
+    // Names from the cache and the share are the user's: printed escaped, one line each.
+    let p = shown(&c.path);
+    let kept = daemon::LogText(&c.kept);
     match c.kind {
         K::ModifiedOnBoth => format!(
-            "conflict: {p} was changed on the share (another login?) and here; the share keeps the other version, ours is saved as {}",
-            c.kept
+            "conflict: {p} was changed on the share (another login?) and here; the share keeps the other version, ours is saved as {kept}"
         ),
         K::CreatedOnBoth => format!(
-            "conflict: {p} was created on the share and here; the share keeps the other version, ours is saved as {}",
-            c.kept
+            "conflict: {p} was created on the share and here; the share keeps the other version, ours is saved as {kept}"
         ),
         K::DeletedHereModifiedThere => {
             format!("conflict: {p} was deleted here but changed on the share; the share's version is kept")
@@ -465,35 +510,56 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
     Ok(())
 }
 
-fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error> {
-    let dirs = match cache_dir {
-        Some(d) => {
-            if !d.join("meta.json").is_file() {
+fn recover(
+    cache_dir: Option<&Path>,
+    user: Option<&str>,
+    config: Option<&Path>,
+) -> Result<(), Error> {
+    // Root reads only a config only root can change, and never one a cache names.
+    let settings = config.map(daemon::load_config).transpose()?;
+    let dirs = match (cache_dir, user) {
+        (Some(d), _) => {
+            let meta = std::fs::symlink_metadata(d.join("meta.json"));
+            if !meta.is_ok_and(|m| m.is_file()) {
                 return Err(user_error(
-                    format!("{} is not a ccfs cache directory", d.display()),
+                    format!("{} is not a ccfs cache directory", shown(d)),
                     "give the --cache-dir of an earlier mount",
                 )
                 .into());
             }
             vec![d.to_path_buf()]
         }
-        None => daemon::all_caches(),
+        (None, Some(name)) => {
+            if ccfs::sys::geteuid() != 0 {
+                return Err(user_error(
+                    "--user needs root",
+                    "run it as root (as a PAM session hook does), or leave --user out",
+                )
+                .into());
+            }
+            let account = ccfs::sys::user_by_name(name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| {
+                    user_error(
+                        format!("no such user: {}", daemon::LogText(name)),
+                        "give an existing login name",
+                    )
+                })?;
+            daemon::user_caches(account.uid)
+        }
+        (None, None) => daemon::all_caches(),
     };
     let mut failed = 0;
     for d in &dirs {
-        // A lock held by processes of a dead daemon (its rsync finishing) is waited for by
-        // the recovery itself; only a live owner means a running mount.
-        if let Some(pid) = daemon::cache_owner(d).filter(|p| ccfs::sys::process_alive(*p)) {
-            println!(
-                "ccfs: {}: in use by a running mount (pid {pid}); skipped",
-                d.display()
-            );
-            continue;
-        }
-        match daemon::recover_cache(d, config) {
-            Ok(None) => println!("ccfs: {}: nothing to recover", d.display()),
-            Ok(Some(o)) => {
-                print_outcome(&format!("{}: recover", d.display()), &o);
+        let name = shown(d);
+        match daemon::recover_cache(d, settings.as_ref()) {
+            Ok(Recovered::Nothing) => println!("ccfs: {name}: nothing to recover"),
+            Ok(Recovered::InUse(pid)) => {
+                println!("ccfs: {name}: in use by a running mount (pid {pid}); skipped")
+            }
+            Ok(Recovered::Synced(o)) => {
+                print_outcome(&format!("{name}: recover"), &o);
                 if !o.ok {
                     failed += 1;
                 }
@@ -501,11 +567,11 @@ fn recover(cache_dir: Option<&Path>, config: Option<&Path>) -> Result<(), Error>
             Err(e) => match from_anyhow(e) {
                 Error::User(u) if cache_dir.is_some() => return Err(Error::User(u)),
                 Error::User(u) => {
-                    println!("ccfs: {}: {u}", d.display());
+                    println!("ccfs: {name}: {u}");
                     failed += 1;
                 }
                 Error::Failure(Failure(m)) => {
-                    println!("ccfs: {}: recover failed: {m}", d.display());
+                    println!("ccfs: {name}: recover failed: {m}");
                     failed += 1;
                 }
             },
@@ -652,19 +718,25 @@ fn main() -> ExitCode {
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
         Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
         Cmd::Demo { keep } => demo(keep),
-        Cmd::Recover { cache_dir, config } => {
+        Cmd::Recover {
+            cache_dir,
+            user,
+            config,
+        } => {
             init_logging("warn");
-            recover(cache_dir.as_deref(), config.as_deref())
+            recover(cache_dir.as_deref(), user.as_deref(), config.as_deref())
         }
     };
+    // Written so that a closed or full standard error cannot panic (the daemon's is its
+    // log, which may sit on a full disk).
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Error::User(e)) => {
-            eprintln!("ccfs: error: {e}");
+            daemon::report_fatal(&format!("ccfs: error: {e}"));
             ExitCode::from(2)
         }
         Err(Error::Failure(Failure(m))) => {
-            eprintln!("ccfs: error: {m}");
+            daemon::report_fatal(&format!("ccfs: error: {m}"));
             ExitCode::from(1)
         }
     }

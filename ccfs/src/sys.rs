@@ -835,44 +835,420 @@ pub fn user_by_uid(uid: u32) -> io::Result<Option<Account>> {
     lookup_passwd(|pw, buf, len, out| unsafe { libc::getpwuid_r(uid, pw, buf, len, out) })
 }
 
-/// Switches the whole process's effective ids and groups to `acct` (real and saved ids
-/// stay root, so [`restore_root`] can switch back). glibc applies it to every thread.
-pub fn set_effective(acct: &Account) -> io::Result<()> {
-    // SAFETY: plain credential calls with valid arguments.
-    unsafe {
-        check(libc::setgroups(acct.groups.len(), acct.groups.as_ptr()))?;
-        check(libc::setegid(acct.gid))?;
-        check(libc::seteuid(acct.uid))
-    }
+/// The real, effective and saved user ids of the calling thread.
+pub fn getresuid() -> (u32, u32, u32) {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    // SAFETY: three valid out-parameters; getresuid only writes them.
+    unsafe { libc::getresuid(&mut r, &mut e, &mut s) };
+    (r, e, s)
 }
 
-/// Back to root after [`set_effective`].
-pub fn restore_root() -> io::Result<()> {
-    let root_groups = [0 as libc::gid_t];
-    // SAFETY: plain credential calls with valid arguments.
-    unsafe {
-        check(libc::seteuid(0))?;
-        check(libc::setegid(0))?;
-        check(libc::setgroups(1, root_groups.as_ptr()))
-    }
+/// The real, effective and saved group ids of the calling thread.
+pub fn getresgid() -> (u32, u32, u32) {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    // SAFETY: three valid out-parameters; getresgid only writes them.
+    unsafe { libc::getresgid(&mut r, &mut e, &mut s) };
+    (r, e, s)
 }
 
-/// Becomes `acct` for good in every thread, except that the saved user id stays root so
-/// one thread can later unmount (see [`thread_regain_root`]).
-pub fn become_user(acct: &Account) -> io::Result<()> {
-    // SAFETY: plain credential calls with valid arguments.
+/// Becomes `acct` for good: its supplementary groups, then the real, effective and saved
+/// group ids, then the user ids (the group calls need root, so they come first). glibc
+/// applies each call to every thread of the process. Checked afterwards: every id is the
+/// user's, and neither root's user id nor root's group id can be taken back.
+pub fn drop_privileges(acct: &Account) -> io::Result<()> {
+    // SAFETY: plain credential calls with valid arguments (`groups` is readable for its
+    // length).
     unsafe {
         check(libc::setgroups(acct.groups.len(), acct.groups.as_ptr()))?;
         check(libc::setresgid(acct.gid, acct.gid, acct.gid))?;
-        check(libc::setresuid(acct.uid, acct.uid, 0))
+        check(libc::setresuid(acct.uid, acct.uid, acct.uid))?;
+    }
+    if getresuid() != (acct.uid, acct.uid, acct.uid)
+        || getresgid() != (acct.gid, acct.gid, acct.gid)
+    {
+        return Err(io::Error::other(format!(
+            "the ids did not all change to {}'s",
+            acct.name
+        )));
+    }
+    // -1 keeps an id as it is; only the effective id is asked back.
+    let keep = u32::MAX;
+    // SAFETY: credential calls that must fail; a success is reported below.
+    let regained_uid = acct.uid != 0 && unsafe { libc::setresuid(keep, 0, keep) } == 0;
+    // SAFETY: as above.
+    let regained_gid = acct.gid != 0 && unsafe { libc::setresgid(keep, 0, keep) } == 0;
+    if regained_uid || regained_gid {
+        return Err(io::Error::other(format!(
+            "root could be regained after becoming {}",
+            acct.name
+        )));
+    }
+    Ok(())
+}
+
+/// Forbids this process and everything it starts to gain privileges through exec
+/// (setuid programs, file capabilities), for good.
+pub fn set_no_new_privs() -> io::Result<()> {
+    let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, on, unused, unused, unused) })
+}
+
+/// How many threads this process runs (from /proc).
+fn thread_count() -> Option<usize> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// Runs `f` in a child process that first becomes `acct` for good ([`drop_privileges`])
+/// and sets no_new_privs, and returns the bytes `f` returned. The caller keeps its own
+/// credentials; whatever `f` opens, runs or writes, it does as the user.
+///
+/// The calling process must run a single thread (a lock held by another thread at the
+/// fork would stay locked in the child for ever); otherwise an error is returned.
+pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    if thread_count() != Some(1) {
+        return Err(io::Error::other(
+            "cannot work as another user in a child process: this process runs several threads",
+        ));
+    }
+    let (mut reader, writer) = std::io::pipe()?;
+    // SAFETY: the process has a single thread, so the child starts with every lock free
+    // and may run any code; it leaves through `_exit` only.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        drop(reader);
+        let code = child_as_user(acct, writer, f);
+        // SAFETY: ends the child at once, without the parent's exit handlers and
+        // destructors running a second time.
+        unsafe { libc::_exit(code) }
+    }
+    drop(writer);
+    let mut out = Vec::new();
+    let read = reader.read_to_end(&mut out);
+    let status = wait_child(pid)?;
+    read?;
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        return Ok(out);
+    }
+    let how = if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exit code {}", libc::WEXITSTATUS(status))
+    };
+    Err(io::Error::other(format!(
+        "the child process working as {} ended without an answer ({how})",
+        acct.name
+    )))
+}
+
+fn child_as_user(acct: &Account, mut out: std::io::PipeWriter, f: impl FnOnce() -> Vec<u8>) -> i32 {
+    use std::io::Write;
+    if let Err(e) = drop_privileges(acct).and_then(|()| set_no_new_privs()) {
+        write_fd_lossy(
+            2,
+            format!("ccfs: cannot become {} for good: {e}\n", acct.name).as_bytes(),
+        );
+        return 125;
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(bytes) => match out.write_all(&bytes) {
+            Ok(()) => 0,
+            Err(_) => 124,
+        },
+        Err(_) => 126,
     }
 }
 
-/// Root again in the calling thread only (a raw syscall: glibc would change every thread).
-pub fn thread_regain_root() -> io::Result<()> {
-    // SAFETY: setresuid/setresgid with -1 keep those ids; credentials are per thread in Linux.
-    unsafe {
-        check(libc::syscall(libc::SYS_setresuid, -1i32, 0i32, -1i32) as libc::c_int)?;
-        check(libc::syscall(libc::SYS_setresgid, -1i32, 0i32, -1i32) as libc::c_int)
+/// Waits for a child process; returns its wait status.
+fn wait_child(pid: libc::pid_t) -> io::Result<libc::c_int> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out-parameter.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
+}
+
+/// Writes all of `buf` to a raw descriptor and gives up silently at the first error:
+/// for log output, which must never fail (or panic) its caller.
+pub fn write_fd_lossy(fd: RawFd, buf: &[u8]) {
+    let mut rest = buf;
+    while !rest.is_empty() {
+        // SAFETY: `rest` is readable for its length; a bad descriptor only gives an error.
+        let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+        if n < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+        rest = &rest[n as usize..];
+    }
+}
+
+/// Makes descriptor `to` a copy of `from` (dup2), e.g. to send standard error to a file.
+pub fn dup_onto(from: &impl AsRawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 on a descriptor we hold open; `to` is replaced atomically.
+    check(unsafe { libc::dup2(from.as_raw_fd(), to) })
+}
+
+// ---- walking a path one directory at a time -----------------------------------------
+
+/// An open directory, for walking a path one component at a time: each step is taken
+/// relative to the directory before and never through a symlink, so what a step finds
+/// is what the caller checked, whoever renames things meanwhile.
+#[derive(Debug)]
+pub struct DirFd(OwnedFd);
+
+impl AsRawFd for DirFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A single path component as a C string (no `/`, not empty, not `.` or `..`).
+fn component(name: &OsStr) -> io::Result<CString> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.contains(&b'/') || b == b"." || b == b".." {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    cname(name)
+}
+
+impl DirFd {
+    /// Opens a directory by path. Symlinks in `path` are followed: use it for `/` or for
+    /// a path nobody but the caller can change.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let c = cstr(path)?;
+        // SAFETY: `c` is a valid NUL-terminated path; the descriptor is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        check(fd)?;
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn stat(&self) -> io::Result<Stat> {
+        fstat(&self.0)
+    }
+
+    /// The entry `name` itself (a symlink is not followed); `Ok(None)` if there is none.
+    pub fn entry(&self, name: &OsStr) -> io::Result<Option<Stat>> {
+        let n = component(name)?;
+        // SAFETY: `st` is a valid out-parameter; the descriptor and name are valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let r = check(unsafe {
+            libc::fstatat(
+                self.0.as_raw_fd(),
+                n.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        });
+        match r {
+            Ok(()) => Ok(Some(Stat(st))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens the subdirectory `name`; a symlink there fails (ELOOP or ENOTDIR) instead of
+    /// being followed.
+    pub fn open_dir(&self, name: &OsStr) -> io::Result<DirFd> {
+        let n = component(name)?;
+        // SAFETY: valid descriptor and NUL-terminated name; the result is owned below.
+        let fd = unsafe {
+            libc::openat(
+                self.0.as_raw_fd(),
+                n.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        check(fd)?;
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(DirFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn mkdir(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let n = component(name)?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::mkdirat(self.0.as_raw_fd(), n.as_ptr(), mode as libc::mode_t) })
+    }
+
+    /// Where the symlink `name` points.
+    pub fn readlink(&self, name: &OsStr) -> io::Result<std::path::PathBuf> {
+        let n = component(name)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: `buf` is writable for its length; descriptor and name are valid.
+        let len = check_size(unsafe {
+            libc::readlinkat(
+                self.0.as_raw_fd(),
+                n.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
+        buf.truncate(len);
+        Ok(std::path::PathBuf::from(OsString::from_vec(buf)))
+    }
+
+    /// Opens (with O_CREAT: creates) the file `name` in this directory; a symlink there
+    /// fails with ELOOP instead of being followed. `flags` are open(2) flags.
+    pub fn open_file(&self, name: &OsStr, flags: i32, mode: u32) -> io::Result<File> {
+        let n = component(name)?;
+        // SAFETY: valid descriptor and NUL-terminated name; the mode argument is read
+        // only with O_CREAT; the result is owned below.
+        let fd = unsafe {
+            libc::openat(
+                self.0.as_raw_fd(),
+                n.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        check(fd)?;
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Removes the entry `name` (not a directory; a symlink itself, not what it points to).
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        let n = component(name)?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::unlinkat(self.0.as_raw_fd(), n.as_ptr(), 0) })
+    }
+
+    /// fchown of the directory itself (`None` keeps the group).
+    pub fn chown(&self, uid: u32, gid: Option<u32>) -> io::Result<()> {
+        // SAFETY: fchown on a descriptor we hold; u32::MAX (-1) keeps the group.
+        check(unsafe { libc::fchown(self.0.as_raw_fd(), uid, gid.unwrap_or(u32::MAX)) })
+    }
+
+    /// fchmod of the directory itself.
+    pub fn chmod(&self, mode: u32) -> io::Result<()> {
+        // SAFETY: fchmod on a descriptor we hold.
+        check(unsafe { libc::fchmod(self.0.as_raw_fd(), mode as libc::mode_t) })
+    }
+}
+
+// ---- FUSE mount for a user -------------------------------------------------------------
+
+/// A FUSE mount in the kernel's terms (what mount(2) takes besides `fd`, `rootmode`,
+/// `user_id` and `group_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FuseMount {
+    /// The source shown in the mount table (`fsname`).
+    pub source: String,
+    /// `fuse` or `fuse.SUBTYPE`.
+    pub fstype: String,
+    /// MS_* flags.
+    pub flags: u64,
+    /// Comma-separated kernel options (`default_permissions,allow_other`...).
+    pub options: String,
+}
+
+/// Mounts a FUSE filesystem at `mountpoint` (absolute) that belongs to `uid`/`gid` (the
+/// kernel's `user_id`/`group_id`: that user may unmount it with `fusermount3 -u`) and
+/// returns its /dev/fuse channel, not yet initialised: requests wait until a session
+/// answers the kernel's INIT. Needs CAP_SYS_ADMIN. The mount point is opened without
+/// following any symlink and the mount is made on that very directory.
+pub fn mount_fuse(mountpoint: &Path, m: &FuseMount, uid: u32, gid: u32) -> io::Result<OwnedFd> {
+    if !mountpoint.is_absolute() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let dev_path = CString::from(c"/dev/fuse");
+    // SAFETY: a valid NUL-terminated path; the descriptor is owned below.
+    let dev = unsafe { libc::open(dev_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    check(dev)?;
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    let c = cstr(mountpoint)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_NO_SYMLINKS,
+    };
+    let at = loop {
+        // SAFETY: `how` is a valid open_how of the size passed; `c` is NUL-terminated.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                libc::AT_FDCWD as libc::c_long,
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if r >= 0 {
+            // SAFETY: a fresh descriptor that nothing else owns.
+            break unsafe { OwnedFd::from_raw_fd(r as RawFd) };
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
+    };
+    let mode = fstat(&at)?.mode();
+    let mut data = format!(
+        "fd={},rootmode={mode:o},user_id={uid},group_id={gid}",
+        dev.as_raw_fd()
+    );
+    if !m.options.is_empty() {
+        data.push(',');
+        data.push_str(&m.options);
+    }
+    let invalid = |_| io::Error::from_raw_os_error(libc::EINVAL);
+    let source = CString::new(m.source.as_str()).map_err(invalid)?;
+    let fstype = CString::new(m.fstype.as_str()).map_err(invalid)?;
+    let data = CString::new(data).map_err(invalid)?;
+    let target = proc_fd(at.as_raw_fd());
+    // SAFETY: every string is NUL-terminated and lives across the call; `target` names
+    // the directory we hold open.
+    check(unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            m.flags as libc::c_ulong,
+            data.as_ptr().cast(),
+        )
+    })?;
+    Ok(dev)
+}
+
+/// True when the real user may write and search the directory `dir` (access(2)).
+pub fn may_write(dir: &Path) -> bool {
+    let Ok(c) = cstr(dir) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// Sets the process's file mode creation mask; returns the one before.
+pub fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }

@@ -5,6 +5,7 @@ mod common;
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -311,4 +312,46 @@ fn planted_cache_dirs_are_refused() {
         &["writable by other users"],
     );
     assert!(!open.join("cache").exists());
+}
+
+/// Root reads only a config only root can change (it names the program every sync runs):
+/// one writable by others, another user's, or one in a directory others can write is
+/// refused for mount and recover, and nothing is made.
+#[test]
+fn configs_others_can_change_are_refused_for_root() {
+    let fx = Fixture::new();
+    let cfg = fx.tmp.path().join("c.toml");
+    write(&cfg, "[sync]\ninterval_secs = 0\n");
+    let open_dir = fx.tmp.path().join("open");
+    fs::create_dir(&open_dir).expect("mkdir");
+    fs::set_permissions(&open_dir, fs::Permissions::from_mode(0o777)).expect("chmod");
+    let in_open_dir = open_dir.join("c.toml");
+    write(&in_open_dir, "");
+    let cases: [(&Path, u32, u32, &str); 3] = [
+        (&cfg, 0o666, 0, "writable by group or others (mode 666)"),
+        (&cfg, 0o644, 65534, "belongs to uid 65534"),
+        (
+            &in_open_dir,
+            0o644,
+            0,
+            "writable by group or others (mode 777)",
+        ),
+    ];
+    for (path, mode, uid, why) in cases {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+        std::os::unix::fs::chown(path, Some(uid), None).expect("chown");
+        let mut args = vec!["mount".as_ref(), "--config".as_ref(), path.as_os_str()];
+        args.extend(
+            mount_args(&fx.cache, &fx.share, &fx.mnt)
+                .into_iter()
+                .skip(1),
+        );
+        refused(&fx, &args, &[why, "only root can change", "chmod go-w"]);
+        assert!(!fx.cache.exists(), "nothing made");
+        refused(
+            &fx,
+            &["recover".as_ref(), "--config".as_ref(), path.as_os_str()],
+            &[why, "only root can change"],
+        );
+    }
 }

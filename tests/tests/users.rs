@@ -4,9 +4,12 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use common::*;
 
@@ -65,6 +68,11 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
     let ids = ids_of(pid);
     assert_eq!(ids[0], alice.uid.to_string(), "real uid: {ids:?}");
     assert_eq!(ids[1], alice.uid.to_string(), "effective uid: {ids:?}");
+    assert_eq!(
+        ids[2],
+        alice.uid.to_string(),
+        "saved uid (root is gone for good): {ids:?}"
+    );
     for task in fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
         let tid: u32 = task
             .expect("t")
@@ -73,17 +81,18 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
             .parse()
             .expect("tid");
         let status = fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).expect("status");
-        let euid = status
+        let uids: Vec<String> = status
             .lines()
             .find(|l| l.starts_with("Uid:"))
             .expect("Uid")
             .split_whitespace()
-            .nth(2)
-            .map(str::to_string);
+            .skip(1)
+            .map(str::to_string)
+            .collect();
         assert_eq!(
-            euid,
-            Some(alice.uid.to_string()),
-            "thread {tid} works as alice"
+            uids,
+            vec![alice.uid.to_string(); 4],
+            "thread {tid} works as alice, and only as alice"
         );
     }
     let cache_meta = fs::metadata(&fx.cache).expect("cache");
@@ -180,4 +189,225 @@ fn mount_for_a_user_needs_an_existing_user() {
         text(&out)
     );
     assert!(!is_mounted(&fx.mnt));
+}
+
+/// The daemon of a mount root made for a user holds no root to unmount with: the mount is
+/// the user's (the kernel's user_id), so SIGTERM unmounts it (fusermount3, as the user)
+/// and the final sync runs.
+#[test]
+fn sigterm_to_a_users_daemon_unmounts_and_syncs() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let pid = m.daemon_pid();
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo on-term > {}/.termrc", fx.mnt.display()),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    kill(pid, libc::SIGTERM);
+    wait_until("daemon exit", Duration::from_secs(30), || !alive(pid));
+    assert!(!is_mounted(&fx.mnt), "the daemon unmounts on SIGTERM");
+    m.abandon();
+    assert_eq!(read(&fx.s(".termrc")), "on-term\n");
+}
+
+/// The user may log out of the mount root made for them, with `ccfs umount`.
+#[test]
+fn the_user_may_unmount_the_mount_root_made_for_them() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "echo mine > {mnt}/.myrc && {ccfs} umount {mnt}",
+            mnt = fx.mnt.display(),
+            ccfs = ccfs_bin().display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&fx.mnt));
+    m.abandon();
+    assert_eq!(read(&fx.s(".myrc")), "mine\n");
+}
+
+/// `ccfs recover --user NAME` (the PAM hook at login) recovers that user's caches only.
+#[test]
+fn recover_for_one_user_leaves_other_users_caches_alone() {
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    let root = fx.tmp.path().join("cache-root");
+    let env = |c: &mut Command| {
+        c.env("CCFS_CACHE_ROOT", &root);
+    };
+    let mut shares = Vec::new();
+    for name in ["ccfs-alice", "ccfs-bob"] {
+        let user = account(name);
+        let share = fx.tmp.path().join(format!("share-{name}"));
+        let mnt = fx.tmp.path().join(format!("mnt-{name}"));
+        fs::create_dir(&share).expect("mkdir");
+        fs::create_dir(&mnt).expect("mkdir");
+        std::os::unix::fs::chown(&share, Some(user.uid), Some(user.gid)).expect("chown");
+        let mut c = Command::new(ccfs_bin());
+        env(&mut c);
+        let out = c
+            .args(["mount", "--user", name])
+            .arg(&share)
+            .arg(&mnt)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "{}", text(&out));
+        let out = as_user(name, &format!("echo {name} > {}/.left", mnt.display()));
+        assert!(out.status.success(), "{}", text(&out));
+        crash(&mnt);
+        shares.push(share);
+    }
+    let recover = |extra: &[&str]| {
+        let mut c = Command::new(ccfs_bin());
+        env(&mut c);
+        c.arg("recover").args(extra).output().expect("recover")
+    };
+    let out = recover(&["--user", "ccfs-alice"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&shares[0].join(".left")), "ccfs-alice\n");
+    assert!(
+        !shares[1].join(".left").exists(),
+        "bob's cache is not touched: {}",
+        text(&out)
+    );
+    let out = recover(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&shares[1].join(".left")), "ccfs-bob\n");
+}
+
+fn crash(mnt: &Path) {
+    let out = ccfs(&["status".as_ref(), "--json".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let pid = v["pid"].as_u64().expect("pid") as u32;
+    kill(pid, libc::SIGKILL);
+    wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(mnt)
+        .output();
+}
+
+/// The shipped PAM hook, run as pam_exec runs it (PAM_TYPE, PAM_USER, nothing else of the
+/// environment), with its paths given on its command line.
+struct PamHook {
+    shares: PathBuf,
+    homes: PathBuf,
+    caches: PathBuf,
+}
+
+impl PamHook {
+    fn new(fx: &Fixture) -> Self {
+        let hook = Self {
+            shares: fx.tmp.path().join("shares"),
+            homes: fx.tmp.path().join("homes"),
+            caches: fx.tmp.path().join("caches"),
+        };
+        for d in [&hook.shares, &hook.homes] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        hook
+    }
+
+    fn run(&self, pam_type: &str, user: &str) -> Output {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/pam/ccfs-session");
+        Command::new(script)
+            .env_clear()
+            .env("PAM_TYPE", pam_type)
+            .env("PAM_USER", user)
+            .env("PAM_SERVICE", "login")
+            .args([
+                OsStr::new("--share-root"),
+                self.shares.as_os_str(),
+                OsStr::new("--home-root"),
+                self.homes.as_os_str(),
+                OsStr::new("--cache-root"),
+                self.caches.as_os_str(),
+                OsStr::new("--ccfs"),
+                ccfs_bin().as_os_str(),
+            ])
+            .output()
+            .expect("run the PAM hook")
+    }
+}
+
+/// Login: the hook mounts the user's home as the user (daemon ids all the user's);
+/// logout: it syncs the cached dotfiles to the share and unmounts.
+#[test]
+fn the_pam_hook_mounts_as_the_user_and_syncs_at_logout() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    let hook = PamHook::new(&fx);
+    let share = hook.shares.join("ccfs-alice");
+    fs::create_dir(&share).expect("mkdir");
+    std::os::unix::fs::chown(&share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let home = hook.homes.join("ccfs-alice");
+
+    let out = hook.run("open_session", "ccfs-alice");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(is_mounted(&home), "login mounted the home: {}", text(&out));
+    let st = ccfs(&["status".as_ref(), "--json".as_ref(), home.as_os_str()]);
+    assert!(st.status.success(), "{}", text(&st));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
+    let pid = v["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(
+        ids_of(pid),
+        vec![alice.uid.to_string(); 4],
+        "the daemon is alice"
+    );
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo 'PS1=$ ' > {}/.profile", home.display()),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !share.join(".profile").exists(),
+        "a dotfile stays local until logout"
+    );
+
+    let out = hook.run("close_session", "ccfs-alice");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&home), "logout unmounted the home");
+    assert_eq!(read(&share.join(".profile")), "PS1=$ \n");
+    assert_eq!(
+        fs::metadata(share.join(".profile")).expect("profile").uid(),
+        alice.uid
+    );
+}
+
+/// A login goes on when ccfs cannot mount (here: the share is missing): the hook says
+/// why and exits 0.
+#[test]
+fn the_pam_hook_never_fails_a_login() {
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    let hook = PamHook::new(&fx);
+    let out = hook.run("open_session", "ccfs-alice");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("mount of"),
+        "the failure is logged: {}",
+        text(&out)
+    );
+    assert!(!is_mounted(&hook.homes.join("ccfs-alice")));
+    let out = hook.run("open_session", "../../etc");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refusing user name"),
+        "{}",
+        text(&out)
+    );
+    let out = hook.run("close_session", "ccfs-alice");
+    assert!(out.status.success(), "{}", text(&out));
 }
