@@ -905,3 +905,28 @@ fn model_regression_hard_links_after_a_recovery_are_the_shares() {
     )
     .expect("model");
 }
+
+// ---- sessions on two workstations ------------------------------------------------
+
+mod model;
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: model::cases(64),
+        max_shrink_iters: 2000,
+        max_shrink_time: 300_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// One user on two workstations: the share and both views equal the model after every
+    /// step; every sync reports what the model predicts; see `model`.
+    #[test]
+    fn two_workstations_share_equals_the_model(
+        initial in prop::collection::vec((0..model::names().len(), any::<u8>()), 0..6),
+        skew in model::arb_skew(),
+        ops in model::arb_ops(1..40),
+    ) {
+        model::run_sessions(initial, skew, ops)?;
+    }
+}

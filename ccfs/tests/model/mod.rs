@@ -1,0 +1,870 @@
+//! The reference model of sessions: one user on two workstations, each with its own cache
+//! and journal over one share, with logins, logouts, crashes (also in the middle of a
+//! sync), syncs whose rsync fails part-way, clocks far ahead or behind, and names near
+//! NAME_MAX. Every operation runs on the real [`Overlay`] (no FUSE) with the real rsync and
+//! on the [`reference::Model`]; after each one the share and every logged-in workstation's
+//! view must equal the model's, including conflict copies (matched by name pattern), and
+//! each sync must report what the model predicts (conflicts, files not sent, what is left).
+//! Independently of the model, each sync must keep the design's promises: nothing it was
+//! not asked to change on the share changes, and every version the session holds to send
+//! ends on the share (at its path or in a conflict copy) or stays in the cache.
+
+pub mod reference;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ccfs::overlay::{Ctx, Overlay, SetAttr};
+use ccfs::policy::Policy;
+use ccfs::sync::{run_rsync, run_sync, RsyncOptions, SyncMode, SyncReport};
+use ccfs::sys::SetTime;
+use proptest::prelude::*;
+
+use reference::{is_conflict_copy_of, kind_name, Model, Obj, Outcome, Run, ROOT};
+
+/// Workstations in the model.
+pub const WORKSTATIONS: usize = 2;
+
+/// Ten years: how far a workstation's clock may be ahead of or behind the other's.
+pub const SKEW: i64 = 10 * 365 * 86_400;
+
+/// The paths operations pick from: two files, a directory that may become a file, two
+/// files in it, and two names near NAME_MAX (250 and 255 bytes), whose conflict copies
+/// must be shortened.
+pub fn names() -> &'static [PathBuf] {
+    static NAMES: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        vec![
+            PathBuf::from(".c/a"),
+            PathBuf::from(".c/b"),
+            PathBuf::from(".c/d"),
+            PathBuf::from(".c/d/a"),
+            PathBuf::from(".c/d/b"),
+            PathBuf::from(format!(".c/{}", "l".repeat(250))),
+            PathBuf::from(format!(".c/d/{}", "m".repeat(255))),
+        ]
+    })
+}
+
+fn name(i: usize) -> &'static Path {
+    &names()[i % names().len()]
+}
+
+/// One step on one workstation (the first field). A step on a workstation that is logged
+/// out logs it in first (recovering what its journal holds).
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Create or truncate, then write `len` bytes of `byte`.
+    Write(usize, usize, u8, usize),
+    Append(usize, usize, u8),
+    Unlink(usize, usize),
+    Mkdir(usize, usize),
+    Rmdir(usize, usize),
+    Rename(usize, usize, usize),
+    Chmod(usize, usize, u32),
+    /// Sets an old mtime (`cp -p`, `touch -d`), a different one each time.
+    Backdate(usize, usize),
+    /// `ccfs sync`.
+    Sync(usize),
+    /// A sync (a logout with `true`) whose rsync sends the first k files, then fails
+    /// (exit 23).
+    FailSync(usize, usize, bool),
+    Logout(usize),
+    /// kill -9 of the daemon: no sync.
+    Crash(usize),
+    /// The daemon dies while rsync has sent the first k files.
+    CrashInSync(usize, usize),
+}
+
+impl Op {
+    fn ws(&self) -> usize {
+        let w = match self {
+            Op::Write(w, ..)
+            | Op::Append(w, ..)
+            | Op::Unlink(w, _)
+            | Op::Mkdir(w, _)
+            | Op::Rmdir(w, _)
+            | Op::Rename(w, ..)
+            | Op::Chmod(w, ..)
+            | Op::Backdate(w, _)
+            | Op::Sync(w)
+            | Op::FailSync(w, ..)
+            | Op::Logout(w)
+            | Op::Crash(w)
+            | Op::CrashInSync(w, _) => *w,
+        };
+        w % WORKSTATIONS
+    }
+}
+
+/// One operation on the paths `hot` (indices into [`names`]).
+pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
+    let p = prop::sample::select(hot);
+    let w = 0..WORKSTATIONS;
+    prop_oneof![
+        6 => (w.clone(), p.clone(), 0..3u8, 0..4usize).prop_map(|(w, p, b, l)| Op::Write(w, p, b, l)),
+        2 => (w.clone(), p.clone(), 0..3u8).prop_map(|(w, p, b)| Op::Append(w, p, b)),
+        3 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Unlink(w, p)),
+        2 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Mkdir(w, p)),
+        2 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Rmdir(w, p)),
+        4 => (w.clone(), p.clone(), p.clone()).prop_map(|(w, a, b)| Op::Rename(w, a, b)),
+        1 => (w.clone(), p.clone(), prop::sample::select(vec![0o600u32, 0o644, 0o755]))
+            .prop_map(|(w, p, m)| Op::Chmod(w, p, m)),
+        1 => (w.clone(), p).prop_map(|(w, p)| Op::Backdate(w, p)),
+        1 => w.clone().prop_map(Op::Sync),
+        1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
+        3 => w.clone().prop_map(Op::Logout),
+        1 => w.clone().prop_map(Op::Crash),
+        1 => (w, 0..4usize).prop_map(|(w, k)| Op::CrashInSync(w, k)),
+    ]
+}
+
+/// A case's operations: they pick from a few of the paths (two to five), so that both
+/// workstations meet at the same paths often.
+pub fn arb_ops(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Op>> {
+    let all: Vec<usize> = (0..names().len()).collect();
+    prop::sample::subsequence(all, 2..=5)
+        .prop_flat_map(move |hot| prop::collection::vec(arb_op(hot), len.clone()))
+}
+
+/// Each workstation's clock: behind, right, or ahead.
+pub fn arb_skew() -> impl Strategy<Value = [i64; 2]> {
+    let one = prop::sample::select(vec![-SKEW, 0, SKEW]);
+    (one.clone(), one).prop_map(|(a, b)| [a, b])
+}
+
+/// The number of random cases: `CCFS_MODEL_CASES`, else `default`.
+pub fn cases(default: u32) -> u32 {
+    std::env::var("CCFS_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn ctx() -> Ctx {
+    Ctx {
+        uid: ccfs::sys::geteuid(),
+        gid: 0,
+        umask: 0o022,
+    }
+}
+
+/// What a tree holds at a path, as compared: files by content and permission bits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    File(Vec<u8>, u32),
+    Dir,
+}
+
+type Tree = BTreeMap<PathBuf, Node>;
+
+fn node(o: &Obj) -> Node {
+    match o {
+        Obj::File { data, mode, .. } => Node::File(data.clone(), *mode),
+        Obj::Dir => Node::Dir,
+    }
+}
+
+fn short(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    if s.len() > 60 {
+        format!("{}…({} bytes)", &s[..40], s.len())
+    } else {
+        s.into_owned()
+    }
+}
+
+/// The differences between two trees, one line each.
+fn diff(want: &Tree, got: &Tree) -> String {
+    let keys: BTreeSet<&PathBuf> = want.keys().chain(got.keys()).collect();
+    let mut out = Vec::new();
+    for k in keys {
+        let (a, b) = (want.get(k), got.get(k));
+        if a != b {
+            out.push(format!(
+                "  {}: model {:?}, real {:?}",
+                short(k),
+                a.map(brief),
+                b.map(brief)
+            ));
+        }
+    }
+    out.join("\n")
+}
+
+fn brief(n: &Node) -> String {
+    match n {
+        Node::Dir => "dir".into(),
+        Node::File(d, m) => format!("file {d:?} {m:o}"),
+    }
+}
+
+/// The share below the root, read directly.
+fn share_tree(share: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![PathBuf::from(ROOT)];
+    while let Some(rel) = stack.pop() {
+        let p = share.join(&rel);
+        let Ok(meta) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            out.insert(rel.clone(), Node::Dir);
+            for e in fs::read_dir(&p).expect("ls share") {
+                stack.push(rel.join(e.expect("entry").file_name()));
+            }
+        } else {
+            let data = fs::read(&p).expect("read share");
+            out.insert(rel, Node::File(data, meta.mode() & 0o7777));
+        }
+    }
+    out
+}
+
+/// What a logged-in workstation shows below the root, through the overlay.
+fn overlay_view(o: &Overlay) -> Result<Tree, String> {
+    let mut out = Tree::new();
+    let mut stack = vec![PathBuf::from(ROOT)];
+    while let Some(rel) = stack.pop() {
+        let found = o
+            .resolve(&rel)
+            .map_err(|e| format!("{} is listed but cannot be resolved: {e}", short(&rel)))?;
+        if found.meta.is_dir() {
+            out.insert(rel.clone(), Node::Dir);
+            let entries = o
+                .readdir(&rel)
+                .map_err(|e| format!("readdir {}: {e}", short(&rel)))?;
+            stack.extend(entries.into_iter().map(|e| rel.join(e.name)));
+        } else {
+            let data = fs::read(&found.real).map_err(|e| format!("read {}: {e}", short(&rel)))?;
+            out.insert(rel, Node::File(data, found.meta.mode() & 0o7777));
+        }
+    }
+    Ok(out)
+}
+
+/// The rsync wrapper: records the list it is handed (`list`), runs the real rsync over the
+/// first K files (K from the file `k`; `all`: every file, with rsync's own exit code), and
+/// fails with exit 23 when K is a number (a sync that went wrong part-way).
+fn write_wrapper(dir: &Path) -> PathBuf {
+    let real = ccfs::sync::find_program("rsync").expect("rsync is installed");
+    let script = format!(
+        "#!/bin/sh\nhere=$(dirname \"$0\")\ncat > \"$here/list\"\nk=$(cat \"$here/k\")\n\
+         if [ \"$k\" = all ]; then exec '{real}' \"$@\" < \"$here/list\"; fi\n\
+         head -z -n \"$k\" \"$here/list\" | '{real}' \"$@\"\nexit 23\n",
+        real = real.display()
+    );
+    let path = dir.join("rsync");
+    fs::write(&path, script).expect("wrapper");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod wrapper");
+    path
+}
+
+/// The share, the workstations' caches and their logged-in overlays.
+struct World {
+    overlays: Vec<Option<Overlay>>,
+    share: PathBuf,
+    caches: Vec<PathBuf>,
+    wrapper: PathBuf,
+    skew: [i64; 2],
+    host: String,
+    /// A different old mtime for each backdated file.
+    backdates: i64,
+    tmp: tempfile::TempDir,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.overlays.clear();
+        if !self.share.starts_with(self.tmp.path()) {
+            let _ = fs::remove_dir_all(&self.share);
+        }
+    }
+}
+
+type Checked = Result<(), String>;
+
+impl World {
+    /// The share below $CCFS_MODEL_SHARE_ROOT when set (a loop-mounted ext4, which reuses
+    /// inode numbers), else in a temporary directory with the caches.
+    fn new(skew: [i64; 2]) -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let share = match std::env::var_os("CCFS_MODEL_SHARE_ROOT") {
+            Some(root) => tempfile::tempdir_in(root).expect("share dir").keep(),
+            None => tmp.path().join("share"),
+        };
+        fs::create_dir_all(share.join(ROOT)).expect("share");
+        let caches: Vec<PathBuf> = (0..WORKSTATIONS)
+            .map(|w| tmp.path().join(format!("cache-{w}")))
+            .collect();
+        for c in &caches {
+            fs::create_dir(c).expect("cache");
+        }
+        let rsync_dir = tmp.path().join("rsync");
+        fs::create_dir(&rsync_dir).expect("rsync dir");
+        World {
+            overlays: (0..WORKSTATIONS).map(|_| None).collect(),
+            wrapper: write_wrapper(&rsync_dir),
+            share,
+            caches,
+            skew,
+            host: ccfs::sync::hostname(),
+            backdates: 0,
+            tmp,
+        }
+    }
+
+    fn overlay(&self, w: usize) -> &Overlay {
+        self.overlays[w].as_ref().expect("logged in")
+    }
+
+    /// rsync options through the wrapper, which sends the first `k` files (all: None).
+    fn rsync(&self, k: Option<usize>) -> RsyncOptions {
+        let dir = self.wrapper.parent().expect("dir");
+        let k = k.map_or_else(|| "all".to_string(), |k| k.to_string());
+        fs::write(dir.join("k"), k).expect("k");
+        let _ = fs::remove_file(dir.join("list"));
+        RsyncOptions {
+            binary: self.wrapper.clone(),
+            extra_args: vec![],
+            timeout: Duration::from_secs(60),
+            caps: ccfs::sync::probe_share(&self.share),
+            fsync: false,
+            hold_fd: None,
+        }
+    }
+
+    /// What the last rsync run was handed (empty when none ran).
+    fn listed(&self) -> Vec<PathBuf> {
+        let dir = self.wrapper.parent().expect("dir");
+        match fs::read(dir.join("list")) {
+            Ok(bytes) => bytes
+                .split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| PathBuf::from(std::ffi::OsStr::from_bytes(s)))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The inode number of a directory on the share.
+    fn dir_ino(&self, p: &Path) -> Option<u64> {
+        fs::symlink_metadata(self.share.join(p))
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| m.ino())
+    }
+
+    fn learn_dirs(&self, model: &mut Model) -> Checked {
+        model.learn_dir_inodes(|p| self.dir_ino(p))
+    }
+
+    /// Logs workstation `w` in: the overlay, and the recovery a mount runs when the
+    /// journal holds work (else the cache is emptied).
+    fn login(&mut self, model: &mut Model, w: usize) -> Checked {
+        let o = Overlay::new(&self.share, &self.caches[w], Policy::default_policy())
+            .map_err(|e| format!("mount: {e}"))?;
+        let promises = Promises::before(self, &o);
+        let outcome = ccfs::daemon::recover_overlay(&o, &self.rsync(None));
+        let recovers = model.login_needs_recovery(w);
+        match (outcome, recovers) {
+            (None, false) => {}
+            (Some(out), true) => {
+                let report = out
+                    .report
+                    .ok_or_else(|| format!("recovery failed: {:?}", out.error))?;
+                let want = model.sync(w, true, Run::All, &self.listed(), &self.host, &|p| {
+                    self.dir_ino(p)
+                })?;
+                same_report("recovery at login", &report, &want)?;
+                promises.kept(self, &o)?;
+            }
+            (out, _) => {
+                return Err(format!(
+                    "at login the model {} a recovery, ccfs {}",
+                    if recovers { "expects" } else { "expects no" },
+                    if out.is_some() { "ran one" } else { "ran none" }
+                ))
+            }
+        }
+        self.overlays[w] = Some(o);
+        self.learn_dirs(model)
+    }
+
+    /// A sync of `w`; `fail_after`: rsync sends that many files, then fails.
+    fn sync(
+        &mut self,
+        model: &mut Model,
+        w: usize,
+        mode: SyncMode,
+        fail_after: Option<usize>,
+    ) -> Checked {
+        let o = self.overlay(w);
+        let promises = Promises::before(self, o);
+        let opts = self.rsync(fail_after);
+        let report = run_sync(o, &opts, mode).map_err(|e| format!("sync: {e}"))?;
+        let run = fail_after.map_or(Run::All, Run::FailAfter);
+        let want = model.sync(
+            w,
+            mode != SyncMode::Session,
+            run,
+            &self.listed(),
+            &self.host,
+            &|p| self.dir_ino(p),
+        )?;
+        same_report(&format!("{mode:?} sync"), &report, &want)?;
+        promises.kept(self, o)?;
+        if mode == SyncMode::Logout {
+            self.overlays[w] = None;
+            model.logged_out(w);
+            if want.cache_dropped {
+                let upper = self.caches[w].join("upper");
+                let left: Vec<_> = fs::read_dir(&upper)
+                    .map_err(|e| format!("{}: {e}", upper.display()))?
+                    .flatten()
+                    .map(|e| e.file_name())
+                    .collect();
+                if !left.is_empty() {
+                    return Err(format!(
+                        "a clean logout left {left:?} in the cache of workstation {w}"
+                    ));
+                }
+            }
+        }
+        self.learn_dirs(model)
+    }
+
+    /// The daemon dies while rsync has sent the first `k` files of its list.
+    fn crash_in_sync(&mut self, model: &mut Model, w: usize, k: usize) -> Checked {
+        let o = self.overlays[w].take().expect("logged in");
+        let stamp = ccfs::sync::stamp(SystemTime::now());
+        let session = o
+            .begin_sync(&self.host, &stamp)
+            .map_err(|e| format!("begin_sync: {e}"))?;
+        let files = session.files.clone();
+        let mut conflicts: Vec<(PathBuf, String)> = session
+            .conflicts
+            .iter()
+            .map(|c| (c.path.clone(), kind_name(c.kind)))
+            .collect();
+        conflicts.sort();
+        let part = &files[..k.min(files.len())];
+        if !part.is_empty() {
+            let mut opts = self.rsync(None);
+            opts.binary = ccfs::sync::find_program("rsync").expect("rsync");
+            run_rsync(&opts, o.upper(), o.share(), part).map_err(|e| format!("rsync: {e}"))?;
+        }
+        // Killed: nothing settles, nothing is journaled after this point.
+        std::mem::forget(session);
+        drop(o);
+        let want = model.sync(w, false, Run::CrashAfter(k), &files, &self.host, &|p| {
+            self.dir_ino(p)
+        })?;
+        if conflicts != want.conflicts {
+            return Err(format!(
+                "conflicts before the crash: model {:?}, ccfs {conflicts:?}",
+                want.conflicts
+            ));
+        }
+        self.learn_dirs(model)
+    }
+
+    /// Runs one operation within a session on both sides; they must agree on its success.
+    fn apply(&mut self, model: &mut Model, op: &Op) -> Checked {
+        let w = op.ws();
+        let (want, got) = match op {
+            Op::Write(_, p, b, len) => {
+                let data = vec![*b; *len];
+                (
+                    model.write(w, name(*p), data.clone()),
+                    self.write(w, name(*p), &data, false),
+                )
+            }
+            Op::Append(_, p, b) => (
+                model.append(w, name(*p), *b),
+                self.write(w, name(*p), &[*b], true),
+            ),
+            Op::Unlink(_, p) => (model.unlink(w, name(*p)), self.remove(w, name(*p), false)),
+            Op::Mkdir(_, p) => (model.mkdir(w, name(*p)), self.mkdir(w, name(*p))),
+            Op::Rmdir(_, p) => (model.rmdir(w, name(*p)), self.remove(w, name(*p), true)),
+            Op::Rename(_, a, b) => (
+                model.rename(w, name(*a), name(*b)),
+                self.rename(w, name(*a), name(*b)),
+            ),
+            Op::Chmod(_, p, m) => (
+                model.chmod(w, name(*p), *m),
+                self.setattr(
+                    w,
+                    name(*p),
+                    SetAttr {
+                        mode: Some(*m),
+                        ..Default::default()
+                    },
+                ),
+            ),
+            Op::Backdate(_, p) => {
+                self.backdates += 1;
+                let old = SetTime::At {
+                    secs: 1_000_000_000 + self.backdates * 1000,
+                    nsecs: 0,
+                };
+                (
+                    model.touch(w, name(*p)),
+                    self.setattr(
+                        w,
+                        name(*p),
+                        SetAttr {
+                            atime: Some(old),
+                            mtime: Some(old),
+                            ..Default::default()
+                        },
+                    ),
+                )
+            }
+            _ => unreachable!("sessions are handled by the caller"),
+        };
+        if want != got {
+            return Err(format!(
+                "{op:?} on workstation {w}: the model says {}, ccfs {}",
+                if want { "it succeeds" } else { "it fails" },
+                if got { "succeeded" } else { "failed" }
+            ));
+        }
+        Ok(())
+    }
+
+    /// The kernel reaches a path through its parents: each must be a directory.
+    fn reachable(&self, w: usize, p: &Path) -> bool {
+        let o = self.overlay(w);
+        p.ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .all(|a| o.resolve(a).is_ok_and(|f| f.meta.is_dir()))
+    }
+
+    fn write(&self, w: usize, p: &Path, data: &[u8], append: bool) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let o = self.overlay(w);
+        let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
+        let opened = match o.resolve(p) {
+            Ok(f) if !f.meta.is_file() => return false,
+            Ok(_) if append => o.open(&ctx(), p, libc::O_WRONLY | libc::O_APPEND),
+            Ok(_) => o.open(&ctx(), p, libc::O_WRONLY | libc::O_TRUNC),
+            Err(_) if append => return false,
+            Err(_) => o
+                .create(&ctx(), parent, file, 0o644, libc::O_WRONLY)
+                .map(|(_, f, wr)| (f, wr)),
+        };
+        let Ok((mut f, writer)) = opened else {
+            return false;
+        };
+        f.write_all(data).expect("write");
+        drop(f);
+        if let Some(wr) = writer {
+            o.release_writer(wr);
+        }
+        if self.skew[w] != 0 {
+            // This workstation's clock: every write carries its time.
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+            let t = SetTime::At {
+                secs: now.as_secs() as i64 + self.skew[w],
+                nsecs: i64::from(now.subsec_nanos()),
+            };
+            let set = SetAttr {
+                atime: Some(t),
+                mtime: Some(t),
+                ..Default::default()
+            };
+            o.setattr(&ctx(), p, set, None)
+                .expect("set this clock's mtime");
+        }
+        true
+    }
+
+    fn remove(&self, w: usize, p: &Path, dir: bool) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
+        let o = self.overlay(w);
+        if dir {
+            o.rmdir(parent, file).is_ok()
+        } else {
+            o.unlink(parent, file).is_ok()
+        }
+    }
+
+    fn mkdir(&self, w: usize, p: &Path) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
+        let c = Ctx { umask: 0, ..ctx() };
+        self.overlay(w).mkdir(&c, parent, file, 0o755).is_ok()
+    }
+
+    fn rename(&self, w: usize, from: &Path, to: &Path) -> bool {
+        if !self.reachable(w, from) || !self.reachable(w, to) {
+            return false;
+        }
+        self.overlay(w)
+            .rename(
+                &ctx(),
+                from.parent().expect("parent"),
+                from.file_name().expect("name"),
+                to.parent().expect("parent"),
+                to.file_name().expect("name"),
+                0,
+            )
+            .is_ok()
+    }
+
+    /// chmod or utimens of a file (the model's operations change files only).
+    fn setattr(&self, w: usize, p: &Path, attr: SetAttr) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let o = self.overlay(w);
+        match o.resolve(p) {
+            Ok(f) if f.meta.is_file() => o.setattr(&ctx(), p, attr, None).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// The share and every logged-in workstation's view equal the model's.
+    fn compare(&self, model: &Model) -> Checked {
+        let want: Tree = model
+            .share
+            .iter()
+            .map(|(p, e)| (p.clone(), node(&e.obj)))
+            .collect();
+        let got = share_tree(&self.share);
+        if want != got {
+            return Err(format!(
+                "the share differs from the model:\n{}",
+                diff(&want, &got)
+            ));
+        }
+        for (w, o) in self.overlays.iter().enumerate() {
+            let Some(o) = o else { continue };
+            let want: Tree = model
+                .view(w)
+                .iter()
+                .map(|(p, o)| (p.clone(), node(o)))
+                .collect();
+            let got = overlay_view(o)?;
+            if want != got {
+                return Err(format!(
+                    "workstation {w} shows other than the model:\n{}",
+                    diff(&want, &got)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The design's promises around one sync, checked from what ccfs itself records (its
+/// journal's dirty paths and deletions, the cache's files), not from the model.
+struct Promises {
+    before: Tree,
+    /// Paths the sync may change on the share: dirty or deleted in the session.
+    ours: BTreeSet<PathBuf>,
+    /// The session's versions to send: (path, content, mode).
+    held: Vec<(PathBuf, Vec<u8>, u32)>,
+}
+
+impl Promises {
+    fn before(world: &World, o: &Overlay) -> Self {
+        let inner = o.lock();
+        let state = inner.state();
+        let ours: BTreeSet<PathBuf> = state.dirty().chain(state.whiteouts()).cloned().collect();
+        let mut held = Vec::new();
+        for p in state.dirty() {
+            let at = o.upper().join(p);
+            if let Ok(m) = fs::symlink_metadata(&at) {
+                if m.is_file() {
+                    let data = fs::read(&at).expect("read the cache");
+                    held.push((p.clone(), data, m.mode() & 0o7777));
+                }
+            }
+        }
+        drop(inner);
+        Promises {
+            before: share_tree(&world.share),
+            ours,
+            held,
+        }
+    }
+
+    /// Nothing the sync was not asked to change changed on the share, and every version
+    /// the session held is on the share (at its path or in a conflict copy of it) or
+    /// still in the cache, to be sent.
+    fn kept(&self, world: &World, o: &Overlay) -> Checked {
+        let after = share_tree(&world.share);
+        for (p, n) in &self.before {
+            if !self.ours.contains(p) && after.get(p) != Some(n) {
+                return Err(format!(
+                    "the sync changed {} on the share, which the session neither changed nor deleted: {} -> {:?}",
+                    short(p),
+                    brief(n),
+                    after.get(p).map(brief)
+                ));
+            }
+        }
+        let cache_has = |p: &Path, data: &[u8]| {
+            let inner = o.lock();
+            inner.state().is_dirty(p) && fs::read(o.upper().join(p)).is_ok_and(|d| d == data)
+        };
+        for (p, data, mode) in &self.held {
+            let want = Node::File(data.clone(), *mode);
+            let on_share = after.get(p) == Some(&want)
+                || after
+                    .iter()
+                    .any(|(c, n)| n == &want && is_conflict_copy_of(p, c, &world.host));
+            let in_cache = cache_has(p, data) || {
+                let dir = o.upper().join(p.parent().expect("parent"));
+                fs::read_dir(dir).is_ok_and(|d| {
+                    d.flatten().any(|e| {
+                        let c = p.with_file_name(e.file_name());
+                        is_conflict_copy_of(p, &c, &world.host) && cache_has(&c, data)
+                    })
+                })
+            };
+            if !on_share && !in_cache {
+                return Err(format!(
+                    "lost: the session's version of {} ({data:?}) is neither on the share nor in a conflict copy nor in the cache",
+                    short(p)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn same_report(what: &str, r: &SyncReport, want: &Outcome) -> Checked {
+    let mut conflicts: Vec<(PathBuf, String)> = r
+        .conflicts
+        .iter()
+        .map(|c| (c.path.clone(), kind_name(c.kind)))
+        .collect();
+    conflicts.sort();
+    let got = Outcome {
+        conflicts,
+        not_sent: r.not_sent.clone(),
+        ok: r.ok,
+        remaining_dirty: r.remaining_dirty,
+        remaining_deletions: r.remaining_deletions,
+        cache_dropped: r.cache_dropped,
+    };
+    if &got != want {
+        return Err(format!(
+            "{what} reported other than the model predicts:\n  model {want:?}\n  ccfs  {got:?}\n  errors {:?}",
+            r.errors
+        ));
+    }
+    Ok(())
+}
+
+static CASES: AtomicUsize = AtomicUsize::new(0);
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Plays `ops` on two workstations over a share holding `initial` (path index, byte: a
+/// directory when the byte is a multiple of 3, else a file), with these clock offsets;
+/// at the end every workstation logs out and the share must equal the model.
+pub fn run_sessions(
+    initial: Vec<(usize, u8)>,
+    skew: [i64; 2],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let case = CASES.fetch_add(1, Ordering::Relaxed) + 1;
+    let result = play(initial, skew, &ops);
+    if let Err(e) = &result {
+        if !FAILED.swap(true, Ordering::Relaxed) {
+            eprintln!("sessions model: case {case} is the first to fail: {e}");
+        }
+    }
+    result.map_err(TestCaseError::fail)
+}
+
+fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), String> {
+    let mut world = World::new(skew);
+    let mut model = Model::new(WORKSTATIONS);
+    for (i, b) in initial {
+        let p = name(i);
+        let parent_dir = model
+            .share
+            .get(p.parent().expect("parent"))
+            .is_some_and(|e| e.obj.is_dir());
+        if !parent_dir || model.share.contains_key(p) {
+            continue;
+        }
+        let at = world.share.join(p);
+        if b % 3 == 0 {
+            fs::create_dir(&at).expect("mkdir on the share");
+            model.put_on_share(p, Obj::Dir);
+        } else {
+            let data = vec![b % 3; usize::from(b % 4)];
+            fs::write(&at, &data).expect("write on the share");
+            fs::set_permissions(&at, fs::Permissions::from_mode(0o644)).expect("chmod");
+            let stamp = model.stamp();
+            model.put_on_share(
+                p,
+                Obj::File {
+                    data,
+                    mode: 0o644,
+                    stamp,
+                },
+            );
+        }
+    }
+    world.learn_dirs(&mut model)?;
+    for (step, op) in ops.iter().enumerate() {
+        let at = |e: String| format!("step {step} ({op:?}): {e}");
+        let w = op.ws();
+        if !model.mounted(w) {
+            world.login(&mut model, w).map_err(at)?;
+        }
+        match op {
+            Op::Sync(_) => world.sync(&mut model, w, SyncMode::Session, None),
+            Op::FailSync(_, k, logout) => {
+                let mode = if *logout {
+                    SyncMode::Logout
+                } else {
+                    SyncMode::Session
+                };
+                world.sync(&mut model, w, mode, Some(*k))
+            }
+            Op::Logout(_) => world.sync(&mut model, w, SyncMode::Logout, None),
+            Op::Crash(_) => {
+                world.overlays[w] = None;
+                model.crash(w);
+                Ok(())
+            }
+            Op::CrashInSync(_, k) => world.crash_in_sync(&mut model, w, *k),
+            other => world.apply(&mut model, other),
+        }
+        .map_err(at)?;
+        world.compare(&model).map_err(at)?;
+    }
+    for w in 0..WORKSTATIONS {
+        let at = |e: String| format!("final logout of workstation {w}: {e}");
+        if !model.mounted(w) {
+            world.login(&mut model, w).map_err(at)?;
+        }
+        world
+            .sync(&mut model, w, SyncMode::Logout, None)
+            .map_err(at)?;
+        world.compare(&model).map_err(at)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,793 @@
+//! The reference: the share and each workstation's cache as doc/SEMANTICS.md describes
+//! them ("Sessions: the states of a path", "Conflicts"), as plain maps, without ccfs's code.
+//!
+//! The share holds objects with an identity (a new one for every file version it receives;
+//! a directory is known by its inode number, which the harness reads, since ext4 reuses
+//! them). A workstation's cache holds its copies (`upper`), the paths it must send
+//! (`dirty`), the share paths it must delete (`whiteouts`), and per path the share's
+//! identity when this session first took the path over (`bases`). A sync compares the
+//! share with the bases: where the share changed since, both versions are kept.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use ccfs::overlay::ConflictKind;
+
+/// Every path of the model lives below this directory (on the share from the start).
+pub const ROOT: &str = ".c";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Obj {
+    /// Content, permission bits, and a stamp standing for the mtime: each write gives a new
+    /// one; a copy (copy-up, rsync) keeps it, and so does chmod.
+    File {
+        data: Vec<u8>,
+        mode: u32,
+        stamp: u64,
+    },
+    Dir,
+}
+
+impl Obj {
+    pub fn is_dir(&self) -> bool {
+        matches!(self, Obj::Dir)
+    }
+
+    /// Size and mtime: what a sync hands over and later recognises as its own transfer.
+    fn tag(&self) -> Option<(usize, u64)> {
+        match self {
+            Obj::File { data, stamp, .. } => Some((data.len(), *stamp)),
+            Obj::Dir => None,
+        }
+    }
+
+    fn same_type(&self, other: &Obj) -> bool {
+        self.is_dir() == other.is_dir()
+    }
+}
+
+/// The identity of a share object, as a base records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ver {
+    /// One per file version the share received.
+    File(u64),
+    /// A directory by inode number (0 until the harness has read it).
+    Dir(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareEntry {
+    pub obj: Obj,
+    pub ver: Ver,
+}
+
+/// One workstation: its session's cache and journal.
+#[derive(Debug, Clone, Default)]
+pub struct Ws {
+    /// A session runs (the overlay exists); after a logout or a crash, the next operation
+    /// on this workstation logs in again (and recovers what the journal holds).
+    pub mounted: bool,
+    pub upper: BTreeMap<PathBuf, Obj>,
+    pub dirty: BTreeSet<PathBuf>,
+    pub whiteouts: BTreeSet<PathBuf>,
+    /// What the share held at a path when the session took it over (None: nothing).
+    pub bases: BTreeMap<PathBuf, Option<Ver>>,
+    /// What a sync cut short by a crash was sending (size and mtime), until the next sync
+    /// settles it.
+    pub sending: BTreeMap<PathBuf, Option<(usize, u64)>>,
+}
+
+impl Ws {
+    fn has_work(&self) -> bool {
+        !self.dirty.is_empty() || !self.whiteouts.is_empty() || !self.sending.is_empty()
+    }
+}
+
+/// How a sync's rsync ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// Exit 0: every listed file sent.
+    All,
+    /// The first k listed files sent, then exit 23.
+    FailAfter(usize),
+    /// The first k listed files sent, then the daemon dies: nothing settles.
+    CrashAfter(usize),
+}
+
+/// What a sync must report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// (path, kind), sorted.
+    pub conflicts: Vec<(PathBuf, String)>,
+    pub not_sent: Vec<PathBuf>,
+    pub ok: bool,
+    pub remaining_dirty: usize,
+    pub remaining_deletions: usize,
+    pub cache_dropped: bool,
+}
+
+pub fn kind_name(k: ConflictKind) -> String {
+    format!("{k:?}")
+}
+
+/// `p` is `root` or below it.
+fn below(p: &Path, root: &Path) -> bool {
+    p.starts_with(root)
+}
+
+/// `p` with its prefix `from` replaced by `to`.
+pub fn reroot(p: &Path, from: &Path, to: &Path) -> PathBuf {
+    match p.strip_prefix(from) {
+        Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
+        Ok(rest) => to.join(rest),
+        Err(_) => p.to_path_buf(),
+    }
+}
+
+/// Proper ancestors of `p` below the mount root, outermost first.
+fn ancestors(p: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = p
+        .ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .collect();
+    v.reverse();
+    v
+}
+
+fn subtree<V>(m: &BTreeMap<PathBuf, V>, root: &Path) -> Vec<PathBuf> {
+    m.keys().filter(|k| below(k, root)).cloned().collect()
+}
+
+/// Does `real` name a conflict copy of `orig` (`NAME.ccfs-conflict-HOST-STAMP[-N]`, the
+/// name shortened at its front part so the whole fits in 255 bytes)?
+pub fn is_conflict_copy_of(orig: &Path, real: &Path, host: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    if orig.parent() != real.parent() {
+        return false;
+    }
+    let (Some(o), Some(r)) = (orig.file_name(), real.file_name()) else {
+        return false;
+    };
+    let (o, r) = (o.as_bytes(), r.as_bytes());
+    let marker = format!(".ccfs-conflict-{host}-");
+    let marker = marker.as_bytes();
+    let Some(at) = r.windows(marker.len()).rposition(|w| w == marker) else {
+        return false;
+    };
+    let (prefix, suffix) = (&r[..at], &r[at + marker.len()..]);
+    // YYYYMMDDTHHMMSSZ, then -N for the second and later copies of the same second.
+    let stamp_ok = suffix.len() >= 16
+        && suffix[..8].iter().all(u8::is_ascii_digit)
+        && suffix[8] == b'T'
+        && suffix[9..15].iter().all(u8::is_ascii_digit)
+        && suffix[15] == b'Z'
+        && (suffix.len() == 16
+            || (suffix[16] == b'-'
+                && suffix.len() > 17
+                && suffix[17..].iter().all(u8::is_ascii_digit)));
+    let room = 255 - (r.len() - prefix.len());
+    let want = &o[..o.len().min(room)];
+    stamp_ok && r.len() <= 255 && prefix == want
+}
+
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub share: BTreeMap<PathBuf, ShareEntry>,
+    pub ws: Vec<Ws>,
+    next_ver: u64,
+    next_stamp: u64,
+}
+
+impl Model {
+    pub fn new(workstations: usize) -> Self {
+        let mut share = BTreeMap::new();
+        share.insert(
+            PathBuf::from(ROOT),
+            ShareEntry {
+                obj: Obj::Dir,
+                ver: Ver::Dir(0),
+            },
+        );
+        Model {
+            share,
+            ws: vec![Ws::default(); workstations],
+            next_ver: 1,
+            next_stamp: 1,
+        }
+    }
+
+    pub fn stamp(&mut self) -> u64 {
+        self.next_stamp += 1;
+        self.next_stamp
+    }
+
+    fn file_ver(&mut self) -> Ver {
+        self.next_ver += 1;
+        Ver::File(self.next_ver)
+    }
+
+    /// Puts an object on the share directly (the initial state).
+    pub fn put_on_share(&mut self, p: &Path, obj: Obj) {
+        let ver = match obj {
+            Obj::Dir => Ver::Dir(0),
+            Obj::File { .. } => self.file_ver(),
+        };
+        self.share.insert(p.to_path_buf(), ShareEntry { obj, ver });
+    }
+
+    /// The share's directories with their inode numbers as the harness reads them; a
+    /// directory that should have kept its inode but did not was replaced behind the model.
+    pub fn learn_dir_inodes(
+        &mut self,
+        ino_of: impl Fn(&Path) -> Option<u64>,
+    ) -> Result<(), String> {
+        for (p, e) in self.share.iter_mut() {
+            if let Ver::Dir(known) = &mut e.ver {
+                let Some(ino) = ino_of(p) else { continue };
+                if *known != 0 && *known != ino {
+                    return Err(format!(
+                        "directory {} was replaced on the share (inode {known} -> {ino})",
+                        p.display()
+                    ));
+                }
+                *known = ino;
+            }
+        }
+        Ok(())
+    }
+
+    fn share_ver(&self, p: &Path) -> Option<Ver> {
+        self.share.get(p).map(|e| e.ver)
+    }
+
+    fn share_has_children(&self, p: &Path) -> bool {
+        self.share.keys().any(|k| k.parent() == Some(p))
+    }
+
+    // ---- a workstation's view ---------------------------------------------------------
+
+    fn hidden(&self, w: usize, p: &Path) -> bool {
+        let ws = &self.ws[w];
+        p.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .any(|a| ws.whiteouts.contains(a))
+    }
+
+    /// What workstation `w` shows at `p`: the cache's copy, else the share's unless a
+    /// deletion hides it.
+    pub fn lookup(&self, w: usize, p: &Path) -> Option<Obj> {
+        if let Some(o) = self.ws[w].upper.get(p) {
+            return Some(o.clone());
+        }
+        if self.hidden(w, p) {
+            return None;
+        }
+        self.share.get(p).map(|e| e.obj.clone())
+    }
+
+    /// The names a listing of directory `d` shows: the cache's and the share's (when the
+    /// share has `d` as a directory and it is not deleted here), without deleted ones.
+    pub fn list(&self, w: usize, d: &Path) -> BTreeSet<PathBuf> {
+        let ws = &self.ws[w];
+        let mut out: BTreeSet<PathBuf> = BTreeSet::new();
+        if ws.upper.get(d).is_some_and(Obj::is_dir) {
+            out.extend(ws.upper.keys().filter(|k| k.parent() == Some(d)).cloned());
+        }
+        let share_dir = self.share.get(d).is_some_and(|e| e.obj.is_dir());
+        if share_dir && !self.hidden(w, d) {
+            out.extend(
+                self.share
+                    .keys()
+                    .filter(|k| k.parent() == Some(d) && !self.hidden(w, k))
+                    .cloned(),
+            );
+        }
+        out
+    }
+
+    /// Everything workstation `w` shows below the root, reached by listing directories.
+    pub fn view(&self, w: usize) -> BTreeMap<PathBuf, Obj> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![PathBuf::from(ROOT)];
+        while let Some(p) = stack.pop() {
+            let Some(o) = self.lookup(w, &p) else {
+                continue;
+            };
+            if o.is_dir() {
+                stack.extend(self.list(w, &p));
+            }
+            out.insert(p, o);
+        }
+        out
+    }
+
+    /// The kernel walks to a path through its parents: each must be a directory.
+    fn parents_ok(&self, w: usize, p: &Path) -> bool {
+        ancestors(p)
+            .iter()
+            .all(|a| self.lookup(w, a).is_some_and(|o| o.is_dir()))
+    }
+
+    // ---- changes within a session -----------------------------------------------------
+
+    /// The first take-over of a path in a session records what the share holds there.
+    fn take_over(&mut self, w: usize, p: &Path) {
+        let now = self.share_ver(p);
+        self.ws[w].bases.entry(p.to_path_buf()).or_insert(now);
+    }
+
+    fn mark_dirty(&mut self, w: usize, p: &Path) {
+        let ws = &mut self.ws[w];
+        ws.dirty.insert(p.to_path_buf());
+        ws.whiteouts.remove(p);
+    }
+
+    /// The cache's directories above `p` (made as needed; they are not changes).
+    fn ensure_parents(&mut self, w: usize, p: &Path) {
+        for a in ancestors(p) {
+            self.ws[w].upper.entry(a).or_insert(Obj::Dir);
+        }
+    }
+
+    /// The first change to a share file copies that one file to the cache.
+    fn copy_up(&mut self, w: usize, p: &Path) {
+        if self.ws[w].upper.contains_key(p) {
+            return;
+        }
+        let Some(obj) = self.lookup(w, p) else {
+            return;
+        };
+        self.ensure_parents(w, p);
+        self.take_over(w, p);
+        self.ws[w].upper.insert(p.to_path_buf(), obj);
+        self.mark_dirty(w, p);
+    }
+
+    /// Writes (create or truncate) `data` at `p`.
+    pub fn write(&mut self, w: usize, p: &Path, data: Vec<u8>) -> bool {
+        if !self.parents_ok(w, p) {
+            return false;
+        }
+        let stamp = self.stamp();
+        match self.lookup(w, p) {
+            Some(Obj::Dir) => false,
+            Some(Obj::File { .. }) => {
+                self.copy_up(w, p);
+                self.mark_dirty(w, p);
+                if let Some(Obj::File {
+                    data: d, stamp: s, ..
+                }) = self.ws[w].upper.get_mut(p)
+                {
+                    *d = data;
+                    *s = stamp;
+                }
+                true
+            }
+            None => {
+                self.ensure_parents(w, p);
+                self.take_over(w, p);
+                self.mark_dirty(w, p);
+                self.ws[w].upper.insert(
+                    p.to_path_buf(),
+                    Obj::File {
+                        data,
+                        mode: 0o644,
+                        stamp,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Changes an existing file in the cache (copied up first) with `f`.
+    fn change_file(
+        &mut self,
+        w: usize,
+        p: &Path,
+        f: impl FnOnce(&mut Vec<u8>, &mut u32, &mut u64),
+    ) -> bool {
+        if !self.parents_ok(w, p) || !matches!(self.lookup(w, p), Some(Obj::File { .. })) {
+            return false;
+        }
+        self.copy_up(w, p);
+        self.mark_dirty(w, p);
+        if let Some(Obj::File { data, mode, stamp }) = self.ws[w].upper.get_mut(p) {
+            f(data, mode, stamp);
+        }
+        true
+    }
+
+    pub fn append(&mut self, w: usize, p: &Path, b: u8) -> bool {
+        let s = self.stamp();
+        self.change_file(w, p, |d, _, stamp| {
+            d.push(b);
+            *stamp = s;
+        })
+    }
+
+    pub fn chmod(&mut self, w: usize, p: &Path, m: u32) -> bool {
+        self.change_file(w, p, |_, mode, _| *mode = m)
+    }
+
+    /// Sets the mtime (`touch -d`, `cp -p`): a new stamp, same content.
+    pub fn touch(&mut self, w: usize, p: &Path) -> bool {
+        let s = self.stamp();
+        self.change_file(w, p, |_, _, stamp| *stamp = s)
+    }
+
+    /// Removes `p` from the view; a share object there is deleted at the next sync.
+    fn remove(&mut self, w: usize, p: &Path) {
+        let whiteout = self.share.contains_key(p) && !self.hidden(w, p);
+        let ws = &mut self.ws[w];
+        ws.dirty.retain(|k| !below(k, p));
+        for k in subtree(&ws.upper, p) {
+            ws.upper.remove(&k);
+        }
+        if whiteout {
+            self.ws[w].whiteouts.insert(p.to_path_buf());
+            self.take_over(w, p);
+        }
+    }
+
+    pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
+        if !self.parents_ok(w, p) || !matches!(self.lookup(w, p), Some(Obj::File { .. })) {
+            return false;
+        }
+        self.remove(w, p);
+        true
+    }
+
+    pub fn mkdir(&mut self, w: usize, p: &Path) -> bool {
+        if !self.parents_ok(w, p) || self.lookup(w, p).is_some() {
+            return false;
+        }
+        self.ensure_parents(w, p);
+        self.take_over(w, p);
+        self.mark_dirty(w, p);
+        self.ws[w].upper.insert(p.to_path_buf(), Obj::Dir);
+        true
+    }
+
+    pub fn rmdir(&mut self, w: usize, p: &Path) -> bool {
+        if !self.parents_ok(w, p)
+            || !matches!(self.lookup(w, p), Some(Obj::Dir))
+            || !self.list(w, p).is_empty()
+        {
+            return false;
+        }
+        self.remove(w, p);
+        true
+    }
+
+    /// rename(2) within the cached class. A directory the share has cannot move (EXDEV).
+    pub fn rename(&mut self, w: usize, from: &Path, to: &Path) -> bool {
+        if !self.parents_ok(w, from) || !self.parents_ok(w, to) {
+            return false;
+        }
+        let Some(src) = self.lookup(w, from) else {
+            return false;
+        };
+        if from == to {
+            return true;
+        }
+        if below(to, from) {
+            return false;
+        }
+        match (&src, self.lookup(w, to)) {
+            (Obj::Dir, Some(Obj::File { .. })) | (Obj::File { .. }, Some(Obj::Dir)) => {
+                return false
+            }
+            (Obj::Dir, Some(Obj::Dir)) if !self.list(w, to).is_empty() => return false,
+            _ => {}
+        }
+        let from_on_share = !self.hidden(w, from) && self.share.contains_key(from);
+        if src.is_dir() && from_on_share && self.share[from].obj.is_dir() {
+            return false; // EXDEV
+        }
+        self.copy_up(w, from);
+        self.ensure_parents(w, to);
+        // Every path that now holds something the share lacks is taken over and sent.
+        let moved: Vec<PathBuf> = subtree(&self.ws[w].upper, from);
+        self.take_over(w, to);
+        for m in &moved {
+            self.take_over(w, &reroot(m, from, to));
+        }
+        if from_on_share {
+            self.take_over(w, from);
+        }
+        let ws = &mut self.ws[w];
+        for k in subtree(&ws.upper, to) {
+            ws.upper.remove(&k);
+        }
+        ws.dirty.retain(|k| !below(k, to) && !below(k, from));
+        for m in moved {
+            let obj = ws.upper.remove(&m).expect("moved entry");
+            let there = reroot(&m, from, to);
+            ws.whiteouts.remove(&there);
+            ws.dirty.insert(there.clone());
+            ws.upper.insert(there, obj);
+        }
+        ws.whiteouts.remove(to);
+        if from_on_share {
+            ws.whiteouts.insert(from.to_path_buf());
+        }
+        self.mark_dirty(w, to);
+        true
+    }
+
+    // ---- sessions ---------------------------------------------------------------------
+
+    pub fn mounted(&self, w: usize) -> bool {
+        self.ws[w].mounted
+    }
+
+    /// A crash: the session ends without a sync; the journal keeps everything.
+    pub fn crash(&mut self, w: usize) {
+        self.ws[w].mounted = false;
+    }
+
+    /// After a logout (whatever its sync left) the overlay is gone.
+    pub fn logged_out(&mut self, w: usize) {
+        self.ws[w].mounted = false;
+    }
+
+    /// A login: with work in the journal, a recovery (a logout sync of that journal);
+    /// else the cache is emptied. Returns whether a recovery must run.
+    pub fn login_needs_recovery(&mut self, w: usize) -> bool {
+        let ws = &mut self.ws[w];
+        ws.mounted = true;
+        if ws.has_work() {
+            return true;
+        }
+        ws.upper.clear();
+        ws.bases.clear();
+        false
+    }
+
+    /// Is the share's `theirs` our own transfer of `ours`, handed over as `sent`?
+    fn is_ours(theirs: &Obj, ours: Option<&Obj>, sent: Option<(usize, u64)>) -> bool {
+        let Some(t) = theirs.tag() else {
+            return ours.is_some_and(|o| o.same_type(theirs));
+        };
+        Some(t) == sent || ours.and_then(Obj::tag) == Some(t)
+    }
+
+    /// rsync puts `obj` at `p` (its parents made as needed; a file replaces a directory
+    /// with everything below it, as `--force` does).
+    fn transfer(&mut self, p: &Path, obj: &Obj, ino_of: &dyn Fn(&Path) -> Option<u64>) {
+        for a in ancestors(p) {
+            if !self.share.get(&a).is_some_and(|e| e.obj.is_dir()) {
+                let gone = subtree(&self.share, &a);
+                for k in gone {
+                    self.share.remove(&k);
+                }
+                let ver = Ver::Dir(ino_of(&a).unwrap_or(0));
+                self.share.insert(a, ShareEntry { obj: Obj::Dir, ver });
+            }
+        }
+        if obj.is_dir() && self.share.get(p).is_some_and(|e| e.obj.is_dir()) {
+            return; // attributes only
+        }
+        for k in subtree(&self.share, p) {
+            self.share.remove(&k);
+        }
+        let ver = match obj {
+            Obj::Dir => Ver::Dir(ino_of(p).unwrap_or(0)),
+            Obj::File { .. } => self.file_ver(),
+        };
+        self.share.insert(
+            p.to_path_buf(),
+            ShareEntry {
+                obj: obj.clone(),
+                ver,
+            },
+        );
+    }
+
+    /// One sync of workstation `w` (session, logout or recovery: `drop_when_clean` for the
+    /// last two). `listed` is what rsync was handed, in order (empty when it did not run):
+    /// the model's list must equal it, except that each conflict copy the model predicts
+    /// takes its real name from it. `ino_of` reads a directory's inode number on the share.
+    /// Returns what the sync must report.
+    pub fn sync(
+        &mut self,
+        w: usize,
+        drop_when_clean: bool,
+        run: Run,
+        listed: &[PathBuf],
+        host: &str,
+        ino_of: &dyn Fn(&Path) -> Option<u64>,
+    ) -> Result<Outcome, String> {
+        let mut out = Outcome::default();
+        let mut conflicts: Vec<(PathBuf, ConflictKind)> = Vec::new();
+        // (1) What a crashed sync was sending: our own transfer becomes the base.
+        let leftover = std::mem::take(&mut self.ws[w].sending);
+        for (p, sent) in leftover {
+            let theirs = self.share.get(&p).cloned();
+            let ours = self.ws[w].upper.get(&p).cloned();
+            if let Some(t) = theirs {
+                if Self::is_ours(&t.obj, ours.as_ref(), sent) {
+                    self.ws[w].bases.insert(p, Some(t.ver));
+                }
+            }
+        }
+        // (2) Each dirty file against its base: changed there = both versions kept.
+        let mut aside: Vec<(PathBuf, Obj)> = Vec::new();
+        let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
+        for p in dirty {
+            let cur = self.share_ver(&p);
+            let base = self.ws[w].bases.get(&p).copied().flatten();
+            if cur == base {
+                continue;
+            }
+            let ours = match self.ws[w].upper.get(&p) {
+                Some(o) if !o.is_dir() => o.clone(),
+                _ => continue,
+            };
+            match (base, cur) {
+                (Some(_), None) => {
+                    self.ws[w].bases.insert(p.clone(), None);
+                    conflicts.push((p.clone(), ConflictKind::ModifiedHereDeletedThere));
+                }
+                (None, Some(c))
+                    if matches!((&self.share[&p].obj, &ours),
+                        (Obj::File { data: a, .. }, Obj::File { data: b, .. }) if a == b) =>
+                {
+                    self.ws[w].bases.insert(p.clone(), Some(c));
+                }
+                _ => {
+                    let ws = &mut self.ws[w];
+                    ws.upper.remove(&p);
+                    ws.dirty.remove(&p);
+                    ws.bases.insert(p.clone(), cur);
+                    let kind = if base.is_none() {
+                        ConflictKind::CreatedOnBoth
+                    } else {
+                        ConflictKind::ModifiedOnBoth
+                    };
+                    conflicts.push((p.clone(), kind));
+                    aside.push((p, ours));
+                }
+            }
+        }
+        // Deleted here, changed there: the share's version stays.
+        let whiteouts: Vec<PathBuf> = self.ws[w].whiteouts.iter().cloned().collect();
+        for d in whiteouts {
+            let cur = self.share_ver(&d);
+            let base = self.ws[w].bases.get(&d).copied().flatten();
+            if cur.is_none() || cur == base || self.ws[w].upper.contains_key(&d) {
+                continue;
+            }
+            self.ws[w].whiteouts.remove(&d);
+            self.ws[w].bases.insert(d.clone(), cur);
+            conflicts.push((d, ConflictKind::DeletedHereModifiedThere));
+        }
+        // Our versions moved aside take their real names from the list.
+        let known: BTreeSet<PathBuf> = self.ws[w]
+            .dirty
+            .iter()
+            .filter(|p| self.ws[w].upper.contains_key(*p))
+            .cloned()
+            .collect();
+        let mut unknown: Vec<PathBuf> = listed
+            .iter()
+            .filter(|p| !known.contains(*p))
+            .cloned()
+            .collect();
+        for (p, obj) in aside {
+            let Some(i) = unknown
+                .iter()
+                .position(|c| is_conflict_copy_of(&p, c, host))
+            else {
+                return Err(format!(
+                    "no conflict copy of {} was sent (rsync was handed {listed:?})",
+                    p.display()
+                ));
+            };
+            let name = unknown.remove(i);
+            let base_there = self.share_ver(&name);
+            let ws = &mut self.ws[w];
+            ws.upper.insert(name.clone(), obj);
+            ws.dirty.insert(name.clone());
+            ws.bases.insert(name, base_there);
+        }
+        // (3) The list: dirty paths the cache holds, sorted.
+        let stale: Vec<PathBuf> = self.ws[w]
+            .dirty
+            .iter()
+            .filter(|p| !self.ws[w].upper.contains_key(*p))
+            .cloned()
+            .collect();
+        let files: Vec<PathBuf> = self.ws[w]
+            .dirty
+            .iter()
+            .filter(|p| self.ws[w].upper.contains_key(*p))
+            .cloned()
+            .collect();
+        if files != listed {
+            return Err(format!(
+                "rsync was handed {listed:?}, the model lists {files:?}"
+            ));
+        }
+        let mut deletions: Vec<PathBuf> = self.ws[w].whiteouts.iter().cloned().collect();
+        deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        let sent: Vec<Option<(usize, u64)>> =
+            files.iter().map(|p| self.ws[w].upper[p].tag()).collect();
+        let crashed = matches!(run, Run::CrashAfter(_));
+        let run = if files.is_empty() { Run::All } else { run };
+        let n = match run {
+            Run::All => files.len(),
+            Run::FailAfter(k) | Run::CrashAfter(k) => k.min(files.len()),
+        };
+        for p in &files[..n] {
+            let obj = self.ws[w].upper[p].clone();
+            self.transfer(p, &obj, ino_of);
+        }
+        out.conflicts = conflicts
+            .into_iter()
+            .map(|(p, k)| (p, kind_name(k)))
+            .collect();
+        if crashed {
+            self.ws[w].sending = files.into_iter().zip(sent).collect();
+            self.ws[w].mounted = false;
+            out.conflicts.sort();
+            return Ok(out);
+        }
+        // (4) Settle: a file arrived when rsync succeeded, or the share holds our transfer.
+        for (p, s) in files.iter().zip(&sent) {
+            let theirs = self.share.get(p).cloned();
+            let landed = match (&theirs, run) {
+                (Some(_), Run::All) => true,
+                (Some(t), _) => Self::is_ours(&t.obj, self.ws[w].upper.get(p), *s),
+                (None, _) => false,
+            };
+            if landed {
+                let ws = &mut self.ws[w];
+                ws.bases.insert(p.clone(), theirs.map(|t| t.ver));
+                ws.dirty.remove(p);
+            } else {
+                out.not_sent.push(p.clone());
+            }
+        }
+        for p in stale {
+            self.ws[w].dirty.remove(&p);
+        }
+        // (5) Deletions, once every file arrived.
+        if out.not_sent.is_empty() {
+            for d in deletions {
+                if !self.ws[w].whiteouts.contains(&d) {
+                    continue;
+                }
+                if !self.ws[w].upper.contains_key(&d) {
+                    match self.share.get(&d).map(|e| e.obj.is_dir()) {
+                        Some(true) if self.share_has_children(&d) => out
+                            .conflicts
+                            .push((d.clone(), kind_name(ConflictKind::DeletedHereModifiedThere))),
+                        Some(_) => {
+                            self.share.remove(&d);
+                        }
+                        None => {}
+                    }
+                }
+                let now = self.share_ver(&d);
+                let ws = &mut self.ws[w];
+                ws.whiteouts.remove(&d);
+                ws.bases.insert(d, now);
+            }
+        }
+        out.conflicts.sort();
+        let ws = &mut self.ws[w];
+        if drop_when_clean && ws.dirty.is_empty() && ws.whiteouts.is_empty() {
+            ws.upper.clear();
+            ws.bases.clear();
+            out.cache_dropped = true;
+        }
+        out.ok = run == Run::All && out.not_sent.is_empty();
+        out.remaining_dirty = ws.dirty.len();
+        out.remaining_deletions = ws.whiteouts.len();
+        Ok(out)
+    }
+}
