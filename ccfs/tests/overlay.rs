@@ -930,3 +930,22 @@ proptest! {
         model::run_sessions(initial, skew, ops)?;
     }
 }
+
+/// Regression (from the sessions model): a file chmod-ed after it was synced has the size
+/// and mtime the share already has; a sync whose rsync then fails before sending it must
+/// not take the share's copy for its own transfer and mark the chmod clean.
+#[test]
+fn model_regression_a_chmod_alone_is_not_marked_sent_by_a_failed_sync() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(2, 204), (4, 1)],
+        [-model::SKEW, -model::SKEW],
+        vec![
+            Write(0, 3, 0, 0),
+            Sync(0),
+            Chmod(0, 3, 0o600),
+            FailSync(0, 0, false),
+        ],
+    )
+    .expect("model");
+}

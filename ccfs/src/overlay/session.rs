@@ -119,10 +119,14 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
 /// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
 /// as `sent`? Yes when it has the size and mtime we handed over or that the cache copy has
 /// now, or an mtime between the two (a version the user wrote while rsync was reading: rsync
-/// keeps the cache's mtimes, and they only move forward while the session writes).
+/// keeps the cache's mtimes, and they only move forward while the session writes), and the
+/// cache copy's permission bits (a chmod alone changes neither size nor mtime).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
+    }
+    if ours.is_some_and(|o| o.is_file() && o.mode() & 0o7777 != theirs.mode() & 0o7777) {
+        return false;
     }
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
