@@ -949,3 +949,19 @@ fn model_regression_a_chmod_alone_is_not_marked_sent_by_a_failed_sync() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model): workstation 1 removes the directory .c/d and
+/// writes a file .c/d in its place; meanwhile workstation 0 makes a directory in the old
+/// .c/d and logs out first. Sending the file over the share's directory (rsync --force)
+/// removed workstation 0's directory in silence; now it is a conflict: the share keeps the
+/// directory, our file goes beside it.
+#[test]
+fn model_regression_a_file_sent_over_a_directory_keeps_what_others_put_in_it() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(2, 3)],
+        [-model::SKEW, -model::SKEW],
+        vec![Rmdir(1, 2), Mkdir(0, 6), Write(1, 2, 0, 0)],
+    )
+    .expect("model");
+}

@@ -116,6 +116,11 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
+/// Is this base a directory (see [`share_id_of`])?
+fn is_dir_id(id: &ShareId) -> bool {
+    id.size == u64::MAX && id.mtime == (0, 0) && id.ctime == (0, 0)
+}
+
 /// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
 /// as `sent`? Yes when it has the size and mtime we handed over or that the cache copy has
 /// now, or an mtime between the two (a version the user wrote while rsync was reading: rsync
@@ -282,8 +287,28 @@ impl Overlay {
             };
             let mut inner = self.lock();
             let base = inner.state.base(&p);
-            if cur == base || !inner.state.is_dirty(&p) {
+            if !inner.state.is_dirty(&p) {
                 continue;
+            }
+            if cur == base {
+                // Unchanged there. But a file sent where the share has a directory replaces
+                // it with all it holds (rsync --force): only what we deleted may go with it.
+                let dir_there = cur.as_ref().is_some_and(is_dir_id);
+                let file_here = matches!(self.upper_stat(&p), Ok(Some(m)) if !m.is_dir());
+                if !dir_there || !file_here {
+                    continue;
+                }
+                match self.replaces_others(&inner, &p) {
+                    Ok(false) => continue,
+                    Ok(true) => {}
+                    Err(e) => {
+                        session
+                            .errors
+                            .push(io_err("cannot check on the share", &p, &e));
+                        held.insert(p);
+                        continue;
+                    }
+                }
             }
             let ours = match self.upper_stat(&p) {
                 Ok(Some(m)) if !m.is_dir() => m,
@@ -355,6 +380,23 @@ impl Overlay {
             });
         }
         Ok(held)
+    }
+
+    /// Does the share's directory `dir` hold anything this session did not delete, or that
+    /// changed there since it did (a file sent at `dir` would remove it)?
+    fn replaces_others(&self, inner: &super::Inner, dir: &Path) -> io::Result<bool> {
+        for (name, _, _) in self.share.read_dir(dir)? {
+            let c = dir.join(name);
+            let Some(m) = self.share.stat(&c)? else {
+                continue;
+            };
+            let ours_to_delete =
+                inner.state.is_whiteout(&c) && inner.state.base(&c) == Some(share_id_of(&m));
+            if !ours_to_delete || (m.is_dir() && self.replaces_others(inner, &c)?) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// What the share holds at `p` now, asked without the lock; when it cannot say, `p` is

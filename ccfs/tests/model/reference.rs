@@ -561,6 +561,17 @@ impl Model {
         Some(t) == sent || ours.and_then(Obj::tag) == Some(t)
     }
 
+    /// Does the share hold, below `dir`, anything workstation `w` did not delete, or that
+    /// changed there since it did?
+    fn replaces_others(&self, w: usize, dir: &Path) -> bool {
+        let ws = &self.ws[w];
+        self.share.iter().any(|(k, e)| {
+            k != dir
+                && below(k, dir)
+                && !(ws.whiteouts.contains(k) && ws.bases.get(k).copied().flatten() == Some(e.ver))
+        })
+    }
+
     /// rsync puts `obj` at `p` (its parents made as needed; a file replaces a directory
     /// with everything below it, as `--force` does).
     fn transfer(&mut self, p: &Path, obj: &Obj, ino_of: &dyn Fn(&Path) -> Option<u64>) {
@@ -626,13 +637,15 @@ impl Model {
         for p in dirty {
             let cur = self.share_ver(&p);
             let base = self.ws[w].bases.get(&p).copied().flatten();
-            if cur == base {
-                continue;
-            }
             let ours = match self.ws[w].upper.get(&p) {
                 Some(o) if !o.is_dir() => o.clone(),
                 _ => continue,
             };
+            // A file sent over the share's directory removes all it holds: unchanged
+            // only if all of it is ours to delete.
+            if cur == base && !self.replaces_others(w, &p) {
+                continue;
+            }
             match (base, cur) {
                 (Some(_), None) => {
                     self.ws[w].bases.insert(p.clone(), None);
