@@ -965,3 +965,45 @@ fn model_regression_a_file_sent_over_a_directory_keeps_what_others_put_in_it() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model): workstation 1 makes the directory .c/d (synced by
+/// a recovery) and a file in it; workstation 0 removes the then empty .c/d and writes a file
+/// .c/d in its place, and logs out first. rsync made the missing parent directory in place
+/// of workstation 0's file and removed it in silence; now .c/d/a is held back and named,
+/// and stays in the cache.
+#[test]
+fn model_regression_a_file_whose_parent_became_a_file_elsewhere_stays_here() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-model::SKEW, -model::SKEW],
+        vec![
+            Mkdir(1, 2),
+            Crash(1),
+            Write(1, 3, 0, 0),
+            Rmdir(0, 2),
+            Write(0, 2, 0, 0),
+        ],
+    )
+    .expect("model");
+}
+
+/// Regression (from the sessions model): workstation 1 makes the directory .c/d with a
+/// file in it; workstation 0 writes a file .c/d and logs out first. rsync put workstation
+/// 1's directory in place of that file and removed it in silence; now it is a conflict:
+/// the share keeps the file, our directory (with what it holds) goes beside it.
+#[test]
+fn model_regression_a_directory_sent_over_a_file_keeps_the_file() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-model::SKEW, -model::SKEW],
+        vec![
+            Mkdir(1, 2),
+            Write(1, 4, 0, 0),
+            Write(0, 2, 0, 0),
+            FailSync(0, 0, false),
+        ],
+    )
+    .expect("model");
+}

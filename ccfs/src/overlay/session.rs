@@ -290,6 +290,29 @@ impl Overlay {
             if !inner.state.is_dirty(&p) {
                 continue;
             }
+            // A parent that the share holds as a file (another workstation replaced the
+            // directory): rsync would put a directory in its place. Ours stays here.
+            if cur.is_none() {
+                match self.blocking_parent(&inner, &p) {
+                    Ok(None) => {}
+                    Ok(Some(a)) => {
+                        session.errors.push(format!(
+                            "{} stays here: {} is no directory on the share now (changed elsewhere)",
+                            shown(&p),
+                            shown(&a)
+                        ));
+                        held.insert(p);
+                        continue;
+                    }
+                    Err(e) => {
+                        session
+                            .errors
+                            .push(io_err("cannot check on the share", &p, &e));
+                        held.insert(p);
+                        continue;
+                    }
+                }
+            }
             if cur == base {
                 // Unchanged there. But a file sent where the share has a directory replaces
                 // it with all it holds (rsync --force): only what we deleted may go with it.
@@ -312,6 +335,8 @@ impl Overlay {
             }
             let ours = match self.upper_stat(&p) {
                 Ok(Some(m)) if !m.is_dir() => m,
+                // Our directory where another workstation put a file: both are kept too.
+                Ok(Some(m)) if cur.as_ref().is_some_and(|c| !is_dir_id(c)) => m,
                 Ok(_) => continue,
                 Err(e) => {
                     session.errors.push(io_err("cannot look at", &p, &e));
@@ -397,6 +422,24 @@ impl Overlay {
             }
         }
         Ok(false)
+    }
+
+    /// The nearest parent of `p` that the share holds as something other than a directory,
+    /// unless it is ours to replace (our own directory, taken over from that very object).
+    fn blocking_parent(&self, inner: &super::Inner, p: &Path) -> io::Result<Option<PathBuf>> {
+        for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            match self.share.stat(a)? {
+                None => continue,
+                Some(m) if m.is_dir() => return Ok(None),
+                Some(m) => {
+                    let ours = inner.state.is_dirty(a)
+                        && inner.state.base(a) == Some(share_id_of(&m))
+                        && self.upper_stat(a)?.is_some_and(|u| u.is_dir());
+                    return Ok((!ours).then(|| a.to_path_buf()));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// What the share holds at `p` now, asked without the lock; when it cannot say, `p` is

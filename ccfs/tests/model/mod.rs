@@ -27,7 +27,7 @@ use ccfs::sync::{run_rsync, run_sync, RsyncOptions, SyncMode, SyncReport};
 use ccfs::sys::SetTime;
 use proptest::prelude::*;
 
-use reference::{is_conflict_copy_of, kind_name, Model, Obj, Outcome, Run, ROOT};
+use reference::{is_set_aside, kind_name, Model, Obj, Outcome, Run, ROOT};
 
 /// Workstations in the model.
 pub const WORKSTATIONS: usize = 2;
@@ -248,6 +248,26 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
         }
     }
     Ok(out)
+}
+
+/// Every file in the cache's upper layer, relative to it.
+fn upper_files(upper: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let Ok(entries) = fs::read_dir(upper.join(&rel)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let c = rel.join(e.file_name());
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(c),
+                Ok(_) => out.push(c),
+                Err(_) => {}
+            }
+        }
+    }
+    out
 }
 
 /// The rsync wrapper: records the list it is handed (`list`), runs the real rsync over the
@@ -680,7 +700,7 @@ struct Promises {
     /// Paths the sync may change on the share: dirty or deleted in the session.
     ours: BTreeSet<PathBuf>,
     /// The session's versions to send: (path, content, mode).
-    held: Vec<(PathBuf, Vec<u8>, u32)>,
+    versions: Vec<(PathBuf, Vec<u8>, u32)>,
 }
 
 impl Promises {
@@ -688,13 +708,13 @@ impl Promises {
         let inner = o.lock();
         let state = inner.state();
         let ours: BTreeSet<PathBuf> = state.dirty().chain(state.whiteouts()).cloned().collect();
-        let mut held = Vec::new();
+        let mut versions = Vec::new();
         for p in state.dirty() {
             let at = o.upper().join(p);
             if let Ok(m) = fs::symlink_metadata(&at) {
                 if m.is_file() {
                     let data = fs::read(&at).expect("read the cache");
-                    held.push((p.clone(), data, m.mode() & 0o7777));
+                    versions.push((p.clone(), data, m.mode() & 0o7777));
                 }
             }
         }
@@ -702,7 +722,7 @@ impl Promises {
         Promises {
             before: share_tree(&world.share),
             ours,
-            held,
+            versions,
         }
     }
 
@@ -725,21 +745,17 @@ impl Promises {
             let inner = o.lock();
             inner.state().is_dirty(p) && fs::read(o.upper().join(p)).is_ok_and(|d| d == data)
         };
-        for (p, data, mode) in &self.held {
+        let cached = upper_files(o.upper());
+        for (p, data, mode) in &self.versions {
             let want = Node::File(data.clone(), *mode);
             let on_share = after.get(p) == Some(&want)
                 || after
                     .iter()
-                    .any(|(c, n)| n == &want && is_conflict_copy_of(p, c, &world.host));
-            let in_cache = cache_has(p, data) || {
-                let dir = o.upper().join(p.parent().expect("parent"));
-                fs::read_dir(dir).is_ok_and(|d| {
-                    d.flatten().any(|e| {
-                        let c = p.with_file_name(e.file_name());
-                        is_conflict_copy_of(p, &c, &world.host) && cache_has(&c, data)
-                    })
-                })
-            };
+                    .any(|(c, n)| n == &want && is_set_aside(p, c, &world.host));
+            let in_cache = cache_has(p, data)
+                || cached
+                    .iter()
+                    .any(|c| is_set_aside(p, c, &world.host) && cache_has(c, data));
             if !on_share && !in_cache {
                 return Err(format!(
                     "lost: the session's version of {} ({data:?}) is neither on the share nor in a conflict copy nor in the cache",
@@ -758,9 +774,12 @@ fn same_report(what: &str, r: &SyncReport, want: &Outcome) -> Checked {
         .map(|c| (c.path.clone(), kind_name(c.kind)))
         .collect();
     conflicts.sort();
+    // A path held back is named in the errors.
+    let named = |p: &PathBuf| r.errors.iter().any(|e| e.contains(&*p.to_string_lossy()));
     let got = Outcome {
         conflicts,
         not_sent: r.not_sent.clone(),
+        held: want.held.iter().filter(|p| named(p)).cloned().collect(),
         ok: r.ok,
         remaining_dirty: r.remaining_dirty,
         remaining_deletions: r.remaining_deletions,

@@ -100,6 +100,8 @@ pub struct Outcome {
     /// (path, kind), sorted.
     pub conflicts: Vec<(PathBuf, String)>,
     pub not_sent: Vec<PathBuf>,
+    /// Held back from the sync and named in its errors.
+    pub held: Vec<PathBuf>,
     pub ok: bool,
     pub remaining_dirty: usize,
     pub remaining_deletions: usize,
@@ -170,6 +172,21 @@ pub fn is_conflict_copy_of(orig: &Path, real: &Path, host: &str) -> bool {
     let room = 255 - (r.len() - prefix.len());
     let want = &o[..o.len().min(room)];
     stamp_ok && r.len() <= 255 && prefix == want
+}
+
+/// Is `real` the path `orig` after a conflict moved it aside, itself or with one of its
+/// directories (the same path but one component, a conflict copy of the original)?
+pub fn is_set_aside(orig: &Path, real: &Path, host: &str) -> bool {
+    let (a, b): (Vec<_>, Vec<_>) = (orig.components().collect(), real.components().collect());
+    if a.len() != b.len() {
+        return false;
+    }
+    let differ: Vec<usize> = (0..a.len()).filter(|i| a[*i] != b[*i]).collect();
+    let [i] = differ[..] else {
+        return false;
+    };
+    let at = |v: &[std::path::Component], n: usize| -> PathBuf { v[..=n].iter().collect() };
+    is_conflict_copy_of(&at(&a, i), &at(&b, i), host)
 }
 
 #[derive(Debug, Clone)]
@@ -561,6 +578,25 @@ impl Model {
         Some(t) == sent || ours.and_then(Obj::tag) == Some(t)
     }
 
+    /// Is a parent of `p` on the share something other than a directory, and not ours
+    /// to replace (our own directory there, taken over from that very object)?
+    fn blocked(&self, w: usize, p: &Path) -> bool {
+        let ws = &self.ws[w];
+        for a in ancestors(p).iter().rev() {
+            match self.share.get(a) {
+                None => continue,
+                Some(e) if e.obj.is_dir() => return false,
+                Some(e) => {
+                    let ours = ws.dirty.contains(a)
+                        && ws.upper.get(a).is_some_and(Obj::is_dir)
+                        && ws.bases.get(a).copied().flatten() == Some(e.ver);
+                    return !ours;
+                }
+            }
+        }
+        false
+    }
+
     /// Does the share hold, below `dir`, anything workstation `w` did not delete, or that
     /// changed there since it did?
     fn replaces_others(&self, w: usize, dir: &Path) -> bool {
@@ -632,18 +668,31 @@ impl Model {
             }
         }
         // (2) Each dirty file against its base: changed there = both versions kept.
-        let mut aside: Vec<(PathBuf, Obj)> = Vec::new();
+        let mut aside: Vec<(PathBuf, Vec<(PathBuf, Obj)>)> = Vec::new();
+        let mut held: BTreeSet<PathBuf> = BTreeSet::new();
         let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
         for p in dirty {
+            if !self.ws[w].dirty.contains(&p) {
+                continue; // moved aside with its directory
+            }
             let cur = self.share_ver(&p);
             let base = self.ws[w].bases.get(&p).copied().flatten();
-            let ours = match self.ws[w].upper.get(&p) {
-                Some(o) if !o.is_dir() => o.clone(),
-                _ => continue,
+            // A parent the share holds as a file now: ours cannot go there; it stays.
+            if cur.is_none() && self.blocked(w, &p) {
+                held.insert(p);
+                continue;
+            }
+            let Some(ours) = self.ws[w].upper.get(&p).cloned() else {
+                continue;
             };
-            // A file sent over the share's directory removes all it holds: unchanged
-            // only if all of it is ours to delete.
-            if cur == base && !self.replaces_others(w, &p) {
+            if ours.is_dir() {
+                // Our directory where the share has someone else's file: both kept.
+                if cur == base || !matches!(cur, Some(Ver::File(_))) {
+                    continue;
+                }
+            } else if cur == base && !self.replaces_others(w, &p) {
+                // (A file sent over the share's directory removes all it holds: unchanged
+                // only if all of it is ours to delete.)
                 continue;
             }
             match (base, cur) {
@@ -659,8 +708,12 @@ impl Model {
                 }
                 _ => {
                     let ws = &mut self.ws[w];
-                    ws.upper.remove(&p);
-                    ws.dirty.remove(&p);
+                    let mut moved = Vec::new();
+                    for k in subtree(&ws.upper, &p) {
+                        let obj = ws.upper.remove(&k).expect("in the cache");
+                        ws.dirty.remove(&k);
+                        moved.push((k.strip_prefix(&p).expect("below").to_path_buf(), obj));
+                    }
                     ws.bases.insert(p.clone(), cur);
                     let kind = if base.is_none() {
                         ConflictKind::CreatedOnBoth
@@ -668,7 +721,7 @@ impl Model {
                         ConflictKind::ModifiedOnBoth
                     };
                     conflicts.push((p.clone(), kind));
-                    aside.push((p, ours));
+                    aside.push((p, moved));
                 }
             }
         }
@@ -688,7 +741,7 @@ impl Model {
         let known: BTreeSet<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| self.ws[w].upper.contains_key(*p))
+            .filter(|p| self.ws[w].upper.contains_key(*p) && !held.contains(*p))
             .cloned()
             .collect();
         let mut unknown: Vec<PathBuf> = listed
@@ -696,7 +749,7 @@ impl Model {
             .filter(|p| !known.contains(*p))
             .cloned()
             .collect();
-        for (p, obj) in aside {
+        for (p, moved) in aside {
             let Some(i) = unknown
                 .iter()
                 .position(|c| is_conflict_copy_of(&p, c, host))
@@ -709,21 +762,29 @@ impl Model {
             let name = unknown.remove(i);
             let base_there = self.share_ver(&name);
             let ws = &mut self.ws[w];
-            ws.upper.insert(name.clone(), obj);
-            ws.dirty.insert(name.clone());
+            for (rest, obj) in moved {
+                let at = if rest.as_os_str().is_empty() {
+                    name.clone()
+                } else {
+                    name.join(&rest)
+                };
+                unknown.retain(|u| u != &at);
+                ws.upper.insert(at.clone(), obj);
+                ws.dirty.insert(at);
+            }
             ws.bases.insert(name, base_there);
         }
         // (3) The list: dirty paths the cache holds, sorted.
         let stale: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| !self.ws[w].upper.contains_key(*p))
+            .filter(|p| !self.ws[w].upper.contains_key(*p) && !held.contains(*p))
             .cloned()
             .collect();
         let files: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| self.ws[w].upper.contains_key(*p))
+            .filter(|p| self.ws[w].upper.contains_key(*p) && !held.contains(*p))
             .cloned()
             .collect();
         if files != listed {
@@ -750,6 +811,7 @@ impl Model {
             .map(|(p, k)| (p, kind_name(k)))
             .collect();
         if crashed {
+            out.held = held.into_iter().collect();
             self.ws[w].sending = files.into_iter().zip(sent).collect();
             self.ws[w].mounted = false;
             out.conflicts.sort();
@@ -804,7 +866,8 @@ impl Model {
             ws.bases.clear();
             out.cache_dropped = true;
         }
-        out.ok = run == Run::All && out.not_sent.is_empty();
+        out.ok = run == Run::All && out.not_sent.is_empty() && held.is_empty();
+        out.held = held.into_iter().collect();
         out.remaining_dirty = ws.dirty.len();
         out.remaining_deletions = ws.whiteouts.len();
         Ok(out)
