@@ -912,7 +912,7 @@ mod model;
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: model::cases(64),
+        cases: model::cases(128),
         max_shrink_iters: 2000,
         max_shrink_time: 300_000,
         failure_persistence: None,

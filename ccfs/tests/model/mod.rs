@@ -118,7 +118,7 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         1 => (w.clone(), p.clone(), prop::sample::select(vec![0o600u32, 0o644, 0o755]))
             .prop_map(|(w, p, m)| Op::Chmod(w, p, m)),
         1 => (w.clone(), p).prop_map(|(w, p)| Op::Backdate(w, p)),
-        1 => w.clone().prop_map(Op::Sync),
+        3 => w.clone().prop_map(Op::Sync),
         1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
         3 => w.clone().prop_map(Op::Logout),
         1 => w.clone().prop_map(Op::Crash),
