@@ -1007,3 +1007,28 @@ fn model_regression_a_directory_sent_over_a_file_keeps_the_file() {
     )
     .expect("model");
 }
+
+/// Regression (a sequence written for the sessions model): workstation 0 makes .c/d with a
+/// file in it and syncs; workstation 1 deletes both and logs out; workstation 0, which
+/// still shows them (clean copies), renames .c/d to .c/b. Only the directory was marked
+/// changed, so .c/b/a never reached the share and was gone after the logout; everything
+/// that moves is now sent under its new name.
+#[test]
+fn model_regression_a_renamed_directory_takes_its_synced_files_along() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [0, 0],
+        vec![
+            Mkdir(0, 2),
+            Write(0, 3, 1, 1),
+            Sync(0),
+            Unlink(1, 3),
+            Rmdir(1, 2),
+            Logout(1),
+            Rename(0, 2, 1),
+            Logout(0),
+        ],
+    )
+    .expect("model");
+}

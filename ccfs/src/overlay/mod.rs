@@ -1029,22 +1029,30 @@ impl Overlay {
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
         let whiteout_from = self.needs_whiteout(&inner, &from)?;
-        // Take-overs first: the target (what the user replaces there), and every dirty
-        // path that moves below it (a directory made in this session).
+        // Everything the cache holds below a moved directory is new at its new name, also
+        // what an earlier sync sent under the old one (a clean copy).
+        let moved: Vec<PathBuf> = self
+            .upper_below(&from)?
+            .iter()
+            .map(|m| crate::state::reroot(m, &from, &to))
+            .collect();
+        // Take-overs first: the target (what the user replaces there), and every path that
+        // moves below it.
         let mut records: Vec<Record> = Vec::new();
         records.extend(self.take_over(&inner, &to)?);
-        for moved in inner.state.dirty_below(&from) {
-            let there = crate::state::reroot(&moved, &from, &to);
-            if there != to {
-                records.extend(self.take_over(&inner, &there)?);
-            }
+        for there in &moved {
+            records.extend(self.take_over(&inner, there)?);
         }
         if whiteout_from {
             records.extend(self.take_over(&inner, &from)?);
         }
-        // Write-ahead: the target is dirty before the cache changes, so a crash in between
-        // leaves a journal that sends it.
-        records.push(Record::Dirty(to.clone()));
+        // Write-ahead: the target and what moves below it are dirty before the cache
+        // changes, so a crash in between leaves a journal that sends them.
+        let dirty: Vec<Record> = std::iter::once(to.clone())
+            .chain(moved)
+            .map(Record::Dirty)
+            .collect();
+        records.extend(dirty.iter().cloned());
         self.record(&mut inner, &records)?;
         self.cache.rename(&up(&from), &up(&to), 0)?;
         let mut records = vec![Record::Rename {
@@ -1057,10 +1065,27 @@ impl Overlay {
                 whiteout: true,
             });
         }
-        records.push(Record::Dirty(to.clone()));
+        records.extend(dirty);
         self.record(&mut inner, &records)?;
         inner.touched.insert(to);
         Ok(())
+    }
+
+    /// Every path the cache holds strictly below `rel` (nothing for a file).
+    fn upper_below(&self, rel: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut stack = vec![rel.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            if !self.upper_stat(&dir)?.is_some_and(|m| m.is_dir()) {
+                continue;
+            }
+            for (name, _, _) in self.cache.read_dir(&up(&dir))? {
+                let child = dir.join(name);
+                stack.push(child.clone());
+                out.push(child);
+            }
+        }
+        Ok(out)
     }
 
     /// Changes attributes (chmod, chown, truncate, utimens). `file` is the open handle's

@@ -474,20 +474,25 @@ impl Overlay {
     ) -> FsResult<PathBuf> {
         let name = self.conflict_name(inner, p, host, stamp)?;
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
+        // A directory goes with all it holds: everything is new under the new name.
+        let below = self.upper_below(p)?;
         self.cache
             .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)?;
-        self.record(
-            inner,
-            &[
-                Record::Rename {
-                    from: p.to_path_buf(),
-                    to: name.clone(),
-                },
-                Record::Dirty(name.clone()),
-                Record::Base(name.clone(), base_there),
-                Record::Base(p.to_path_buf(), cur),
-            ],
-        )?;
+        let mut records = vec![
+            Record::Rename {
+                from: p.to_path_buf(),
+                to: name.clone(),
+            },
+            Record::Dirty(name.clone()),
+            Record::Base(name.clone(), base_there),
+            Record::Base(p.to_path_buf(), cur),
+        ];
+        records.extend(
+            below
+                .iter()
+                .map(|b| Record::Dirty(crate::state::reroot(b, p, &name))),
+        );
+        self.record(inner, &records)?;
         Ok(name)
     }
 
