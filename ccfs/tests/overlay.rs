@@ -829,7 +829,7 @@ fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        cases: model::cases(std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)),
         max_shrink_iters: 2000,
         failure_persistence: None,
         ..ProptestConfig::default()
