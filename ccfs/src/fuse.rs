@@ -26,11 +26,7 @@ use crate::error::FsError;
 use crate::overlay::{Ctx, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
-/// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
-/// control socket is. It is not listed by listxattr.
-pub const CONTROL_XATTR: &str = "user.ccfs.control";
-
-use crate::nodes::{Nodes, ROOT};
+use crate::nodes::Nodes;
 
 #[derive(Debug)]
 enum Handle {
@@ -89,7 +85,6 @@ pub struct CcfsFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     ttl: Duration,
-    control: Vec<u8>,
 }
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
@@ -206,11 +201,7 @@ macro_rules! try_reply {
 }
 
 impl CcfsFs {
-    pub fn new(
-        overlay: Arc<Overlay>,
-        ttl: Duration,
-        control_socket: &Path,
-    ) -> std::io::Result<Self> {
+    pub fn new(overlay: Arc<Overlay>, ttl: Duration) -> std::io::Result<Self> {
         Ok(Self {
             overlay,
             nodes: Mutex::new(Nodes::new()),
@@ -218,7 +209,6 @@ impl CcfsFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             ttl,
-            control: control_socket.as_os_str().as_bytes().to_vec(),
         })
     }
 
@@ -889,10 +879,6 @@ impl Filesystem for CcfsFs {
         reply: ReplyEmpty,
     ) {
         self.overlay.requests.count(Req::Setxattr);
-        if name == CONTROL_XATTR {
-            reply.error(Errno::EPERM);
-            return;
-        }
         let path = try_reply!(reply, self.path(ino));
         match self
             .overlay
@@ -905,14 +891,11 @@ impl Filesystem for CcfsFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.overlay.requests.count(Req::Getxattr);
-        let value = if ino.0 == ROOT && name == CONTROL_XATTR {
-            Ok(self.control.clone())
-        } else {
-            let path = try_reply!(reply, self.path(ino));
-            self.overlay
-                .getxattr(&path, name)
-                .map_err(|e| reply_err("getxattr", &path, &e))
-        };
+        let path = try_reply!(reply, self.path(ino));
+        let value = self
+            .overlay
+            .getxattr(&path, name)
+            .map_err(|e| reply_err("getxattr", &path, &e));
         match value {
             Ok(v) => reply_xattr(reply, size, &v),
             Err(e) => reply.error(e),

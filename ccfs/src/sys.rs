@@ -1252,3 +1252,41 @@ pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask has no preconditions and cannot fail.
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
+
+// ---- control socket peers --------------------------------------------------------------
+
+/// Who is at the other end of a connected Unix socket (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The credentials of the peer of `stream`: of the process that connected, or, seen from
+/// the connecting side, of the process that called `listen` (with its ids at that time).
+pub fn peer_credentials(stream: &std::os::unix::net::UnixStream) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` holds its size; the kernel writes at
+    // most `len` bytes into it and stores the length it wrote back into `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    check(rc)?;
+    Ok(PeerCred {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
