@@ -21,12 +21,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::daemon::{user_error, UserError};
+use crate::gate::ShareGate;
 use crate::overlay::Overlay;
 use crate::sync::{run_sync, RsyncOptions, SyncMode, SyncReport};
 
 /// How long a look at the share (stat and statfs of its root) may take before the share
 /// counts as not answering. Generous: a busy server is slow, not down.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long accesses to the share may be in flight without any finishing before the
+/// probe is asked to look (and, if its look hangs for [`PROBE_TIMEOUT`], closes the gate).
+const STALL: Duration = Duration::from_secs(2);
 
 /// How long counting the pending changes may wait for the filesystem's lock (which a
 /// request waiting on a hung share may hold) before the last count is shown instead.
@@ -174,6 +179,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ShareProbe {
     share: PathBuf,
     timeout: Duration,
+    /// Closed while the share does not answer, opened when it does again.
+    gate: Arc<ShareGate>,
     state: Mutex<ProbeState>,
     cv: Condvar,
 }
@@ -195,10 +202,18 @@ struct ProbeState {
 
 impl ShareProbe {
     /// Starts the probe thread for `share`.
-    pub fn start(share: &Path, timeout: Duration) -> std::io::Result<Arc<Self>> {
+    /// Starts the probe thread for `share`, and a watch that asks it to look while
+    /// `gate` is closed (to open it again) or while accesses to the share make no progress
+    /// (to close it when the share hangs).
+    pub fn start(
+        share: &Path,
+        timeout: Duration,
+        gate: Arc<ShareGate>,
+    ) -> std::io::Result<Arc<Self>> {
         let probe = Arc::new(ShareProbe {
             share: share.to_path_buf(),
             timeout,
+            gate,
             state: Mutex::new(ProbeState::default()),
             cv: Condvar::new(),
         });
@@ -206,6 +221,18 @@ impl ShareProbe {
         std::thread::Builder::new()
             .name("ccfs-share-probe".into())
             .spawn(move || p.run())?;
+        let watched = Arc::downgrade(&probe);
+        std::thread::Builder::new()
+            .name("ccfs-share-watch".into())
+            .spawn(move || {
+                while let Some(p) = watched.upgrade() {
+                    if p.gate.is_closed() || p.gate.stalled(STALL) {
+                        p.peek();
+                    }
+                    drop(p);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })?;
         Ok(probe)
     }
 
@@ -226,6 +253,7 @@ impl ShareProbe {
             st.running_since = None;
             st.finished = number;
             st.finished_at = Some(Instant::now());
+            self.gate.set_closed(result.is_err());
             st.last = Some(match result {
                 Ok(()) => ShareHealth::Reachable,
                 Err(error) => {
@@ -251,6 +279,7 @@ impl ShareProbe {
     fn hung(&self, st: &ProbeState) -> Option<ShareHealth> {
         match st.running_since {
             Some((t, since)) if t.elapsed() >= self.timeout => {
+                self.gate.set_closed(true);
                 Some(ShareHealth::NotAnswering { since })
             }
             _ => None,
@@ -401,7 +430,7 @@ impl Daemon {
         cache_dir: PathBuf,
     ) -> std::io::Result<Self> {
         Ok(Self {
-            probe: ShareProbe::start(&share, PROBE_TIMEOUT)?,
+            probe: ShareProbe::start(&share, PROBE_TIMEOUT, overlay.share_gate().clone())?,
             counter: PendingCounter::new(overlay.clone()),
             overlay,
             rsync,
@@ -988,7 +1017,8 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let share = tmp.path().join("share");
         std::fs::create_dir(&share).expect("mkdir");
-        let probe = ShareProbe::start(&share, PROBE_TIMEOUT).expect("probe");
+        let gate = Arc::new(ShareGate::default());
+        let probe = ShareProbe::start(&share, PROBE_TIMEOUT, gate.clone()).expect("probe");
         assert_eq!(probe.check(), ShareHealth::Reachable);
         std::fs::remove_dir(&share).expect("rmdir");
         let first = probe.check();
@@ -996,6 +1026,7 @@ mod tests {
             panic!("an error: {first:?}");
         };
         assert!(error.contains("No such file"), "{error}");
+        assert!(gate.is_closed(), "a failed look closes the gate");
         assert!(
             first.describe().starts_with("error: "),
             "{}",
@@ -1006,5 +1037,6 @@ mod tests {
         assert!(matches!(probe.check(), ShareHealth::Error { since: s, .. } if s == *since));
         std::fs::create_dir(&share).expect("mkdir");
         assert_eq!(probe.check(), ShareHealth::Reachable);
+        assert!(!gate.is_closed(), "an answer opens it again");
     }
 }

@@ -414,6 +414,8 @@ fn proc_fd(fd: RawFd) -> CString {
 pub struct Root {
     fd: OwnedFd,
     path: std::path::PathBuf,
+    /// For the share: every access passes it ([`crate::gate`]).
+    gate: Option<std::sync::Arc<crate::gate::ShareGate>>,
 }
 
 impl Root {
@@ -431,7 +433,23 @@ impl Root {
             // SAFETY: `fd` is a fresh descriptor that nothing else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             path: path.to_path_buf(),
+            gate: None,
         })
+    }
+
+    /// [`Root::open`] for a share: every access below passes `gate`.
+    pub fn open_gated(
+        path: &Path,
+        gate: std::sync::Arc<crate::gate::ShareGate>,
+    ) -> io::Result<Self> {
+        let _in_flight = gate.enter()?;
+        let mut root = Self::open(path)?;
+        root.gate = Some(gate.clone());
+        Ok(root)
+    }
+
+    fn enter(&self) -> io::Result<Option<crate::gate::InFlight<'_>>> {
+        self.gate.as_deref().map(|g| g.enter()).transpose()
     }
 
     /// The absolute path of the root (for messages and external programs).
@@ -441,6 +459,7 @@ impl Root {
 
     /// openat2 below the root. `flags` are open(2) flags; O_NOFOLLOW is always added.
     pub fn open_fd(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+        let _in_flight = self.enter()?;
         let c = rel_cstr(rel)?;
         let how = OpenHow {
             flags: (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
@@ -476,6 +495,7 @@ impl Root {
     }
 
     pub fn open_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<File> {
+        let _in_flight = self.enter()?;
         Ok(File::from(self.open_fd(rel, flags, mode)?))
     }
 
@@ -496,6 +516,7 @@ impl Root {
 
     /// lstat below the root; `Ok(None)` when it does not exist.
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
+        let _in_flight = self.enter()?;
         let st = if rel.as_os_str().is_empty() {
             fstat(&self.fd)
         } else {
@@ -524,18 +545,21 @@ impl Root {
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated name.
         check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
     }
 
     pub fn unlink(&self, rel: &Path) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated name.
         check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
     }
 
     pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated name.
         check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
@@ -543,6 +567,7 @@ impl Root {
 
     /// renameat2 of two paths below this root.
     pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (fd1, n1) = self.parent(from)?;
         let (fd2, n2) = self.parent(to)?;
         // SAFETY: valid fds and NUL-terminated names.
@@ -558,6 +583,7 @@ impl Root {
     }
 
     pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let t = cstr(target)?;
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated strings.
@@ -566,6 +592,7 @@ impl Root {
 
     /// A hard link `to` of `from`, both below this root.
     pub fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (fd1, n1) = self.parent(from)?;
         let (fd2, n2) = self.parent(to)?;
         // SAFETY: valid fds and NUL-terminated names; flags 0 never follow a symlink.
@@ -581,6 +608,7 @@ impl Root {
     }
 
     pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (dir, name) = self.parent(rel)?;
         // SAFETY: valid fd and NUL-terminated name.
         check(unsafe {
@@ -594,6 +622,7 @@ impl Root {
     }
 
     pub fn readlink(&self, rel: &Path) -> io::Result<std::path::PathBuf> {
+        let _in_flight = self.enter()?;
         let (dir, name) = self.parent(rel)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         // SAFETY: `buf` is writable for its length; fd and name are valid.
@@ -611,6 +640,7 @@ impl Root {
 
     /// chmod without following a final symlink (fchmodat2; symlinks keep their mode).
     pub fn chmod(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         if rel.as_os_str().is_empty() {
             let c = proc_fd(self.fd.as_raw_fd());
             // SAFETY: the magic link names our own root directory.
@@ -631,6 +661,7 @@ impl Root {
     }
 
     pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let fd = self.path_fd(rel)?;
         let empty = CString::default();
         // SAFETY: AT_EMPTY_PATH makes fchownat act on the O_PATH descriptor itself.
@@ -646,6 +677,7 @@ impl Root {
     }
 
     pub fn utimens(&self, rel: &Path, atime: SetTime, mtime: SetTime) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let ts = [timespec(atime), timespec(mtime)];
         if rel.as_os_str().is_empty() {
             let c = proc_fd(self.fd.as_raw_fd());
@@ -667,6 +699,7 @@ impl Root {
     /// The entries of a directory: name, inode number, file type (S_IFMT bits, 0 if the
     /// filesystem does not say).
     pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<(OsString, u64, u32)>> {
+        let _in_flight = self.enter()?;
         let fd = self.open_fd(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 32 * 1024];
@@ -731,6 +764,7 @@ impl Root {
     }
 
     pub fn getxattr(&self, rel: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
+        let _in_flight = self.enter()?;
         let (_fd, p) = self.xattr_path(rel)?;
         let n = cname(name)?;
         // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; strings are valid.
@@ -738,6 +772,7 @@ impl Root {
     }
 
     pub fn listxattr(&self, rel: &Path) -> io::Result<Vec<OsString>> {
+        let _in_flight = self.enter()?;
         let (_fd, p) = self.xattr_path(rel)?;
         // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes.
         xattr_buffer(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })
@@ -745,6 +780,7 @@ impl Root {
     }
 
     pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (_fd, p) = self.xattr_path(rel)?;
         let n = cname(name)?;
         // SAFETY: `value` is readable for its length; strings are valid.
@@ -760,6 +796,7 @@ impl Root {
     }
 
     pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
+        let _in_flight = self.enter()?;
         let (_fd, p) = self.xattr_path(rel)?;
         let n = cname(name)?;
         // SAFETY: valid strings.

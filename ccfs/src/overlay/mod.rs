@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{errno, FsError, FsResult};
+use crate::gate;
 use crate::journal::Journal;
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
@@ -110,12 +111,17 @@ impl Inner {
 #[derive(Debug)]
 pub struct Overlay {
     share: Root,
+    /// Every access to the share passes it: closed while the share does not answer.
+    gate: std::sync::Arc<crate::gate::ShareGate>,
     /// The cache directory; the upper layer is its `upper/` subdirectory.
     cache: Root,
     upper_abs: PathBuf,
     policy: Policy,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
+    /// Asks the share for its root's attributes on a thread of its own (see
+    /// [`Overlay::share_root`]).
+    root_look: std::sync::mpsc::Sender<RootAsk>,
     as_root: bool,
     sync_running: AtomicBool,
     /// The FUSE requests this mount served (see [`crate::counters`]).
@@ -182,6 +188,34 @@ fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
     }
 }
 
+/// How long a request waits for the share's root attributes before the cache's
+/// stand-in answers instead (see [`Overlay::share_root`]).
+const ROOT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A request for the share root's attributes: where to send them (an errno on failure).
+type RootAsk = std::sync::mpsc::SyncSender<Result<Option<Stat>, i32>>;
+
+/// The thread that looks at the share's root for [`Overlay::share_root`]: one look
+/// answers every request waiting meanwhile; it ends with the overlay (its sender dropped).
+fn spawn_root_look(share: Root) -> io::Result<std::sync::mpsc::Sender<RootAsk>> {
+    let (tx, rx) = std::sync::mpsc::channel::<RootAsk>();
+    std::thread::Builder::new()
+        .name("ccfs-share-root".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let waiting: Vec<RootAsk> = std::iter::once(first).chain(rx.try_iter()).collect();
+                let answer = share
+                    .stat(Path::new(""))
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                for w in waiting {
+                    // A request that stopped waiting has dropped its receiver: fine.
+                    let _ = w.try_send(answer);
+                }
+            }
+        })?;
+    Ok(tx)
+}
+
 impl Overlay {
     /// Opens the overlay of `share` (canonical) with its cache in `cache_dir`
     /// (`upper/`, `work/` and `journal` are created inside).
@@ -199,12 +233,15 @@ impl Overlay {
             let _ = remove_tree(&cache, &Path::new("work").join(name));
         }
         let (journal, state) = Journal::open(&cache_dir.join("journal"))?;
-        let share = Root::open(share)?;
+        let gate = std::sync::Arc::new(crate::gate::ShareGate::default());
+        let share = Root::open_gated(share, gate.clone())?;
         let share_meta = share
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let root_look = spawn_root_look(Root::open_gated(share.path(), gate.clone())?)?;
         let overlay = Self {
             share,
+            gate,
             cache,
             upper_abs: cache_dir.join("upper"),
             policy,
@@ -216,6 +253,7 @@ impl Overlay {
                 released: HashSet::new(),
             }),
             tmp_seq: AtomicU64::new(0),
+            root_look,
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
             requests: crate::counters::Requests::default(),
@@ -234,6 +272,11 @@ impl Overlay {
 
     pub fn share(&self) -> &Path {
         self.share.path()
+    }
+
+    /// The gate every access to the share passes ([`crate::gate`]).
+    pub fn share_gate(&self) -> &std::sync::Arc<crate::gate::ShareGate> {
+        &self.gate
     }
 
     pub fn upper(&self) -> &Path {
@@ -364,6 +407,9 @@ impl Overlay {
 
     /// A passthrough path, straight from the share.
     fn resolve_share(&self, rel: &Path) -> FsResult<Found> {
+        if rel.as_os_str().is_empty() {
+            return self.share_root();
+        }
         let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
         let (root, at) = self.place(Layer::Share, rel);
         Ok(Found {
@@ -371,6 +417,30 @@ impl Overlay {
             real: root.path().join(at),
             meta,
         })
+    }
+
+    /// The mount root: the share's root as its own thread sees it within [`ROOT_WAIT`],
+    /// else the cache's stand-in for it (the share root's attributes, copied at mount).
+    /// Every path goes through the root, so it answers while the share does not (its
+    /// server died or hangs) and paths to cached files still resolve; the rest of the
+    /// share fails as the share does.
+    fn share_root(&self) -> FsResult<Found> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let answer = match self.root_look.send(tx) {
+            Ok(()) => rx.recv_timeout(ROOT_WAIT).ok(),
+            Err(_) => None,
+        };
+        match answer {
+            Some(Ok(Some(meta))) => Ok(self.found(Path::new(""), Layer::Share, meta)),
+            Some(Ok(None)) => Err(FsError::enoent()),
+            not_now => match self.upper_stat(Path::new(""))? {
+                Some(meta) => Ok(self.found(Path::new(""), Layer::Upper, meta)),
+                None => Err(errno(match not_now {
+                    Some(Err(e)) => e,
+                    _ => gate::SHARE_DOWN,
+                })),
+            },
+        }
     }
 
     /// The share's object under a cached path, if it is visible (not whited out).
@@ -382,40 +452,43 @@ impl Overlay {
         }
     }
 
-    /// The merged listing of a directory (without `.` and `..`).
+    /// The merged listing of a directory (without `.` and `..`). The share is listed
+    /// without the overlay's lock held (a slow or hung share holds up this request only).
+    /// A cached directory lists what the cache holds while the share does not answer; a
+    /// passthrough one fails as the share does.
     pub fn readdir(&self, rel: &Path) -> FsResult<Vec<DirEntry>> {
-        let inner = self.lock();
-        let dir = self.resolve_locked(&inner, rel)?;
+        let class = self.policy.classify(rel);
+        let dir = self.resolve(rel)?;
         if !dir.meta.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
-        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
-        if self.lower_meta(&inner, rel)?.is_some_and(|m| m.is_dir()) {
-            for (name, _, kind) in self.share.read_dir(rel)? {
-                let child = rel.join(&name);
-                match self.policy.classify(&child) {
-                    PathClass::LocalOnly => continue,
-                    PathClass::Cached if inner.state.hidden(&child) => continue,
-                    _ => {}
-                }
-                let kind = if kind == 0 {
-                    self.share
-                        .stat(&child)?
-                        .map(|m| m.file_type())
-                        .unwrap_or(libc::S_IFREG)
-                } else {
-                    kind
-                };
-                names.insert(
-                    name.clone(),
-                    DirEntry {
-                        name,
-                        file_type: kind,
-                    },
-                );
+        let share_visible = match class {
+            PathClass::LocalOnly => false,
+            PathClass::Passthrough => true,
+            PathClass::Cached => !self.lock().state.hidden(rel),
+        };
+        let share_names = if share_visible {
+            match self.list_share(rel) {
+                Ok(names) => names,
+                Err(e) if class == PathClass::Cached && gate::is_outage(&e) => Vec::new(),
+                Err(e) => return Err(e.into()),
             }
+        } else {
+            Vec::new()
+        };
+        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
+        let inner = self.lock();
+        for (name, file_type) in share_names {
+            let child = rel.join(&name);
+            match self.policy.classify(&child) {
+                PathClass::LocalOnly => continue,
+                PathClass::Cached if inner.state.hidden(&child) => continue,
+                _ => {}
+            }
+            names.insert(name.clone(), DirEntry { name, file_type });
         }
-        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+        let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
+        if merge_cache && self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
             for (name, _, kind) in self.cache.read_dir(&up(rel))? {
                 let child = rel.join(&name);
                 if self.policy.classify(&child) == PathClass::Passthrough {
@@ -439,6 +512,31 @@ impl Overlay {
             }
         }
         Ok(names.into_values().collect())
+    }
+
+    /// The share's entries of directory `rel` with their file types; none when it has no
+    /// directory there.
+    fn list_share(&self, rel: &Path) -> io::Result<Vec<(OsString, u32)>> {
+        let entries = match self.share.read_dir(rel) {
+            Ok(e) => e,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (name, _, kind) in entries {
+            let kind = if kind == 0 {
+                self.share
+                    .stat(&rel.join(&name))?
+                    .map(|m| m.file_type())
+                    .unwrap_or(libc::S_IFREG)
+            } else {
+                kind
+            };
+            out.push((name, kind));
+        }
+        Ok(out)
     }
 
     /// New objects belong to the caller (when we are root), with the group of a setgid
