@@ -117,9 +117,11 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
 }
 
 /// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
-/// as `sent`? Yes when it has the size and mtime we handed over or that the cache copy has
-/// now, or an mtime between the two (a version the user wrote while rsync was reading: rsync
-/// keeps the cache's mtimes, and they only move forward while the session writes).
+/// as `sent`? Only when it has exactly the size and mtime we handed over, or those the cache
+/// copy has now (rsync keeps the cache's mtimes, to the nanosecond where the share keeps
+/// them). A version the user wrote while rsync was reading and then wrote again is not
+/// recognised: it is taken for another workstation's, and the next sync keeps both (a
+/// needless conflict copy, never a lost file).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
@@ -127,12 +129,7 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
-    match (then, now) {
-        (Some(a), Some(b)) => t == a || t == b || (a.1 <= t.1 && t.1 <= b.1 && a.1 < b.1),
-        (Some(a), None) => t == a,
-        (None, Some(b)) => t == b,
-        (None, None) => false,
-    }
+    then == Some(t) || now == Some(t)
 }
 
 /// The longest prefix of `name` of at most `max` bytes that ends on a character boundary
@@ -728,5 +725,52 @@ mod tests {
         assert!(text.starts_with("éé"));
         let short = conflict_file_name(b".bashrc", "h", "s", 3);
         assert_eq!(short, OsString::from(".bashrc.ccfs-conflict-h-s-3"));
+    }
+
+    /// Only the exact size and mtime we handed over, or the cache copy's now, make a share
+    /// file ours; anything between (another workstation writing meanwhile) is theirs.
+    #[test]
+    fn only_what_we_handed_over_or_hold_now_is_our_transfer() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let stat_of = |name: &str, data: &[u8], mtime: i64| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, data).expect("write");
+            let t = std::fs::FileTimes::new()
+                .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime as u64));
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_times(t))
+                .expect("times");
+            let root = crate::sys::Root::open(dir.path()).expect("root");
+            root.stat(Path::new(name)).expect("stat").expect("exists")
+        };
+        let sent_stat = stat_of("sent", b"v1", 1000);
+        let sent = Some(Sent {
+            size: sent_stat.len(),
+            mtime: sent_stat.mtime(),
+        });
+        let ours = stat_of("ours", b"v3-now", 3000);
+        assert!(is_our_transfer(
+            &stat_of("a", b"v1", 1000),
+            Some(&ours),
+            sent
+        ));
+        assert!(is_our_transfer(
+            &stat_of("b", b"v3-now", 3000),
+            Some(&ours),
+            sent
+        ));
+        assert!(!is_our_transfer(
+            &stat_of("c", b"v2!", 2000),
+            Some(&ours),
+            sent
+        ));
+        assert!(!is_our_transfer(
+            &stat_of("d", b"v1", 1001),
+            Some(&ours),
+            sent
+        ));
+        assert!(!is_our_transfer(&stat_of("e", b"v1", 1000), None, None));
     }
 }
