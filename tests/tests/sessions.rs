@@ -16,19 +16,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Every conflict copy of `name` in `dir`.
-fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let prefix = format!("{name}.ccfs-conflict-");
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
-        .expect("ls")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Sets a file's mtime (and atime) to `secs` after the epoch, as `touch -d` or a
 /// workstation clock behind the server would.
 fn set_mtime(p: &Path, secs: i64) {

@@ -13,28 +13,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn account(name: &str) -> ccfs::sys::Account {
-    ccfs::sys::user_by_name(name)
-        .expect("passwd")
-        .unwrap_or_else(|| panic!("user {name} missing: run scripts/setup"))
-}
-
-fn as_user(name: &str, script: &str) -> Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            name,
-            "--regid",
-            name,
-            "--init-groups",
-            "sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("setpriv")
-}
-
 fn ids_of(pid: u32) -> Vec<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let uid_line = status
