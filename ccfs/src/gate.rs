@@ -22,6 +22,9 @@ pub struct ShareGate {
     in_flight: AtomicUsize,
     /// Milliseconds since [`epoch`] when an access last began or ended.
     last_progress: AtomicU64,
+    /// One more than the milliseconds since [`epoch`] when an access last got an answer
+    /// (not an outage error); 0: never.
+    last_answer: AtomicU64,
 }
 
 fn epoch() -> Instant {
@@ -36,6 +39,24 @@ fn now_ms() -> u64 {
 /// One access to the share in flight (see [`ShareGate::enter`]).
 #[derive(Debug)]
 pub struct InFlight<'a>(&'a ShareGate);
+
+impl InFlight<'_> {
+    /// The access ended with `result`: an answer (anything but an outage error) shows the
+    /// share answers, and opens the gate at once (a request that waited through a hang
+    /// goes on with its next access instead of finding the gate still closed).
+    pub fn passed<T>(self, result: io::Result<T>) -> io::Result<T> {
+        match &result {
+            Err(e) if is_outage(e) => {}
+            _ => {
+                self.0
+                    .last_answer
+                    .store(now_ms().saturating_add(1), Ordering::Release);
+                self.0.set_closed(false);
+            }
+        }
+        result
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -71,6 +92,12 @@ impl ShareGate {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// True when an access got an answer from the share at `t` or later.
+    pub fn answered_since(&self, t: Instant) -> bool {
+        let t = u64::try_from(t.saturating_duration_since(epoch()).as_millis()).unwrap_or(0);
+        self.last_answer.load(Ordering::Acquire) > t
     }
 
     /// True when accesses are in flight and none began or ended for `quiet`: the share
@@ -121,5 +148,22 @@ mod tests {
         assert!(is_outage(&e));
         g.set_closed(false);
         assert!(g.enter().is_ok());
+        // An access that was in flight when the gate closed and then got an answer opens
+        // it again; one that failed as the share does leaves it closed.
+        let waiting = g.enter().expect("open");
+        g.set_closed(true);
+        let e = waiting.passed::<()>(Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert!(e.is_err() && g.is_closed());
+        let waiting = {
+            g.set_closed(false);
+            let w = g.enter().expect("open");
+            g.set_closed(true);
+            w
+        };
+        let before = Instant::now();
+        assert!(!g.answered_since(before));
+        assert_eq!(waiting.passed(Ok(7)).ok(), Some(7));
+        assert!(!g.is_closed());
+        assert!(g.answered_since(before));
     }
 }
