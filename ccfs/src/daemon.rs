@@ -1136,11 +1136,15 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
     ];
-    if started_as_root {
-        // Other local users get through to the kernel's permission checks
-        // (default_permissions), which then keep them out of what is not theirs.
+    if started_as_root && plan.settings.allow_other {
+        // Asked for ([mount] allow_other): other local users get through to the kernel's
+        // permission checks (default_permissions), which keep them out of what is not
+        // theirs; their programs then wait on this daemon too, which its user may stop.
         config.acl = fuser::SessionACL::All;
     }
+    // Otherwise only the mount's owner gets in (user_id=): the kernel refuses everyone
+    // else, root included, before asking the daemon, so a daemon its user stops (or a
+    // hung share) holds up none of their programs.
     config.n_threads = Some(plan.settings.threads);
     // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
     // a mount that drops to a user shares one channel between its threads.

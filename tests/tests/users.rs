@@ -105,9 +105,14 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
         "bob must not read the cache either: {}",
         text(&out)
     );
+    // Only alice gets into her mount (no allow_other unless the admin asks for it): bob is
+    // refused by the kernel even where the file's mode would let him read.
     let out = as_user("ccfs-bob", &format!("cat {mnt}/.public"));
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "public\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        text(&out)
+    );
     let _ = bob;
 
     let out = m.umount();
@@ -122,6 +127,97 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
         fs::metadata(fx.s(".secret")).expect("secret").mode() & 0o777,
         0o600
     );
+}
+
+/// The daemon is alice's: she may stop it (SIGSTOP). That holds up her own programs only:
+/// root's `stat -f` of her mount (as `df` does) is answered by the kernel, root's and bob's
+/// `ls` are refused by it, at once, instead of waiting on her daemon.
+#[test]
+fn a_daemon_its_user_stops_holds_up_nobody_else() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let pid = m.daemon_pid();
+    let out = as_user("ccfs-alice", &format!("kill -STOP {pid}"));
+    assert!(
+        out.status.success(),
+        "alice may stop her daemon: {}",
+        text(&out)
+    );
+    struct Resume(u32);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            kill(self.0, libc::SIGCONT);
+        }
+    }
+    let _resume = Resume(pid);
+    let mnt = fx.mnt.display().to_string();
+    let refused_at_once = |what: &str, out: Option<Output>| {
+        let out = out.unwrap_or_else(|| panic!("{what} waited on the stopped daemon"));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{what}: {}",
+            text(&out)
+        );
+    };
+    // statfs of a mount one may not enter is answered by the kernel itself (all zeros).
+    let out = run_bounded(Command::new("stat").args(["-f", &mnt]))
+        .expect("root's stat -f waited on the stopped daemon");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Block size: 0"),
+        "root's stat -f: {}",
+        text(&out)
+    );
+    refused_at_once("root's ls", run_bounded(Command::new("ls").arg(&mnt)));
+    refused_at_once(
+        "bob's ls",
+        run_bounded(Command::new("setpriv").args([
+            "--reuid",
+            "ccfs-bob",
+            "--regid",
+            "ccfs-bob",
+            "--init-groups",
+            "ls",
+            &mnt,
+        ])),
+    );
+    drop(_resume);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// With `[mount] allow_other = true` in root's config, other local users get the usual
+/// permission checks: bob reads alice's world-readable dotfile, not her private one.
+#[test]
+fn allow_other_lets_other_users_in_with_the_usual_checks() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    write(&fx.s(".public"), "public\n");
+    write(&fx.s(".secret"), "secret\n");
+    fs::set_permissions(fx.s(".public"), fs::Permissions::from_mode(0o644)).expect("chmod");
+    fs::set_permissions(fx.s(".secret"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    for p in [fx.share.clone(), fx.s(".public"), fx.s(".secret")] {
+        std::os::unix::fs::chown(&p, Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    let config = fx.tmp.path().join("ccfs.toml");
+    write(&config, "[mount]\nallow_other = true\n");
+    let config = config.display().to_string();
+    let m = fx.mount_with(&["--user", "ccfs-alice", "--config", &config]);
+    let mnt = fx.mnt.display().to_string();
+    let out = as_user("ccfs-bob", &format!("cat {mnt}/.public"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "public\n");
+    let out = as_user("ccfs-bob", &format!("cat {mnt}/.secret"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        text(&out)
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]

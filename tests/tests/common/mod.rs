@@ -395,3 +395,24 @@ impl Drop for SmallTmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// Runs a command with its output captured; None when it has not ended within a minute (it
+/// is killed): a guard against a hang, not a speed target.
+pub fn run_bounded(cmd: &mut Command) -> Option<Output> {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if child.try_wait().expect("wait").is_some() {
+            return Some(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
