@@ -11,7 +11,7 @@
 //!   kernel) when the share does not answer.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -822,14 +822,26 @@ pub fn find_mount(p: &Path) -> std::io::Result<Option<fsinfo::MountEntry>> {
 /// Connects to a mount's daemon and makes sure it is that mount's: the peer must run as
 /// root, the mount's owner or the cache directory's owner (whom the daemon runs as).
 pub fn connect(m: &MountRef) -> std::io::Result<UnixStream> {
-    let meta = std::fs::symlink_metadata(&m.socket)?;
-    if !meta.file_type().is_socket() {
+    // The socket lies in a directory its user controls: it is opened without following any
+    // symlink on the way (a name swapped for one after a check could lead root's client to
+    // any socket), checked, and connected to through that very descriptor.
+    let rel = m
+        .socket
+        .strip_prefix("/")
+        .map_err(|_| std::io::Error::other(format!("{} is not absolute", m.socket.display())))?;
+    let fd = crate::sys::Root::open(Path::new("/"))?
+        .open_fd(rel, libc::O_PATH, 0)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", m.socket.display())))?;
+    if crate::sys::fstat(&fd)?.file_type() != libc::S_IFSOCK {
         return Err(std::io::Error::other(format!(
             "{} is not a socket",
             m.socket.display()
         )));
     }
-    let stream = UnixStream::connect(&m.socket)?;
+    let stream = UnixStream::connect(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ))?;
     let peer = crate::sys::peer_credentials(&stream)?;
     if peer.uid != 0 && peer.uid != m.mount_uid && peer.uid != m.cache_uid {
         return Err(std::io::Error::new(

@@ -931,3 +931,26 @@ fn a_control_socket_served_by_another_user_is_not_trusted() {
         text(&out)
     );
 }
+
+/// A symlink put at the control socket's name (the cache is its user's) never leads
+/// root's `ccfs status` to another socket: nothing connects to the one it points at.
+#[test]
+fn a_symlink_at_the_control_socket_leads_nowhere() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let sock = fx.cache.join("control.sock");
+    let real = fx.cache.join("control.sock.real");
+    std::fs::rename(&sock, &real).expect("move the socket away");
+    let elsewhere = fx.tmp.path().join("roots.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&elsewhere).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::os::unix::fs::symlink(&elsewhere, &sock).expect("symlink");
+    let out = ccfs_within(&["status".as_ref(), fx.mnt.as_os_str()]);
+    let reached = listener.accept().is_ok();
+    std::fs::remove_file(&sock).expect("rm symlink");
+    std::fs::rename(&real, &sock).expect("socket back");
+    assert!(!reached, "root's status connected through the symlink");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
