@@ -338,6 +338,22 @@ impl ShareProbe {
     }
 }
 
+/// One look at the share on a thread of its own, waited for at most `timeout`: a share
+/// that hangs holds up that thread only. `Err` names what is wrong, or that it did not
+/// answer in time.
+pub fn look_within(share: &Path, timeout: Duration) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let path = share.to_path_buf();
+    std::thread::Builder::new()
+        .name("ccfs-share-look".into())
+        .spawn(move || {
+            let _ = tx.send(look_at(&path));
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv_timeout(timeout)
+        .unwrap_or_else(|_| Err(format!("no answer within {} s", timeout.as_secs())))
+}
+
 /// One look at the share: its root must be a directory and statfs must answer.
 fn look_at(share: &Path) -> Result<(), String> {
     let meta = std::fs::metadata(share).map_err(|e| e.to_string())?;

@@ -1359,9 +1359,12 @@ pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::R
     // Root recovers every user's cache, as that user; a user only their own.
     let owner = if euid == 0 { md.uid() } else { euid };
     check_cache_path(cache_dir, owner)?;
-    if euid != 0 || owner == 0 {
-        return recover_as_owner(cache_dir, settings, euid != 0);
+    if euid != 0 {
+        return recover_as_owner(cache_dir, settings, true);
     }
+    // Root works on each cache in a child process, its own caches too: whatever a cache
+    // leads to (a share that hangs holds a thread for good) stays in that child, and the
+    // next cache starts from a clean process.
     let account = sys::user_by_uid(owner)?.ok_or_else(|| {
         user_error(
             format!(
@@ -1434,10 +1437,16 @@ fn recover_as_owner(
         _ => Settings::default(),
     };
     let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
-    if !meta.share.is_dir() {
+    // A share that hangs (its server stopped, or one the cache's owner made hang) must not
+    // hold up the recovery of every later cache: one look, waited for a bounded time.
+    if let Err(why) = control::look_within(&meta.share, control::PROBE_TIMEOUT) {
         anyhow::bail!(user_error(
-            format!("share {} is not reachable", LogPath(&meta.share)),
-            "run `ccfs recover` again once the share is mounted"
+            format!(
+                "share {} is not reachable: {}",
+                LogPath(&meta.share),
+                LogText(&why)
+            ),
+            "run `ccfs recover` again once the share is mounted and answers"
         ));
     }
     let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {

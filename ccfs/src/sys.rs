@@ -977,6 +977,8 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
         ));
     }
     let (mut reader, writer) = std::io::pipe()?;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the process has a single thread, so the child starts with every lock free
     // and may run any code; it leaves through `_exit` only.
     let pid = unsafe { libc::fork() };
@@ -985,7 +987,7 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
     }
     if pid == 0 {
         drop(reader);
-        let code = child_as_user(acct, writer, f);
+        let code = child_as_user(acct, parent, writer, f);
         // SAFETY: ends the child at once, without the parent's exit handlers and
         // destructors running a second time.
         unsafe { libc::_exit(code) }
@@ -1009,7 +1011,12 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
     )))
 }
 
-fn child_as_user(acct: &Account, mut out: std::io::PipeWriter, f: impl FnOnce() -> Vec<u8>) -> i32 {
+fn child_as_user(
+    acct: &Account,
+    parent: libc::pid_t,
+    mut out: std::io::PipeWriter,
+    f: impl FnOnce() -> Vec<u8>,
+) -> i32 {
     use std::io::Write;
     if let Err(e) = drop_privileges(acct).and_then(|()| set_no_new_privs()) {
         write_fd_lossy(
@@ -1017,6 +1024,16 @@ fn child_as_user(acct: &Account, mut out: std::io::PipeWriter, f: impl FnOnce() 
             format!("ccfs: cannot become {} for good: {e}\n", acct.name).as_bytes(),
         );
         return 125;
+    }
+    // The work dies with the process that asked for it (a killed `ccfs recover` leaves no
+    // recovery running on): set after the change of ids, which clears it.
+    // SAFETY: prctl and getppid have no memory preconditions.
+    let dies_with_parent = unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == 0
+            && libc::getppid() == parent
+    };
+    if !dies_with_parent {
+        return 123;
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(bytes) => match out.write_all(&bytes) {

@@ -954,3 +954,72 @@ fn a_symlink_at_the_control_socket_leads_nowhere() {
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// Root's `ccfs recover` of every cache (as at boot) with one cache on a share that hangs:
+/// that cache is reported as unreachable after one bounded look, and the next cache is
+/// still recovered.
+#[test]
+fn a_hung_share_holds_up_the_recovery_of_no_other_cache() {
+    let mut server = CcfsServer::start();
+    let tmp = tempfile::Builder::new()
+        .prefix("ccfs-recover-all-")
+        .tempdir()
+        .expect("tmp");
+    let root = tmp.path().join("caches");
+    let uid_dir = root.join("0");
+    std::fs::create_dir_all(&uid_dir).expect("cache root");
+    // Two crashed sessions: "a" over a home on the server, "b" over a plain directory.
+    let homes = [
+        tempfile::Builder::new()
+            .prefix("home-")
+            .tempdir_in(server.root())
+            .expect("home on the server"),
+        tempfile::Builder::new()
+            .prefix("home-")
+            .tempdir()
+            .expect("plain home"),
+    ];
+    for (name, home) in ["a", "b"].iter().zip(&homes) {
+        let mnt = tmp.path().join(format!("mnt-{name}"));
+        std::fs::create_dir(&mnt).expect("mnt");
+        let cache = uid_dir.join(name);
+        let out = ccfs_within(&[
+            "mount".as_ref(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            home.path().as_os_str(),
+            mnt.as_os_str(),
+        ]);
+        assert!(out.status.success(), "mount: {}", text(&out));
+        write(&mnt.join(".rc"), &format!("made in session {name}\n"));
+        let pid = status_pid(&mnt);
+        kill(pid, libc::SIGKILL);
+        wait_until("the daemon's death", GUARD, || !alive(pid));
+        detach(&mnt);
+    }
+    server.fail(Outage::Hangs);
+    let out = within(
+        Command::new(ccfs_bin())
+            .arg("recover")
+            .env("CCFS_CACHE_ROOT", &root),
+        "root's recover of every cache",
+    );
+    server.restore();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        stdout.contains("not reachable")
+            && stdout.contains(&uid_dir.join("a").display().to_string()),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(read(&homes[1].path().join(".rc")), "made in session b\n");
+    // Once the server answers, the first cache is recovered too.
+    let out = ccfs_within(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        uid_dir.join("a").as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&homes[0].path().join(".rc")), "made in session a\n");
+}

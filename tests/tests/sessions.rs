@@ -413,7 +413,9 @@ fn a_recovery_cut_short_is_finished_by_the_next() {
         .expect("recover");
     let pid = child.id();
     wait_until("the recovery's rsync", Duration::from_secs(30), || {
-        !descendants(pid).is_empty() || !alive(pid)
+        descendants(pid).iter().any(|d| {
+            std::fs::read_to_string(format!("/proc/{d}/comm")).is_ok_and(|c| c.trim() == "rsync")
+        }) || !alive(pid)
     });
     kill(pid, libc::SIGKILL);
     let _ = child.wait();
