@@ -117,11 +117,13 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
 }
 
 /// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
-/// as `sent`? Only when it has exactly the size and mtime we handed over, or those the cache
-/// copy has now (rsync keeps the cache's mtimes, to the nanosecond where the share keeps
-/// them). A version the user wrote while rsync was reading and then wrote again is not
-/// recognised: it is taken for another workstation's, and the next sync keeps both (a
-/// needless conflict copy, never a lost file).
+/// as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
+/// copy has now (rsync keeps the cache's mtimes), or an mtime from the moment we handed the
+/// file over up to the cache copy's now: a version the user wrote here while rsync was
+/// reading (a program saving again and again during a periodic sync), which this machine's
+/// clock stamped. A share file with an mtime in that window that another workstation wrote
+/// during our sync (a logout there at the same moment, its file's mtime from that window)
+/// would be taken for ours: see doc/SEMANTICS.md "Sessions" (limit).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
@@ -129,7 +131,15 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
-    then == Some(t) || now == Some(t)
+    if then == Some(t) || now == Some(t) {
+        return true;
+    }
+    // The kernel stamps files with a coarse clock that may lag the one read at hand-over.
+    let written_since = |since: (i64, i64)| (since.0 - 1, since.1);
+    match (sent.and_then(|s| s.since), now) {
+        (Some(since), Some((_, now_mtime))) => written_since(since) <= t.1 && t.1 <= now_mtime,
+        _ => false,
+    }
 }
 
 /// The longest prefix of `name` of at most `max` bytes that ends on a character boundary
@@ -214,12 +224,17 @@ impl Overlay {
             }
         }
         self.add_hard_link_names(&mut present)?;
+        let handed_over = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())))
+            .unwrap_or((0, 0));
         session.sent = present
             .iter()
             .map(|(_, m)| {
                 m.is_file().then(|| Sent {
                     size: m.len(),
                     mtime: m.mtime(),
+                    since: Some(handed_over),
                 })
             })
             .collect();
@@ -727,10 +742,11 @@ mod tests {
         assert_eq!(short, OsString::from(".bashrc.ccfs-conflict-h-s-3"));
     }
 
-    /// Only the exact size and mtime we handed over, or the cache copy's now, make a share
-    /// file ours; anything between (another workstation writing meanwhile) is theirs.
+    /// The size and mtime we handed over, the cache copy's now, or an mtime written here
+    /// after the hand-over make a share file ours; an older mtime between the two (another
+    /// workstation's version from before our sync) is theirs.
     #[test]
-    fn only_what_we_handed_over_or_hold_now_is_our_transfer() {
+    fn what_we_handed_over_hold_now_or_wrote_since_is_our_transfer() {
         let dir = tempfile::tempdir().expect("tmp");
         let stat_of = |name: &str, data: &[u8], mtime: i64| {
             let p = dir.path().join(name);
@@ -745,32 +761,39 @@ mod tests {
             let root = crate::sys::Root::open(dir.path()).expect("root");
             root.stat(Path::new(name)).expect("stat").expect("exists")
         };
+        // Written at 1000, handed over at 5000, rewritten until 5010.
         let sent_stat = stat_of("sent", b"v1", 1000);
-        let sent = Some(Sent {
+        let handed = Sent {
             size: sent_stat.len(),
             mtime: sent_stat.mtime(),
+            since: Some((5000, 0)),
+        };
+        let sent = Some(handed);
+        let ours = stat_of("ours", b"v3-now", 5010);
+        let theirs = |name, data: &[u8], mtime| {
+            is_our_transfer(&stat_of(name, data, mtime), Some(&ours), sent)
+        };
+        assert!(theirs("a", b"v1", 1000), "what we handed over");
+        assert!(theirs("b", b"v3-now", 5010), "what the cache holds now");
+        assert!(
+            theirs("c", b"v2!", 5004),
+            "a version written here during the sync"
+        );
+        assert!(
+            !theirs("d", b"v2!", 3000),
+            "another workstation's, from before our sync"
+        );
+        assert!(!theirs("e", b"v1", 1001), "the size we sent, another mtime");
+        assert!(!theirs("f", b"v4", 5011), "after the cache's last write");
+        let old_journal = Some(Sent {
+            since: None,
+            ..handed
         });
-        let ours = stat_of("ours", b"v3-now", 3000);
-        assert!(is_our_transfer(
-            &stat_of("a", b"v1", 1000),
-            Some(&ours),
-            sent
-        ));
-        assert!(is_our_transfer(
-            &stat_of("b", b"v3-now", 3000),
-            Some(&ours),
-            sent
-        ));
         assert!(!is_our_transfer(
-            &stat_of("c", b"v2!", 2000),
+            &stat_of("g", b"v2!", 5004),
             Some(&ours),
-            sent
+            old_journal
         ));
-        assert!(!is_our_transfer(
-            &stat_of("d", b"v1", 1001),
-            Some(&ours),
-            sent
-        ));
-        assert!(!is_our_transfer(&stat_of("e", b"v1", 1000), None, None));
+        assert!(!is_our_transfer(&stat_of("h", b"v1", 1000), None, None));
     }
 }
