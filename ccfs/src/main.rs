@@ -363,6 +363,9 @@ fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
         K::ModifiedHereDeletedThere => {
             format!("conflict: {p} was deleted on the share but changed here; ours is written back")
         }
+        K::DatabaseChangedThere => format!(
+            "conflict: the database {p} belongs to was changed on the share (another login?) since this journal or WAL was written here; the share keeps its database, ours is saved as {kept}"
+        ),
     }
 }
 

@@ -317,15 +317,18 @@ impl Overlay {
         self.cache.stat(&up(rel))
     }
 
-    /// The record of the cache taking `rel` over: what the share holds there now. None
+    /// The records of the cache taking `rel` over: what the share holds there now (none
     /// when the cache took it over before in this session: the first base stands until
-    /// our own sync settles the path.
-    fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Option<Record>> {
-        if inner.state.taken_over(rel) {
-            return Ok(None);
+    /// our own sync settles the path), and for a database's journal or WAL, the
+    /// database's base too (see [`Overlay::database_base`]).
+    fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Vec<Record>> {
+        let mut out = Vec::new();
+        if !inner.state.taken_over(rel) {
+            let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
+            out.push(Record::Base(rel.to_path_buf(), now));
         }
-        let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
-        Ok(Some(Record::Base(rel.to_path_buf(), now)))
+        out.extend(self.database_base(inner, rel)?);
+        Ok(out)
     }
 
     /// The root and path of an object found in `layer`.
@@ -633,6 +636,7 @@ impl Overlay {
                 Some(session::share_id_of(&meta)),
             ));
         }
+        records.extend(self.database_base(inner, rel)?);
         records.push(Record::Dirty(rel.to_path_buf()));
         self.record(inner, &records)?;
         inner.touched.insert(rel.to_path_buf());
@@ -849,8 +853,9 @@ impl Overlay {
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                if let Some(base) = self.take_over(&inner, &rel)? {
-                    self.record(&mut inner, &[base])?;
+                let bases = self.take_over(&inner, &rel)?;
+                if !bases.is_empty() {
+                    self.record(&mut inner, &bases)?;
                 }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = make(&self.cache, &up(&rel)) {
@@ -961,8 +966,9 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                if let Some(base) = self.take_over(&inner, &rel)? {
-                    self.record(&mut inner, &[base])?;
+                let bases = self.take_over(&inner, &rel)?;
+                if !bases.is_empty() {
+                    self.record(&mut inner, &bases)?;
                 }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
