@@ -173,19 +173,31 @@ fn at(t: (i64, i64)) -> SetTime {
     }
 }
 
-/// Removes a tree below `root` without following symlinks.
+/// Removes a tree below `root` without following symlinks. A directory without the owner's
+/// write bit (a read-only directory's copy) gets it to be emptied; it is put back when the
+/// directory cannot be removed.
 fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
     let Some(meta) = root.stat(rel)? else {
         return Ok(());
     };
-    if meta.is_dir() {
-        for (name, _, _) in root.read_dir(rel)? {
-            remove_tree(root, &rel.join(name))?;
-        }
-        root.rmdir(rel)
-    } else {
-        root.unlink(rel)
+    if !meta.is_dir() {
+        return root.unlink(rel);
     }
+    let mode = meta.mode() & 0o7777;
+    let locked = mode & libc::S_IWUSR == 0;
+    if locked {
+        root.chmod(rel, mode | libc::S_IWUSR)?;
+    }
+    let emptied = root.read_dir(rel).and_then(|names| {
+        names
+            .into_iter()
+            .try_for_each(|(name, _, _)| remove_tree(root, &rel.join(name)))
+    });
+    let removed = emptied.and_then(|()| root.rmdir(rel));
+    if removed.is_err() && locked {
+        let _ = root.chmod(rel, mode);
+    }
+    removed
 }
 
 /// How long a request waits for the share's root attributes before the cache's
@@ -603,11 +615,63 @@ impl Overlay {
                 }
             }),
         };
-        if let Err(e) = meta_result.and_then(|()| self.cache.rename(&tmp, &up(rel), 0)) {
+        if let Err(e) = meta_result.and_then(|()| self.install(&tmp, &up(rel))) {
             let _ = self.cache.rmdir(&tmp);
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// Runs `f`, which writes into the cache directory `dir` (relative to the cache root) for
+    /// an operation the kernel has already allowed (a copy-up, a directory made for one).
+    /// The cache copy of a read-only directory has the mode the user gave it (it is what the
+    /// sync sends), and the daemon, which is the user without privileges, may not write
+    /// there: the owner's write bit is added for the moment of `f` and the mode put back.
+    /// Nobody else can use the moment: the cache is the user's, 0700.
+    pub(super) fn with_write_access<T>(
+        &self,
+        dir: &Path,
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let locked = match self.cache.stat(dir)? {
+            Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                Some(m.mode() & 0o7777)
+            }
+            _ => None,
+        };
+        let Some(mode) = locked else {
+            return f();
+        };
+        self.cache.chmod(dir, mode | libc::S_IWUSR)?;
+        let result = f();
+        let restored = self.cache.chmod(dir, mode);
+        let value = result?;
+        restored?;
+        Ok(value)
+    }
+
+    /// Moves an object made in `work/` (`tmp`) to its place `dst` in the upper layer. The
+    /// parent may be a read-only directory's copy (see [`Overlay::with_write_access`]); a
+    /// directory that moves needs write access to itself too (its `..` changes), so a
+    /// read-only one gets the owner's write bit for the moment of the move.
+    fn install(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.with_write_access(parent, || {
+            let locked = match self.cache.stat(tmp)? {
+                Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                    Some(m.mode() & 0o7777)
+                }
+                _ => None,
+            };
+            if let Some(mode) = locked {
+                self.cache.chmod(tmp, mode | libc::S_IWUSR)?;
+            }
+            self.cache.rename(tmp, dst, 0)?;
+            match locked {
+                Some(mode) => self.cache.chmod(dst, mode),
+                None => Ok(()),
+            }
+        })
     }
 
     /// Copies one cached path up from the share, if it is not in the cache yet.
@@ -641,19 +705,22 @@ impl Overlay {
         let dst = up(rel);
         let result = self
             .copy_object(rel, &meta, &tmp, with_data)
-            .and_then(|()| {
-                self.cache.rename(&tmp, &dst, 0)?;
-                let parent = dst.parent().unwrap_or(Path::new("upper"));
-                self.cache
-                    .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
-                    .sync_all()
-            });
+            .and_then(|()| self.install_synced(&tmp, &dst));
         if let Err(e) = result {
             let _ = remove_tree(&self.cache, &tmp);
             return Err(e.into());
         }
         tracing::debug!(path = %rel.display(), "copied up");
         Ok(())
+    }
+
+    /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.
+    fn install_synced(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        self.install(tmp, dst)?;
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.cache
+            .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+            .sync_all()
     }
 
     fn copy_object(&self, src: &Path, meta: &Stat, dst: &Path, with_data: bool) -> io::Result<()> {
