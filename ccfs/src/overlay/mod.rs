@@ -54,8 +54,23 @@ pub enum Binding {
     Share,
     /// Copied to the cache from that very share object, under its name.
     Cache,
-    /// The name holds another object now, or nothing.
-    Elsewhere,
+    /// The cache took the name over since the handle was opened (a rename over it, an
+    /// unlink, a copy-up of what another workstation put there): the handle's file is as
+    /// an unlinked one.
+    Replaced,
+    /// The cache has no say on the name, and the share holds another object there, or
+    /// nothing: another workstation changed it (see [`Overlay::keep_version`]).
+    Changed,
+}
+
+/// What a deferred handle (see [`Overlay::open_deferred`]) stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferral {
+    /// The share object the handle has open (device, inode): it stays bound to it.
+    pub object: (u64, u64),
+    /// Whether the cache had taken the path over in this session when the handle was
+    /// opened (then only a say of the cache on the name now tells a change made here).
+    pub taken_at_open: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -772,10 +787,12 @@ impl Overlay {
         Ok((root.open_file(&at, flags, 0)?, None))
     }
 
-    /// Whether the cache has no say on `rel` (not in the upper layer, not deleted).
-    fn share_only(&self, rel: &Path) -> FsResult<bool> {
+    /// Whether the cache has no say on `rel` (not in the upper layer, not deleted); when
+    /// it has none, whether the cache took `rel` over in this session.
+    fn share_only(&self, rel: &Path) -> FsResult<Option<bool>> {
         let inner = self.lock();
-        Ok(self.upper_stat(rel)?.is_none() && !inner.state.hidden(rel))
+        let say = self.upper_stat(rel)?.is_some() || inner.state.hidden(rel);
+        Ok((!say).then(|| inner.state.taken_over(rel)))
     }
 
     /// [`Overlay::open`], except that opening (without O_TRUNC) a cached file that is
@@ -783,18 +800,18 @@ impl Overlay {
     /// share's copy, and [`Overlay::open`] with the same flags makes it writable at its
     /// first write (or follows the file to the cache when another handle wrote it). A program that opens a large file read-write and writes it rarely (SQLite
     /// opens its database so, and in WAL mode writes it only at checkpoints) then costs
-    /// no copy at open. Returns the file, its writer registration, and whether it is
-    /// deferred.
+    /// no copy at open. Returns the file, its writer registration, and what a deferred
+    /// handle stands for.
     pub fn open_deferred(
         &self,
         ctx: &Ctx,
         rel: &Path,
         flags: i32,
-    ) -> FsResult<(File, Option<u64>, bool)> {
+    ) -> FsResult<(File, Option<u64>, Option<Deferral>)> {
         let f = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
         if f & libc::O_TRUNC == 0
             && self.policy.classify(rel) == PathClass::Cached
-            && self.share_only(rel)?
+            && self.share_only(rel)?.is_some()
         {
             // The kernel has checked the access asked for (default_permissions). A
             // read-only open is deferred too: it follows the file to the cache once
@@ -804,8 +821,13 @@ impl Overlay {
             match self.share.open_file(rel, read_only, 0) {
                 // Still the share's, and a regular file: else the usual way below.
                 Ok(file) => {
-                    if sys::fstat(&file)?.is_file() && self.share_only(rel)? {
-                        return Ok((file, None, true));
+                    let meta = sys::fstat(&file)?;
+                    if let (true, Some(taken_at_open)) = (meta.is_file(), self.share_only(rel)?) {
+                        let d = Deferral {
+                            object: (meta.dev(), meta.ino()),
+                            taken_at_open,
+                        };
+                        return Ok((file, None, Some(d)));
                     }
                 }
                 // A write-only file: no reading it before it is written; the usual way.
@@ -814,28 +836,127 @@ impl Overlay {
             }
         }
         let (file, writer) = self.open(ctx, rel, flags)?;
-        Ok((file, writer, false))
+        Ok((file, writer, None))
     }
 
-    /// Where the share object `object` (device, inode), which a handle has open, is now
-    /// under `rel`: still on the share, copied up from it, or gone from that name.
-    pub fn binding(&self, rel: &Path, object: (u64, u64)) -> Binding {
-        let Ok(found) = self.resolve(rel) else {
-            return Binding::Elsewhere;
+    /// Where the share object a deferred handle has open is now under `rel`: still on the
+    /// share, copied up from it, replaced here, or changed on the share by someone else.
+    /// An error of the share other than "no such file" is returned (the name cannot be
+    /// told).
+    pub fn binding(&self, rel: &Path, d: Deferral) -> FsResult<Binding> {
+        let found = match self.resolve(rel) {
+            Ok(found) => Some(found),
+            Err(e) if matches!(e.errno(), libc::ENOENT | libc::ENOTDIR) => None,
+            Err(e) => return Err(e),
         };
-        match found.layer {
-            Layer::Lower if (found.meta.dev(), found.meta.ino()) == object => Binding::Share,
-            Layer::Upper
-                if self
-                    .lock()
-                    .state
-                    .origin(rel)
-                    .is_some_and(|o| (o.dev, o.ino) == object) =>
+        let inner = self.lock();
+        let same = |f: &Found| (f.meta.dev(), f.meta.ino()) == d.object;
+        Ok(match found {
+            Some(f) if f.layer == Layer::Lower && same(&f) => Binding::Share,
+            Some(f)
+                if f.layer == Layer::Upper
+                    && inner
+                        .state
+                        .origin(rel)
+                        .is_some_and(|o| (o.dev, o.ino) == d.object) =>
             {
                 Binding::Cache
             }
-            _ => Binding::Elsewhere,
+            _ if self.replaced_here(&inner, rel, d)? => Binding::Replaced,
+            _ => Binding::Changed,
+        })
+    }
+
+    /// Whether the cache took `rel` over since a handle `d` was opened (a rename over it,
+    /// an unlink, a copy-up): its take-over is recorded now and was not then, or, taken
+    /// over already then, the cache has a say on the name now.
+    fn replaced_here(&self, inner: &Inner, rel: &Path, d: Deferral) -> io::Result<bool> {
+        if !inner.state.taken_over(rel) {
+            return Ok(false);
         }
+        Ok(!d.taken_at_open || self.upper_stat(rel)?.is_some() || inner.state.hidden(rel))
+    }
+
+    /// Keeps the version a deferred handle `d` (flags `flags`) is about to write when
+    /// another workstation changed the file under its name (see [`Binding::Changed`]):
+    /// the handle's file is copied up to `rel` from `src` (its open file), with the object
+    /// it had open as the base, so the next sync finds the conflict and keeps both versions.
+    /// Returns the cache file opened with `flags` and its writer registration, or None when
+    /// the cache took the name meanwhile (the caller looks again).
+    pub fn keep_version(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        src: &File,
+        d: Deferral,
+        flags: i32,
+    ) -> FsResult<Option<(File, Option<u64>)>> {
+        let mut inner = self.lock();
+        if self.upper_stat(rel)?.is_some()
+            || inner.state.hidden(rel)
+            || self.replaced_here(&inner, rel, d)?
+        {
+            return Ok(None);
+        }
+        let meta = sys::fstat(src)?;
+        if (meta.dev(), meta.ino()) != d.object {
+            return Err(errno(libc::EIO));
+        }
+        if let Some(parent) = rel.parent() {
+            self.ensure_upper_dir(&inner, parent, ctx)?;
+        }
+        let mut records = vec![Record::Origin(
+            rel.to_path_buf(),
+            Origin {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        )];
+        if !inner.state.taken_over(rel) {
+            // The version the handle's writes start from, whatever the share holds now.
+            records.push(Record::Base(
+                rel.to_path_buf(),
+                Some(session::share_id_of(&meta)),
+            ));
+        }
+        records.push(Record::Dirty(rel.to_path_buf()));
+        self.record(&mut inner, &records)?;
+        inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        let tmp = self.tmp_rel();
+        let copied = self
+            .copy_open_file(src, &meta, &tmp)
+            .and_then(|()| self.install_synced(&tmp, &up(rel)));
+        if let Err(e) = copied {
+            let _ = remove_tree(&self.cache, &tmp);
+            return Err(e.into());
+        }
+        tracing::warn!(
+            path = %session::shown(rel),
+            "the share's file changed under an open handle (another workstation?): its version is kept in the cache"
+        );
+        let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+        let file = self.cache.open_file(&up(rel), flags, 0)?;
+        let ino = sys::fstat(&file)?.ino();
+        *inner.writers.entry(ino).or_insert(0) += 1;
+        Ok(Some((file, Some(ino))))
+    }
+
+    /// A copy of the open file `src` (whose attributes are `meta`) at `dst` in the cache:
+    /// data, mode, times, and the owner when we are root. Extended attributes stay behind
+    /// (they are read by path, and the path holds another file now).
+    fn copy_open_file(&self, src: &File, meta: &Stat, dst: &Path) -> io::Result<()> {
+        let out =
+            self.cache
+                .open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+        sys::copy_data(src, &out, meta.len())?;
+        if self.as_root {
+            self.cache.chown(dst, Some(meta.uid()), Some(meta.gid()))?;
+        }
+        self.cache.chmod(dst, meta.mode() & 0o7777)?;
+        self.cache
+            .utimens(dst, at(meta.atime()), at(meta.mtime()))?;
+        out.sync_all()
     }
 
     /// A private copy of an open file that no name shows (the handle of a file whose name
