@@ -377,18 +377,24 @@ impl CcfsFs {
         let Ok(path) = self.path(INodeNo(node)) else {
             return self.detach(&mut g, writable);
         };
-        // Looked at again when the cache takes the name while the handle's version is
-        // being kept (see `Overlay::keep_version`); a second time it is a change here.
-        for _ in 0..2 {
+        // Looked at again when the name changes between the look and the copy-up (see
+        // `Overlay::open_bound`, `Overlay::keep_version`); a third time it is a change here.
+        for _ in 0..3 {
             let bound = self
                 .overlay
                 .binding(&path, d.what)
                 .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?;
             let (file, writer) = match bound {
-                Binding::Share | Binding::Cache => self
-                    .overlay
-                    .open(&ctx(req, 0), &path, d.flags)
-                    .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?,
+                Binding::Share | Binding::Cache => {
+                    match self
+                        .overlay
+                        .open_bound(&ctx(req, 0), &path, d.flags, d.what)
+                        .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?
+                    {
+                        Some(opened) => opened,
+                        None => continue,
+                    }
+                }
                 // A descriptor stays bound to its file: the name holds another one, put
                 // there here, as by `mv .y .x`.
                 Binding::Replaced => return self.detach(&mut g, writable),

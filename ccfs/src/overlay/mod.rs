@@ -691,10 +691,29 @@ impl Overlay {
 
     /// Copies one cached path up from the share, if it is not in the cache yet.
     fn copy_up(&self, inner: &mut Inner, rel: &Path, with_data: bool, ctx: &Ctx) -> FsResult<()> {
+        self.copy_up_of(inner, rel, with_data, ctx, None)
+            .map(|_| ())
+    }
+
+    /// [`Overlay::copy_up`]; with `object` (device, inode), only when the share still has
+    /// that object at `rel`: false when it has another or none (nothing is copied then).
+    fn copy_up_of(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        with_data: bool,
+        ctx: &Ctx,
+        object: Option<(u64, u64)>,
+    ) -> FsResult<bool> {
         if self.upper_stat(rel)?.is_some() {
-            return Ok(());
+            return Ok(true);
         }
-        let meta = self.lower_meta(inner, rel)?.ok_or_else(FsError::enoent)?;
+        let meta = match (self.lower_meta(inner, rel)?, object) {
+            (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok(false),
+            (Some(m), _) => m,
+            (None, Some(_)) => return Ok(false),
+            (None, None) => return Err(FsError::enoent()),
+        };
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
@@ -726,7 +745,7 @@ impl Overlay {
             return Err(e.into());
         }
         tracing::debug!(path = %rel.display(), "copied up");
-        Ok(())
+        Ok(true)
     }
 
     /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.
@@ -772,11 +791,7 @@ impl Overlay {
             let mut inner = self.lock();
             let truncating = flags & libc::O_TRUNC != 0;
             self.copy_up(&mut inner, rel, !truncating, ctx)?;
-            self.mark_dirty(&mut inner, rel)?;
-            let file = self.cache.open_file(&up(rel), flags, 0)?;
-            let ino = sys::fstat(&file)?.ino();
-            *inner.writers.entry(ino).or_insert(0) += 1;
-            return Ok((file, Some(ino)));
+            return self.open_upper(&mut inner, rel, flags);
         }
         if class == PathClass::Passthrough {
             // The kernel has just looked it up: one round trip to the share, not two.
@@ -785,6 +800,52 @@ impl Overlay {
         let found = self.resolve(rel)?;
         let (root, at) = self.place(found.layer, rel);
         Ok((root.open_file(&at, flags, 0)?, None))
+    }
+
+    /// Opens the cache's file at the cached path `rel` for writing (`flags` as kept by
+    /// [`open_flags`]): marked dirty, and counted as a writer.
+    fn open_upper(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        flags: i32,
+    ) -> FsResult<(File, Option<u64>)> {
+        self.mark_dirty(inner, rel)?;
+        let file = self.cache.open_file(&up(rel), flags, 0)?;
+        let ino = sys::fstat(&file)?.ino();
+        *inner.writers.entry(ino).or_insert(0) += 1;
+        Ok((file, Some(ino)))
+    }
+
+    /// [`Overlay::open`] of what a deferred handle `d` stands for, when [`Overlay::binding`]
+    /// found it still on the share or copied up from it: a copy-up is made only from the
+    /// object the handle has open. None when the name holds another object by now (the
+    /// caller looks again).
+    pub fn open_bound(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        flags: i32,
+        d: Deferral,
+    ) -> FsResult<Option<(File, Option<u64>)>> {
+        let kept = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
+        if !wants_write(kept) || self.policy.classify(rel) != PathClass::Cached {
+            return self.open(ctx, rel, flags).map(Some);
+        }
+        let mut inner = self.lock();
+        let bound = if self.upper_stat(rel)?.is_some() {
+            inner
+                .state
+                .origin(rel)
+                .is_some_and(|o| (o.dev, o.ino) == d.object)
+        } else {
+            let truncating = kept & libc::O_TRUNC != 0;
+            self.copy_up_of(&mut inner, rel, !truncating, ctx, Some(d.object))?
+        };
+        if !bound {
+            return Ok(None);
+        }
+        self.open_upper(&mut inner, rel, kept).map(Some)
     }
 
     /// Whether the cache has no say on `rel` (not in the upper layer, not deleted); when
@@ -936,10 +997,7 @@ impl Overlay {
             "the share's file changed under an open handle (another workstation?): its version is kept in the cache"
         );
         let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-        let file = self.cache.open_file(&up(rel), flags, 0)?;
-        let ino = sys::fstat(&file)?.ino();
-        *inner.writers.entry(ino).or_insert(0) += 1;
-        Ok(Some((file, Some(ino))))
+        self.open_upper(&mut inner, rel, flags).map(Some)
     }
 
     /// A copy of the open file `src` (whose attributes are `meta`) at `dst` in the cache:
