@@ -378,7 +378,8 @@ impl CcfsFs {
             return self.detach(&mut g, writable);
         };
         // Looked at again when the name changes between the look and the copy-up (see
-        // `Overlay::open_bound`, `Overlay::keep_version`); a third time it is a change here.
+        // `Overlay::open_bound`, `Overlay::keep_version`); a name that keeps changing
+        // fails the request rather than let a write go where no sync finds it.
         for _ in 0..3 {
             let bound = self
                 .overlay
@@ -421,7 +422,12 @@ impl CcfsFs {
             g.deferred = None;
             return Ok(());
         }
-        self.detach(&mut g, writable)
+        let e = FsError::Errno(libc::EIO);
+        Err(reply_err(
+            "open (deferred copy-up: the name keeps changing)",
+            &path,
+            &e,
+        ))
     }
 
     /// A deferred handle whose name holds another file now, put there here (or none): a
