@@ -1136,15 +1136,16 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
     ];
-    if started_as_root && plan.settings.allow_other {
-        // Asked for ([mount] allow_other): other local users get through to the kernel's
-        // permission checks (default_permissions), which keep them out of what is not
-        // theirs; their programs then wait on this daemon too, which its user may stop.
+    if started_as_root && (plan.user.is_none() || plan.settings.allow_other) {
+        // Root's own daemon (no --user: nobody else can stop it), or asked for ([mount]
+        // allow_other): other local users get through to the kernel's permission checks
+        // (default_permissions), which keep them out of what is not theirs; their programs
+        // then wait on this daemon too.
         config.acl = fuser::SessionACL::All;
     }
-    // Otherwise only the mount's owner gets in (user_id=): the kernel refuses everyone
-    // else, root included, before asking the daemon, so a daemon its user stops (or a
-    // hung share) holds up none of their programs.
+    // A mount for a user lets only that user in (user_id=): the kernel refuses everyone
+    // else, root included, before asking the daemon, so a daemon the user stops (it is
+    // theirs) holds up none of their programs.
     config.n_threads = Some(plan.settings.threads);
     // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
     // a mount that drops to a user shares one channel between its threads.

@@ -310,6 +310,165 @@ fn the_user_may_unmount_the_mount_root_made_for_them() {
     assert_eq!(read(&fx.s(".myrc")), "mine\n");
 }
 
+/// The mode of `path` as the user sees it through the mount.
+fn mode_seen_by(user: &str, path: &Path) -> String {
+    let out = as_user(user, &format!("stat -c %a '{}'", path.display()));
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A share for ccfs-alice: `dirs` and `files` (path, mode) made below it and hers, the
+/// files holding "old\n"; modes set deepest first, so read-only directories can be filled.
+fn alices_share(fx: &Fixture, dirs: &[(&str, u32)], files: &[(&str, u32)]) {
+    let alice = account("ccfs-alice");
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    for (d, _) in dirs {
+        fs::create_dir(fx.s(d)).expect("mkdir");
+    }
+    for (f, mode) in files {
+        write(&fx.s(f), "old\n");
+        fs::set_permissions(fx.s(f), fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+    for (p, _) in dirs.iter().chain(files) {
+        std::os::unix::fs::chown(fx.s(p), Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    for (d, mode) in dirs.iter().rev() {
+        fs::set_permissions(fx.s(d), fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+}
+
+/// `chmod 555 ~/.ssh` (as some lock their keys) leaves the user's own 0644 `known_hosts`
+/// writable, as on the bare share: the copy-up into the read-only directory's cache copy
+/// works for the daemon, which is the user without privileges; the directory keeps its
+/// mode, in the mount and on the share.
+#[test]
+fn a_writable_file_in_a_read_only_dot_directory_stays_writable() {
+    let fx = Fixture::new();
+    alices_share(&fx, &[(".ssh", 0o555)], &[(".ssh/known_hosts", 0o644)]);
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let file = fx.m(".ssh/known_hosts");
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo 'new host' >> '{}'", file.display()),
+    );
+    assert!(
+        out.status.success(),
+        "the user's append to their own 0644 file failed: {}",
+        text(&out)
+    );
+    let out = as_user("ccfs-alice", &format!("cat '{}'", file.display()));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "old\nnew host\n",
+        "{}",
+        text(&out)
+    );
+    assert_eq!(mode_seen_by("ccfs-alice", &fx.m(".ssh")), "555");
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo x > '{}/.ssh/new'", fx.mnt.display()),
+    );
+    assert!(
+        !out.status.success(),
+        "a new file in the read-only directory is refused, as on the share: {}",
+        text(&out)
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".ssh/known_hosts")), "old\nnew host\n");
+    assert_eq!(
+        fs::metadata(fx.s(".ssh")).expect("ssh").mode() & 0o7777,
+        0o555
+    );
+    assert!(!fx.s(".ssh/new").exists());
+    assert!(
+        !fx.cache.join("upper/.ssh").exists(),
+        "the logout empties the cache, read-only directories too"
+    );
+}
+
+/// Two workstations add to `known_hosts` in the read-only `.ssh`: the second logout keeps
+/// both versions (its own beside the share's), as for any file.
+#[test]
+fn a_conflict_in_a_read_only_dot_directory_keeps_both_versions() {
+    let fx = Fixture::new();
+    alices_share(&fx, &[(".ssh", 0o555)], &[(".ssh/known_hosts", 0o644)]);
+    let (mnt_b, cache_b) = fx.workstation("b");
+    for d in [&mnt_b, &fx.mnt] {
+        std::os::unix::fs::chown(d, Some(account("ccfs-alice").uid), None).expect("chown");
+    }
+    let a = fx.mount_with(&["--user", "ccfs-alice"]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--user", "ccfs-alice"]);
+    for (mnt, host) in [(&fx.mnt, "a"), (&mnt_b, "b")] {
+        let out = as_user(
+            "ccfs-alice",
+            &format!("echo 'host {host}' >> '{}/.ssh/known_hosts'", mnt.display()),
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = a.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".ssh/known_hosts")), "old\nhost b\n");
+    let copies = conflict_copies(&fx.s(".ssh"), "known_hosts");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), "old\nhost a\n");
+    assert_eq!(
+        fs::metadata(fx.s(".ssh")).expect("ssh").mode() & 0o7777,
+        0o555
+    );
+}
+
+/// Directories copied to the cache below a read-only dot directory: a new file in a
+/// writable directory whose parent is read-only, and a chmod of a directory in a
+/// read-only one, work as on the share; every directory keeps the mode the user gave it.
+#[test]
+fn directories_below_a_read_only_dot_directory_are_copied_up_with_their_modes() {
+    let fx = Fixture::new();
+    alices_share(
+        &fx,
+        &[
+            (".locked", 0o555),
+            (".locked/a", 0o755),
+            (".locked/b", 0o755),
+        ],
+        &[(".locked/b/f", 0o644)],
+    );
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "cd '{}' && chmod 700 .locked/a && echo new > .locked/b/new && echo more >> .locked/b/f",
+            fx.mnt.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    for (p, mode) in [
+        (".locked", "555"),
+        (".locked/a", "700"),
+        (".locked/b", "755"),
+    ] {
+        assert_eq!(mode_seen_by("ccfs-alice", &fx.m(p)), mode, "{p}");
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".locked/b/new")), "new\n");
+    assert_eq!(read(&fx.s(".locked/b/f")), "old\nmore\n");
+    for (p, mode) in [
+        (".locked", 0o555),
+        (".locked/a", 0o700),
+        (".locked/b", 0o755),
+    ] {
+        assert_eq!(
+            fs::metadata(fx.s(p)).expect("dir").mode() & 0o7777,
+            mode,
+            "{p} on the share"
+        );
+    }
+}
+
 /// `ccfs recover --user NAME` (the PAM hook at login) recovers that user's caches only.
 #[test]
 fn recover_for_one_user_leaves_other_users_caches_alone() {

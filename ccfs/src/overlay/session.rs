@@ -807,8 +807,12 @@ impl Overlay {
     ) -> FsResult<()> {
         let name = name.to_path_buf();
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
-        self.cache
-            .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)?;
+        // The directory may be a read-only one's copy (see `with_write_access`).
+        let dir = up(p.parent().unwrap_or(Path::new("")));
+        self.with_write_access(&dir, || {
+            self.cache
+                .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)
+        })?;
         self.record(
             inner,
             &[
