@@ -16,6 +16,10 @@
 //! [mount]
 //! threads = 4                     # FUSE request threads
 //! attr_timeout_ms = 1000          # how long the kernel may cache attributes and names
+//! allow_other = false             # root's mounts for a user: let other local users (and
+//!                                 # root) in, with the usual permission checks; off, only
+//!                                 # the user gets in, so a daemon the user stops can hold
+//!                                 # up nobody else's programs
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -70,6 +74,7 @@ impl Default for SyncSection {
 pub struct MountSection {
     pub threads: usize,
     pub attr_timeout_ms: u64,
+    pub allow_other: bool,
 }
 
 impl Default for MountSection {
@@ -77,6 +82,7 @@ impl Default for MountSection {
         Self {
             threads: 4,
             attr_timeout_ms: 1000,
+            allow_other: false,
         }
     }
 }
@@ -121,6 +127,8 @@ pub struct Settings {
     pub sync_interval: Option<Duration>,
     pub threads: usize,
     pub attr_timeout: Duration,
+    /// A mount root makes for a user lets other local users in (see the file's doc).
+    pub allow_other: bool,
 }
 
 impl Default for Settings {
@@ -133,6 +141,7 @@ impl Default for Settings {
             sync_interval: Some(Duration::from_secs(600)),
             threads: 4,
             attr_timeout: Duration::from_millis(1000),
+            allow_other: false,
         }
     }
 }
@@ -250,6 +259,7 @@ impl Settings {
                 .then(|| Duration::from_secs(raw.sync.interval_secs)),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
+            allow_other: raw.mount.allow_other,
         })
     }
 }

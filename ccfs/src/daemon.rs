@@ -62,10 +62,12 @@ impl std::fmt::Display for LogText<'_> {
     }
 }
 
-/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs`
-/// where the mount helper drops the subtype).
+/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs` or
+/// `ccfs:CACHE_DIR` where the mount helper drops the subtype).
 pub fn is_ccfs_mount(m: &fsinfo::MountEntry) -> bool {
-    m.fs_type == "fuse.ccfs" || (m.fs_type.starts_with("fuse") && m.source == "ccfs")
+    m.fs_type == "fuse.ccfs"
+        || (m.fs_type.starts_with("fuse")
+            && (m.source == "ccfs" || control::cache_dir_of_source(&m.source).is_some()))
 }
 
 /// The mount points of every ccfs mount in this mount namespace.
@@ -429,6 +431,8 @@ pub fn plan_mount(
         ));
     }
     check_cache_path(&cache_dir, owner)?;
+    // The mount table records the cache dir, so commands find the daemon without the mount.
+    control::mount_source(&cache_dir)?;
     let cache_exists = fs::symlink_metadata(&cache_dir).is_ok();
     let probe = if cache_exists {
         cache_dir.clone()
@@ -1124,17 +1128,24 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     })?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        fuser::MountOption::FSName("ccfs".into()),
+        // `ccfs:CACHE_DIR`: `ccfs status`, `sync` and `umount` find the control socket in
+        // the mount table, without asking the mount (which may wait on a dead share).
+        fuser::MountOption::FSName(control::mount_source(&plan.cache_dir)?),
         fuser::MountOption::Subtype("ccfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
     ];
-    if started_as_root {
-        // Other local users get through to the kernel's permission checks
-        // (default_permissions), which then keep them out of what is not theirs.
+    if started_as_root && (plan.user.is_none() || plan.settings.allow_other) {
+        // Root's own daemon (no --user: nobody else can stop it), or asked for ([mount]
+        // allow_other): other local users get through to the kernel's permission checks
+        // (default_permissions), which keep them out of what is not theirs; their programs
+        // then wait on this daemon too.
         config.acl = fuser::SessionACL::All;
     }
+    // A mount for a user lets only that user in (user_id=): the kernel refuses everyone
+    // else, root included, before asking the daemon, so a daemon the user stops (it is
+    // theirs) holds up none of their programs.
     config.n_threads = Some(plan.settings.threads);
     // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
     // a mount that drops to a user shares one channel between its threads.
@@ -1198,14 +1209,14 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         plan.share.clone(),
         plan.mountpoint.clone(),
         plan.cache_dir.clone(),
-    ));
+    )?);
     control::serve(daemon.clone(), &socket)?;
     let stop_periodic = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(every) = plan.settings.sync_interval {
         spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
     }
 
-    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout, &socket)?;
+    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout)?;
     let mut session = match user_mount.as_mut() {
         Some(m) => fuser::Session::from_fd(fs, m.take_channel()?, config.acl, config.clone())?,
         None => fuser::Session::new(fs, &plan.mountpoint, &config)?,
@@ -1246,6 +1257,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     }
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
+    // Does not start rsync when the share does not answer: the cache keeps everything.
     let outcome = daemon.sync_now(crate::sync::SyncMode::Logout);
     let ok = outcome.ok;
     daemon.set_final(outcome);
@@ -1275,8 +1287,13 @@ fn spawn_periodic_sync(
                 waited = Duration::ZERO;
                 let clean = daemon.overlay.lock().state().is_clean();
                 if !clean {
+                    // Not started while the share does not answer (logged by the daemon).
                     let outcome = daemon.sync_now(crate::sync::SyncMode::Session);
-                    tracing::info!(ok = outcome.ok, "periodic sync");
+                    tracing::info!(
+                        ok = outcome.ok,
+                        share_unreachable = outcome.share_unreachable.is_some(),
+                        "periodic sync"
+                    );
                 }
             }
         })?;
@@ -1289,7 +1306,7 @@ pub enum Recovered {
     /// Nothing was left unsynced.
     Nothing,
     /// What an earlier session left was synced (see the outcome).
-    Synced(SyncOutcome),
+    Synced(Box<SyncOutcome>),
     /// A running mount holds the cache (its pid, 0 if unknown): left alone.
     InUse(u32),
 }
@@ -1343,9 +1360,12 @@ pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::R
     // Root recovers every user's cache, as that user; a user only their own.
     let owner = if euid == 0 { md.uid() } else { euid };
     check_cache_path(cache_dir, owner)?;
-    if euid != 0 || owner == 0 {
-        return recover_as_owner(cache_dir, settings, euid != 0);
+    if euid != 0 {
+        return recover_as_owner(cache_dir, settings, true);
     }
+    // Root works on each cache in a child process, its own caches too: whatever a cache
+    // leads to (a share that hangs holds a thread for good) stays in that child, and the
+    // next cache starts from a clean process.
     let account = sys::user_by_uid(owner)?.ok_or_else(|| {
         user_error(
             format!(
@@ -1418,10 +1438,16 @@ fn recover_as_owner(
         _ => Settings::default(),
     };
     let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
-    if !meta.share.is_dir() {
+    // A share that hangs (its server stopped, or one the cache's owner made hang) must not
+    // hold up the recovery of every later cache: one look, waited for a bounded time.
+    if let Err(why) = control::look_within(&meta.share, control::PROBE_TIMEOUT) {
         anyhow::bail!(user_error(
-            format!("share {} is not reachable", LogPath(&meta.share)),
-            "run `ccfs recover` again once the share is mounted"
+            format!(
+                "share {} is not reachable: {}",
+                LogPath(&meta.share),
+                LogText(&why)
+            ),
+            "run `ccfs recover` again once the share is mounted and answers"
         ));
     }
     let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {
@@ -1440,7 +1466,7 @@ fn recover_as_owner(
     }
     Ok(match outcome {
         None => Recovered::Nothing,
-        Some(o) => Recovered::Synced(o),
+        Some(o) => Recovered::Synced(Box::new(o)),
     })
 }
 

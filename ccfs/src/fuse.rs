@@ -23,14 +23,10 @@ use fuser::{
 
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::overlay::{Ctx, Overlay, SetAttr};
+use crate::overlay::{Binding, Ctx, Deferral, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
-/// The extended attribute on the mount root that tells `ccfs` commands where the daemon's
-/// control socket is. It is not listed by listxattr.
-pub const CONTROL_XATTR: &str = "user.ccfs.control";
-
-use crate::nodes::{Nodes, ROOT};
+use crate::nodes::Nodes;
 
 #[derive(Debug)]
 enum Handle {
@@ -58,8 +54,8 @@ struct Deferred {
     flags: i32,
     /// The overlay's copy-up count when last checked.
     seen: u64,
-    /// The share object the handle has open (device, inode): it stays bound to it.
-    object: (u64, u64),
+    /// The share object the handle has open, and what the cache held of its path then.
+    what: Deferral,
 }
 
 impl Handle {
@@ -89,7 +85,6 @@ pub struct CcfsFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     ttl: Duration,
-    control: Vec<u8>,
 }
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
@@ -206,11 +201,7 @@ macro_rules! try_reply {
 }
 
 impl CcfsFs {
-    pub fn new(
-        overlay: Arc<Overlay>,
-        ttl: Duration,
-        control_socket: &Path,
-    ) -> std::io::Result<Self> {
+    pub fn new(overlay: Arc<Overlay>, ttl: Duration) -> std::io::Result<Self> {
         Ok(Self {
             overlay,
             nodes: Mutex::new(Nodes::new()),
@@ -218,7 +209,6 @@ impl CcfsFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             ttl,
-            control: control_socket.as_os_str().as_bytes().to_vec(),
         })
     }
 
@@ -355,12 +345,13 @@ impl CcfsFs {
                 _ => return Ok(g),
             }
         }
+        // A share that cannot tell where the file is now: it is read where it was.
         let moved = || {
-            let object = read_io(io).deferred.map(|d| d.object);
+            let what = read_io(io).deferred.map(|d| d.what);
             self.path(INodeNo(*node))
                 .ok()
-                .zip(object)
-                .is_some_and(|(p, o)| self.overlay.binding(&p, o) == crate::overlay::Binding::Cache)
+                .zip(what)
+                .is_some_and(|(p, w)| matches!(self.overlay.binding(&p, w), Ok(Binding::Cache)))
         };
         if write || moved() {
             self.promote(req, io, *node)?;
@@ -381,28 +372,75 @@ impl CcfsFs {
         let Some(d) = g.deferred else {
             return Ok(());
         };
-        // A descriptor stays bound to its file: when its name now holds another file (or
-        // none), the handle gets a private copy that no name shows, as POSIX has it.
-        let path = self.path(INodeNo(node)).ok();
-        let bound = path
-            .as_ref()
-            .map(|p| self.overlay.binding(p, d.object))
-            .unwrap_or(crate::overlay::Binding::Elsewhere);
-        let (file, writer) = match (bound, &path) {
-            (crate::overlay::Binding::Elsewhere, _) | (_, None) => {
-                let copy = self
-                    .overlay
-                    .detached_copy(&g.file)
-                    .map_err(|e| reply_err("write (file without a name)", Path::new(""), &e))?;
-                (copy, None)
-            }
-            (_, Some(path)) => self
-                .overlay
-                .open(&ctx(req, 0), path, d.flags)
-                .map_err(|e| reply_err("open (deferred copy-up)", path, &e))?,
+        let writable = d.flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A name the node no longer has was unlinked or renamed over here.
+        let Ok(path) = self.path(INodeNo(node)) else {
+            return self.detach(&mut g, writable);
         };
-        g.file = file;
-        g.writer = writer;
+        // Looked at again when the name changes between the look and the copy-up (see
+        // `Overlay::open_bound`, `Overlay::keep_version`); a name that keeps changing
+        // fails the request rather than let a write go where no sync finds it.
+        for _ in 0..3 {
+            let bound = self
+                .overlay
+                .binding(&path, d.what)
+                .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?;
+            let (file, writer) = match bound {
+                Binding::Share | Binding::Cache => {
+                    match self
+                        .overlay
+                        .open_bound(&ctx(req, 0), &path, d.flags, d.what)
+                        .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?
+                    {
+                        Some(opened) => opened,
+                        None => continue,
+                    }
+                }
+                // A descriptor stays bound to its file: the name holds another one, put
+                // there here, as by `mv .y .x`.
+                Binding::Replaced => return self.detach(&mut g, writable),
+                // Another workstation changed the file: the handle's version is kept, and
+                // the next sync finds the conflict.
+                Binding::Changed if writable => {
+                    match self
+                        .overlay
+                        .keep_version(&ctx(req, 0), &path, &g.file, d.what, d.flags)
+                        .map_err(|e| reply_err("write (file changed on the share)", &path, &e))?
+                    {
+                        Some(opened) => opened,
+                        None => continue,
+                    }
+                }
+                // A reader reads on the file it has.
+                Binding::Changed => {
+                    g.deferred = None;
+                    return Ok(());
+                }
+            };
+            g.file = file;
+            g.writer = writer;
+            g.deferred = None;
+            return Ok(());
+        }
+        let e = FsError::Errno(libc::EIO);
+        Err(reply_err(
+            "open (deferred copy-up: the name keeps changing)",
+            &path,
+            &e,
+        ))
+    }
+
+    /// A deferred handle whose name holds another file now, put there here (or none): a
+    /// writable one gets a private copy that no name shows, as an unlinked file, as POSIX
+    /// has it; a reader goes on reading the file it has.
+    fn detach(&self, g: &mut FileIo, writable: bool) -> Result<(), Errno> {
+        if writable {
+            g.file = self
+                .overlay
+                .detached_copy(&g.file)
+                .map_err(|e| reply_err("write (file without a name)", Path::new(""), &e))?;
+            g.writer = None;
+        }
         g.deferred = None;
         Ok(())
     }
@@ -644,20 +682,15 @@ impl Filesystem for CcfsFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.overlay.requests.count(Req::Open);
         let path = try_reply!(reply, self.path(ino));
+        // The copy-up count is read before the open: a copy-up meanwhile is looked at.
+        let seen = self.overlay.copy_up_count();
         match self.overlay.open_deferred(&ctx(req, 0), &path, flags.0) {
             Ok((file, writer, deferred)) => {
-                let deferred = match deferred.then(|| crate::sys::fstat(&file)) {
-                    Some(Ok(m)) => Some(Deferred {
-                        flags: flags.0,
-                        seen: self.overlay.copy_up_count(),
-                        object: (m.dev(), m.ino()),
-                    }),
-                    Some(Err(e)) => {
-                        reply.error(Errno::from(e));
-                        return;
-                    }
-                    None => None,
-                };
+                let deferred = deferred.map(|what| Deferred {
+                    flags: flags.0,
+                    seen,
+                    what,
+                });
                 let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred));
                 reply.opened(fh, FopenFlags::empty());
             }
@@ -889,10 +922,6 @@ impl Filesystem for CcfsFs {
         reply: ReplyEmpty,
     ) {
         self.overlay.requests.count(Req::Setxattr);
-        if name == CONTROL_XATTR {
-            reply.error(Errno::EPERM);
-            return;
-        }
         let path = try_reply!(reply, self.path(ino));
         match self
             .overlay
@@ -905,14 +934,11 @@ impl Filesystem for CcfsFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.overlay.requests.count(Req::Getxattr);
-        let value = if ino.0 == ROOT && name == CONTROL_XATTR {
-            Ok(self.control.clone())
-        } else {
-            let path = try_reply!(reply, self.path(ino));
-            self.overlay
-                .getxattr(&path, name)
-                .map_err(|e| reply_err("getxattr", &path, &e))
-        };
+        let path = try_reply!(reply, self.path(ino));
+        let value = self
+            .overlay
+            .getxattr(&path, name)
+            .map_err(|e| reply_err("getxattr", &path, &e));
         match value {
             Ok(v) => reply_xattr(reply, size, &v),
             Err(e) => reply.error(e),

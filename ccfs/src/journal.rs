@@ -81,9 +81,18 @@ fn body(record: &Record) -> String {
         Record::Rename { from, to } => format!("M {} {}", escape(from), escape(to)),
         Record::Clean(p) => format!("C {}", escape(p)),
         Record::Deleted(p) => format!("W {}", escape(p)),
-        Record::Sending(p, Some(t)) => {
-            format!("S {} {} {} {}", escape(p), t.size, t.mtime.0, t.mtime.1)
-        }
+        Record::Sending(p, Some(t)) => match t.since {
+            Some(since) => format!(
+                "S {} {} {} {} {} {}",
+                escape(p),
+                t.size,
+                t.mtime.0,
+                t.mtime.1,
+                since.0,
+                since.1
+            ),
+            None => format!("S {} {} {} {}", escape(p), t.size, t.mtime.0, t.mtime.1),
+        },
         Record::Sending(p, None) => format!("S {}", escape(p)),
         Record::SyncEnd => "E .".to_string(),
     }
@@ -144,6 +153,10 @@ fn parse_body(b: &str) -> Option<Record> {
                 Some(Sent {
                     size: size.parse().ok()?,
                     mtime: (it.next()?.parse().ok()?, it.next()?.parse().ok()?),
+                    since: match it.next() {
+                        None => None,
+                        Some(secs) => Some((secs.parse().ok()?, it.next()?.parse().ok()?)),
+                    },
                 }),
             ),
         },
@@ -407,13 +420,19 @@ mod tests {
                 })
             )),
             arb_path().prop_map(Record::Deleted),
-            (arb_path(), any::<Option<(u64, i32, u32)>>()).prop_map(|(p, t)| Record::Sending(
-                p,
-                t.map(|(size, s, n)| Sent {
-                    size,
-                    mtime: (i64::from(s), i64::from(n)),
-                })
-            )),
+            (
+                arb_path(),
+                any::<Option<(u64, i32, u32)>>(),
+                any::<Option<(i32, u32)>>()
+            )
+                .prop_map(|(p, t, since)| Record::Sending(
+                    p,
+                    t.map(|(size, s, n)| Sent {
+                        size,
+                        mtime: (i64::from(s), i64::from(n)),
+                        since: since.map(|(a, b)| (i64::from(a), i64::from(b))),
+                    })
+                )),
             Just(Record::SyncEnd),
         ]
     }

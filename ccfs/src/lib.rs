@@ -11,6 +11,7 @@ pub mod counters;
 pub mod daemon;
 pub mod error;
 pub mod fuse;
+pub mod gate;
 pub mod journal;
 pub mod nodes;
 pub mod overlay;

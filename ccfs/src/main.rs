@@ -9,7 +9,6 @@ use clap::{Args, Parser, Subcommand};
 
 use ccfs::control::{self, Request, Status, SyncOutcome};
 use ccfs::daemon::{self, user_error, Recovered, UserError};
-use ccfs::fuse::CONTROL_XATTR;
 
 /// ccfs keeps writes to configuration files (dotfiles) of a home directory mounted from a
 /// network share in a local cache, and syncs them back to the share at logout.
@@ -267,34 +266,61 @@ fn shown(p: &Path) -> String {
     daemon::LogPath(p).to_string()
 }
 
-/// The control socket of a ccfs mount point.
-fn control_socket(mountpoint: &Path) -> Result<(PathBuf, PathBuf), Error> {
-    let mp = mountpoint.canonicalize().map_err(|e| {
+/// How long `ccfs status` and `ccfs umount` wait for a daemon's status (the daemon looks
+/// at the share for at most `control::PROBE_TIMEOUT` of it).
+const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `ccfs umount` waits for the logout sync's answer between two looks at whether
+/// the share still answers.
+const WAIT_SLICE: Duration = Duration::from_secs(5);
+
+/// The ccfs mount at `mountpoint` and where its daemon listens, found in the mount table:
+/// nothing asks the mount itself, which may be waiting on a dead or hung share.
+fn control_socket(mountpoint: &Path) -> Result<control::MountRef, Error> {
+    let entry = control::find_mount(mountpoint).map_err(|e| {
         user_error(
-            format!("mountpoint {} does not exist: {e}", mountpoint.display()),
+            format!("mountpoint {}: {e}", mountpoint.display()),
             "give the directory where ccfs is mounted",
         )
     })?;
-    let is_ccfs = daemon::ccfs_mounts()
-        .map(|m| m.contains(&mp))
-        .unwrap_or(false);
-    if !is_ccfs {
+    let Some(entry) = entry else {
+        // Not a mount point of ccfs: looking at the path cannot hang on a share.
+        if std::fs::symlink_metadata(mountpoint).is_err() {
+            return Err(user_error(
+                format!("mountpoint {} does not exist", mountpoint.display()),
+                "give the directory where ccfs is mounted",
+            )
+            .into());
+        }
         return Err(user_error(
-            format!("{} is not a ccfs mount", mp.display()),
+            format!("{} is not a ccfs mount", mountpoint.display()),
             "see `ccfs status` for the ccfs mounts of this machine",
         )
         .into());
-    }
-    let sock = ccfs::sys::lgetxattr(&mp, std::ffi::OsStr::new(CONTROL_XATTR)).map_err(|e| {
+    };
+    control::mount_ref(&entry).map_err(fail)
+}
+
+/// Why a mount's daemon could not be asked, in one line with what to do.
+fn daemon_error(m: &control::MountRef, e: &std::io::Error) -> Error {
+    let mp = m.mountpoint.display();
+    if control::daemon_gone(e) {
         fail(format!(
-            "cannot reach the ccfs daemon of {}: {e}",
-            mp.display()
+            "{mp}: its ccfs daemon is gone ({e}): `fusermount3 -u -z {mp}`, then `ccfs recover --cache-dir {}`",
+            m.cache_dir.display()
         ))
-    })?;
-    Ok((
-        mp,
-        PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(sock)),
-    ))
+    } else if control::timed_out(e) {
+        fail(format!(
+            "{mp}: its ccfs daemon did not answer in time (stopped or stuck?); its log is {}",
+            m.cache_dir.join("ccfs.log").display()
+        ))
+    } else {
+        fail(format!("{mp}: cannot ask its ccfs daemon: {e}"))
+    }
+}
+
+fn bad_answer(e: impl std::fmt::Display) -> Error {
+    fail(format!("the ccfs daemon answered badly: {e}"))
 }
 
 fn print_outcome(what: &str, o: &SyncOutcome) {
@@ -310,6 +336,9 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
             for c in &r.conflicts {
                 println!("ccfs: {what}: {}", describe_conflict(c));
             }
+        }
+        (None, Some(e)) if o.share_unreachable.is_some() => {
+            println!("ccfs: {what} not started: {}", daemon::LogText(e))
         }
         (None, Some(e)) => println!("ccfs: {what} failed: {}", daemon::LogText(e)),
         (None, None) => {}
@@ -334,47 +363,149 @@ fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
         K::ModifiedHereDeletedThere => {
             format!("conflict: {p} was deleted on the share but changed here; ours is written back")
         }
+        K::DatabaseChangedThere => format!(
+            "conflict: the database {p} belongs to was changed on the share (another login?) since this journal or WAL was written here; the share keeps its database, ours is saved as {kept}"
+        ),
     }
 }
 
-fn umount(mountpoint: &Path) -> Result<(), Error> {
-    let (mp, sock) = control_socket(mountpoint)?;
-    let status: Status = serde_json::from_value(
-        control::request(&sock, &Request::Status).map_err(|e| fail(format!("daemon: {e}")))?,
-    )
-    .map_err(|e| fail(format!("daemon answered badly: {e}")))?;
-    let stream = UnixStream::connect(&sock).map_err(|e| fail(format!("daemon: {e}")))?;
-    control::send(&stream, &Request::Wait).map_err(|e| fail(format!("daemon: {e}")))?;
-    let mut reader = std::io::BufReader::new(&stream);
-    let ack = control::read_line_value(&mut reader).map_err(|e| fail(format!("daemon: {e}")))?;
-    if ack["waiting"] != true {
-        return Err(fail(format!("daemon answered badly: {ack}")));
+/// Unmounts `mp`. While the share is unreachable a busy mount is detached lazily (the
+/// programs holding it may be stuck on the share for good); returns whether it was.
+fn unmount_mount(mp: &Path, share_unreachable: bool) -> Result<bool, Error> {
+    let run = |args: &[&str]| {
+        Command::new("fusermount3")
+            .args(args)
+            .arg(mp)
+            .output()
+            .map_err(|e| fail(format!("cannot run fusermount3: {e} (install fuse3)")))
+    };
+    let out = run(&["-u"])?;
+    if out.status.success() {
+        return Ok(false);
     }
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&mp)
-        .output()
-        .map_err(|e| fail(format!("cannot run fusermount3: {e} (install fuse3)")))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if share_unreachable && err.contains("busy") {
+        let lazy = run(&["-u", "-z"])?;
+        if lazy.status.success() {
+            return Ok(true);
+        }
+        let err = String::from_utf8_lossy(&lazy.stderr).trim().to_string();
+        return Err(fail(format!("cannot unmount {}: {err}", mp.display())));
+    }
+    Err(fail(format!(
+        "cannot unmount {}: {err}; close the programs using it (`fuser -vm {}`) and try again",
+        mp.display(),
+        mp.display()
+    )))
+}
+
+/// Waits for the answer to `Wait` (the logout sync's outcome). Between slices it asks the
+/// daemon whether the share still answers: when it does not, a sync under way may be stuck
+/// on it for good, and the wait ends with None and that status.
+fn wait_logout_answer(
+    m: &control::MountRef,
+    stream: &UnixStream,
+    reader: &mut impl std::io::BufRead,
+) -> Result<Result<SyncOutcome, Status>, Error> {
+    let ended = |e: &dyn std::fmt::Display| {
+        fail(format!(
+            "the ccfs daemon ended without finishing the logout sync ({e}); the changes are kept in {}: run `ccfs recover --cache-dir {}`",
+            m.cache_dir.display(),
+            m.cache_dir.display()
+        ))
+    };
+    stream
+        .set_read_timeout(Some(WAIT_SLICE))
+        .map_err(|e| fail(format!("daemon: {e}")))?;
+    let mut line = Vec::new();
+    loop {
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return Err(ended(&"it closed the connection")),
+            Ok(_) if line.ends_with(b"\n") => {
+                let outcome = serde_json::from_slice(&line).map_err(bad_answer)?;
+                return Ok(Ok(outcome));
+            }
+            Ok(_) => {}
+            Err(e) if control::timed_out(&e) => match control::status(m, STATUS_TIMEOUT) {
+                Ok(st) if st.share_health.as_ref().is_some_and(|h| !h.is_reachable()) => {
+                    return Ok(Err(st))
+                }
+                Ok(_) => {}
+                // Between its answer on the other connection and its exit.
+                Err(e) if control::daemon_gone(&e) => {}
+                Err(e) => return Err(daemon_error(m, &e)),
+            },
+            Err(e) => return Err(ended(&e)),
+        }
+    }
+}
+
+fn changes(n: usize) -> String {
+    format!("{n} change{}", if n == 1 { "" } else { "s" })
+}
+
+fn umount(mountpoint: &Path) -> Result<(), Error> {
+    let m = control_socket(mountpoint)?;
+    let mp = m.mountpoint.clone();
+    let status = control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e))?;
+    if status.mountpoint != mp {
         return Err(fail(format!(
-            "cannot unmount {}: {err}; close the programs using it (`fuser -vm {}`) and try again",
-            mp.display(),
+            "the mount table names the cache of the mount at {} for {}; unmount that one",
+            status.mountpoint.display(),
             mp.display()
         )));
     }
-    let answer = control::read_line_value(&mut reader).map_err(|e| {
-        fail(format!(
-            "the ccfs daemon ended without finishing the sync ({e}); run `ccfs recover --cache-dir {}`",
-            status.cache_dir.display()
-        ))
-    })?;
-    let outcome: SyncOutcome =
-        serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    let outage = status.share_health.clone().filter(|h| !h.is_reachable());
+    let stream = control::connect(&m).map_err(|e| daemon_error(&m, &e))?;
+    stream
+        .set_read_timeout(Some(STATUS_TIMEOUT))
+        .map_err(|e| fail(format!("daemon: {e}")))?;
+    control::send(&stream, &Request::Wait).map_err(|e| daemon_error(&m, &e))?;
+    let mut reader = std::io::BufReader::new(&stream);
+    let ack = control::read_line_value(&mut reader).map_err(|e| daemon_error(&m, &e))?;
+    if ack["waiting"] != true {
+        return Err(bad_answer(ack));
+    }
+    if unmount_mount(&mp, outage.is_some())? {
+        // The session, and with it the logout sync, ends only once the last program lets
+        // go of the mount: nothing to wait for here.
+        let health = outage.map(|h| h.describe()).unwrap_or_default();
+        return Err(fail(format!(
+            "unmounted {} lazily (programs still use it); share unreachable: {health}; {} kept in {}; the daemon (pid {}) sends them once those programs end if the share is back by then, else `ccfs recover` does once it is back",
+            mp.display(),
+            changes(status.changes()),
+            m.cache_dir.display(),
+            status.pid
+        )));
+    }
+    let outcome = match wait_logout_answer(&m, &stream, &mut reader)? {
+        Ok(outcome) => outcome,
+        Err(st) => {
+            let health = st
+                .share_health
+                .as_ref()
+                .map(|h| h.describe())
+                .unwrap_or_default();
+            return Err(fail(format!(
+                "unmounted {}, but the share stopped answering during the logout sync: {health}; {} kept in {}; the daemon (pid {}) finishes the sync if the share comes back, else `ccfs recover` sends them once it is back",
+                mp.display(),
+                changes(st.changes()),
+                m.cache_dir.display(),
+                st.pid
+            )));
+        }
+    };
     // The daemon exits right after answering; wait so the cache is free for the next mount.
     let start = Instant::now();
     while ccfs::sys::process_alive(status.pid) && start.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
+    }
+    if outcome.share_unreachable.is_some() {
+        return Err(fail(format!(
+            "unmounted {}; logout sync not started: {}",
+            mp.display(),
+            outcome.error.as_deref().unwrap_or("share unreachable")
+        )));
     }
     print_outcome("logout sync", &outcome);
     if outcome.ok {
@@ -387,18 +518,24 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
         Err(fail(format!(
             "unmounted {}, but not everything reached the share; the rest is kept in {} (run `ccfs recover --cache-dir {}`)",
             mp.display(),
-            status.cache_dir.display(),
-            status.cache_dir.display()
+            m.cache_dir.display(),
+            m.cache_dir.display()
         )))
     }
 }
 
 fn sync_cmd(mountpoint: &Path) -> Result<(), Error> {
-    let (_, sock) = control_socket(mountpoint)?;
-    let answer =
-        control::request(&sock, &Request::Sync).map_err(|e| fail(format!("daemon: {e}")))?;
-    let outcome: SyncOutcome =
-        serde_json::from_value(answer).map_err(|e| fail(format!("daemon answered badly: {e}")))?;
+    let m = control_socket(mountpoint)?;
+    // No time limit: sending much data takes long, and the daemon does not start a sync
+    // the share would hold up (it looks at the share first, for a bounded time).
+    let answer = control::request(&m, &Request::Sync, None).map_err(|e| daemon_error(&m, &e))?;
+    let outcome: SyncOutcome = serde_json::from_value(answer).map_err(bad_answer)?;
+    if outcome.share_unreachable.is_some() {
+        return Err(fail(format!(
+            "sync not started: {}",
+            outcome.error.as_deref().unwrap_or("share unreachable")
+        )));
+    }
     print_outcome("sync", &outcome);
     if outcome.ok {
         Ok(())
@@ -425,45 +562,39 @@ fn human_bytes(n: u64) -> String {
 }
 
 fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
-    let mps: Vec<PathBuf> = match mountpoint {
-        Some(m) => vec![m.to_path_buf()],
-        None => {
-            daemon::ccfs_mounts().map_err(|e| fail(format!("cannot read the mount table: {e}")))?
-        }
+    let mounts: Vec<Result<control::MountRef, Error>> = match mountpoint {
+        Some(m) => vec![Ok(control_socket(m)?)],
+        None => control::ccfs_mount_table()
+            .map_err(|e| fail(format!("cannot read the mount table: {e}")))?
+            .iter()
+            .map(|e| control::mount_ref(e).map_err(fail))
+            .collect(),
     };
-    let mut all = Vec::new();
-    for mp in mps {
-        let one = (|| -> Result<Status, Error> {
-            let (_, sock) = control_socket(&mp)?;
-            let v = control::request(&sock, &Request::Status)
-                .map_err(|e| fail(format!("daemon: {e}")))?;
-            serde_json::from_value(v).map_err(|e| fail(format!("daemon answered badly: {e}")))
-        })();
+    let listed = mounts.len();
+    let mut all: Vec<Status> = Vec::new();
+    for m in mounts {
+        let one =
+            m.and_then(|m| control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e)));
         match one {
+            // The same daemon seen through a second mount point (a bind mount).
+            Ok(st) if all.iter().any(|s| s.cache_dir == st.cache_dir) => {}
             Ok(st) => all.push(st),
-            // Listing every mount: one whose daemon died is reported, not fatal.
-            Err(e) if mountpoint.is_none() => eprintln!(
-                "ccfs: {}: {}; its daemon is gone: `fusermount3 -u -z {}`, then `ccfs recover`",
-                mp.display(),
-                match e {
-                    Error::User(u) => u.to_string(),
-                    Error::Failure(Failure(m)) => m,
-                },
-                mp.display()
-            ),
+            // Listing every mount: one that cannot be asked is reported, not fatal.
+            Err(Error::Failure(Failure(msg))) if mountpoint.is_none() => {
+                eprintln!("ccfs: {msg}")
+            }
             Err(e) => return Err(e),
         }
     }
     if json {
-        let text = if mountpoint.is_some() {
-            serde_json::to_string_pretty(&all[0])
-        } else {
-            serde_json::to_string_pretty(&all)
+        let text = match (mountpoint, all.first()) {
+            (Some(_), Some(st)) => serde_json::to_string_pretty(st),
+            _ => serde_json::to_string_pretty(&all),
         };
         println!("{}", text.map_err(|e| fail(e.to_string()))?);
         return Ok(());
     }
-    if all.is_empty() {
+    if listed == 0 {
         println!("no ccfs mounts");
     }
     for st in all {
@@ -474,11 +605,26 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             st.cache_dir.display(),
             st.pid
         );
+        match &st.share_health {
+            Some(h) if h.is_reachable() => println!("  share: reachable"),
+            Some(h) => println!(
+                "  share: unreachable: {}; syncs are not started, the cache keeps the changes",
+                h.describe()
+            ),
+            None => println!("  share: not known (an older daemon)"),
+        }
         println!(
-            "  dirty: {} paths, {}   pending deletions: {}",
+            "  dirty: {} paths, {}   pending deletions: {}{}",
             st.dirty_files,
             human_bytes(st.dirty_bytes),
-            st.pending_deletions
+            st.pending_deletions,
+            match st.counts_as_of {
+                Some(t) => format!(
+                    "   (counted at {}: the filesystem is busy waiting on the share)",
+                    ccfs::sync::stamp(std::time::UNIX_EPOCH + Duration::from_secs(t))
+                ),
+                None => String::new(),
+            }
         );
         let r = &st.requests;
         println!(
@@ -502,6 +648,9 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
                     r.seconds,
                     r.finished_at
                 ),
+                (None, Some(_)) if o.share_unreachable.is_some() => {
+                    println!("  last sync: not started (share unreachable)")
+                }
                 (None, Some(e)) => println!("  last sync: failed: {e}"),
                 (None, None) => {}
             },

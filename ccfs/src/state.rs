@@ -24,12 +24,16 @@ pub struct ShareId {
     pub ctime: (i64, i64),
 }
 
-/// What a sync handed to rsync for one path: the cache copy's size and mtime at that moment.
-/// After a sync that failed or was cut short, a share file with these is our own transfer.
+/// What a sync handed to rsync for one path: the cache copy's size and mtime at that moment,
+/// and when (this machine's clock). After a sync that failed or was cut short, a share file
+/// with that size and mtime is our own transfer, and so is one with an mtime from `since`
+/// on (a version written here while rsync was reading; see `overlay::session`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sent {
     pub size: u64,
     pub mtime: (i64, i64),
+    /// When the sync handed it over; None in journals of older versions.
+    pub since: Option<(i64, i64)>,
 }
 
 /// One change to the overlay's record. Paths are relative to the mount root.

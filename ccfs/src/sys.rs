@@ -414,6 +414,8 @@ fn proc_fd(fd: RawFd) -> CString {
 pub struct Root {
     fd: OwnedFd,
     path: std::path::PathBuf,
+    /// For the share: every access passes it ([`crate::gate`]).
+    gate: Option<std::sync::Arc<crate::gate::ShareGate>>,
 }
 
 impl Root {
@@ -431,7 +433,27 @@ impl Root {
             // SAFETY: `fd` is a fresh descriptor that nothing else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             path: path.to_path_buf(),
+            gate: None,
         })
+    }
+
+    /// [`Root::open`] for a share: every access below passes `gate`.
+    pub fn open_gated(
+        path: &Path,
+        gate: std::sync::Arc<crate::gate::ShareGate>,
+    ) -> io::Result<Self> {
+        let _in_flight = gate.enter()?;
+        let mut root = Self::open(path)?;
+        root.gate = Some(gate.clone());
+        Ok(root)
+    }
+
+    /// Runs one access below the root, through the gate when it has one.
+    fn gated<T>(&self, access: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        match self.gate.as_deref() {
+            Some(g) => g.enter()?.passed(access()),
+            None => access(),
+        }
     }
 
     /// The absolute path of the root (for messages and external programs).
@@ -441,42 +463,44 @@ impl Root {
 
     /// openat2 below the root. `flags` are open(2) flags; O_NOFOLLOW is always added.
     pub fn open_fd(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-        let c = rel_cstr(rel)?;
-        let how = OpenHow {
-            flags: (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-            mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
-                u64::from(mode)
-            } else {
-                0
-            },
-            resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
-        };
-        loop {
-            // SAFETY: `how` is a valid open_how of the size passed; `c` is NUL-terminated.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    self.fd.as_raw_fd(),
-                    c.as_ptr(),
-                    &how as *const OpenHow,
-                    std::mem::size_of::<OpenHow>(),
-                )
+        self.gated(|| -> io::Result<OwnedFd> {
+            let c = rel_cstr(rel)?;
+            let how = OpenHow {
+                flags: (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+                mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+                    u64::from(mode)
+                } else {
+                    0
+                },
+                resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
             };
-            if r >= 0 {
-                // SAFETY: a fresh descriptor that nothing else owns.
-                return Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) });
+            loop {
+                // SAFETY: `how` is a valid open_how of the size passed; `c` is NUL-terminated.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_openat2,
+                        self.fd.as_raw_fd(),
+                        c.as_ptr(),
+                        &how as *const OpenHow,
+                        std::mem::size_of::<OpenHow>(),
+                    )
+                };
+                if r >= 0 {
+                    // SAFETY: a fresh descriptor that nothing else owns.
+                    return Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) });
+                }
+                let e = io::Error::last_os_error();
+                // EAGAIN: a concurrent rename raced the lookup; ELOOP is what a symlink
+                // component gives and is reported as such.
+                if e.raw_os_error() != Some(libc::EAGAIN) {
+                    return Err(e);
+                }
             }
-            let e = io::Error::last_os_error();
-            // EAGAIN: a concurrent rename raced the lookup; ELOOP is what a symlink
-            // component gives and is reported as such.
-            if e.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(e);
-            }
-        }
+        })
     }
 
     pub fn open_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<File> {
-        Ok(File::from(self.open_fd(rel, flags, mode)?))
+        self.gated(|| -> io::Result<File> { Ok(File::from(self.open_fd(rel, flags, mode)?)) })
     }
 
     /// An O_PATH descriptor of `rel` itself (a symlink is not followed).
@@ -496,232 +520,260 @@ impl Root {
 
     /// lstat below the root; `Ok(None)` when it does not exist.
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
-        let st = if rel.as_os_str().is_empty() {
-            fstat(&self.fd)
-        } else {
-            self.parent(rel).and_then(|(dir, name)| {
-                // SAFETY: `st` is a valid out-parameter; `dir` and `name` are valid.
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: as above.
-                check(unsafe {
-                    libc::fstatat(
-                        dir.as_raw_fd(),
-                        name.as_ptr(),
-                        &mut st,
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                })?;
-                Ok(Stat(st))
-            })
-        };
-        match st {
-            Ok(s) => Ok(Some(s)),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                Ok(None)
+        self.gated(|| -> io::Result<Option<Stat>> {
+            let st = if rel.as_os_str().is_empty() {
+                fstat(&self.fd)
+            } else {
+                self.parent(rel).and_then(|(dir, name)| {
+                    // SAFETY: `st` is a valid out-parameter; `dir` and `name` are valid.
+                    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                    // SAFETY: as above.
+                    check(unsafe {
+                        libc::fstatat(
+                            dir.as_raw_fd(),
+                            name.as_ptr(),
+                            &mut st,
+                            libc::AT_SYMLINK_NOFOLLOW,
+                        )
+                    })?;
+                    Ok(Stat(st))
+                })
+            };
+            match st {
+                Ok(s) => Ok(Some(s)),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                    Ok(None)
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
+        })
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
+        self.gated(|| -> io::Result<()> {
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and NUL-terminated name.
+            check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
+        })
     }
 
     pub fn unlink(&self, rel: &Path) -> io::Result<()> {
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+        self.gated(|| -> io::Result<()> {
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and NUL-terminated name.
+            check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+        })
     }
 
     pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+        self.gated(|| -> io::Result<()> {
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and NUL-terminated name.
+            check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+        })
     }
 
     /// renameat2 of two paths below this root.
     pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
-        let (fd1, n1) = self.parent(from)?;
-        let (fd2, n2) = self.parent(to)?;
-        // SAFETY: valid fds and NUL-terminated names.
-        check(unsafe {
-            libc::renameat2(
-                fd1.as_raw_fd(),
-                n1.as_ptr(),
-                fd2.as_raw_fd(),
-                n2.as_ptr(),
-                flags,
-            )
+        self.gated(|| -> io::Result<()> {
+            let (fd1, n1) = self.parent(from)?;
+            let (fd2, n2) = self.parent(to)?;
+            // SAFETY: valid fds and NUL-terminated names.
+            check(unsafe {
+                libc::renameat2(
+                    fd1.as_raw_fd(),
+                    n1.as_ptr(),
+                    fd2.as_raw_fd(),
+                    n2.as_ptr(),
+                    flags,
+                )
+            })
         })
     }
 
     pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
-        let t = cstr(target)?;
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and NUL-terminated strings.
-        check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })
+        self.gated(|| -> io::Result<()> {
+            let t = cstr(target)?;
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and NUL-terminated strings.
+            check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })
+        })
     }
 
     /// A hard link `to` of `from`, both below this root.
     pub fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let (fd1, n1) = self.parent(from)?;
-        let (fd2, n2) = self.parent(to)?;
-        // SAFETY: valid fds and NUL-terminated names; flags 0 never follow a symlink.
-        check(unsafe {
-            libc::linkat(
-                fd1.as_raw_fd(),
-                n1.as_ptr(),
-                fd2.as_raw_fd(),
-                n2.as_ptr(),
-                0,
-            )
+        self.gated(|| -> io::Result<()> {
+            let (fd1, n1) = self.parent(from)?;
+            let (fd2, n2) = self.parent(to)?;
+            // SAFETY: valid fds and NUL-terminated names; flags 0 never follow a symlink.
+            check(unsafe {
+                libc::linkat(
+                    fd1.as_raw_fd(),
+                    n1.as_ptr(),
+                    fd2.as_raw_fd(),
+                    n2.as_ptr(),
+                    0,
+                )
+            })
         })
     }
 
     pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe {
-            libc::mknodat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                mode as libc::mode_t,
-                rdev as libc::dev_t,
-            )
+        self.gated(|| -> io::Result<()> {
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and NUL-terminated name.
+            check(unsafe {
+                libc::mknodat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    mode as libc::mode_t,
+                    rdev as libc::dev_t,
+                )
+            })
         })
     }
 
     pub fn readlink(&self, rel: &Path) -> io::Result<std::path::PathBuf> {
-        let (dir, name) = self.parent(rel)?;
-        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: `buf` is writable for its length; fd and name are valid.
-        let n = check_size(unsafe {
-            libc::readlinkat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        })?;
-        buf.truncate(n);
-        Ok(std::path::PathBuf::from(OsString::from_vec(buf)))
+        self.gated(|| -> io::Result<std::path::PathBuf> {
+            let (dir, name) = self.parent(rel)?;
+            let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+            // SAFETY: `buf` is writable for its length; fd and name are valid.
+            let n = check_size(unsafe {
+                libc::readlinkat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            })?;
+            buf.truncate(n);
+            Ok(std::path::PathBuf::from(OsString::from_vec(buf)))
+        })
     }
 
     /// chmod without following a final symlink (fchmodat2; symlinks keep their mode).
     pub fn chmod(&self, rel: &Path, mode: u32) -> io::Result<()> {
-        if rel.as_os_str().is_empty() {
-            let c = proc_fd(self.fd.as_raw_fd());
-            // SAFETY: the magic link names our own root directory.
-            return check(unsafe { libc::chmod(c.as_ptr(), mode as libc::mode_t) });
-        }
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd and name; fchmodat2 takes (dirfd, path, mode, flags).
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_fchmodat2,
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                mode as libc::mode_t,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        check(r as libc::c_int)
+        self.gated(|| -> io::Result<()> {
+            if rel.as_os_str().is_empty() {
+                let c = proc_fd(self.fd.as_raw_fd());
+                // SAFETY: the magic link names our own root directory.
+                return check(unsafe { libc::chmod(c.as_ptr(), mode as libc::mode_t) });
+            }
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd and name; fchmodat2 takes (dirfd, path, mode, flags).
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_fchmodat2,
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    mode as libc::mode_t,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            check(r as libc::c_int)
+        })
     }
 
     pub fn chown(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-        let fd = self.path_fd(rel)?;
-        let empty = CString::default();
-        // SAFETY: AT_EMPTY_PATH makes fchownat act on the O_PATH descriptor itself.
-        check(unsafe {
-            libc::fchownat(
-                fd.as_raw_fd(),
-                empty.as_ptr(),
-                uid.unwrap_or(u32::MAX),
-                gid.unwrap_or(u32::MAX),
-                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-            )
+        self.gated(|| -> io::Result<()> {
+            let fd = self.path_fd(rel)?;
+            let empty = CString::default();
+            // SAFETY: AT_EMPTY_PATH makes fchownat act on the O_PATH descriptor itself.
+            check(unsafe {
+                libc::fchownat(
+                    fd.as_raw_fd(),
+                    empty.as_ptr(),
+                    uid.unwrap_or(u32::MAX),
+                    gid.unwrap_or(u32::MAX),
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })
         })
     }
 
     pub fn utimens(&self, rel: &Path, atime: SetTime, mtime: SetTime) -> io::Result<()> {
-        let ts = [timespec(atime), timespec(mtime)];
-        if rel.as_os_str().is_empty() {
-            let c = proc_fd(self.fd.as_raw_fd());
-            // SAFETY: valid path and timespec array.
-            return check(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) });
-        }
-        let (dir, name) = self.parent(rel)?;
-        // SAFETY: valid fd, name and timespec array.
-        check(unsafe {
-            libc::utimensat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                ts.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
+        self.gated(|| -> io::Result<()> {
+            let ts = [timespec(atime), timespec(mtime)];
+            if rel.as_os_str().is_empty() {
+                let c = proc_fd(self.fd.as_raw_fd());
+                // SAFETY: valid path and timespec array.
+                return check(unsafe {
+                    libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0)
+                });
+            }
+            let (dir, name) = self.parent(rel)?;
+            // SAFETY: valid fd, name and timespec array.
+            check(unsafe {
+                libc::utimensat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    ts.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })
         })
     }
 
     /// The entries of a directory: name, inode number, file type (S_IFMT bits, 0 if the
     /// filesystem does not say).
     pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<(OsString, u64, u32)>> {
-        let fd = self.open_fd(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            // SAFETY: `buf` is writable for its length; the fd is an open directory.
-            let n = unsafe {
-                libc::syscall(
-                    libc::SYS_getdents64,
-                    fd.as_raw_fd(),
-                    buf.as_mut_ptr(),
-                    buf.len(),
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if n == 0 {
-                break;
-            }
-            let mut off = 0usize;
-            while off < n as usize {
-                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name...
-                let rec = &buf[off..n as usize];
-                if rec.len() < 19 {
+        self.gated(|| -> io::Result<Vec<(OsString, u64, u32)>> {
+            let fd = self.open_fd(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 32 * 1024];
+            loop {
+                // SAFETY: `buf` is writable for its length; the fd is an open directory.
+                let n = unsafe {
+                    libc::syscall(
+                        libc::SYS_getdents64,
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr(),
+                        buf.len(),
+                    )
+                };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if n == 0 {
                     break;
                 }
-                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or([0; 8]));
-                let reclen = u16::from_ne_bytes([rec[16], rec[17]]) as usize;
-                let dtype = rec[18];
-                if reclen == 0 || reclen > rec.len() {
-                    break;
+                let mut off = 0usize;
+                while off < n as usize {
+                    // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name...
+                    let rec = &buf[off..n as usize];
+                    if rec.len() < 19 {
+                        break;
+                    }
+                    let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or([0; 8]));
+                    let reclen = u16::from_ne_bytes([rec[16], rec[17]]) as usize;
+                    let dtype = rec[18];
+                    if reclen == 0 || reclen > rec.len() {
+                        break;
+                    }
+                    let name_bytes = &rec[19..reclen];
+                    let end = name_bytes
+                        .iter()
+                        .position(|b| *b == 0)
+                        .unwrap_or(name_bytes.len());
+                    let name = &name_bytes[..end];
+                    if name != b"." && name != b".." {
+                        let kind = match dtype {
+                            libc::DT_DIR => libc::S_IFDIR,
+                            libc::DT_REG => libc::S_IFREG,
+                            libc::DT_LNK => libc::S_IFLNK,
+                            libc::DT_FIFO => libc::S_IFIFO,
+                            libc::DT_SOCK => libc::S_IFSOCK,
+                            libc::DT_CHR => libc::S_IFCHR,
+                            libc::DT_BLK => libc::S_IFBLK,
+                            _ => 0,
+                        };
+                        out.push((OsString::from_vec(name.to_vec()), ino, kind));
+                    }
+                    off += reclen;
                 }
-                let name_bytes = &rec[19..reclen];
-                let end = name_bytes
-                    .iter()
-                    .position(|b| *b == 0)
-                    .unwrap_or(name_bytes.len());
-                let name = &name_bytes[..end];
-                if name != b"." && name != b".." {
-                    let kind = match dtype {
-                        libc::DT_DIR => libc::S_IFDIR,
-                        libc::DT_REG => libc::S_IFREG,
-                        libc::DT_LNK => libc::S_IFLNK,
-                        libc::DT_FIFO => libc::S_IFIFO,
-                        libc::DT_SOCK => libc::S_IFSOCK,
-                        libc::DT_CHR => libc::S_IFCHR,
-                        libc::DT_BLK => libc::S_IFBLK,
-                        _ => 0,
-                    };
-                    out.push((OsString::from_vec(name.to_vec()), ino, kind));
-                }
-                off += reclen;
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn xattr_path(&self, rel: &Path) -> io::Result<(OwnedFd, CString)> {
@@ -731,39 +783,47 @@ impl Root {
     }
 
     pub fn getxattr(&self, rel: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
-        let (_fd, p) = self.xattr_path(rel)?;
-        let n = cname(name)?;
-        // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; strings are valid.
-        xattr_buffer(|buf, len| unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len) })
+        self.gated(|| -> io::Result<Vec<u8>> {
+            let (_fd, p) = self.xattr_path(rel)?;
+            let n = cname(name)?;
+            // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; strings are valid.
+            xattr_buffer(|buf, len| unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len) })
+        })
     }
 
     pub fn listxattr(&self, rel: &Path) -> io::Result<Vec<OsString>> {
-        let (_fd, p) = self.xattr_path(rel)?;
-        // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes.
-        xattr_buffer(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })
-            .map(|b| split_names(&b))
+        self.gated(|| -> io::Result<Vec<OsString>> {
+            let (_fd, p) = self.xattr_path(rel)?;
+            // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes.
+            xattr_buffer(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })
+                .map(|b| split_names(&b))
+        })
     }
 
     pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
-        let (_fd, p) = self.xattr_path(rel)?;
-        let n = cname(name)?;
-        // SAFETY: `value` is readable for its length; strings are valid.
-        check(unsafe {
-            libc::setxattr(
-                p.as_ptr(),
-                n.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                flags,
-            )
+        self.gated(|| -> io::Result<()> {
+            let (_fd, p) = self.xattr_path(rel)?;
+            let n = cname(name)?;
+            // SAFETY: `value` is readable for its length; strings are valid.
+            check(unsafe {
+                libc::setxattr(
+                    p.as_ptr(),
+                    n.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    flags,
+                )
+            })
         })
     }
 
     pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
-        let (_fd, p) = self.xattr_path(rel)?;
-        let n = cname(name)?;
-        // SAFETY: valid strings.
-        check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
+        self.gated(|| -> io::Result<()> {
+            let (_fd, p) = self.xattr_path(rel)?;
+            let n = cname(name)?;
+            // SAFETY: valid strings.
+            check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
+        })
     }
 }
 
@@ -917,6 +977,8 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
         ));
     }
     let (mut reader, writer) = std::io::pipe()?;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the process has a single thread, so the child starts with every lock free
     // and may run any code; it leaves through `_exit` only.
     let pid = unsafe { libc::fork() };
@@ -925,7 +987,7 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
     }
     if pid == 0 {
         drop(reader);
-        let code = child_as_user(acct, writer, f);
+        let code = child_as_user(acct, parent, writer, f);
         // SAFETY: ends the child at once, without the parent's exit handlers and
         // destructors running a second time.
         unsafe { libc::_exit(code) }
@@ -949,7 +1011,12 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
     )))
 }
 
-fn child_as_user(acct: &Account, mut out: std::io::PipeWriter, f: impl FnOnce() -> Vec<u8>) -> i32 {
+fn child_as_user(
+    acct: &Account,
+    parent: libc::pid_t,
+    mut out: std::io::PipeWriter,
+    f: impl FnOnce() -> Vec<u8>,
+) -> i32 {
     use std::io::Write;
     if let Err(e) = drop_privileges(acct).and_then(|()| set_no_new_privs()) {
         write_fd_lossy(
@@ -957,6 +1024,16 @@ fn child_as_user(acct: &Account, mut out: std::io::PipeWriter, f: impl FnOnce() 
             format!("ccfs: cannot become {} for good: {e}\n", acct.name).as_bytes(),
         );
         return 125;
+    }
+    // The work dies with the process that asked for it (a killed `ccfs recover` leaves no
+    // recovery running on): set after the change of ids, which clears it.
+    // SAFETY: prctl and getppid have no memory preconditions.
+    let dies_with_parent = unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == 0
+            && libc::getppid() == parent
+    };
+    if !dies_with_parent {
+        return 123;
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(bytes) => match out.write_all(&bytes) {
@@ -1251,4 +1328,42 @@ pub fn may_write(dir: &Path) -> bool {
 pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask has no preconditions and cannot fail.
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+// ---- control socket peers --------------------------------------------------------------
+
+/// Who is at the other end of a connected Unix socket (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The credentials of the peer of `stream`: of the process that connected, or, seen from
+/// the connecting side, of the process that called `listen` (with its ids at that time).
+pub fn peer_credentials(stream: &std::os::unix::net::UnixStream) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` holds its size; the kernel writes at
+    // most `len` bytes into it and stores the length it wrote back into `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    check(rc)?;
+    Ok(PeerCred {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
 }

@@ -969,10 +969,10 @@ fn model_regression_a_file_sent_over_a_directory_keeps_what_others_put_in_it() {
 /// Regression (from the sessions model): workstation 1 makes the directory .c/d (synced by
 /// a recovery) and a file in it; workstation 0 removes the then empty .c/d and writes a file
 /// .c/d in its place, and logs out first. rsync made the missing parent directory in place
-/// of workstation 0's file and removed it in silence; now .c/d/a is held back and named,
-/// and stays in the cache.
+/// of workstation 0's file and removed it in silence; now workstation 1's directory goes to
+/// a conflict name with what it holds.
 #[test]
-fn model_regression_a_file_whose_parent_became_a_file_elsewhere_stays_here() {
+fn model_regression_a_file_whose_parent_became_a_file_elsewhere_goes_aside_with_it() {
     use model::Op::*;
     model::run_sessions(
         vec![],

@@ -287,6 +287,79 @@ fn a_reader_of_a_share_database_sees_another_process_write_it() {
     );
 }
 
+/// Workstation A holds `.db` open read-write, unwritten (the copy-up deferred); B changes
+/// it (`replace`: writes a new version; else deletes it) and logs out. A's later writes
+/// through the open handle are kept: copied up with the file A had open as their base, so
+/// A's logout finds the conflict and keeps both versions. Returns A's logout output.
+fn write_after_another_workstation_logged_out(fx: &Fixture, replace: bool) -> String {
+    use std::os::unix::fs::FileExt;
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    let open_rw = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mnt_a.join(".db"))
+            .expect("open read-write on a")
+    };
+    let (f, other) = (open_rw(), open_rw());
+    let mut head = [0u8; 7];
+    f.read_exact_at(&mut head, 0).expect("read on a");
+    other.read_exact_at(&mut head, 0).expect("read on a");
+    if replace {
+        write(&mnt_b.join(".db"), "b's version of the database\n");
+    } else {
+        fs::remove_file(mnt_b.join(".db")).expect("rm on b");
+    }
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    f.write_all_at(b"A WROTE THIS", 0).expect("write on a");
+    f.sync_all().expect("fsync on a");
+    let mut back = String::new();
+    (&other).read_to_string(&mut back).expect("read on a");
+    assert_eq!(
+        back, "A WROTE THIS the database\n",
+        "another handle on the same file sees the write"
+    );
+    drop((f, other));
+    let out = a.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_write_after_another_workstation_replaced_the_file_is_kept_as_a_conflict() {
+    let fx = Fixture::new();
+    write(&fx.s(".db"), "version 0 of the database\n");
+    let says = write_after_another_workstation_logged_out(&fx, true);
+    assert!(
+        says.contains("conflict: .db was changed on the share"),
+        "{says}"
+    );
+    assert_eq!(
+        read(&fx.s(".db")),
+        "b's version of the database\n",
+        "the version that reached the share first stays at the name"
+    );
+    let copies = conflict_copies(&fx.share, ".db");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), "A WROTE THIS the database\n");
+}
+
+#[test]
+fn a_write_after_another_workstation_deleted_the_file_is_written_back() {
+    let fx = Fixture::new();
+    write(&fx.s(".db"), "version 0 of the database\n");
+    let says = write_after_another_workstation_logged_out(&fx, false);
+    assert!(
+        says.contains("conflict: .db was deleted on the share but changed here"),
+        "{says}"
+    );
+    assert_eq!(read(&fx.s(".db")), "A WROTE THIS the database\n");
+}
+
 #[test]
 fn two_processes_append_to_one_cached_file_at_once() {
     let fx = Fixture::new();

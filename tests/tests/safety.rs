@@ -18,20 +18,6 @@ use common::*;
 
 // ---- two workstations ---------------------------------------------------------------
 
-fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let prefix = format!("{name}.ccfs-conflict-");
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
-        .expect("ls")
-        .map(|e| e.expect("e").path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .collect();
-    v.sort();
-    v
-}
-
 fn two_workstations_change_one_dotfile(first: &str, second: &str) {
     let fx = Fixture::new();
     fs::create_dir(fx.s(".config")).expect("mkdir");
@@ -456,20 +442,7 @@ fn a_full_cache_filesystem_gives_enospc_and_loses_nothing() {
     let big_old = pattern(3 << 20, 1);
     fs::write(fx.s(".config/big"), &big_old).expect("big");
     let small = fx.tmp.path().join("small");
-    fs::create_dir(&small).expect("mkdir");
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
-        .arg(&small)
-        .status()
-        .expect("mount tmpfs");
-    assert!(st.success(), "needs root to mount a small tmpfs");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(small.clone());
+    let _guard = SmallTmpfs::mount(&small, "2m");
     let cache = small.join("cache");
     let m = fx.mount_at(&fx.mnt, &cache, &[]);
     fs::create_dir(fx.m(".data")).expect("mkdir");

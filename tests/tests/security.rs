@@ -14,28 +14,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn account(name: &str) -> ccfs::sys::Account {
-    ccfs::sys::user_by_name(name)
-        .expect("passwd")
-        .unwrap_or_else(|| panic!("user {name} missing: run scripts/setup"))
-}
-
-fn as_user(name: &str, script: &str) -> Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            name,
-            "--regid",
-            name,
-            "--init-groups",
-            "sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("setpriv")
-}
-
 fn ccfs_with_env(env: &[(&str, &OsStr)], args: &[&OsStr]) -> Output {
     let mut c = Command::new(ccfs_bin());
     for (k, v) in env {
@@ -590,20 +568,7 @@ fn swapping_the_cache_dir_for_symlinks_never_hands_root_files_to_the_user() {
 fn a_full_cache_filesystem_with_debug_logging_keeps_the_daemon_alive() {
     let fx = Fixture::new();
     let small = fx.tmp.path().join("small");
-    fs::create_dir(&small).expect("mkdir");
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
-        .arg(&small)
-        .status()
-        .expect("mount tmpfs");
-    assert!(st.success(), "needs root to mount a small tmpfs");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(small.clone());
+    let _guard = SmallTmpfs::mount(&small, "2m");
     // Room to free later, beside the cache on its filesystem.
     let ballast = small.join("ballast");
     fs::write(&ballast, pattern(512 * 1024, 3)).expect("ballast");

@@ -16,19 +16,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Every conflict copy of `name` in `dir`.
-fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let prefix = format!("{name}.ccfs-conflict-");
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
-        .expect("ls")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Sets a file's mtime (and atime) to `secs` after the epoch, as `touch -d` or a
 /// workstation clock behind the server would.
 fn set_mtime(p: &Path, secs: i64) {
@@ -426,7 +413,9 @@ fn a_recovery_cut_short_is_finished_by_the_next() {
         .expect("recover");
     let pid = child.id();
     wait_until("the recovery's rsync", Duration::from_secs(30), || {
-        !descendants(pid).is_empty() || !alive(pid)
+        descendants(pid).iter().any(|d| {
+            std::fs::read_to_string(format!("/proc/{d}/comm")).is_ok_and(|c| c.trim() == "rsync")
+        }) || !alive(pid)
     });
     kill(pid, libc::SIGKILL);
     let _ = child.wait();
@@ -439,4 +428,426 @@ fn a_recovery_cut_short_is_finished_by_the_next() {
     let again = recover(&fx.cache);
     ok(&again);
     assert_eq!(upper_entries(&fx.cache), Vec::<String>::new());
+}
+
+/// Every file or symlink below `dir` (symlinks not followed), relative, with its content
+/// (a symlink: `-> TARGET`).
+fn objects_below(dir: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).expect("ls").flatten() {
+            let ft = e.file_type().expect("type");
+            let rel = e
+                .path()
+                .strip_prefix(dir)
+                .expect("below")
+                .display()
+                .to_string();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_symlink() {
+                let t = fs::read_link(e.path()).expect("readlink");
+                out.push((rel, format!("-> {}", t.display())));
+            } else {
+                let data = fs::read(e.path()).expect("read");
+                out.push((rel, String::from_utf8_lossy(&data).into_owned()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The one conflict copy of `name` in `dir` (fails unless there is exactly one).
+fn one_conflict_copy(dir: &Path, name: &str) -> PathBuf {
+    let copies = conflict_copies(dir, name);
+    assert_eq!(
+        copies.len(),
+        1,
+        "one conflict copy of {name}: {copies:?}; there: {:?}",
+        objects_below(dir)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>()
+    );
+    copies.into_iter().next().expect("one")
+}
+
+/// Scenario 7 (a finding of the review): A makes a new dot directory `.d` with a file in
+/// it; B saves a FILE named `.d` and logs out. A's logout sent `.d/` and rsync deleted B's
+/// file to make room for the directory, reporting nothing. Now B's file stays, A's
+/// directory goes to the share under a conflict name, and the conflict is reported. The
+/// same change made by one workstation alone (a file replaced by a directory) still
+/// reaches the share.
+#[test]
+fn a_directory_made_here_never_deletes_a_file_saved_there_at_its_name() {
+    let fx = Fixture::new();
+    write(&fx.s(".f"), "a file a replaces by a directory\n");
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    fs::create_dir(mnt_a.join(".d")).expect("mkdir on a");
+    write(&mnt_a.join(".d/a"), "a's file in the new directory\n");
+    fs::remove_file(mnt_a.join(".f")).expect("rm .f on a");
+    fs::create_dir(mnt_a.join(".f")).expect("mkdir .f on a");
+    write(&mnt_a.join(".f/a"), "in a's directory .f\n");
+    let theirs = "b's notes, saved as .d\n";
+    write(&mnt_b.join(".d"), theirs);
+    ok(&b.umount());
+    let out = a.umount();
+    ok(&out);
+    let says = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        fx.s(".d").is_file(),
+        "b's file .d is gone from the share; a's logout said: {says}\nshare: {:?}",
+        objects_below(&fx.share)
+    );
+    assert_eq!(read(&fx.s(".d")), theirs);
+    let ours = one_conflict_copy(&fx.share, ".d");
+    assert_eq!(read(&ours.join("a")), "a's file in the new directory\n");
+    assert!(
+        says.contains("conflict: .d was created on the share and here"),
+        "{says}"
+    );
+    assert_eq!(
+        read(&fx.s(".f/a")),
+        "in a's directory .f\n",
+        "a's own replacement of a file by a directory reaches the share"
+    );
+    assert!(conflict_copies(&fx.share, ".f").is_empty());
+    assert_eq!(
+        upper_entries(&cache_a),
+        Vec::<String>::new(),
+        "the logout finished"
+    );
+}
+
+/// Scenario 8 (a finding of the review): `.d/x` is on the share; A edits `.d/x` and
+/// deletes `.d/y`; on B the user replaces the directory `.d` by a file (or by a symlink)
+/// and logs out. A's logout reported ".d/x was deleted on the share but changed here;
+/// ours is written back" and rsync deleted B's file to put the directory back (a symlink:
+/// replaced too, with an ELOOP error). Now B's object stays, A's directory with its edit
+/// goes under a conflict name, A's deletion below the replaced directory is moot, and the
+/// logout finishes.
+#[test]
+fn writing_back_a_file_never_deletes_the_file_that_replaced_its_directory() {
+    for replacement in ["file", "symlink"] {
+        let fx = Fixture::new();
+        fs::create_dir(fx.s(".d")).expect("mkdir");
+        write(&fx.s(".d/x"), "x0\n");
+        write(&fx.s(".d/y"), "y0\n");
+        fs::create_dir(fx.s("elsewhere")).expect("mkdir");
+        let (mnt_a, cache_a) = fx.workstation("a");
+        let (mnt_b, cache_b) = fx.workstation("b");
+        let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+        let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+        write(&mnt_a.join(".d/x"), "x edited on a\n");
+        fs::remove_file(mnt_a.join(".d/y")).expect("rm .d/y on a");
+        fs::remove_dir_all(mnt_b.join(".d")).expect("rm -r on b");
+        let theirs = "b replaced the directory with this file\n";
+        if replacement == "file" {
+            write(&mnt_b.join(".d"), theirs);
+        } else {
+            std::os::unix::fs::symlink("elsewhere", mnt_b.join(".d")).expect("symlink on b");
+        }
+        ok(&b.umount());
+        let out = a.umount();
+        let says = text(&out);
+        assert!(out.status.success(), "{replacement}: {says}");
+        if replacement == "file" {
+            assert!(fx.s(".d").is_file(), "b's file .d is gone: {says}");
+            assert_eq!(read(&fx.s(".d")), theirs);
+        } else {
+            assert_eq!(
+                fs::read_link(fx.s(".d")).ok(),
+                Some(PathBuf::from("elsewhere")),
+                "b's symlink .d is gone: {says}"
+            );
+            assert_eq!(
+                fs::read_dir(fx.s("elsewhere")).expect("ls").count(),
+                0,
+                "nothing was written through b's symlink"
+            );
+        }
+        let ours = one_conflict_copy(&fx.share, ".d");
+        assert_eq!(read(&ours.join("x")), "x edited on a\n", "{replacement}");
+        assert!(!ours.join("y").exists(), "a's deletion stands in its copy");
+        assert!(
+            says.contains("conflict: .d was changed on the share"),
+            "{replacement}: {says}"
+        );
+        assert_eq!(
+            upper_entries(&cache_a),
+            Vec::<String>::new(),
+            "{replacement}: the logout finished"
+        );
+    }
+}
+
+/// Scenario 9: the reverse: `.d/x` is on the share; A replaces the directory `.d` by a
+/// file; meanwhile B adds `.d/new` and logs out. rsync (`--force`) would delete B's
+/// directory with the new file in it to put A's file there: A's file goes under a
+/// conflict name instead, and B's directory stays. Where nobody added anything (`.e`),
+/// A's replacement reaches the share.
+#[test]
+fn a_file_sent_over_a_directory_never_deletes_what_another_workstation_put_in_it() {
+    let fx = Fixture::new();
+    for d in [".d", ".e"] {
+        fs::create_dir(fx.s(d)).expect("mkdir");
+        write(&fx.s(&format!("{d}/x")), "x0\n");
+        fs::create_dir(fx.s(&format!("{d}/sub"))).expect("mkdir");
+        write(&fx.s(&format!("{d}/sub/z")), "z0\n");
+    }
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    for d in [".d", ".e"] {
+        fs::remove_dir_all(mnt_a.join(d)).expect("rm -r on a");
+        write(&mnt_a.join(d), &format!("a's file {d}\n"));
+    }
+    write(&mnt_b.join(".d/sub/new"), "b's new file\n");
+    ok(&b.umount());
+    let out = a.umount();
+    ok(&out);
+    let says = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        read(&fx.s(".d/sub/new")),
+        "b's new file\n",
+        "b's file in the directory was deleted: {says}"
+    );
+    let ours = one_conflict_copy(&fx.share, ".d");
+    assert_eq!(read(&ours), "a's file .d\n");
+    assert!(
+        says.contains("conflict: .d was changed on the share"),
+        "{says}"
+    );
+    assert_eq!(
+        read(&fx.s(".e")),
+        "a's file .e\n",
+        "a's own replacement of a directory by a file reaches the share"
+    );
+    assert!(conflict_copies(&fx.share, ".e").is_empty());
+    assert_eq!(
+        upper_entries(&cache_a),
+        Vec::<String>::new(),
+        "the logout finished"
+    );
+}
+
+fn sqlite(db: &Path, sql: &str) -> String {
+    let out = Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("sqlite3 (apt-get install sqlite3)");
+    assert!(out.status.success(), "sqlite3 {sql}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A sqlite3 shell on `db` that keeps running: statements are fed one by one.
+struct Sqlite {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::process::ChildStdout,
+}
+
+impl Sqlite {
+    fn open(db: &Path) -> Self {
+        let mut child = Command::new("sqlite3")
+            .arg(db)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sqlite3");
+        let input = child.stdin.take().expect("stdin");
+        let output = child.stdout.take().expect("stdout");
+        Sqlite {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// Runs `sql` and waits until the shell has done it.
+    fn run(&mut self, sql: &str) {
+        writeln!(self.input, "{sql}\nSELECT 'done';").expect("feed");
+        self.input.flush().expect("flush");
+        let mut seen = String::new();
+        let mut buf = [0u8; 256];
+        while !seen.contains("done") {
+            let n = self.output.read(&mut buf).expect("read");
+            assert!(n > 0, "sqlite3 ended early: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+}
+
+/// A WAL database with one row on the share, and rows B adds through its mount.
+fn share_database(fx: &Fixture) -> PathBuf {
+    fs::create_dir(fx.s(".mozilla")).expect("mkdir");
+    let db = fx.s(".mozilla/places.sqlite");
+    sqlite(
+        &db,
+        "PRAGMA journal_mode=WAL; CREATE TABLE h(id INTEGER PRIMARY KEY, url TEXT); \
+         INSERT INTO h(url) VALUES('base');",
+    );
+    db
+}
+
+const B_ROWS: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<300) \
+     INSERT INTO h(url) SELECT 'b-' || hex(randomblob(200)) FROM c;";
+
+/// What a next login would read from the share's database (copied with its WAL, if any).
+fn rows_on_share(fx: &Fixture, db: &Path, like: &str) -> String {
+    let holder = tempfile::tempdir_in(fx.tmp.path()).expect("tmp");
+    let copy = holder.path();
+    for end in ["", "-wal"] {
+        let from = PathBuf::from(format!("{}{end}", db.display()));
+        if from.exists() {
+            fs::copy(&from, copy.join(format!("places.sqlite{end}"))).expect("copy");
+        }
+    }
+    let at = copy.join("places.sqlite");
+    assert_eq!(sqlite(&at, "PRAGMA integrity_check;"), "ok");
+    sqlite(
+        &at,
+        &format!("SELECT count(*) FROM h WHERE url LIKE '{like}';"),
+    )
+}
+
+/// Scenario 10 (a finding of the review): a WAL database used on two workstations. B adds
+/// 300 rows and logs out; on A a process committed 200 rows and was killed (they are in
+/// `places.sqlite-wal`; A never wrote `places.sqlite` itself). A's logout sent its `-wal`
+/// and `-shm` beside B's database, and the next open put A's pages over B's: B's rows were
+/// gone. Now the WAL and shm are a conflict (the database changed on the share since A
+/// took them over): they go under the database's conflict name, B's database is intact.
+#[test]
+fn a_wal_from_one_workstation_never_lands_on_anothers_database() {
+    let fx = Fixture::new();
+    let db = share_database(&fx);
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    sqlite(&mnt_b.join(".mozilla/places.sqlite"), B_ROWS);
+    // A: a browser that commits and is then killed (no checkpoint at close).
+    let mut browser = Sqlite::open(&mnt_a.join(".mozilla/places.sqlite"));
+    browser.run("PRAGMA wal_autocheckpoint=0;");
+    for i in 0..200 {
+        writeln!(
+            browser.input,
+            "INSERT INTO h(url) VALUES('a-{i}-{}');",
+            "x".repeat(300)
+        )
+        .expect("feed");
+    }
+    browser.run("SELECT 1;");
+    browser.child.kill().expect("kill -9 the browser");
+    let _ = browser.child.wait();
+    assert!(
+        mnt_a.join(".mozilla/places.sqlite-wal").exists(),
+        "a's rows are in its WAL"
+    );
+    ok(&b.umount());
+    assert_eq!(rows_on_share(&fx, &db, "b-%"), "300");
+    let out = a.umount();
+    ok(&out);
+    let says = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        rows_on_share(&fx, &db, "b-%"),
+        "300",
+        "b's rows were lost from the share's database after a's logout, which said: {says}"
+    );
+    assert!(
+        !fx.s(".mozilla/places.sqlite-wal").exists(),
+        "a's WAL was sent beside b's database"
+    );
+    // The cache has no copy of the database (A never wrote it): its WAL and shm alone go
+    // under the database's conflict name, as a pair beside a database of that name.
+    let kept = conflict_copies(&fx.s(".mozilla"), "places.sqlite");
+    let names: Vec<String> = kept
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "a's WAL and shm are kept: {names:?}");
+    let stem = names[0].strip_suffix("-shm").expect("an -shm first");
+    assert_eq!(names[1], format!("{stem}-wal"), "one name for both");
+    assert!(fs::metadata(&kept[1]).expect("wal").len() > 0);
+    assert!(
+        says.contains("conflict: the database .mozilla/places.sqlite-wal belongs to was changed"),
+        "{says}"
+    );
+    assert_eq!(
+        upper_entries(&cache_a),
+        Vec::<String>::new(),
+        "the logout finished"
+    );
+}
+
+/// Scenario 11: the copy-up order. On A a program commits a row and is killed (the row is
+/// in A's WAL, taken over while the share held the old database); B adds rows and logs
+/// out; then A checkpoints: A's page from its WAL is written into the database, B's
+/// version now: the database is copied up only then, from B's version, with A's page
+/// written into it (a broken mix). Had that copy-up recorded B's version as
+/// the base, A's logout would send the mix over B's database; the base is the version A's
+/// WAL was taken over with, so it is a conflict: B's database stays intact on the share,
+/// A's goes beside it, with its WAL and shm under the same name.
+#[test]
+fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
+    let fx = Fixture::new();
+    let db = share_database(&fx);
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    let mut app = Sqlite::open(&mnt_a.join(".mozilla/places.sqlite"));
+    app.run("PRAGMA wal_autocheckpoint=0; INSERT INTO h(url) VALUES('a-1');");
+    app.child.kill().expect("kill -9 the program");
+    let _ = app.child.wait();
+    sqlite(&mnt_b.join(".mozilla/places.sqlite"), B_ROWS);
+    ok(&b.umount());
+    // A checkpoint on A: A's page from its WAL is written into the database (page 2),
+    // which is B's version now.
+    let page: Vec<u8> = {
+        let wal = fs::read(mnt_a.join(".mozilla/places.sqlite-wal")).expect("a's wal");
+        wal[32 + 24..32 + 24 + 4096].to_vec()
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt_a.join(".mozilla/places.sqlite"))
+        .expect("open a's database");
+    f.seek(SeekFrom::Start(4096)).expect("seek");
+    f.write_all(&page).expect("checkpoint a page");
+    drop(f);
+    assert!(
+        cache_a.join("upper/.mozilla/places.sqlite").exists(),
+        "the checkpoint copied the database up"
+    );
+    let out = a.umount();
+    ok(&out);
+    let says = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        rows_on_share(&fx, &db, "b-%"),
+        "300",
+        "b's rows were lost from the share's database after a's logout, which said: {says}"
+    );
+    // A's database, WAL and shm are kept together under one conflict name.
+    let names: Vec<String> = conflict_copies(&fx.s(".mozilla"), "places.sqlite")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "a's database is kept beside: {names:?}; {says}"
+    );
+    assert_eq!(names[1], format!("{}-shm", names[0]));
+    assert_eq!(names[2], format!("{}-wal", names[0]));
+    assert!(
+        says.contains("conflict: .mozilla/places.sqlite was changed on the share"),
+        "{says}"
+    );
 }

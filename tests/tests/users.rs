@@ -13,28 +13,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn account(name: &str) -> ccfs::sys::Account {
-    ccfs::sys::user_by_name(name)
-        .expect("passwd")
-        .unwrap_or_else(|| panic!("user {name} missing: run scripts/setup"))
-}
-
-fn as_user(name: &str, script: &str) -> Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            name,
-            "--regid",
-            name,
-            "--init-groups",
-            "sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("setpriv")
-}
-
 fn ids_of(pid: u32) -> Vec<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let uid_line = status
@@ -127,9 +105,14 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
         "bob must not read the cache either: {}",
         text(&out)
     );
+    // Only alice gets into her mount (no allow_other unless the admin asks for it): bob is
+    // refused by the kernel even where the file's mode would let him read.
     let out = as_user("ccfs-bob", &format!("cat {mnt}/.public"));
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "public\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        text(&out)
+    );
     let _ = bob;
 
     let out = m.umount();
@@ -144,6 +127,97 @@ fn a_mount_for_a_user_runs_as_that_user_and_keeps_other_users_out() {
         fs::metadata(fx.s(".secret")).expect("secret").mode() & 0o777,
         0o600
     );
+}
+
+/// The daemon is alice's: she may stop it (SIGSTOP). That holds up her own programs only:
+/// root's `stat -f` of her mount (as `df` does) is answered by the kernel, root's and bob's
+/// `ls` are refused by it, at once, instead of waiting on her daemon.
+#[test]
+fn a_daemon_its_user_stops_holds_up_nobody_else() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let pid = m.daemon_pid();
+    let out = as_user("ccfs-alice", &format!("kill -STOP {pid}"));
+    assert!(
+        out.status.success(),
+        "alice may stop her daemon: {}",
+        text(&out)
+    );
+    struct Resume(u32);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            kill(self.0, libc::SIGCONT);
+        }
+    }
+    let _resume = Resume(pid);
+    let mnt = fx.mnt.display().to_string();
+    let refused_at_once = |what: &str, out: Option<Output>| {
+        let out = out.unwrap_or_else(|| panic!("{what} waited on the stopped daemon"));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{what}: {}",
+            text(&out)
+        );
+    };
+    // statfs of a mount one may not enter is answered by the kernel itself (all zeros).
+    let out = run_bounded(Command::new("stat").args(["-f", &mnt]))
+        .expect("root's stat -f waited on the stopped daemon");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Block size: 0"),
+        "root's stat -f: {}",
+        text(&out)
+    );
+    refused_at_once("root's ls", run_bounded(Command::new("ls").arg(&mnt)));
+    refused_at_once(
+        "bob's ls",
+        run_bounded(Command::new("setpriv").args([
+            "--reuid",
+            "ccfs-bob",
+            "--regid",
+            "ccfs-bob",
+            "--init-groups",
+            "ls",
+            &mnt,
+        ])),
+    );
+    drop(_resume);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// With `[mount] allow_other = true` in root's config, other local users get the usual
+/// permission checks: bob reads alice's world-readable dotfile, not her private one.
+#[test]
+fn allow_other_lets_other_users_in_with_the_usual_checks() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    write(&fx.s(".public"), "public\n");
+    write(&fx.s(".secret"), "secret\n");
+    fs::set_permissions(fx.s(".public"), fs::Permissions::from_mode(0o644)).expect("chmod");
+    fs::set_permissions(fx.s(".secret"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    for p in [fx.share.clone(), fx.s(".public"), fx.s(".secret")] {
+        std::os::unix::fs::chown(&p, Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    let config = fx.tmp.path().join("ccfs.toml");
+    write(&config, "[mount]\nallow_other = true\n");
+    let config = config.display().to_string();
+    let m = fx.mount_with(&["--user", "ccfs-alice", "--config", &config]);
+    let mnt = fx.mnt.display().to_string();
+    let out = as_user("ccfs-bob", &format!("cat {mnt}/.public"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "public\n");
+    let out = as_user("ccfs-bob", &format!("cat {mnt}/.secret"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        text(&out)
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]
@@ -234,6 +308,165 @@ fn the_user_may_unmount_the_mount_root_made_for_them() {
     assert!(!is_mounted(&fx.mnt));
     m.abandon();
     assert_eq!(read(&fx.s(".myrc")), "mine\n");
+}
+
+/// The mode of `path` as the user sees it through the mount.
+fn mode_seen_by(user: &str, path: &Path) -> String {
+    let out = as_user(user, &format!("stat -c %a '{}'", path.display()));
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A share for ccfs-alice: `dirs` and `files` (path, mode) made below it and hers, the
+/// files holding "old\n"; modes set deepest first, so read-only directories can be filled.
+fn alices_share(fx: &Fixture, dirs: &[(&str, u32)], files: &[(&str, u32)]) {
+    let alice = account("ccfs-alice");
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    for (d, _) in dirs {
+        fs::create_dir(fx.s(d)).expect("mkdir");
+    }
+    for (f, mode) in files {
+        write(&fx.s(f), "old\n");
+        fs::set_permissions(fx.s(f), fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+    for (p, _) in dirs.iter().chain(files) {
+        std::os::unix::fs::chown(fx.s(p), Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    for (d, mode) in dirs.iter().rev() {
+        fs::set_permissions(fx.s(d), fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+}
+
+/// `chmod 555 ~/.ssh` (as some lock their keys) leaves the user's own 0644 `known_hosts`
+/// writable, as on the bare share: the copy-up into the read-only directory's cache copy
+/// works for the daemon, which is the user without privileges; the directory keeps its
+/// mode, in the mount and on the share.
+#[test]
+fn a_writable_file_in_a_read_only_dot_directory_stays_writable() {
+    let fx = Fixture::new();
+    alices_share(&fx, &[(".ssh", 0o555)], &[(".ssh/known_hosts", 0o644)]);
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let file = fx.m(".ssh/known_hosts");
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo 'new host' >> '{}'", file.display()),
+    );
+    assert!(
+        out.status.success(),
+        "the user's append to their own 0644 file failed: {}",
+        text(&out)
+    );
+    let out = as_user("ccfs-alice", &format!("cat '{}'", file.display()));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "old\nnew host\n",
+        "{}",
+        text(&out)
+    );
+    assert_eq!(mode_seen_by("ccfs-alice", &fx.m(".ssh")), "555");
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo x > '{}/.ssh/new'", fx.mnt.display()),
+    );
+    assert!(
+        !out.status.success(),
+        "a new file in the read-only directory is refused, as on the share: {}",
+        text(&out)
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".ssh/known_hosts")), "old\nnew host\n");
+    assert_eq!(
+        fs::metadata(fx.s(".ssh")).expect("ssh").mode() & 0o7777,
+        0o555
+    );
+    assert!(!fx.s(".ssh/new").exists());
+    assert!(
+        !fx.cache.join("upper/.ssh").exists(),
+        "the logout empties the cache, read-only directories too"
+    );
+}
+
+/// Two workstations add to `known_hosts` in the read-only `.ssh`: the second logout keeps
+/// both versions (its own beside the share's), as for any file.
+#[test]
+fn a_conflict_in_a_read_only_dot_directory_keeps_both_versions() {
+    let fx = Fixture::new();
+    alices_share(&fx, &[(".ssh", 0o555)], &[(".ssh/known_hosts", 0o644)]);
+    let (mnt_b, cache_b) = fx.workstation("b");
+    for d in [&mnt_b, &fx.mnt] {
+        std::os::unix::fs::chown(d, Some(account("ccfs-alice").uid), None).expect("chown");
+    }
+    let a = fx.mount_with(&["--user", "ccfs-alice"]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--user", "ccfs-alice"]);
+    for (mnt, host) in [(&fx.mnt, "a"), (&mnt_b, "b")] {
+        let out = as_user(
+            "ccfs-alice",
+            &format!("echo 'host {host}' >> '{}/.ssh/known_hosts'", mnt.display()),
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = a.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".ssh/known_hosts")), "old\nhost b\n");
+    let copies = conflict_copies(&fx.s(".ssh"), "known_hosts");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), "old\nhost a\n");
+    assert_eq!(
+        fs::metadata(fx.s(".ssh")).expect("ssh").mode() & 0o7777,
+        0o555
+    );
+}
+
+/// Directories copied to the cache below a read-only dot directory: a new file in a
+/// writable directory whose parent is read-only, and a chmod of a directory in a
+/// read-only one, work as on the share; every directory keeps the mode the user gave it.
+#[test]
+fn directories_below_a_read_only_dot_directory_are_copied_up_with_their_modes() {
+    let fx = Fixture::new();
+    alices_share(
+        &fx,
+        &[
+            (".locked", 0o555),
+            (".locked/a", 0o755),
+            (".locked/b", 0o755),
+        ],
+        &[(".locked/b/f", 0o644)],
+    );
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "cd '{}' && chmod 700 .locked/a && echo new > .locked/b/new && echo more >> .locked/b/f",
+            fx.mnt.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    for (p, mode) in [
+        (".locked", "555"),
+        (".locked/a", "700"),
+        (".locked/b", "755"),
+    ] {
+        assert_eq!(mode_seen_by("ccfs-alice", &fx.m(p)), mode, "{p}");
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".locked/b/new")), "new\n");
+    assert_eq!(read(&fx.s(".locked/b/f")), "old\nmore\n");
+    for (p, mode) in [
+        (".locked", 0o555),
+        (".locked/a", 0o700),
+        (".locked/b", 0o755),
+    ] {
+        assert_eq!(
+            fs::metadata(fx.s(p)).expect("dir").mode() & 0o7777,
+            mode,
+            "{p} on the share"
+        );
+    }
 }
 
 /// `ccfs recover --user NAME` (the PAM hook at login) recovers that user's caches only.

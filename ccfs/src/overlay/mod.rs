@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{errno, FsError, FsResult};
+use crate::gate;
 use crate::journal::Journal;
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
@@ -53,8 +54,23 @@ pub enum Binding {
     Share,
     /// Copied to the cache from that very share object, under its name.
     Cache,
-    /// The name holds another object now, or nothing.
-    Elsewhere,
+    /// The cache took the name over since the handle was opened (a rename over it, an
+    /// unlink, a copy-up of what another workstation put there): the handle's file is as
+    /// an unlinked one.
+    Replaced,
+    /// The cache has no say on the name, and the share holds another object there, or
+    /// nothing: another workstation changed it (see [`Overlay::keep_version`]).
+    Changed,
+}
+
+/// What a deferred handle (see [`Overlay::open_deferred`]) stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferral {
+    /// The share object the handle has open (device, inode): it stays bound to it.
+    pub object: (u64, u64),
+    /// Whether the cache had taken the path over in this session when the handle was
+    /// opened (then only a say of the cache on the name now tells a change made here).
+    pub taken_at_open: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -110,12 +126,17 @@ impl Inner {
 #[derive(Debug)]
 pub struct Overlay {
     share: Root,
+    /// Every access to the share passes it: closed while the share does not answer.
+    gate: std::sync::Arc<crate::gate::ShareGate>,
     /// The cache directory; the upper layer is its `upper/` subdirectory.
     cache: Root,
     upper_abs: PathBuf,
     policy: Policy,
     inner: Mutex<Inner>,
     tmp_seq: AtomicU64,
+    /// Asks the share for its root's attributes on a thread of its own (see
+    /// [`Overlay::share_root`]).
+    root_look: std::sync::mpsc::Sender<RootAsk>,
     as_root: bool,
     sync_running: AtomicBool,
     /// The FUSE requests this mount served (see [`crate::counters`]).
@@ -167,19 +188,59 @@ fn at(t: (i64, i64)) -> SetTime {
     }
 }
 
-/// Removes a tree below `root` without following symlinks.
+/// Removes a tree below `root` without following symlinks. A directory without the owner's
+/// write bit (a read-only directory's copy) gets it to be emptied; it is put back when the
+/// directory cannot be removed.
 fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
     let Some(meta) = root.stat(rel)? else {
         return Ok(());
     };
-    if meta.is_dir() {
-        for (name, _, _) in root.read_dir(rel)? {
-            remove_tree(root, &rel.join(name))?;
-        }
-        root.rmdir(rel)
-    } else {
-        root.unlink(rel)
+    if !meta.is_dir() {
+        return root.unlink(rel);
     }
+    let mode = meta.mode() & 0o7777;
+    let locked = mode & libc::S_IWUSR == 0;
+    if locked {
+        root.chmod(rel, mode | libc::S_IWUSR)?;
+    }
+    let emptied = root.read_dir(rel).and_then(|names| {
+        names
+            .into_iter()
+            .try_for_each(|(name, _, _)| remove_tree(root, &rel.join(name)))
+    });
+    let removed = emptied.and_then(|()| root.rmdir(rel));
+    if removed.is_err() && locked {
+        let _ = root.chmod(rel, mode);
+    }
+    removed
+}
+
+/// How long a request waits for the share's root attributes before the cache's
+/// stand-in answers instead (see [`Overlay::share_root`]).
+const ROOT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A request for the share root's attributes: where to send them (an errno on failure).
+type RootAsk = std::sync::mpsc::SyncSender<Result<Option<Stat>, i32>>;
+
+/// The thread that looks at the share's root for [`Overlay::share_root`]: one look
+/// answers every request waiting meanwhile; it ends with the overlay (its sender dropped).
+fn spawn_root_look(share: Root) -> io::Result<std::sync::mpsc::Sender<RootAsk>> {
+    let (tx, rx) = std::sync::mpsc::channel::<RootAsk>();
+    std::thread::Builder::new()
+        .name("ccfs-share-root".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let waiting: Vec<RootAsk> = std::iter::once(first).chain(rx.try_iter()).collect();
+                let answer = share
+                    .stat(Path::new(""))
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                for w in waiting {
+                    // A request that stopped waiting has dropped its receiver: fine.
+                    let _ = w.try_send(answer);
+                }
+            }
+        })?;
+    Ok(tx)
 }
 
 impl Overlay {
@@ -199,12 +260,15 @@ impl Overlay {
             let _ = remove_tree(&cache, &Path::new("work").join(name));
         }
         let (journal, state) = Journal::open(&cache_dir.join("journal"))?;
-        let share = Root::open(share)?;
+        let gate = std::sync::Arc::new(crate::gate::ShareGate::default());
+        let share = Root::open_gated(share, gate.clone())?;
         let share_meta = share
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let root_look = spawn_root_look(Root::open_gated(share.path(), gate.clone())?)?;
         let overlay = Self {
             share,
+            gate,
             cache,
             upper_abs: cache_dir.join("upper"),
             policy,
@@ -216,6 +280,7 @@ impl Overlay {
                 released: HashSet::new(),
             }),
             tmp_seq: AtomicU64::new(0),
+            root_look,
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
             requests: crate::counters::Requests::default(),
@@ -234,6 +299,11 @@ impl Overlay {
 
     pub fn share(&self) -> &Path {
         self.share.path()
+    }
+
+    /// The gate every access to the share passes ([`crate::gate`]).
+    pub fn share_gate(&self) -> &std::sync::Arc<crate::gate::ShareGate> {
+        &self.gate
     }
 
     pub fn upper(&self) -> &Path {
@@ -274,15 +344,18 @@ impl Overlay {
         self.cache.stat(&up(rel))
     }
 
-    /// The record of the cache taking `rel` over: what the share holds there now. None
+    /// The records of the cache taking `rel` over: what the share holds there now (none
     /// when the cache took it over before in this session: the first base stands until
-    /// our own sync settles the path.
-    fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Option<Record>> {
-        if inner.state.taken_over(rel) {
-            return Ok(None);
+    /// our own sync settles the path), and for a database's journal or WAL, the
+    /// database's base too (see [`Overlay::database_base`]).
+    fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Vec<Record>> {
+        let mut out = Vec::new();
+        if !inner.state.taken_over(rel) {
+            let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
+            out.push(Record::Base(rel.to_path_buf(), now));
         }
-        let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
-        Ok(Some(Record::Base(rel.to_path_buf(), now)))
+        out.extend(self.database_base(inner, rel)?);
+        Ok(out)
     }
 
     /// The root and path of an object found in `layer`.
@@ -364,6 +437,9 @@ impl Overlay {
 
     /// A passthrough path, straight from the share.
     fn resolve_share(&self, rel: &Path) -> FsResult<Found> {
+        if rel.as_os_str().is_empty() {
+            return self.share_root();
+        }
         let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
         let (root, at) = self.place(Layer::Share, rel);
         Ok(Found {
@@ -371,6 +447,30 @@ impl Overlay {
             real: root.path().join(at),
             meta,
         })
+    }
+
+    /// The mount root: the share's root as its own thread sees it within [`ROOT_WAIT`],
+    /// else the cache's stand-in for it (the share root's attributes, copied at mount).
+    /// Every path goes through the root, so it answers while the share does not (its
+    /// server died or hangs) and paths to cached files still resolve; the rest of the
+    /// share fails as the share does.
+    fn share_root(&self) -> FsResult<Found> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let answer = match self.root_look.send(tx) {
+            Ok(()) => rx.recv_timeout(ROOT_WAIT).ok(),
+            Err(_) => None,
+        };
+        match answer {
+            Some(Ok(Some(meta))) => Ok(self.found(Path::new(""), Layer::Share, meta)),
+            Some(Ok(None)) => Err(FsError::enoent()),
+            not_now => match self.upper_stat(Path::new(""))? {
+                Some(meta) => Ok(self.found(Path::new(""), Layer::Upper, meta)),
+                None => Err(errno(match not_now {
+                    Some(Err(e)) => e,
+                    _ => gate::SHARE_DOWN,
+                })),
+            },
+        }
     }
 
     /// The share's object under a cached path, if it is visible (not whited out).
@@ -382,40 +482,43 @@ impl Overlay {
         }
     }
 
-    /// The merged listing of a directory (without `.` and `..`).
+    /// The merged listing of a directory (without `.` and `..`). The share is listed
+    /// without the overlay's lock held (a slow or hung share holds up this request only).
+    /// A cached directory lists what the cache holds while the share does not answer; a
+    /// passthrough one fails as the share does.
     pub fn readdir(&self, rel: &Path) -> FsResult<Vec<DirEntry>> {
-        let inner = self.lock();
-        let dir = self.resolve_locked(&inner, rel)?;
+        let class = self.policy.classify(rel);
+        let dir = self.resolve(rel)?;
         if !dir.meta.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
-        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
-        if self.lower_meta(&inner, rel)?.is_some_and(|m| m.is_dir()) {
-            for (name, _, kind) in self.share.read_dir(rel)? {
-                let child = rel.join(&name);
-                match self.policy.classify(&child) {
-                    PathClass::LocalOnly => continue,
-                    PathClass::Cached if inner.state.hidden(&child) => continue,
-                    _ => {}
-                }
-                let kind = if kind == 0 {
-                    self.share
-                        .stat(&child)?
-                        .map(|m| m.file_type())
-                        .unwrap_or(libc::S_IFREG)
-                } else {
-                    kind
-                };
-                names.insert(
-                    name.clone(),
-                    DirEntry {
-                        name,
-                        file_type: kind,
-                    },
-                );
+        let share_visible = match class {
+            PathClass::LocalOnly => false,
+            PathClass::Passthrough => true,
+            PathClass::Cached => !self.lock().state.hidden(rel),
+        };
+        let share_names = if share_visible {
+            match self.list_share(rel) {
+                Ok(names) => names,
+                Err(e) if class == PathClass::Cached && gate::is_outage(&e) => Vec::new(),
+                Err(e) => return Err(e.into()),
             }
+        } else {
+            Vec::new()
+        };
+        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
+        let inner = self.lock();
+        for (name, file_type) in share_names {
+            let child = rel.join(&name);
+            match self.policy.classify(&child) {
+                PathClass::LocalOnly => continue,
+                PathClass::Cached if inner.state.hidden(&child) => continue,
+                _ => {}
+            }
+            names.insert(name.clone(), DirEntry { name, file_type });
         }
-        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+        let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
+        if merge_cache && self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
             for (name, _, kind) in self.cache.read_dir(&up(rel))? {
                 let child = rel.join(&name);
                 if self.policy.classify(&child) == PathClass::Passthrough {
@@ -439,6 +542,31 @@ impl Overlay {
             }
         }
         Ok(names.into_values().collect())
+    }
+
+    /// The share's entries of directory `rel` with their file types; none when it has no
+    /// directory there.
+    fn list_share(&self, rel: &Path) -> io::Result<Vec<(OsString, u32)>> {
+        let entries = match self.share.read_dir(rel) {
+            Ok(e) => e,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (name, _, kind) in entries {
+            let kind = if kind == 0 {
+                self.share
+                    .stat(&rel.join(&name))?
+                    .map(|m| m.file_type())
+                    .unwrap_or(libc::S_IFREG)
+            } else {
+                kind
+            };
+            out.push((name, kind));
+        }
+        Ok(out)
     }
 
     /// New objects belong to the caller (when we are root), with the group of a setgid
@@ -505,19 +633,90 @@ impl Overlay {
                 }
             }),
         };
-        if let Err(e) = meta_result.and_then(|()| self.cache.rename(&tmp, &up(rel), 0)) {
+        if let Err(e) = meta_result.and_then(|()| self.install(&tmp, &up(rel))) {
             let _ = self.cache.rmdir(&tmp);
             return Err(e.into());
         }
         Ok(())
     }
 
+    /// Runs `f`, which writes into the cache directory `dir` (relative to the cache root) for
+    /// an operation the kernel has already allowed (a copy-up, a directory made for one).
+    /// The cache copy of a read-only directory has the mode the user gave it (it is what the
+    /// sync sends), and the daemon, which is the user without privileges, may not write
+    /// there: the owner's write bit is added for the moment of `f` and the mode put back.
+    /// Nobody else can use the moment: the cache is the user's, 0700.
+    pub(super) fn with_write_access<T>(
+        &self,
+        dir: &Path,
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let locked = match self.cache.stat(dir)? {
+            Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                Some(m.mode() & 0o7777)
+            }
+            _ => None,
+        };
+        let Some(mode) = locked else {
+            return f();
+        };
+        self.cache.chmod(dir, mode | libc::S_IWUSR)?;
+        let result = f();
+        let restored = self.cache.chmod(dir, mode);
+        let value = result?;
+        restored?;
+        Ok(value)
+    }
+
+    /// Moves an object made in `work/` (`tmp`) to its place `dst` in the upper layer. The
+    /// parent may be a read-only directory's copy (see [`Overlay::with_write_access`]); a
+    /// directory that moves needs write access to itself too (its `..` changes), so a
+    /// read-only one gets the owner's write bit for the moment of the move.
+    fn install(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.with_write_access(parent, || {
+            let locked = match self.cache.stat(tmp)? {
+                Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                    Some(m.mode() & 0o7777)
+                }
+                _ => None,
+            };
+            if let Some(mode) = locked {
+                self.cache.chmod(tmp, mode | libc::S_IWUSR)?;
+            }
+            self.cache.rename(tmp, dst, 0)?;
+            match locked {
+                Some(mode) => self.cache.chmod(dst, mode),
+                None => Ok(()),
+            }
+        })
+    }
+
     /// Copies one cached path up from the share, if it is not in the cache yet.
     fn copy_up(&self, inner: &mut Inner, rel: &Path, with_data: bool, ctx: &Ctx) -> FsResult<()> {
+        self.copy_up_of(inner, rel, with_data, ctx, None)
+            .map(|_| ())
+    }
+
+    /// [`Overlay::copy_up`]; with `object` (device, inode), only when the share still has
+    /// that object at `rel`: false when it has another or none (nothing is copied then).
+    fn copy_up_of(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        with_data: bool,
+        ctx: &Ctx,
+        object: Option<(u64, u64)>,
+    ) -> FsResult<bool> {
         if self.upper_stat(rel)?.is_some() {
-            return Ok(());
+            return Ok(true);
         }
-        let meta = self.lower_meta(inner, rel)?.ok_or_else(FsError::enoent)?;
+        let meta = match (self.lower_meta(inner, rel)?, object) {
+            (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok(false),
+            (Some(m), _) => m,
+            (None, Some(_)) => return Ok(false),
+            (None, None) => return Err(FsError::enoent()),
+        };
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
@@ -535,6 +734,7 @@ impl Overlay {
                 Some(session::share_id_of(&meta)),
             ));
         }
+        records.extend(self.database_base(inner, rel)?);
         records.push(Record::Dirty(rel.to_path_buf()));
         self.record(inner, &records)?;
         inner.touched.insert(rel.to_path_buf());
@@ -543,19 +743,22 @@ impl Overlay {
         let dst = up(rel);
         let result = self
             .copy_object(rel, &meta, &tmp, with_data)
-            .and_then(|()| {
-                self.cache.rename(&tmp, &dst, 0)?;
-                let parent = dst.parent().unwrap_or(Path::new("upper"));
-                self.cache
-                    .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
-                    .sync_all()
-            });
+            .and_then(|()| self.install_synced(&tmp, &dst));
         if let Err(e) = result {
             let _ = remove_tree(&self.cache, &tmp);
             return Err(e.into());
         }
         tracing::debug!(path = %rel.display(), "copied up");
-        Ok(())
+        Ok(true)
+    }
+
+    /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.
+    fn install_synced(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        self.install(tmp, dst)?;
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.cache
+            .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+            .sync_all()
     }
 
     fn copy_object(&self, src: &Path, meta: &Stat, dst: &Path, with_data: bool) -> io::Result<()> {
@@ -592,11 +795,7 @@ impl Overlay {
             let mut inner = self.lock();
             let truncating = flags & libc::O_TRUNC != 0;
             self.copy_up(&mut inner, rel, !truncating, ctx)?;
-            self.mark_dirty(&mut inner, rel)?;
-            let file = self.cache.open_file(&up(rel), flags, 0)?;
-            let ino = sys::fstat(&file)?.ino();
-            *inner.writers.entry(ino).or_insert(0) += 1;
-            return Ok((file, Some(ino)));
+            return self.open_upper(&mut inner, rel, flags);
         }
         if class == PathClass::Passthrough {
             // The kernel has just looked it up: one round trip to the share, not two.
@@ -607,10 +806,58 @@ impl Overlay {
         Ok((root.open_file(&at, flags, 0)?, None))
     }
 
-    /// Whether the cache has no say on `rel` (not in the upper layer, not deleted).
-    fn share_only(&self, rel: &Path) -> FsResult<bool> {
+    /// Opens the cache's file at the cached path `rel` for writing (`flags` as kept by
+    /// [`open_flags`]): marked dirty, and counted as a writer.
+    fn open_upper(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        flags: i32,
+    ) -> FsResult<(File, Option<u64>)> {
+        self.mark_dirty(inner, rel)?;
+        let file = self.cache.open_file(&up(rel), flags, 0)?;
+        let ino = sys::fstat(&file)?.ino();
+        *inner.writers.entry(ino).or_insert(0) += 1;
+        Ok((file, Some(ino)))
+    }
+
+    /// [`Overlay::open`] of what a deferred handle `d` stands for, when [`Overlay::binding`]
+    /// found it still on the share or copied up from it: a copy-up is made only from the
+    /// object the handle has open. None when the name holds another object by now (the
+    /// caller looks again).
+    pub fn open_bound(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        flags: i32,
+        d: Deferral,
+    ) -> FsResult<Option<(File, Option<u64>)>> {
+        let kept = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
+        if !wants_write(kept) || self.policy.classify(rel) != PathClass::Cached {
+            return self.open(ctx, rel, flags).map(Some);
+        }
+        let mut inner = self.lock();
+        let bound = if self.upper_stat(rel)?.is_some() {
+            inner
+                .state
+                .origin(rel)
+                .is_some_and(|o| (o.dev, o.ino) == d.object)
+        } else {
+            let truncating = kept & libc::O_TRUNC != 0;
+            self.copy_up_of(&mut inner, rel, !truncating, ctx, Some(d.object))?
+        };
+        if !bound {
+            return Ok(None);
+        }
+        self.open_upper(&mut inner, rel, kept).map(Some)
+    }
+
+    /// Whether the cache has no say on `rel` (not in the upper layer, not deleted); when
+    /// it has none, whether the cache took `rel` over in this session.
+    fn share_only(&self, rel: &Path) -> FsResult<Option<bool>> {
         let inner = self.lock();
-        Ok(self.upper_stat(rel)?.is_none() && !inner.state.hidden(rel))
+        let say = self.upper_stat(rel)?.is_some() || inner.state.hidden(rel);
+        Ok((!say).then(|| inner.state.taken_over(rel)))
     }
 
     /// [`Overlay::open`], except that opening (without O_TRUNC) a cached file that is
@@ -618,18 +865,18 @@ impl Overlay {
     /// share's copy, and [`Overlay::open`] with the same flags makes it writable at its
     /// first write (or follows the file to the cache when another handle wrote it). A program that opens a large file read-write and writes it rarely (SQLite
     /// opens its database so, and in WAL mode writes it only at checkpoints) then costs
-    /// no copy at open. Returns the file, its writer registration, and whether it is
-    /// deferred.
+    /// no copy at open. Returns the file, its writer registration, and what a deferred
+    /// handle stands for.
     pub fn open_deferred(
         &self,
         ctx: &Ctx,
         rel: &Path,
         flags: i32,
-    ) -> FsResult<(File, Option<u64>, bool)> {
+    ) -> FsResult<(File, Option<u64>, Option<Deferral>)> {
         let f = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
         if f & libc::O_TRUNC == 0
             && self.policy.classify(rel) == PathClass::Cached
-            && self.share_only(rel)?
+            && self.share_only(rel)?.is_some()
         {
             // The kernel has checked the access asked for (default_permissions). A
             // read-only open is deferred too: it follows the file to the cache once
@@ -639,8 +886,13 @@ impl Overlay {
             match self.share.open_file(rel, read_only, 0) {
                 // Still the share's, and a regular file: else the usual way below.
                 Ok(file) => {
-                    if sys::fstat(&file)?.is_file() && self.share_only(rel)? {
-                        return Ok((file, None, true));
+                    let meta = sys::fstat(&file)?;
+                    if let (true, Some(taken_at_open)) = (meta.is_file(), self.share_only(rel)?) {
+                        let d = Deferral {
+                            object: (meta.dev(), meta.ino()),
+                            taken_at_open,
+                        };
+                        return Ok((file, None, Some(d)));
                     }
                 }
                 // A write-only file: no reading it before it is written; the usual way.
@@ -649,28 +901,124 @@ impl Overlay {
             }
         }
         let (file, writer) = self.open(ctx, rel, flags)?;
-        Ok((file, writer, false))
+        Ok((file, writer, None))
     }
 
-    /// Where the share object `object` (device, inode), which a handle has open, is now
-    /// under `rel`: still on the share, copied up from it, or gone from that name.
-    pub fn binding(&self, rel: &Path, object: (u64, u64)) -> Binding {
-        let Ok(found) = self.resolve(rel) else {
-            return Binding::Elsewhere;
+    /// Where the share object a deferred handle has open is now under `rel`: still on the
+    /// share, copied up from it, replaced here, or changed on the share by someone else.
+    /// An error of the share other than "no such file" is returned (the name cannot be
+    /// told).
+    pub fn binding(&self, rel: &Path, d: Deferral) -> FsResult<Binding> {
+        let found = match self.resolve(rel) {
+            Ok(found) => Some(found),
+            Err(e) if matches!(e.errno(), libc::ENOENT | libc::ENOTDIR) => None,
+            Err(e) => return Err(e),
         };
-        match found.layer {
-            Layer::Lower if (found.meta.dev(), found.meta.ino()) == object => Binding::Share,
-            Layer::Upper
-                if self
-                    .lock()
-                    .state
-                    .origin(rel)
-                    .is_some_and(|o| (o.dev, o.ino) == object) =>
+        let inner = self.lock();
+        let same = |f: &Found| (f.meta.dev(), f.meta.ino()) == d.object;
+        Ok(match found {
+            Some(f) if f.layer == Layer::Lower && same(&f) => Binding::Share,
+            Some(f)
+                if f.layer == Layer::Upper
+                    && inner
+                        .state
+                        .origin(rel)
+                        .is_some_and(|o| (o.dev, o.ino) == d.object) =>
             {
                 Binding::Cache
             }
-            _ => Binding::Elsewhere,
+            _ if self.replaced_here(&inner, rel, d)? => Binding::Replaced,
+            _ => Binding::Changed,
+        })
+    }
+
+    /// Whether the cache took `rel` over since a handle `d` was opened (a rename over it,
+    /// an unlink, a copy-up): its take-over is recorded now and was not then, or, taken
+    /// over already then, the cache has a say on the name now.
+    fn replaced_here(&self, inner: &Inner, rel: &Path, d: Deferral) -> io::Result<bool> {
+        if !inner.state.taken_over(rel) {
+            return Ok(false);
         }
+        Ok(!d.taken_at_open || self.upper_stat(rel)?.is_some() || inner.state.hidden(rel))
+    }
+
+    /// Keeps the version a deferred handle `d` (flags `flags`) is about to write when
+    /// another workstation changed the file under its name (see [`Binding::Changed`]):
+    /// the handle's file is copied up to `rel` from `src` (its open file), with the object
+    /// it had open as the base, so the next sync finds the conflict and keeps both versions.
+    /// Returns the cache file opened with `flags` and its writer registration, or None when
+    /// the cache took the name meanwhile (the caller looks again).
+    pub fn keep_version(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        src: &File,
+        d: Deferral,
+        flags: i32,
+    ) -> FsResult<Option<(File, Option<u64>)>> {
+        let mut inner = self.lock();
+        if self.upper_stat(rel)?.is_some()
+            || inner.state.hidden(rel)
+            || self.replaced_here(&inner, rel, d)?
+        {
+            return Ok(None);
+        }
+        let meta = sys::fstat(src)?;
+        if (meta.dev(), meta.ino()) != d.object {
+            return Err(errno(libc::EIO));
+        }
+        if let Some(parent) = rel.parent() {
+            self.ensure_upper_dir(&inner, parent, ctx)?;
+        }
+        let mut records = vec![Record::Origin(
+            rel.to_path_buf(),
+            Origin {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        )];
+        if !inner.state.taken_over(rel) {
+            // The version the handle's writes start from, whatever the share holds now.
+            records.push(Record::Base(
+                rel.to_path_buf(),
+                Some(session::share_id_of(&meta)),
+            ));
+        }
+        records.push(Record::Dirty(rel.to_path_buf()));
+        self.record(&mut inner, &records)?;
+        inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        let tmp = self.tmp_rel();
+        let copied = self
+            .copy_open_file(src, &meta, &tmp)
+            .and_then(|()| self.install_synced(&tmp, &up(rel)));
+        if let Err(e) = copied {
+            let _ = remove_tree(&self.cache, &tmp);
+            return Err(e.into());
+        }
+        tracing::warn!(
+            path = %session::shown(rel),
+            "the share's file changed under an open handle (another workstation?): its version is kept in the cache"
+        );
+        let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+        self.open_upper(&mut inner, rel, flags).map(Some)
+    }
+
+    /// A copy of the open file `src` (whose attributes are `meta`) at `dst` in the cache:
+    /// data, mode, times, and the owner when we are root. Extended attributes stay behind
+    /// (they are read by path, and the path holds another file now).
+    fn copy_open_file(&self, src: &File, meta: &Stat, dst: &Path) -> io::Result<()> {
+        let out =
+            self.cache
+                .open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+        sys::copy_data(src, &out, meta.len())?;
+        if self.as_root {
+            self.cache.chown(dst, Some(meta.uid()), Some(meta.gid()))?;
+        }
+        self.cache.chmod(dst, meta.mode() & 0o7777)?;
+        self.cache
+            .utimens(dst, at(meta.atime()), at(meta.mtime()))?;
+        out.sync_all()
     }
 
     /// A private copy of an open file that no name shows (the handle of a file whose name
@@ -751,8 +1099,9 @@ impl Overlay {
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                if let Some(base) = self.take_over(&inner, &rel)? {
-                    self.record(&mut inner, &[base])?;
+                let bases = self.take_over(&inner, &rel)?;
+                if !bases.is_empty() {
+                    self.record(&mut inner, &bases)?;
                 }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = make(&self.cache, &up(&rel)) {
@@ -863,8 +1212,9 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                if let Some(base) = self.take_over(&inner, &rel)? {
-                    self.record(&mut inner, &[base])?;
+                let bases = self.take_over(&inner, &rel)?;
+                if !bases.is_empty() {
+                    self.record(&mut inner, &bases)?;
                 }
                 self.mark_dirty(&mut inner, &rel)?;
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {

@@ -10,7 +10,7 @@
 //! the conflict (see doc/SEMANTICS.md, "Sessions").
 
 use std::collections::{BTreeSet, HashSet};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -34,6 +34,10 @@ pub enum ConflictKind {
     DeletedHereModifiedThere,
     /// Changed here, deleted on the share: ours is written back.
     ModifiedHereDeletedThere,
+    /// A journal or WAL of a database changed here, and the database changed on the share
+    /// since we took it over: ours is kept beside the share's database, under the name of
+    /// our copy of the database (moved aside with it when the cache has one).
+    DatabaseChangedThere,
 }
 
 /// One conflict found at sync; nothing is overwritten, both versions are kept.
@@ -116,16 +120,15 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
-/// Is this base a directory (see [`share_id_of`])?
-fn is_dir_id(id: &ShareId) -> bool {
-    id.size == u64::MAX && id.mtime == (0, 0) && id.ctime == (0, 0)
-}
-
 /// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
-/// as `sent`? Yes when it has the size and mtime we handed over or that the cache copy has
-/// now, or an mtime between the two (a version the user wrote while rsync was reading: rsync
-/// keeps the cache's mtimes, and they only move forward while the session writes), and the
-/// cache copy's permission bits (a chmod alone changes neither size nor mtime).
+/// as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
+/// copy has now (rsync keeps the cache's mtimes), or an mtime from the moment we handed the
+/// file over up to the cache copy's now: a version the user wrote here while rsync was
+/// reading (a program saving again and again during a periodic sync), which this machine's
+/// clock stamped. A share file with an mtime in that window that another workstation wrote
+/// during our sync (a logout there at the same moment, its file's mtime from that window)
+/// would be taken for ours: see doc/SEMANTICS.md "Sessions" (limit). In every case it has
+/// the cache copy's permission bits (a chmod alone changes neither size nor mtime).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
@@ -136,12 +139,47 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
-    match (then, now) {
-        (Some(a), Some(b)) => t == a || t == b || (a.1 <= t.1 && t.1 <= b.1 && a.1 < b.1),
-        (Some(a), None) => t == a,
-        (None, Some(b)) => t == b,
-        (None, None) => false,
+    if then == Some(t) || now == Some(t) {
+        return true;
     }
+    // Only when the cache copy was written after the hand-over (else a file from just
+    // before it, e.g. the share's old version, could fall in the window). The kernel
+    // stamps files with a coarse clock that may lag the one read at hand-over by a tick.
+    let lag = (0, 20_000_000);
+    let earliest = |since: (i64, i64)| {
+        if since.1 >= lag.1 {
+            (since.0, since.1 - lag.1)
+        } else {
+            (since.0 - 1, since.1 + 1_000_000_000 - lag.1)
+        }
+    };
+    match (sent.and_then(|s| s.since), now) {
+        (Some(since), Some((_, now_mtime))) => {
+            now_mtime > since && earliest(since) <= t.1 && t.1 <= now_mtime
+        }
+        _ => false,
+    }
+}
+
+/// The endings of the files that belong to a database `X` (SQLite's `X-wal`, `X-shm` and
+/// `X-journal`): their content only means something with the version of `X` it was
+/// written against.
+pub const DATABASE_COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// The database a journal or WAL `rel` belongs to, and the ending that names it so.
+pub(super) fn database_of(rel: &Path) -> Option<(PathBuf, &'static str)> {
+    let name = rel.file_name()?.as_bytes();
+    DATABASE_COMPANIONS.iter().find_map(|end| {
+        let stem = name.strip_suffix(end.as_bytes())?;
+        (!stem.is_empty()).then(|| (rel.with_file_name(OsStr::from_bytes(stem)), *end))
+    })
+}
+
+/// `p` with `end` appended to its last component.
+fn with_ending(p: &Path, end: &str) -> PathBuf {
+    let mut name = p.file_name().unwrap_or_default().to_os_string();
+    name.push(end);
+    p.with_file_name(name)
 }
 
 /// The longest prefix of `name` of at most `max` bytes that ends on a character boundary
@@ -160,15 +198,16 @@ fn truncate_name(name: &[u8], max: usize) -> &[u8] {
 }
 
 /// `NAME.ccfs-conflict-HOST-STAMP[-N]`, shortened at the front part so the whole name fits
-/// in NAME_MAX (255 bytes).
-pub fn conflict_file_name(name: &[u8], host: &str, stamp: &str, n: u32) -> OsString {
+/// in `max` bytes (NAME_MAX, 255, less the room a database's companion needs for its
+/// ending).
+pub fn conflict_file_name(name: &[u8], host: &str, stamp: &str, n: u32, max: usize) -> OsString {
     let suffix = if n <= 1 {
         format!(".ccfs-conflict-{host}-{stamp}")
     } else {
         format!(".ccfs-conflict-{host}-{stamp}-{n}")
     };
     let suffix = truncate_name(suffix.as_bytes(), 200);
-    let mut out = truncate_name(name, 255 - suffix.len()).to_vec();
+    let mut out = truncate_name(name, max.saturating_sub(suffix.len())).to_vec();
     out.extend_from_slice(suffix);
     OsString::from_vec(out)
 }
@@ -226,12 +265,17 @@ impl Overlay {
             }
         }
         self.add_hard_link_names(&mut present)?;
+        let handed_over = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())))
+            .unwrap_or((0, 0));
         session.sent = present
             .iter()
             .map(|(_, m)| {
                 m.is_file().then(|| Sent {
                     size: m.len(),
                     mtime: m.mtime(),
+                    since: Some(handed_over),
                 })
             })
             .collect();
@@ -260,7 +304,11 @@ impl Overlay {
     /// Compares what the share holds at each dirty or deleted path with its base. Where
     /// another workstation changed it, nothing is overwritten: our version moves to a
     /// conflict copy (sent beside the share's), and a deletion of a file changed there is
-    /// dropped. Returns the paths held back because the share could not be asked.
+    /// dropped. Before that, the share's object at every directory we send into (and its
+    /// database, for a journal or WAL) is checked; after it, the share's directory where
+    /// we send another kind of object (see [`Overlay::check_directories`],
+    /// [`Overlay::check_databases`], [`Overlay::check_replaced_directories`]). Returns the
+    /// paths held back because the share could not be asked.
     fn check_conflicts(
         &self,
         host: &str,
@@ -280,63 +328,25 @@ impl Overlay {
                 inner.state.whiteouts().cloned().collect(),
             )
         };
-        for p in dirty {
+        self.check_directories(&dirty, host, stamp, session, &mut held)?;
+        self.check_databases(&dirty, host, stamp, session, &mut held)?;
+        for p in &dirty {
+            let p = p.clone();
+            // Held, or moved aside with its directory above.
+            if held.contains(&p) || !self.lock().state.is_dirty(&p) {
+                continue;
+            }
             // The share is asked without the lock held; the answer is compared under it.
             let Some(cur) = self.share_now(&p, session, &mut held) else {
                 continue;
             };
             let mut inner = self.lock();
             let base = inner.state.base(&p);
-            if !inner.state.is_dirty(&p) {
+            if cur == base || !inner.state.is_dirty(&p) {
                 continue;
-            }
-            // A parent that the share holds as a file (another workstation replaced the
-            // directory): rsync would put a directory in its place. Ours stays here.
-            if cur.is_none() {
-                match self.blocking_parent(&inner, &p) {
-                    Ok(None) => {}
-                    Ok(Some(a)) => {
-                        session.errors.push(format!(
-                            "{} stays here: {} is no directory on the share now (changed elsewhere)",
-                            shown(&p),
-                            shown(&a)
-                        ));
-                        held.insert(p);
-                        continue;
-                    }
-                    Err(e) => {
-                        session
-                            .errors
-                            .push(io_err("cannot check on the share", &p, &e));
-                        held.insert(p);
-                        continue;
-                    }
-                }
-            }
-            if cur == base {
-                // Unchanged there. But a file sent where the share has a directory replaces
-                // it with all it holds (rsync --force): only what we deleted may go with it.
-                let dir_there = cur.as_ref().is_some_and(is_dir_id);
-                let file_here = matches!(self.upper_stat(&p), Ok(Some(m)) if !m.is_dir());
-                if !dir_there || !file_here {
-                    continue;
-                }
-                match self.replaces_others(&inner, &p) {
-                    Ok(false) => continue,
-                    Ok(true) => {}
-                    Err(e) => {
-                        session
-                            .errors
-                            .push(io_err("cannot check on the share", &p, &e));
-                        held.insert(p);
-                        continue;
-                    }
-                }
             }
             let ours = match self.upper_stat(&p) {
                 Ok(Some(m)) if !m.is_dir() => m,
-                // Our directory where another workstation put a file: both are kept too.
-                Ok(Some(m)) if cur.as_ref().is_some_and(|c| !is_dir_id(c)) => m,
                 Ok(_) => continue,
                 Err(e) => {
                     session.errors.push(io_err("cannot look at", &p, &e));
@@ -382,6 +392,25 @@ impl Overlay {
             }
         }
         for w in whiteouts {
+            // Below a share object that is no directory (another workstation replaced one,
+            // or our own directory went aside above), the share has nothing to delete.
+            match self.share_ancestor_not_dir(&w) {
+                Ok(true) => {
+                    let mut inner = self.lock();
+                    if inner.state.is_whiteout(&w) && self.upper_stat(&w)?.is_none() {
+                        self.record(&mut inner, &[Record::Deleted(w.clone())])?;
+                    }
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    session
+                        .errors
+                        .push(io_err("cannot check on the share", &w, &e));
+                    held.insert(w);
+                    continue;
+                }
+            }
             let Some(cur) = self.share_now(&w, session, &mut held) else {
                 continue;
             };
@@ -404,42 +433,336 @@ impl Overlay {
                 kept: "the share's version".into(),
             });
         }
+        self.check_replaced_directories(&dirty, host, stamp, session, &mut held)?;
         Ok(held)
     }
 
-    /// Does the share's directory `dir` hold anything this session did not delete, or that
-    /// changed there since it did (a file sent at `dir` would remove it)?
-    fn replaces_others(&self, inner: &super::Inner, dir: &Path) -> io::Result<bool> {
-        for (name, _, _) in self.share.read_dir(dir)? {
-            let c = dir.join(name);
-            let Some(m) = self.share.stat(&c)? else {
-                continue;
-            };
-            let ours_to_delete =
-                inner.state.is_whiteout(&c) && inner.state.base(&c) == Some(share_id_of(&m));
-            if !ours_to_delete || (m.is_dir() && self.replaces_others(inner, &c)?) {
-                return Ok(true);
+    /// A directory we send into must be a directory on the share, or nothing there: rsync
+    /// would delete a file (or symlink, or anything else) in its way. For each dirty path,
+    /// every directory of the cache on its way (top down, the path itself when it is a
+    /// directory) is compared with the share: another kind of object there, unless it is
+    /// what we took over and replaced ourselves, is a conflict. The share keeps its
+    /// object; our directory, with all it holds, moves to a conflict name and is sent there.
+    fn check_directories(
+        &self,
+        dirty: &[PathBuf],
+        host: &str,
+        stamp: &str,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<()> {
+        // Directories found to be directories on the share too (or absent there).
+        let mut fine: HashSet<PathBuf> = HashSet::new();
+        for p in dirty {
+            let mut way: Vec<&Path> = p
+                .ancestors()
+                .filter(|a| !a.as_os_str().is_empty())
+                .collect();
+            way.reverse();
+            for dir in way {
+                if fine.contains(dir) || held.contains(p) {
+                    continue;
+                }
+                match self.upper_stat(dir) {
+                    Ok(Some(m)) if m.is_dir() => {}
+                    // Not a directory (the path itself), or moved aside meanwhile.
+                    Ok(_) => break,
+                    Err(e) => {
+                        session.errors.push(io_err("cannot look at", dir, &e));
+                        self.hold_below(dir, held);
+                        break;
+                    }
+                }
+                let theirs = match self.share.stat(dir) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        session
+                            .errors
+                            .push(io_err("cannot check on the share", dir, &e));
+                        self.hold_below(dir, held);
+                        break;
+                    }
+                };
+                let cur = match theirs {
+                    Some(m) if !m.is_dir() => Some(share_id_of(&m)),
+                    _ => {
+                        fine.insert(dir.to_path_buf());
+                        continue;
+                    }
+                };
+                let mut inner = self.lock();
+                if inner.state.taken_over(dir) && inner.state.base(dir) == cur {
+                    // Our own change: we took that object over and made a directory there.
+                    fine.insert(dir.to_path_buf());
+                    continue;
+                }
+                let kind = if inner.state.taken_over(dir) && inner.state.base(dir).is_none() {
+                    ConflictKind::CreatedOnBoth
+                } else {
+                    ConflictKind::ModifiedOnBoth
+                };
+                match self.move_aside(&mut inner, dir, cur, host, stamp) {
+                    Ok(name) => {
+                        tracing::warn!(path = %shown(dir), kept = %shown(&name),
+                            "conflict: another kind of object on the share where we send a directory");
+                        session.conflicts.push(Conflict {
+                            path: dir.to_path_buf(),
+                            kind,
+                            kept: name.to_string_lossy().into_owned(),
+                        });
+                    }
+                    Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                    Err(e) => {
+                        session.errors.push(format!(
+                            "{} is no directory on the share, and our directory could not be set aside: {e}",
+                            shown(dir)
+                        ));
+                        drop(inner);
+                        self.hold_below(dir, held);
+                    }
+                }
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Holds back `dir` and every dirty path below it.
+    fn hold_below(&self, dir: &Path, held: &mut HashSet<PathBuf>) {
+        held.extend(self.lock().state.dirty_below(dir));
+        held.insert(dir.to_path_buf());
+    }
+
+    /// Whether some directory on the way to `rel` is, on the share, another kind of object
+    /// (then the share has nothing at `rel`). Stops at the first one absent there.
+    fn share_ancestor_not_dir(&self, rel: &Path) -> io::Result<bool> {
+        let mut way: Vec<&Path> = rel
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .collect();
+        way.reverse();
+        for dir in way {
+            match self.share.stat(dir)? {
+                Some(m) if m.is_dir() => {}
+                Some(_) => return Ok(true),
+                None => return Ok(false),
             }
         }
         Ok(false)
     }
 
-    /// The nearest parent of `p` that the share holds as something other than a directory,
-    /// unless it is ours to replace (our own directory, taken over from that very object).
-    fn blocking_parent(&self, inner: &super::Inner, p: &Path) -> io::Result<Option<PathBuf>> {
-        for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
-            match self.share.stat(a)? {
-                None => continue,
-                Some(m) if m.is_dir() => return Ok(None),
-                Some(m) => {
-                    let ours = inner.state.is_dirty(a)
-                        && inner.state.base(a) == Some(share_id_of(&m))
-                        && self.upper_stat(a)?.is_some_and(|u| u.is_dir());
-                    return Ok((!ours).then(|| a.to_path_buf()));
+    /// A journal or WAL (`X-wal`, `X-shm`, `X-journal`) holds changes to the version of
+    /// database `X` it was written against: sent beside another version of `X`, it would
+    /// be applied to that one at the next open and destroy it. When the cache takes a
+    /// companion over, `X`'s base is recorded too ([`Overlay::database_base`]); here, when
+    /// `X` on the share changed since, the companions we would send are a conflict: they
+    /// move, with our copy of `X` when the cache has one, to `X`'s conflict name (`NAME`,
+    /// `NAME-wal`, ..., a pair SQLite opens together). The share's `X` is left alone.
+    fn check_databases(
+        &self,
+        dirty: &[PathBuf],
+        host: &str,
+        stamp: &str,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<()> {
+        let mut groups: std::collections::BTreeMap<PathBuf, Vec<(PathBuf, &'static str)>> =
+            Default::default();
+        for p in dirty {
+            if let Some((db, end)) = database_of(p) {
+                groups.entry(db).or_default().push((p.clone(), end));
+            }
+        }
+        for (db, companions) in groups {
+            if companions
+                .iter()
+                .all(|(c, _)| held.contains(c) || !self.lock().state.is_dirty(c))
+            {
+                continue;
+            }
+            let cur = match self.share.stat(&db) {
+                Ok(m) => m.as_ref().map(share_id_of),
+                Err(e) => {
+                    session
+                        .errors
+                        .push(io_err("cannot check on the share", &db, &e));
+                    held.insert(db.clone());
+                    held.extend(companions.into_iter().map(|(c, _)| c));
+                    continue;
+                }
+            };
+            let mut inner = self.lock();
+            if !inner.state.taken_over(&db) || inner.state.base(&db) == cur {
+                continue;
+            }
+            let mut ours = Vec::new();
+            for (c, end) in companions {
+                if inner.state.is_dirty(&c) && self.upper_stat(&c)?.is_some_and(|m| !m.is_dir()) {
+                    ours.push((c, end));
+                }
+            }
+            if ours.is_empty() {
+                continue;
+            }
+            match self.set_database_aside(&mut inner, &db, cur, &ours, host, stamp) {
+                Ok(moved) => {
+                    for (from, to, kind) in moved {
+                        tracing::warn!(path = %shown(&from), kept = %shown(&to),
+                            "conflict: the database changed on the share: {kind:?}");
+                        session.conflicts.push(Conflict {
+                            path: from,
+                            kind,
+                            kept: to.to_string_lossy().into_owned(),
+                        });
+                    }
+                }
+                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                Err(e) => {
+                    session.errors.push(format!(
+                        "{} changed on the share, and our journal or WAL of it could not be set aside: {e}",
+                        shown(&db)
+                    ));
+                    held.insert(db.clone());
+                    held.extend(ours.into_iter().map(|(c, _)| c));
                 }
             }
         }
-        Ok(None)
+        Ok(())
+    }
+
+    /// Moves our companions of `db` (and our copy of `db`, if the cache has one) to the
+    /// conflict name of `db`. Returns what moved where, and as what conflict.
+    fn set_database_aside(
+        &self,
+        inner: &mut super::Inner,
+        db: &Path,
+        cur: Option<ShareId>,
+        companions: &[(PathBuf, &'static str)],
+        host: &str,
+        stamp: &str,
+    ) -> FsResult<Vec<(PathBuf, PathBuf, ConflictKind)>> {
+        let ends: Vec<&str> = companions.iter().map(|(_, end)| *end).collect();
+        let name = self.conflict_name(inner, db, host, stamp, &ends)?;
+        let mut moved = Vec::new();
+        if self.upper_stat(db)?.is_some_and(|m| !m.is_dir()) {
+            self.move_to(inner, db, &name, cur)?;
+            moved.push((db.to_path_buf(), name.clone(), ConflictKind::ModifiedOnBoth));
+        }
+        for (c, end) in companions {
+            let there = with_ending(&name, end);
+            let now = self.share.stat(c)?.as_ref().map(share_id_of);
+            self.move_to(inner, c, &there, now)?;
+            moved.push((c.clone(), there, ConflictKind::DatabaseChangedThere));
+        }
+        Ok(moved)
+    }
+
+    /// The base record of database `X` when the cache takes over its journal or WAL `rel`
+    /// (`X-wal`, `X-shm`, `X-journal`) and has not taken `X` over yet: what the share held
+    /// at `X` then is the version the companion's content belongs to (a later copy-up of
+    /// `X` may copy another workstation's version and must not replace this base).
+    pub(super) fn database_base(
+        &self,
+        inner: &super::Inner,
+        rel: &Path,
+    ) -> io::Result<Option<Record>> {
+        let Some((db, _)) = database_of(rel) else {
+            return Ok(None);
+        };
+        if inner.state.taken_over(&db) || self.policy.classify(&db) != PathClass::Cached {
+            return Ok(None);
+        }
+        let now = self.share.stat(&db)?.as_ref().map(share_id_of);
+        Ok(Some(Record::Base(db, now)))
+    }
+
+    /// A file (or symlink, or other non-directory) we send where the share has a directory:
+    /// rsync (`--force`) deletes that directory with all it holds. Only when we deleted
+    /// every entry it holds (each is a whiteout that stood its conflict check) is that our
+    /// own change; anything else in it (added or changed by another workstation) makes our
+    /// object a conflict: it moves to a conflict name and the share's directory stays.
+    fn check_replaced_directories(
+        &self,
+        dirty: &[PathBuf],
+        host: &str,
+        stamp: &str,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<()> {
+        for p in dirty {
+            if held.contains(p) || !self.lock().state.is_dirty(p) {
+                continue;
+            }
+            let cur = match self.share.stat(p) {
+                Ok(Some(m)) if m.is_dir() => Some(share_id_of(&m)),
+                Ok(_) => continue,
+                Err(e) => {
+                    session
+                        .errors
+                        .push(io_err("cannot check on the share", p, &e));
+                    held.insert(p.clone());
+                    continue;
+                }
+            };
+            let mut inner = self.lock();
+            if !inner.state.is_dirty(p) || self.upper_stat(p)?.is_none_or(|m| m.is_dir()) {
+                continue;
+            }
+            match self.all_deleted_below(&inner, p) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    session
+                        .errors
+                        .push(io_err("cannot list on the share", p, &e));
+                    held.insert(p.clone());
+                    continue;
+                }
+            }
+            match self.move_aside(&mut inner, p, cur, host, stamp) {
+                Ok(name) => {
+                    tracing::warn!(path = %shown(p), kept = %shown(&name),
+                        "conflict: a directory on the share holds what we did not delete");
+                    session.conflicts.push(Conflict {
+                        path: p.clone(),
+                        kind: ConflictKind::ModifiedOnBoth,
+                        kept: name.to_string_lossy().into_owned(),
+                    });
+                }
+                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                Err(e) => {
+                    session.errors.push(format!(
+                        "{} is a directory on the share, and our version could not be set aside: {e}",
+                        shown(p)
+                    ));
+                    held.insert(p.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every entry below the share's directory `dir` (at any depth) is one we
+    /// deleted (a whiteout).
+    fn all_deleted_below(&self, inner: &super::Inner, dir: &Path) -> io::Result<bool> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for (name, _, kind) in self.share.read_dir(&d)? {
+                let rel = d.join(name);
+                if !inner.state.is_whiteout(&rel) {
+                    return Ok(false);
+                }
+                let is_dir = match kind {
+                    0 => self.share.stat(&rel)?.is_some_and(|m| m.is_dir()),
+                    k => k == libc::S_IFDIR,
+                };
+                if is_dir {
+                    stack.push(rel);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// What the share holds at `p` now, asked without the lock; when it cannot say, `p` is
@@ -472,12 +795,30 @@ impl Overlay {
         host: &str,
         stamp: &str,
     ) -> FsResult<PathBuf> {
-        let name = self.conflict_name(inner, p, host, stamp)?;
+        let name = self.conflict_name(inner, p, host, stamp, &[])?;
+        self.move_to(inner, p, &name, cur)?;
+        Ok(name)
+    }
+
+    /// Moves our version of `p` (with all it holds, for a directory) to `name` in the
+    /// cache, to be sent there; `cur`, the share's object at `p`, becomes `p`'s base.
+    fn move_to(
+        &self,
+        inner: &mut super::Inner,
+        p: &Path,
+        name: &Path,
+        cur: Option<ShareId>,
+    ) -> FsResult<()> {
+        let name = name.to_path_buf();
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
         // A directory goes with all it holds: everything is new under the new name.
         let below = self.upper_below(p)?;
-        self.cache
-            .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)?;
+        // The directory may be a read-only one's copy (see `with_write_access`).
+        let dir = up(p.parent().unwrap_or(Path::new("")));
+        self.with_write_access(&dir, || {
+            self.cache
+                .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)
+        })?;
         let mut records = vec![
             Record::Rename {
                 from: p.to_path_buf(),
@@ -493,7 +834,7 @@ impl Overlay {
                 .map(|b| Record::Dirty(crate::state::reroot(b, p, &name))),
         );
         self.record(inner, &records)?;
-        Ok(name)
+        Ok(())
     }
 
     /// Same bytes in our copy and the share's (small files only)?
@@ -509,20 +850,30 @@ impl Overlay {
         Ok(read(&self.cache, &up(rel))? == read(&self.share, rel)?)
     }
 
+    /// A conflict name for `rel` free in the cache, on the share and in the record; with
+    /// `ends`, the names with those endings (a database's companions) are free too.
     fn conflict_name(
         &self,
         inner: &super::Inner,
         rel: &Path,
         host: &str,
         stamp: &str,
+        ends: &[&str],
     ) -> io::Result<PathBuf> {
         let base = rel.file_name().unwrap_or_default().as_bytes();
+        let room = 255 - ends.iter().map(|e| e.len()).max().unwrap_or(0);
+        let free = |p: &Path| -> io::Result<bool> {
+            Ok(self.upper_stat(p)?.is_none()
+                && self.share.stat(p)?.is_none()
+                && !inner.state.is_dirty(p))
+        };
         for n in 1..1000 {
-            let name = rel.with_file_name(conflict_file_name(base, host, stamp, n));
-            if self.upper_stat(&name)?.is_none()
-                && self.share.stat(&name)?.is_none()
-                && !inner.state.is_dirty(&name)
-            {
+            let name = rel.with_file_name(conflict_file_name(base, host, stamp, n, room));
+            let mut all_free = free(&name)?;
+            for end in ends {
+                all_free = all_free && free(&with_ending(&name, end))?;
+            }
+            if all_free {
                 return Ok(name);
             }
         }
@@ -815,12 +1166,99 @@ mod tests {
     #[test]
     fn conflict_names_fit_in_name_max_and_keep_whole_characters() {
         let long = "é".repeat(127); // 254 bytes
-        let n = conflict_file_name(long.as_bytes(), "host", "20261123T101010Z", 1);
+        let n = conflict_file_name(long.as_bytes(), "host", "20261123T101010Z", 1, 255);
         assert!(n.len() <= 255, "{}", n.len());
         let text = n.to_str().expect("still UTF-8");
         assert!(text.ends_with(".ccfs-conflict-host-20261123T101010Z"));
         assert!(text.starts_with("éé"));
-        let short = conflict_file_name(b".bashrc", "h", "s", 3);
+        let short = conflict_file_name(b".bashrc", "h", "s", 3, 255);
         assert_eq!(short, OsString::from(".bashrc.ccfs-conflict-h-s-3"));
+    }
+
+    /// `X-wal`, `X-shm` and `X-journal` belong to database `X`; a name that is only an
+    /// ending belongs to none; a conflict name leaves room for the longest ending.
+    #[test]
+    fn journals_and_wals_belong_to_their_database() {
+        let of = |p: &str| database_of(Path::new(p)).map(|(db, end)| (db, end.to_string()));
+        assert_eq!(
+            of(".m/places.sqlite-wal"),
+            Some((PathBuf::from(".m/places.sqlite"), "-wal".into()))
+        );
+        assert_eq!(
+            of(".x-journal"),
+            Some((PathBuf::from(".x"), "-journal".into()))
+        );
+        assert_eq!(of(".m/-shm"), None);
+        assert_eq!(of(".m/places.sqlite"), None);
+        let long = "d".repeat(250);
+        let n = conflict_file_name(long.as_bytes(), "host", "20261123T101010Z", 1, 255 - 8);
+        assert!(n.len() + "-journal".len() <= 255, "{}", n.len());
+    }
+
+    /// The size and mtime we handed over, the cache copy's now, or an mtime written here
+    /// after the hand-over make a share file ours; an older mtime between the two (another
+    /// workstation's version from before our sync) is theirs.
+    #[test]
+    fn what_we_handed_over_hold_now_or_wrote_since_is_our_transfer() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let stat_of = |name: &str, data: &[u8], mtime: i64| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, data).expect("write");
+            let t = std::fs::FileTimes::new()
+                .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime as u64));
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_times(t))
+                .expect("times");
+            let root = crate::sys::Root::open(dir.path()).expect("root");
+            root.stat(Path::new(name)).expect("stat").expect("exists")
+        };
+        // Written at 1000, handed over at 5000, rewritten until 5010.
+        let sent_stat = stat_of("sent", b"v1", 1000);
+        let handed = Sent {
+            size: sent_stat.len(),
+            mtime: sent_stat.mtime(),
+            since: Some((5000, 0)),
+        };
+        let sent = Some(handed);
+        let ours = stat_of("ours", b"v3-now", 5010);
+        let theirs = |name, data: &[u8], mtime| {
+            is_our_transfer(&stat_of(name, data, mtime), Some(&ours), sent)
+        };
+        assert!(theirs("a", b"v1", 1000), "what we handed over");
+        assert!(theirs("b", b"v3-now", 5010), "what the cache holds now");
+        assert!(
+            theirs("c", b"v2!", 5004),
+            "a version written here during the sync"
+        );
+        assert!(
+            !theirs("d", b"v2!", 3000),
+            "another workstation's, from before our sync"
+        );
+        assert!(!theirs("e", b"v1", 1001), "the size we sent, another mtime");
+        assert!(!theirs("f", b"v4", 5011), "after the cache's last write");
+        // Not rewritten since the hand-over: no window (the share's old version, written
+        // just before, is not ours).
+        let unchanged = stat_of("unchanged", b"v1", 1000);
+        let just_before = Sent {
+            since: Some((1000, 5_000_000)),
+            ..handed
+        };
+        assert!(!is_our_transfer(
+            &stat_of("i", b"v0", 999),
+            Some(&unchanged),
+            Some(just_before)
+        ));
+        let old_journal = Some(Sent {
+            since: None,
+            ..handed
+        });
+        assert!(!is_our_transfer(
+            &stat_of("g", b"v2!", 5004),
+            Some(&ours),
+            old_journal
+        ));
+        assert!(!is_our_transfer(&stat_of("h", b"v1", 1000), None, None));
     }
 }

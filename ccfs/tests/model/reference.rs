@@ -100,8 +100,6 @@ pub struct Outcome {
     /// (path, kind), sorted.
     pub conflicts: Vec<(PathBuf, String)>,
     pub not_sent: Vec<PathBuf>,
-    /// Held back from the sync and named in its errors.
-    pub held: Vec<PathBuf>,
     pub ok: bool,
     pub remaining_dirty: usize,
     pub remaining_deletions: usize,
@@ -578,34 +576,35 @@ impl Model {
         Some(t) == sent || ours.and_then(Obj::tag) == Some(t)
     }
 
-    /// Is a parent of `p` on the share something other than a directory, and not ours
-    /// to replace (our own directory there, taken over from that very object)?
-    fn blocked(&self, w: usize, p: &Path) -> bool {
-        let ws = &self.ws[w];
-        for a in ancestors(p).iter().rev() {
-            match self.share.get(a) {
-                None => continue,
-                Some(e) if e.obj.is_dir() => return false,
-                Some(e) => {
-                    let ours = ws.dirty.contains(a)
-                        && ws.upper.get(a).is_some_and(Obj::is_dir)
-                        && ws.bases.get(a).copied().flatten() == Some(e.ver);
-                    return !ours;
-                }
+    /// Moves our `p` (with all it holds) out of the way for a conflict copy; the share's
+    /// object there becomes the base. Returns `p` and what moved (relative to `p`).
+    fn set_aside(
+        &mut self,
+        w: usize,
+        p: &Path,
+        cur: Option<Ver>,
+    ) -> (PathBuf, Vec<(PathBuf, Obj)>) {
+        let ws = &mut self.ws[w];
+        let mut moved = Vec::new();
+        for k in subtree(&ws.upper, p) {
+            let obj = ws.upper.remove(&k).expect("in the cache");
+            ws.dirty.remove(&k);
+            moved.push((k.strip_prefix(p).expect("below").to_path_buf(), obj));
+        }
+        ws.bases.insert(p.to_path_buf(), cur);
+        (p.to_path_buf(), moved)
+    }
+
+    /// Is a directory on the way to `p` another kind of object on the share?
+    fn share_ancestor_not_dir(&self, p: &Path) -> bool {
+        for a in ancestors(p) {
+            match self.share.get(&a) {
+                Some(e) if e.obj.is_dir() => {}
+                Some(_) => return true,
+                None => return false,
             }
         }
         false
-    }
-
-    /// Does the share hold, below `dir`, anything workstation `w` did not delete, or that
-    /// changed there since it did?
-    fn replaces_others(&self, w: usize, dir: &Path) -> bool {
-        let ws = &self.ws[w];
-        self.share.iter().any(|(k, e)| {
-            k != dir
-                && below(k, dir)
-                && !(ws.whiteouts.contains(k) && ws.bases.get(k).copied().flatten() == Some(e.ver))
-        })
     }
 
     /// rsync puts `obj` at `p` (its parents made as needed; a file replaces a directory
@@ -667,67 +666,91 @@ impl Model {
                 }
             }
         }
-        // (2) Each dirty file against its base: changed there = both versions kept.
+        // (2) Conflicts: the share changed where we send = both versions kept.
         let mut aside: Vec<(PathBuf, Vec<(PathBuf, Obj)>)> = Vec::new();
-        let mut held: BTreeSet<PathBuf> = BTreeSet::new();
         let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
-        for p in dirty {
-            if !self.ws[w].dirty.contains(&p) {
-                continue; // moved aside with its directory
-            }
-            let cur = self.share_ver(&p);
-            let base = self.ws[w].bases.get(&p).copied().flatten();
-            // A parent the share holds as a file now: ours cannot go there; it stays.
-            if cur.is_none() && self.blocked(w, &p) {
-                held.insert(p);
-                continue;
-            }
-            let Some(ours) = self.ws[w].upper.get(&p).cloned() else {
-                continue;
-            };
-            if ours.is_dir() {
-                // Our directory where the share has someone else's file: both kept.
-                if cur == base || !matches!(cur, Some(Ver::File(_))) {
+        // A directory we send into (the path itself, or one on its way in the cache) where
+        // the share has another kind of object that we did not replace ourselves: ours
+        // goes aside with all it holds.
+        let mut fine: BTreeSet<PathBuf> = BTreeSet::new();
+        for p in &dirty {
+            let mut way = ancestors(p);
+            way.push(p.clone());
+            for dir in way {
+                if fine.contains(&dir) {
                     continue;
                 }
-            } else if cur == base && !self.replaces_others(w, &p) {
-                // (A file sent over the share's directory removes all it holds: unchanged
-                // only if all of it is ours to delete.)
+                if !self.ws[w].upper.get(&dir).is_some_and(Obj::is_dir) {
+                    break;
+                }
+                let cur = match self.share.get(&dir) {
+                    Some(e) if !e.obj.is_dir() => Some(e.ver),
+                    _ => {
+                        fine.insert(dir);
+                        continue;
+                    }
+                };
+                let taken = self.ws[w].bases.get(&dir).copied();
+                if taken == Some(cur) {
+                    fine.insert(dir);
+                    continue;
+                }
+                let kind = if taken == Some(None) {
+                    ConflictKind::CreatedOnBoth
+                } else {
+                    ConflictKind::ModifiedOnBoth
+                };
+                conflicts.push((dir.clone(), kind));
+                aside.push(self.set_aside(w, &dir, cur));
+                break;
+            }
+        }
+        // Each dirty file against its base.
+        for p in &dirty {
+            if !self.ws[w].dirty.contains(p) {
+                continue; // moved aside with its directory
+            }
+            let cur = self.share_ver(p);
+            let base = self.ws[w].bases.get(p).copied().flatten();
+            if cur == base {
                 continue;
             }
+            let ours = match self.ws[w].upper.get(p) {
+                Some(o) if !o.is_dir() => o.clone(),
+                _ => continue,
+            };
             match (base, cur) {
                 (Some(_), None) => {
                     self.ws[w].bases.insert(p.clone(), None);
                     conflicts.push((p.clone(), ConflictKind::ModifiedHereDeletedThere));
                 }
                 (None, Some(c))
-                    if matches!((&self.share[&p].obj, &ours),
+                    if matches!((&self.share[p].obj, &ours),
                         (Obj::File { data: a, .. }, Obj::File { data: b, .. }) if a == b) =>
                 {
                     self.ws[w].bases.insert(p.clone(), Some(c));
                 }
                 _ => {
-                    let ws = &mut self.ws[w];
-                    let mut moved = Vec::new();
-                    for k in subtree(&ws.upper, &p) {
-                        let obj = ws.upper.remove(&k).expect("in the cache");
-                        ws.dirty.remove(&k);
-                        moved.push((k.strip_prefix(&p).expect("below").to_path_buf(), obj));
-                    }
-                    ws.bases.insert(p.clone(), cur);
                     let kind = if base.is_none() {
                         ConflictKind::CreatedOnBoth
                     } else {
                         ConflictKind::ModifiedOnBoth
                     };
                     conflicts.push((p.clone(), kind));
-                    aside.push((p, moved));
+                    aside.push(self.set_aside(w, p, cur));
                 }
             }
         }
-        // Deleted here, changed there: the share's version stays.
+        // Deleted here, changed there: the share's version stays. Below something that is
+        // no directory on the share, there is nothing to delete.
         let whiteouts: Vec<PathBuf> = self.ws[w].whiteouts.iter().cloned().collect();
         for d in whiteouts {
+            if self.share_ancestor_not_dir(&d) {
+                if !self.ws[w].upper.contains_key(&d) {
+                    self.ws[w].whiteouts.remove(&d);
+                }
+                continue;
+            }
             let cur = self.share_ver(&d);
             let base = self.ws[w].bases.get(&d).copied().flatten();
             if cur.is_none() || cur == base || self.ws[w].upper.contains_key(&d) {
@@ -737,11 +760,35 @@ impl Model {
             self.ws[w].bases.insert(d.clone(), cur);
             conflicts.push((d, ConflictKind::DeletedHereModifiedThere));
         }
+        // A file sent where the share has a directory removes all it holds: only when we
+        // deleted all of it; else ours goes aside.
+        for p in &dirty {
+            if !self.ws[w].dirty.contains(p) {
+                continue;
+            }
+            let Some(cur) = self.share.get(p).filter(|e| e.obj.is_dir()).map(|e| e.ver) else {
+                continue;
+            };
+            if self.ws[w].upper.get(p).is_none_or(Obj::is_dir) {
+                continue;
+            }
+            let ws = &self.ws[w];
+            let all_ours = self
+                .share
+                .keys()
+                .filter(|k| *k != p && below(k, p))
+                .all(|k| ws.whiteouts.contains(k));
+            if all_ours {
+                continue;
+            }
+            conflicts.push((p.clone(), ConflictKind::ModifiedOnBoth));
+            aside.push(self.set_aside(w, p, Some(cur)));
+        }
         // Our versions moved aside take their real names from the list.
         let known: BTreeSet<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| self.ws[w].upper.contains_key(*p) && !held.contains(*p))
+            .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .collect();
         let mut unknown: Vec<PathBuf> = listed
@@ -778,13 +825,13 @@ impl Model {
         let stale: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| !self.ws[w].upper.contains_key(*p) && !held.contains(*p))
+            .filter(|p| !self.ws[w].upper.contains_key(*p))
             .cloned()
             .collect();
         let files: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
-            .filter(|p| self.ws[w].upper.contains_key(*p) && !held.contains(*p))
+            .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .collect();
         if files != listed {
@@ -811,7 +858,6 @@ impl Model {
             .map(|(p, k)| (p, kind_name(k)))
             .collect();
         if crashed {
-            out.held = held.into_iter().collect();
             self.ws[w].sending = files.into_iter().zip(sent).collect();
             self.ws[w].mounted = false;
             out.conflicts.sort();
@@ -866,8 +912,7 @@ impl Model {
             ws.bases.clear();
             out.cache_dropped = true;
         }
-        out.ok = run == Run::All && out.not_sent.is_empty() && held.is_empty();
-        out.held = held.into_iter().collect();
+        out.ok = run == Run::All && out.not_sent.is_empty();
         out.remaining_dirty = ws.dirty.len();
         out.remaining_deletions = ws.whiteouts.len();
         Ok(out)

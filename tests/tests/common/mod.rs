@@ -330,3 +330,89 @@ pub fn fault_points(default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The account of a test user (made by `scripts/setup`).
+pub fn account(name: &str) -> ccfs::sys::Account {
+    ccfs::sys::user_by_name(name)
+        .expect("passwd")
+        .unwrap_or_else(|| panic!("user {name} missing: run scripts/setup"))
+}
+
+/// Runs `sh -c script` as user `name` (ids and groups, for good).
+pub fn as_user(name: &str, script: &str) -> Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid",
+            name,
+            "--regid",
+            name,
+            "--init-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("setpriv")
+}
+
+/// Every conflict copy of `name` in `dir`, sorted.
+pub fn conflict_copies(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!("{name}.ccfs-conflict-");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("ls")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A small tmpfs (root only), unmounted (lazily) when dropped: a cache that fills up.
+pub struct SmallTmpfs(pub PathBuf);
+
+impl SmallTmpfs {
+    pub fn mount(at: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).expect("mkdir");
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .expect("mount tmpfs");
+        assert!(st.success(), "needs root to mount a small tmpfs");
+        SmallTmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Runs a command with its output captured; None when it has not ended within a minute (it
+/// is killed): a guard against a hang, not a speed target.
+pub fn run_bounded(cmd: &mut Command) -> Option<Output> {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if child.try_wait().expect("wait").is_some() {
+            return Some(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}

@@ -1,0 +1,753 @@
+//! The measured loops of `scripts/bench-ccfs`, and its report.
+//!
+//! Every loop runs in one thread and makes plain system calls through std, one call per
+//! operation, timed as a whole with a monotonic clock. Each measurement is printed as one
+//! JSON line `{"target", "repeat", "op", "value", "unit"}` (higher is better for every
+//! unit); `report` folds such lines into the medians, the ratios and the tables.
+//!
+//! ```text
+//! metaops files DIR --files N --target T --repeat R    create, stat, readdir (twice), unlink
+//! metaops write FILE --bytes B --target T --repeat R   sequential write, fsync at the end
+//! metaops read FILE --target T --repeat R              sequential read (drop caches first)
+//! metaops loadgen JSON --target T --repeat R           loadgen's create and read-compiled
+//! metaops report RAW --out DIR [--bare T] [--peers T,T] [--subject PREFIX] [--meta K=V]...
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+/// Bytes each created file gets.
+const FILE_SIZE: usize = 4096;
+/// Bytes per call of the sequential write and read.
+const BLOCK: usize = 1 << 20;
+
+/// The operations in the order of the table, with their units.
+const OPS: [(&str, &str, &str); 9] = [
+    ("create", "ops/s", "create 4 KiB"),
+    ("stat", "ops/s", "stat"),
+    ("readdir", "entries/s", "readdir"),
+    ("readdir-again", "entries/s", "readdir again"),
+    ("unlink", "ops/s", "unlink"),
+    ("seq-write", "MB/s", "seq write"),
+    ("seq-read", "MB/s", "seq read"),
+    ("lg-create", "MB/s", "loadgen create"),
+    ("lg-read-compiled", "MB/s", "loadgen read-compiled"),
+];
+
+/// A failure of a loop or of the report: one line for the caller, exit 1.
+#[derive(Debug)]
+struct Failure(String);
+
+/// Adds what was being done to an I/O error.
+fn at<T, E: std::fmt::Display>(
+    r: Result<T, E>,
+    what: impl FnOnce() -> String,
+) -> Result<T, Failure> {
+    r.map_err(|e| Failure(format!("{}: {e}", what())))
+}
+
+/// Command-line flags after the subcommand and its path.
+struct Flags {
+    values: BTreeMap<String, Vec<String>>,
+}
+
+impl Flags {
+    fn parse(args: &[String]) -> Result<Self, Failure> {
+        let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let Some(name) = flag.strip_prefix("--") else {
+                return Err(Failure(format!("unexpected argument {flag}")));
+            };
+            let Some(v) = it.next() else {
+                return Err(Failure(format!("{flag} needs a value")));
+            };
+            values.entry(name.to_string()).or_default().push(v.clone());
+        }
+        Ok(Flags { values })
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .get(name)
+            .and_then(|v| v.last())
+            .map(String::as_str)
+    }
+
+    fn all(&self, name: &str) -> &[String] {
+        self.values.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    fn required(&self, name: &str) -> Result<&str, Failure> {
+        self.get(name)
+            .ok_or_else(|| Failure(format!("--{name} is required")))
+    }
+
+    fn number(&self, name: &str) -> Result<u64, Failure> {
+        let v = self.required(name)?;
+        match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(Failure(format!(
+                "--{name} {v}: expected a positive whole number"
+            ))),
+        }
+    }
+}
+
+/// Where a measurement comes from.
+struct Tag {
+    target: String,
+    repeat: u64,
+}
+
+impl Tag {
+    fn from(flags: &Flags) -> Result<Self, Failure> {
+        Ok(Tag {
+            target: flags.required("target")?.to_string(),
+            repeat: flags.number("repeat")?,
+        })
+    }
+
+    fn line(&self, op: &str, value: f64, unit: &str) -> String {
+        json!({
+            "target": self.target,
+            "repeat": self.repeat,
+            "op": op,
+            "value": value,
+            "unit": unit,
+        })
+        .to_string()
+    }
+}
+
+fn rate(count: usize, secs: f64) -> f64 {
+    count as f64 / secs.max(1e-9)
+}
+
+fn file_name(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("f{i:07}"))
+}
+
+/// create, stat, readdir (twice) and unlink of `n` files in `dir` (which must be empty).
+fn files(dir: &Path, n: usize, tag: &Tag) -> Result<(), Failure> {
+    let listed = at(fs::read_dir(dir), || format!("list {}", dir.display()))?.count();
+    if listed != 0 {
+        return Err(Failure(format!(
+            "{} is not empty ({listed} entries)",
+            dir.display()
+        )));
+    }
+    let data = vec![0xa5u8; FILE_SIZE];
+
+    let t = Instant::now();
+    for i in 0..n {
+        let path = file_name(dir, i);
+        let mut f = at(
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path),
+            || format!("create {}", path.display()),
+        )?;
+        at(f.write_all(&data), || format!("write {}", path.display()))?;
+    }
+    println!(
+        "{}",
+        tag.line("create", rate(n, t.elapsed().as_secs_f64()), "ops/s")
+    );
+
+    let t = Instant::now();
+    for i in 0..n {
+        let path = file_name(dir, i);
+        let m = at(fs::metadata(&path), || format!("stat {}", path.display()))?;
+        if m.len() != FILE_SIZE as u64 {
+            return Err(Failure(format!(
+                "stat {}: size {}, wrote {FILE_SIZE}",
+                path.display(),
+                m.len()
+            )));
+        }
+    }
+    println!(
+        "{}",
+        tag.line("stat", rate(n, t.elapsed().as_secs_f64()), "ops/s")
+    );
+
+    // The first listing is the filesystem's own; a FUSE server may let the kernel keep
+    // the listing (FOPEN_CACHE_DIR), which only the second one shows.
+    for op in ["readdir", "readdir-again"] {
+        let t = Instant::now();
+        let mut seen = 0;
+        for e in at(fs::read_dir(dir), || format!("list {}", dir.display()))? {
+            at(e, || format!("list {}", dir.display()))?;
+            seen += 1;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        if seen != n {
+            return Err(Failure(format!(
+                "list {}: {seen} entries, created {n}",
+                dir.display()
+            )));
+        }
+        println!("{}", tag.line(op, rate(n, secs), "entries/s"));
+    }
+
+    let t = Instant::now();
+    for i in 0..n {
+        let path = file_name(dir, i);
+        at(fs::remove_file(&path), || {
+            format!("unlink {}", path.display())
+        })?;
+    }
+    println!(
+        "{}",
+        tag.line("unlink", rate(n, t.elapsed().as_secs_f64()), "ops/s")
+    );
+    Ok(())
+}
+
+fn mb_per_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / 1e6 / secs.max(1e-9)
+}
+
+/// Writes `bytes` to a new `path` in 1 MiB calls; fsync and close are in the time.
+fn write(path: &Path, bytes: u64, tag: &Tag) -> Result<(), Failure> {
+    let data = vec![0x5au8; BLOCK];
+    let t = Instant::now();
+    let mut f = at(
+        OpenOptions::new().write(true).create_new(true).open(path),
+        || format!("create {}", path.display()),
+    )?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(BLOCK as u64) as usize;
+        at(f.write_all(&data[..n]), || {
+            format!("write {}", path.display())
+        })?;
+        left -= n as u64;
+    }
+    at(f.sync_all(), || format!("fsync {}", path.display()))?;
+    drop(f);
+    let secs = t.elapsed().as_secs_f64();
+    println!("{}", tag.line("seq-write", mb_per_s(bytes, secs), "MB/s"));
+    Ok(())
+}
+
+/// Reads `path` to its end in 1 MiB calls.
+fn read(path: &Path, tag: &Tag) -> Result<(), Failure> {
+    let mut buf = vec![0u8; BLOCK];
+    let t = Instant::now();
+    let mut f = at(fs::File::open(path), || format!("open {}", path.display()))?;
+    let mut total = 0u64;
+    loop {
+        let n = at(f.read(&mut buf), || format!("read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    drop(f);
+    let secs = t.elapsed().as_secs_f64();
+    let size = at(fs::metadata(path), || format!("stat {}", path.display()))?.len();
+    if total != size || total == 0 {
+        return Err(Failure(format!(
+            "read {}: {total} bytes of {size}",
+            path.display()
+        )));
+    }
+    println!("{}", tag.line("seq-read", mb_per_s(total, secs), "MB/s"));
+    Ok(())
+}
+
+/// The MB/s of loadgen's create and read-compiled phases from its JSON result.
+fn loadgen_lines(result: &Value, tag: &Tag) -> Result<Vec<String>, Failure> {
+    let phases = result["phases"]
+        .as_array()
+        .ok_or_else(|| Failure("loadgen result: no phases".into()))?;
+    let mut lines = Vec::new();
+    for (phase, op) in [
+        ("create", "lg-create"),
+        ("read-compiled", "lg-read-compiled"),
+    ] {
+        let p = phases
+            .iter()
+            .find(|p| p["name"] == phase)
+            .ok_or_else(|| Failure(format!("loadgen result: no {phase} phase")))?;
+        let errors: Vec<&str> = p["clients"]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["error"].as_str()).collect())
+            .unwrap_or_default();
+        if let Some(e) = errors.first() {
+            return Err(Failure(format!("loadgen {phase}: {e}")));
+        }
+        let mb_s = p["aggregate_mb_s"]
+            .as_f64()
+            .filter(|v| *v > 0.0)
+            .ok_or_else(|| Failure(format!("loadgen result: {phase} has no MB/s")))?;
+        lines.push(tag.line(op, mb_s, "MB/s"));
+    }
+    Ok(lines)
+}
+
+/// The median of the values (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Who is compared with whom.
+struct Roles {
+    bare: String,
+    peers: Vec<String>,
+    subject: String,
+}
+
+/// What one target gave: its measurements per operation, or why it has none.
+#[derive(Default)]
+struct Row {
+    status: Option<String>,
+    runs: BTreeMap<String, Vec<f64>>,
+}
+
+/// Folds the raw lines into rows, in the order the targets first appear.
+fn collect(raw: &str) -> Result<Vec<(String, Row)>, Failure> {
+    let mut rows: Vec<(String, Row)> = Vec::new();
+    for (i, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = at(serde_json::from_str(line), || format!("raw line {}", i + 1))?;
+        let Some(target) = v["target"].as_str() else {
+            return Err(Failure(format!("raw line {}: no target", i + 1)));
+        };
+        let idx = match rows.iter().position(|(t, _)| t == target) {
+            Some(idx) => idx,
+            None => {
+                rows.push((target.to_string(), Row::default()));
+                rows.len() - 1
+            }
+        };
+        let row = &mut rows[idx].1;
+        if let Some(status) = v["status"].as_str() {
+            // "not installed" stays; a failure is kept unless one was already noted.
+            if row.status.is_none() {
+                row.status = Some(status.to_string());
+            }
+            continue;
+        }
+        let (Some(op), Some(value)) = (v["op"].as_str(), v["value"].as_f64()) else {
+            return Err(Failure(format!("raw line {}: no op or value", i + 1)));
+        };
+        row.runs.entry(op.to_string()).or_default().push(value);
+    }
+    Ok(rows)
+}
+
+/// One measured cell: the median and its ratios.
+struct Cell {
+    median: f64,
+    runs: Vec<f64>,
+    vs_bare: Option<f64>,
+    vs_peer: Option<f64>,
+}
+
+fn cells(rows: &[(String, Row)], roles: &Roles) -> Vec<BTreeMap<&'static str, Cell>> {
+    let med = |target: &str, op: &str| {
+        rows.iter()
+            .find(|(t, _)| t == target)
+            .and_then(|(_, r)| r.runs.get(op))
+            .and_then(|v| median(v))
+    };
+    rows.iter()
+        .map(|(target, row)| {
+            let mut out = BTreeMap::new();
+            for (op, _, _) in OPS {
+                let Some(runs) = row.runs.get(op) else {
+                    continue;
+                };
+                let Some(m) = median(runs) else { continue };
+                let vs_bare = med(&roles.bare, op).map(|b| m / b);
+                let best_peer = roles
+                    .peers
+                    .iter()
+                    .filter_map(|p| med(p, op))
+                    .max_by(|a, b| a.total_cmp(b));
+                let vs_peer = if target.starts_with(&roles.subject) {
+                    best_peer.map(|p| m / p)
+                } else {
+                    None
+                };
+                out.insert(
+                    op,
+                    Cell {
+                        median: m,
+                        runs: runs.clone(),
+                        vs_bare,
+                        vs_peer,
+                    },
+                );
+            }
+            out
+        })
+        .collect()
+}
+
+/// A number with three significant digits at least, thousands grouped.
+fn human(v: f64) -> String {
+    if v >= 100.0 {
+        let s = format!("{:.0}", v);
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The Markdown report: what was measured where, and the table.
+fn markdown(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles) -> String {
+    let table = cells(rows, roles);
+    let mut s = String::from("# bench-ccfs results\n\n");
+    for (k, v) in meta {
+        let _ = writeln!(s, "- {k}: {v}");
+    }
+    let _ = writeln!(
+        s,
+        "\nMedians of the repeats; higher is better everywhere. In each cell: the value, \
+         its ratio to {} (`x bare`) and, in the {}* rows, to the best FUSE peer for that \
+         operation (the higher of {}: `x peer`). Only ratios from one run count.\n",
+        roles.bare,
+        roles.subject,
+        roles.peers.join(", ")
+    );
+    s.push_str("| target |");
+    for (_, unit, title) in OPS {
+        let _ = write!(s, " {title} ({unit}) |");
+    }
+    s.push_str("\n|---|");
+    for _ in OPS {
+        s.push_str("---:|");
+    }
+    s.push('\n');
+    for ((target, row), cells) in rows.iter().zip(&table) {
+        let _ = write!(s, "| {target} |");
+        if let Some(status) = &row.status {
+            if cells.is_empty() {
+                for _ in OPS {
+                    let _ = write!(s, " {status} |");
+                }
+                s.push('\n');
+                continue;
+            }
+        }
+        for (op, _, _) in OPS {
+            match cells.get(op) {
+                None => s.push_str(" - |"),
+                Some(c) => {
+                    let _ = write!(s, " {}", human(c.median));
+                    if target != &roles.bare {
+                        if let Some(r) = c.vs_bare {
+                            let _ = write!(s, " ({r:.2}x bare");
+                            match c.vs_peer {
+                                Some(p) => {
+                                    let _ = write!(s, ", {p:.2}x peer)");
+                                }
+                                None => s.push(')'),
+                            }
+                        }
+                    }
+                    s.push_str(" |");
+                }
+            }
+        }
+        s.push('\n');
+    }
+    let notes: Vec<String> = rows
+        .iter()
+        .filter_map(|(t, r)| r.status.as_ref().map(|st| format!("- {t}: {st}")))
+        .collect();
+    if !notes.is_empty() {
+        s.push_str("\nTargets with problems:\n\n");
+        s.push_str(&notes.join("\n"));
+        s.push('\n');
+    }
+    s
+}
+
+/// The JSON report: the same numbers with every repeat.
+fn report_json(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles) -> Value {
+    let table = cells(rows, roles);
+    let targets: Vec<Value> = rows
+        .iter()
+        .zip(&table)
+        .map(|((target, row), cells)| {
+            let ops: serde_json::Map<String, Value> = cells
+                .iter()
+                .map(|(op, c)| {
+                    (
+                        op.to_string(),
+                        json!({
+                            "median": c.median,
+                            "runs": c.runs,
+                            "ratio_to_bare": c.vs_bare,
+                            "ratio_to_best_fuse_peer": c.vs_peer,
+                        }),
+                    )
+                })
+                .collect();
+            json!({ "name": target, "status": row.status, "ops": ops })
+        })
+        .collect();
+    let meta: serde_json::Map<String, Value> = meta
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    json!({
+        "schema": "bench-ccfs/1",
+        "meta": meta,
+        "bare": roles.bare,
+        "fuse_peers": roles.peers,
+        "ops": OPS.iter().map(|(op, unit, _)| json!({"name": op, "unit": unit})).collect::<Vec<_>>(),
+        "targets": targets,
+    })
+}
+
+fn report(raw_path: &Path, flags: &Flags) -> Result<(), Failure> {
+    let out = PathBuf::from(flags.required("out")?);
+    let roles = Roles {
+        bare: flags.get("bare").unwrap_or("tmpfs").to_string(),
+        peers: flags
+            .get("peers")
+            .unwrap_or("bindfs,fuse-overlayfs")
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        subject: flags.get("subject").unwrap_or("ccfs").to_string(),
+    };
+    let mut meta = Vec::new();
+    for kv in flags.all("meta") {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(Failure(format!("--meta {kv}: expected KEY=VALUE")));
+        };
+        meta.push((k.to_string(), v.to_string()));
+    }
+    let raw = at(fs::read_to_string(raw_path), || {
+        format!("read {}", raw_path.display())
+    })?;
+    let rows = collect(&raw)?;
+    let md = markdown(&meta, &rows, &roles);
+    let js = report_json(&meta, &rows, &roles);
+    let md_path = out.join("results.md");
+    at(fs::write(&md_path, &md), || {
+        format!("write {}", md_path.display())
+    })?;
+    let js_path = out.join("results.json");
+    let text = at(serde_json::to_string_pretty(&js), || {
+        "encode JSON".to_string()
+    })?;
+    at(fs::write(&js_path, text + "\n"), || {
+        format!("write {}", js_path.display())
+    })?;
+    print!("{md}");
+    Ok(())
+}
+
+fn run(args: &[String]) -> Result<(), Failure> {
+    let (Some(cmd), Some(path)) = (args.first(), args.get(1)) else {
+        return Err(Failure(
+            "usage: metaops files|write|read|loadgen|report PATH [--flag value]...".into(),
+        ));
+    };
+    let path = Path::new(path);
+    let flags = Flags::parse(&args[2..])?;
+    match cmd.as_str() {
+        "files" => {
+            let n = flags.number("files")? as usize;
+            files(path, n, &Tag::from(&flags)?)
+        }
+        "write" => write(path, flags.number("bytes")?, &Tag::from(&flags)?),
+        "read" => read(path, &Tag::from(&flags)?),
+        "loadgen" => {
+            let text = at(fs::read_to_string(path), || {
+                format!("read {}", path.display())
+            })?;
+            let v: Value = at(serde_json::from_str(&text), || {
+                format!("parse {}", path.display())
+            })?;
+            for line in loadgen_lines(&v, &Tag::from(&flags)?)? {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        "report" => report(path, &flags),
+        other => Err(Failure(format!(
+            "unknown command {other} (files, write, read, loadgen, report)"
+        ))),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(msg)) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("metaops: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles() -> Roles {
+        Roles {
+            bare: "tmpfs".into(),
+            peers: vec!["bindfs".into(), "fuse-overlayfs".into()],
+            subject: "ccfs".into(),
+        }
+    }
+
+    fn line(target: &str, repeat: u64, op: &str, value: f64) -> String {
+        Tag {
+            target: target.into(),
+            repeat,
+        }
+        .line(op, value, "ops/s")
+    }
+
+    #[test]
+    fn median_takes_the_middle() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn ccfs_rows_compare_with_the_best_peer_per_operation() {
+        let raw = [
+            line("tmpfs", 1, "create", 1000.0),
+            line("bindfs", 1, "create", 200.0),
+            line("fuse-overlayfs", 1, "create", 400.0),
+            line("ccfs-cached", 1, "create", 100.0),
+            line("ccfs-cached", 2, "create", 300.0),
+            line("ccfs-cached", 3, "create", 200.0),
+            line("tmpfs", 1, "stat", 1000.0),
+            line("bindfs", 1, "stat", 500.0),
+            line("fuse-overlayfs", 1, "stat", 250.0),
+            line("ccfs-cached", 1, "stat", 250.0),
+        ]
+        .join("\n");
+        let rows = collect(&raw).expect("collect");
+        let table = cells(&rows, &roles());
+        let ccfs = &table[3];
+        assert_eq!(ccfs["create"].median, 200.0);
+        assert_eq!(ccfs["create"].vs_bare, Some(0.2));
+        assert_eq!(ccfs["create"].vs_peer, Some(0.5), "against fuse-overlayfs");
+        assert_eq!(ccfs["stat"].vs_peer, Some(0.5), "against bindfs");
+        assert_eq!(table[1]["create"].vs_peer, None, "peers get no peer ratio");
+    }
+
+    #[test]
+    fn a_missing_tool_is_a_row_that_says_so() {
+        let raw = [
+            line("tmpfs", 1, "create", 1000.0),
+            r#"{"target":"bindfs","status":"not installed"}"#.to_string(),
+            line("ccfs-cached", 1, "create", 500.0),
+        ]
+        .join("\n");
+        let rows = collect(&raw).expect("collect");
+        let md = markdown(&[], &rows, &roles());
+        let bindfs = md
+            .lines()
+            .find(|l| l.starts_with("| bindfs |"))
+            .expect("bindfs row");
+        assert_eq!(bindfs.matches("not installed").count(), OPS.len());
+        let ccfs = md
+            .lines()
+            .find(|l| l.starts_with("| ccfs-cached |"))
+            .expect("ccfs row");
+        assert!(ccfs.contains("500 (0.50x bare)"), "{ccfs}");
+        let js = report_json(&[], &rows, &roles());
+        assert_eq!(js["targets"][1]["status"], "not installed");
+        assert_eq!(js["targets"][2]["ops"]["create"]["ratio_to_bare"], 0.5);
+    }
+
+    #[test]
+    fn loadgen_phases_become_lines_and_errors_fail() {
+        let tag = Tag {
+            target: "tmpfs".into(),
+            repeat: 2,
+        };
+        let ok = json!({"phases": [
+            {"name": "create", "aggregate_mb_s": 120.5, "clients": [{"error": null}]},
+            {"name": "compile", "aggregate_mb_s": 1.0, "clients": [{"error": null}]},
+            {"name": "read-compiled", "aggregate_mb_s": 300.0, "clients": [{"error": null}]},
+        ]});
+        let lines = loadgen_lines(&ok, &tag).expect("lines");
+        let parsed: Vec<Value> = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(parsed[0]["op"], "lg-create");
+        assert_eq!(parsed[0]["value"], 120.5);
+        assert_eq!(parsed[1]["op"], "lg-read-compiled");
+        assert_eq!(parsed[1]["repeat"], 2);
+        let failed = json!({"phases": [
+            {"name": "create", "aggregate_mb_s": 0.0, "clients": [{"error": "ENOSPC"}]},
+        ]});
+        let err = loadgen_lines(&failed, &tag).expect_err("an error");
+        assert!(err.0.contains("ENOSPC"), "{}", err.0);
+    }
+
+    #[test]
+    fn the_loops_count_what_they_did() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tag = Tag {
+            target: "here".into(),
+            repeat: 1,
+        };
+        files(dir.path(), 50, &tag).expect("files");
+        assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 0);
+        let f = dir.path().join("seq");
+        write(&f, 3 * BLOCK as u64 + 5, &tag)
+            .map_err(|f| f.0)
+            .expect("write");
+        assert_eq!(fs::metadata(&f).expect("stat").len(), 3 * BLOCK as u64 + 5);
+        read(&f, &tag).expect("read");
+        fs::write(dir.path().join("stray"), b"x").expect("stray");
+        let err = files(dir.path(), 5, &tag).expect_err("refused");
+        assert!(err.0.contains("not empty"), "{}", err.0);
+    }
+
+    #[test]
+    fn human_groups_thousands() {
+        assert_eq!(human(1234567.4), "1,234,567");
+        assert_eq!(human(123.4), "123");
+        assert_eq!(human(12.34), "12.3");
+        assert_eq!(human(1.234), "1.23");
+    }
+}
