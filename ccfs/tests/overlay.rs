@@ -1032,3 +1032,24 @@ fn model_regression_a_renamed_directory_takes_its_synced_files_along() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model): on a workstation whose files carry mtimes ten
+/// years ahead, a synced file is written again and the next sync's rsync fails before
+/// sending anything. The share's older copy has an mtime between the hand-over and the
+/// cache copy's future mtime, and was taken for a version written during the sync: the new
+/// write was marked sent and lost at the logout.
+#[test]
+fn model_regression_a_future_mtime_makes_no_older_share_copy_ours() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [0, model::SKEW],
+        vec![
+            Write(1, 0, 1, 1),
+            Sync(1),
+            Write(1, 0, 2, 2),
+            FailSync(1, 0, false),
+        ],
+    )
+    .expect("model");
+}

@@ -153,9 +153,12 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
             (since.0 - 1, since.1 + 1_000_000_000 - lag.1)
         }
     };
-    match (sent.and_then(|s| s.since), now) {
-        (Some(since), Some((_, now_mtime))) => {
-            now_mtime > since && earliest(since) <= t.1 && t.1 <= now_mtime
+    // Written after the hand-over is what the cache copy's ctime says: its mtime may have
+    // been set to any time (`touch -d`, `cp -p`, a file from a machine whose clock is ahead),
+    // and a future one opened the window to every later file.
+    match (sent.and_then(|s| s.since), ours.filter(|o| o.is_file())) {
+        (Some(since), Some(o)) => {
+            o.ctime() > since && earliest(since) <= t.1 && t.1 <= o.mtime().min(o.ctime())
         }
         _ => false,
     }
@@ -1249,6 +1252,23 @@ mod tests {
             &stat_of("i", b"v0", 999),
             Some(&unchanged),
             Some(just_before)
+        ));
+        // A cache copy with an mtime in the future, not changed since the hand-over: the
+        // share's older version, whose mtime lies between the two, is not ours.
+        let real_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64;
+        let future = stat_of("future", b"v1", real_now + 10_000_000);
+        let handed_later = Sent {
+            size: future.len(),
+            mtime: future.mtime(),
+            since: Some((real_now + 1000, 0)),
+        };
+        assert!(!is_our_transfer(
+            &stat_of("j", b"v0", real_now + 2000),
+            Some(&future),
+            Some(handed_later)
         ));
         let old_journal = Some(Sent {
             since: None,
