@@ -79,6 +79,10 @@ pub enum Op {
     Logout(usize),
     /// kill -9 of the daemon: no sync.
     Crash(usize),
+    /// The share stops answering this workstation (ENOTCONN, its gate closed) ...
+    ShareDown(usize),
+    /// ... and answers again.
+    ShareUp(usize),
     /// The daemon dies while rsync has sent the first k files.
     CrashInSync(usize, usize),
 }
@@ -98,6 +102,8 @@ impl Op {
             | Op::FailSync(w, ..)
             | Op::Logout(w)
             | Op::Crash(w)
+            | Op::ShareDown(w)
+            | Op::ShareUp(w)
             | Op::CrashInSync(w, _) => *w,
         };
         w % WORKSTATIONS
@@ -122,7 +128,9 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
         3 => w.clone().prop_map(Op::Logout),
         1 => w.clone().prop_map(Op::Crash),
-        1 => (w, 0..4usize).prop_map(|(w, k)| Op::CrashInSync(w, k)),
+        1 => (w.clone(), 0..4usize).prop_map(|(w, k)| Op::CrashInSync(w, k)),
+        1 => w.clone().prop_map(Op::ShareDown),
+        1 => w.prop_map(Op::ShareUp),
     ]
 }
 
@@ -676,11 +684,20 @@ impl World {
         }
         for (w, o) in self.overlays.iter().enumerate() {
             let Some(o) = o else { continue };
-            let want: Tree = model
-                .view(w)
-                .iter()
-                .map(|(p, o)| (p.clone(), node(o)))
-                .collect();
+            let want = if model.share_down(w) {
+                match model.view_while_down(w) {
+                    Some(v) => v,
+                    None if overlay_view(o).is_err() => continue,
+                    None => {
+                        return Err(format!(
+                            "workstation {w} shows its root while the share is down and the cache lacks it"
+                        ))
+                    }
+                }
+            } else {
+                model.view(w)
+            };
+            let want: Tree = want.iter().map(|(p, o)| (p.clone(), node(o))).collect();
             let got = overlay_view(o)?;
             if want != got {
                 return Err(format!(
@@ -867,6 +884,12 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
                 Ok(())
             }
             Op::CrashInSync(_, k) => world.crash_in_sync(&mut model, w, *k),
+            Op::ShareDown(_) | Op::ShareUp(_) => {
+                let down = matches!(op, Op::ShareDown(_));
+                world.overlay(w).share_gate().set_closed(down);
+                model.set_share_down(w, down);
+                Ok(())
+            }
             other => world.apply(&mut model, other),
         }
         .map_err(at)?;

@@ -75,6 +75,9 @@ pub struct Ws {
     /// What a sync cut short by a crash was sending (size and mtime), until the next sync
     /// settles it.
     pub sending: BTreeMap<PathBuf, Option<(usize, u64)>>,
+    /// The share does not answer this workstation (its gate is closed): only what the
+    /// cache holds can be used.
+    pub share_down: bool,
 }
 
 impl Ws {
@@ -302,6 +305,39 @@ impl Model {
         out
     }
 
+    /// While the share does not answer: what the cache holds (None when it cannot even
+    /// show the root, which is then only on the share).
+    pub fn view_while_down(&self, w: usize) -> Option<BTreeMap<PathBuf, Obj>> {
+        let upper = &self.ws[w].upper;
+        upper.get(Path::new(ROOT))?;
+        let mut out = BTreeMap::new();
+        let mut stack = vec![PathBuf::from(ROOT)];
+        while let Some(p) = stack.pop() {
+            let Some(o) = upper.get(&p) else { continue };
+            if o.is_dir() {
+                stack.extend(upper.keys().filter(|k| k.parent() == Some(&p)).cloned());
+            }
+            out.insert(p, o.clone());
+        }
+        Some(out)
+    }
+
+    /// While the share does not answer, a path is reached only through the cache's
+    /// directories.
+    fn parents_in_cache(&self, w: usize, p: &Path) -> bool {
+        ancestors(p)
+            .iter()
+            .all(|a| self.ws[w].upper.get(a).is_some_and(Obj::is_dir))
+    }
+
+    pub fn share_down(&self, w: usize) -> bool {
+        self.ws[w].share_down
+    }
+
+    pub fn set_share_down(&mut self, w: usize, down: bool) {
+        self.ws[w].share_down = down;
+    }
+
     /// Everything workstation `w` shows below the root, reached by listing directories.
     pub fn view(&self, w: usize) -> BTreeMap<PathBuf, Obj> {
         let mut out = BTreeMap::new();
@@ -319,7 +355,11 @@ impl Model {
     }
 
     /// The kernel walks to a path through its parents: each must be a directory.
+    /// (While the share does not answer, only through the cache's own directories.)
     fn parents_ok(&self, w: usize, p: &Path) -> bool {
+        if self.ws[w].share_down {
+            return self.parents_in_cache(w, p);
+        }
         ancestors(p)
             .iter()
             .all(|a| self.lookup(w, a).is_some_and(|o| o.is_dir()))
@@ -366,7 +406,17 @@ impl Model {
             return false;
         }
         let stamp = self.stamp();
-        match self.lookup(w, p) {
+        let found = if self.ws[w].share_down {
+            // Without the share: the cache's file, or a new one where the session took the
+            // name over before (its base is known).
+            match self.ws[w].upper.get(p) {
+                None if !self.ws[w].bases.contains_key(p) => return false,
+                other => other.cloned(),
+            }
+        } else {
+            self.lookup(w, p)
+        };
+        match found {
             Some(Obj::Dir) => false,
             Some(Obj::File { .. }) => {
                 self.copy_up(w, p);
@@ -404,7 +454,12 @@ impl Model {
         p: &Path,
         f: impl FnOnce(&mut Vec<u8>, &mut u32, &mut u64),
     ) -> bool {
-        if !self.parents_ok(w, p) || !matches!(self.lookup(w, p), Some(Obj::File { .. })) {
+        let found = if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        };
+        if !self.parents_ok(w, p) || !matches!(found, Some(Obj::File { .. })) {
             return false;
         }
         self.copy_up(w, p);
@@ -447,8 +502,17 @@ impl Model {
         }
     }
 
+    /// Without the share a removal cannot tell whether there is something to delete
+    /// there: it fails (unless a deletion above hides the share's side).
+    fn removal_needs_share(&self, w: usize, p: &Path) -> bool {
+        self.ws[w].share_down && !self.hidden(w, p)
+    }
+
     pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
-        if !self.parents_ok(w, p) || !matches!(self.lookup(w, p), Some(Obj::File { .. })) {
+        if !self.parents_ok(w, p)
+            || !matches!(self.lookup(w, p), Some(Obj::File { .. }))
+            || self.removal_needs_share(w, p)
+        {
             return false;
         }
         self.remove(w, p);
@@ -456,7 +520,12 @@ impl Model {
     }
 
     pub fn mkdir(&mut self, w: usize, p: &Path) -> bool {
-        if !self.parents_ok(w, p) || self.lookup(w, p).is_some() {
+        let exists = if self.ws[w].share_down {
+            self.ws[w].upper.contains_key(p) || !self.ws[w].bases.contains_key(p)
+        } else {
+            self.lookup(w, p).is_some()
+        };
+        if !self.parents_ok(w, p) || exists {
             return false;
         }
         self.ensure_parents(w, p);
@@ -470,6 +539,7 @@ impl Model {
         if !self.parents_ok(w, p)
             || !matches!(self.lookup(w, p), Some(Obj::Dir))
             || !self.list(w, p).is_empty()
+            || self.removal_needs_share(w, p)
         {
             return false;
         }
@@ -482,11 +552,19 @@ impl Model {
         if !self.parents_ok(w, from) || !self.parents_ok(w, to) {
             return false;
         }
-        let Some(src) = self.lookup(w, from) else {
+        let src = if self.ws[w].share_down {
+            self.ws[w].upper.get(from).cloned()
+        } else {
+            self.lookup(w, from)
+        };
+        let Some(src) = src else {
             return false;
         };
         if from == to {
             return true;
+        }
+        if self.ws[w].share_down {
+            return false; // it must know whether the share has `from`
         }
         if below(to, from) {
             return false;
@@ -554,6 +632,7 @@ impl Model {
     pub fn login_needs_recovery(&mut self, w: usize) -> bool {
         let ws = &mut self.ws[w];
         ws.mounted = true;
+        ws.share_down = false;
         if ws.has_work() {
             return true;
         }
@@ -654,6 +733,27 @@ impl Model {
         ino_of: &dyn Fn(&Path) -> Option<u64>,
     ) -> Result<Outcome, String> {
         let mut out = Outcome::default();
+        if self.ws[w].share_down {
+            // Nothing can be checked against the share: every change is held back and
+            // named, nothing is sent, the cache keeps it all.
+            if !listed.is_empty() {
+                return Err(format!("rsync ran while the share was down: {listed:?}"));
+            }
+            let ws = &mut self.ws[w];
+            if matches!(run, Run::CrashAfter(_)) {
+                ws.mounted = false;
+                return Ok(out);
+            }
+            out.ok = ws.dirty.is_empty() && ws.whiteouts.is_empty();
+            if drop_when_clean && out.ok {
+                ws.upper.clear();
+                ws.bases.clear();
+                out.cache_dropped = true;
+            }
+            out.remaining_dirty = ws.dirty.len();
+            out.remaining_deletions = ws.whiteouts.len();
+            return Ok(out);
+        }
         let mut conflicts: Vec<(PathBuf, ConflictKind)> = Vec::new();
         // (1) What a crashed sync was sending: our own transfer becomes the base.
         let leftover = std::mem::take(&mut self.ws[w].sending);
