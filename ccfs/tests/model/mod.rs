@@ -416,8 +416,8 @@ impl World {
             }
             (out, _) => {
                 return Err(format!(
-                    "at login the model {} a recovery, ccfs {}",
-                    if recovers { "expects" } else { "expects no" },
+                    "at login the model expects {} recovery, ccfs {}",
+                    if recovers { "a" } else { "no" },
                     if out.is_some() { "ran one" } else { "ran none" }
                 ))
             }
