@@ -133,9 +133,6 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
     }
-    if ours.is_some_and(|o| o.is_file() && o.mode() & 0o7777 != theirs.mode() & 0o7777) {
-        return false;
-    }
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
