@@ -692,6 +692,31 @@ impl Overlay {
         })
     }
 
+    /// Journals a copy-up of `rel` from the share object `meta`, before the cache changes:
+    /// where it came from, its base if the cache had not taken it over (the version the
+    /// user's changes start from), a database's base for its WAL or journal, and dirty.
+    fn journal_copy_up(&self, inner: &mut Inner, rel: &Path, meta: &Stat) -> FsResult<()> {
+        let mut records = vec![Record::Origin(
+            rel.to_path_buf(),
+            Origin {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        )];
+        if !inner.state.taken_over(rel) {
+            records.push(Record::Base(
+                rel.to_path_buf(),
+                Some(session::share_id_of(meta)),
+            ));
+        }
+        records.extend(self.database_base(inner, rel)?);
+        records.push(Record::Dirty(rel.to_path_buf()));
+        self.record(inner, &records)?;
+        inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Copies one cached path up from the share, if it is not in the cache yet.
     fn copy_up(&self, inner: &mut Inner, rel: &Path, with_data: bool, ctx: &Ctx) -> FsResult<()> {
         self.copy_up_of(inner, rel, with_data, ctx, None)
@@ -720,25 +745,7 @@ impl Overlay {
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
-        let mut records = vec![Record::Origin(
-            rel.to_path_buf(),
-            Origin {
-                dev: meta.dev(),
-                ino: meta.ino(),
-            },
-        )];
-        if !inner.state.taken_over(rel) {
-            // The version copied is the one the user's changes start from.
-            records.push(Record::Base(
-                rel.to_path_buf(),
-                Some(session::share_id_of(&meta)),
-            ));
-        }
-        records.extend(self.database_base(inner, rel)?);
-        records.push(Record::Dirty(rel.to_path_buf()));
-        self.record(inner, &records)?;
-        inner.touched.insert(rel.to_path_buf());
-        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        self.journal_copy_up(inner, rel, &meta)?;
         let tmp = self.tmp_rel();
         let dst = up(rel);
         let result = self
@@ -970,24 +977,7 @@ impl Overlay {
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(&inner, parent, ctx)?;
         }
-        let mut records = vec![Record::Origin(
-            rel.to_path_buf(),
-            Origin {
-                dev: meta.dev(),
-                ino: meta.ino(),
-            },
-        )];
-        if !inner.state.taken_over(rel) {
-            // The version the handle's writes start from, whatever the share holds now.
-            records.push(Record::Base(
-                rel.to_path_buf(),
-                Some(session::share_id_of(&meta)),
-            ));
-        }
-        records.push(Record::Dirty(rel.to_path_buf()));
-        self.record(&mut inner, &records)?;
-        inner.touched.insert(rel.to_path_buf());
-        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        self.journal_copy_up(&mut inner, rel, &meta)?;
         let tmp = self.tmp_rel();
         let copied = self
             .copy_open_file(src, &meta, &tmp)
