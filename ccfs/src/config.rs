@@ -15,7 +15,13 @@
 //!
 //! [mount]
 //! threads = 4                     # FUSE request threads
-//! attr_timeout_ms = 1000          # how long the kernel may cache attributes and names
+//! attr_timeout_ms = 1000          # how long the kernel may keep names, attributes and
+//!                                 # missing names of what is on the share (another
+//!                                 # workstation of the same user may change them)
+//! cache_timeout_ms = 600000       # the same for what the cache holds (only this mount
+//!                                 # changes it)
+//! kernel_passthrough = true       # the kernel reads and writes open files itself
+//!                                 # (Linux 6.9 or later; off: through the daemon)
 //! allow_other = false             # root's mounts for a user: let other local users (and
 //!                                 # root) in, with the usual permission checks; off, only
 //!                                 # the user gets in, so a daemon the user stops can hold
@@ -74,6 +80,8 @@ impl Default for SyncSection {
 pub struct MountSection {
     pub threads: usize,
     pub attr_timeout_ms: u64,
+    pub cache_timeout_ms: u64,
+    pub kernel_passthrough: bool,
     pub allow_other: bool,
 }
 
@@ -82,6 +90,8 @@ impl Default for MountSection {
         Self {
             threads: 4,
             attr_timeout_ms: 1000,
+            cache_timeout_ms: 600_000,
+            kernel_passthrough: true,
             allow_other: false,
         }
     }
@@ -126,7 +136,12 @@ pub struct Settings {
     /// Periodic sync while mounted; None: only at logout.
     pub sync_interval: Option<Duration>,
     pub threads: usize,
+    /// How long the kernel may keep what the share holds.
     pub attr_timeout: Duration,
+    /// How long the kernel may keep what the cache holds.
+    pub cache_timeout: Duration,
+    /// Kernel passthrough of open files (see [`crate::backing`]).
+    pub kernel_passthrough: bool,
     /// A mount root makes for a user lets other local users in (see the file's doc).
     pub allow_other: bool,
 }
@@ -141,6 +156,8 @@ impl Default for Settings {
             sync_interval: Some(Duration::from_secs(600)),
             threads: 4,
             attr_timeout: Duration::from_millis(1000),
+            cache_timeout: Duration::from_millis(600_000),
+            kernel_passthrough: true,
             allow_other: false,
         }
     }
@@ -234,6 +251,17 @@ impl Settings {
         if raw.mount.threads == 0 || raw.mount.threads > 256 {
             return Err(value_err("[mount].threads must be between 1 and 256"));
         }
+        // A day at most: the kernel would keep a stale name of the share that long.
+        for (key, ms) in [
+            ("attr_timeout_ms", raw.mount.attr_timeout_ms),
+            ("cache_timeout_ms", raw.mount.cache_timeout_ms),
+        ] {
+            if ms > 86_400_000 {
+                return Err(value_err(&format!(
+                    "[mount].{key} must be at most 86400000 (a day)"
+                )));
+            }
+        }
         if raw.sync.rsync.trim().is_empty() {
             return Err(value_err("[sync].rsync must name the rsync binary"));
         }
@@ -259,6 +287,8 @@ impl Settings {
                 .then(|| Duration::from_secs(raw.sync.interval_secs)),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
+            cache_timeout: Duration::from_millis(raw.mount.cache_timeout_ms),
+            kernel_passthrough: raw.mount.kernel_passthrough,
             allow_other: raw.mount.allow_other,
         })
     }

@@ -1046,6 +1046,19 @@ impl UserMount {
         })
     }
 
+    /// Starts the broker that registers backing files for kernel passthrough (see
+    /// [`sys::spawn_backing_broker`]) with a copy of this mount's FUSE channel.
+    fn spawn_broker(&self, user: &Account) -> anyhow::Result<std::os::fd::OwnedFd> {
+        let channel = self
+            .channel
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the FUSE channel was already taken"))?;
+        Ok(sys::spawn_backing_broker(
+            std::os::fd::AsFd::as_fd(channel),
+            user,
+        )?)
+    }
+
     fn take_channel(&mut self) -> anyhow::Result<std::os::fd::OwnedFd> {
         self.channel
             .take()
@@ -1155,9 +1168,22 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // it), then drops root for good, before anything in the cache (the user's) is opened.
     // Everything after runs as the user, with the user's groups, and cannot become root
     // again: the share sees the user (NFS root_squash works) and the cache is theirs.
+    let io = Arc::new(crate::backing::Passthrough::new(
+        plan.settings.kernel_passthrough,
+    ));
     let mut user_mount = match &plan.user {
         Some(u) if started_as_root => {
             let m = UserMount::mount(plan, &config, u)?;
+            // Kernel passthrough needs CAP_SYS_ADMIN to register a backing file, which
+            // the daemon gives up below: a broker keeps it, and nothing else.
+            if plan.settings.kernel_passthrough {
+                match m.spawn_broker(u) {
+                    Ok(sock) => io.set_registrar(crate::backing::Registrar::Broker(
+                        std::sync::Mutex::new(sock),
+                    )),
+                    Err(e) => io.disable(&format!("cannot start its broker: {e}")),
+                }
+            }
             sys::drop_privileges(u)
                 .map_err(|e| anyhow::anyhow!("cannot become user {}: {e}", LogText(&u.name)))?;
             Some(m)
@@ -1216,11 +1242,23 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
     }
 
-    let fs = CcfsFs::new(overlay.clone(), plan.settings.attr_timeout)?;
+    let timeouts = crate::fuse::Timeouts {
+        share: plan.settings.attr_timeout,
+        cache: plan.settings.cache_timeout,
+    };
+    let fs = CcfsFs::new(overlay.clone(), timeouts, io.clone());
     let mut session = match user_mount.as_mut() {
         Some(m) => fuser::Session::from_fd(fs, m.take_channel()?, config.acl, config.clone())?,
         None => fuser::Session::new(fs, &plan.mountpoint, &config)?,
     };
+    if user_mount.is_none() && plan.settings.kernel_passthrough {
+        if sys::geteuid() == 0 {
+            let dev = std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?;
+            io.set_registrar(crate::backing::Registrar::Direct(dev));
+        } else {
+            io.disable("it needs a mount started by root");
+        }
+    }
     let mut unmounter = session.unmount_callable();
     let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
     let mut signals = signal_hook::iterator::Signals::new([

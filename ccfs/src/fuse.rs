@@ -21,9 +21,10 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
+use crate::backing::{IoMode, OpenKind, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::overlay::{Binding, Ctx, Deferral, Overlay, SetAttr};
+use crate::overlay::{Binding, Ctx, Deferral, Layer, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
 use crate::nodes::Nodes;
@@ -33,6 +34,8 @@ enum Handle {
     File {
         io: RwLock<FileIo>,
         node: u64,
+        /// How the kernel does this handle's I/O (see [`crate::backing`]).
+        mode: IoMode,
     },
     Dir {
         entries: Vec<(u64, FileType, std::ffi::OsString)>,
@@ -59,7 +62,13 @@ struct Deferred {
 }
 
 impl Handle {
-    fn file(node: u64, file: File, writer: Option<u64>, deferred: Option<Deferred>) -> Self {
+    fn file(
+        node: u64,
+        file: File,
+        writer: Option<u64>,
+        deferred: Option<Deferred>,
+        mode: IoMode,
+    ) -> Self {
         Handle::File {
             io: RwLock::new(FileIo {
                 file,
@@ -67,8 +76,42 @@ impl Handle {
                 deferred,
             }),
             node,
+            mode,
         }
     }
+}
+
+/// How long the kernel may keep what ccfs answered, by where the answer came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Names, attributes and missing names on the share (another workstation of the same
+    /// user may change them).
+    pub share: Duration,
+    /// Names and attributes of what the cache holds (only this mount changes it).
+    pub cache: Duration,
+}
+
+/// The open flags that tell the kernel how to do a handle's I/O.
+fn fopen_flags(mode: IoMode) -> FopenFlags {
+    // ccfs has nothing to do at close (FLUSH): the kernel need not ask.
+    let mut f = FopenFlags::FOPEN_NOFLUSH;
+    match mode {
+        IoMode::Passthrough(_) => {}
+        IoMode::Cached { keep_cache: true } => f |= FopenFlags::FOPEN_KEEP_CACHE,
+        IoMode::Cached { keep_cache: false } => {}
+        IoMode::Direct => f |= FopenFlags::FOPEN_DIRECT_IO,
+    }
+    f
+}
+
+/// Whether the flags of an open ask for what only the daemon's own descriptor does as
+/// asked (an append, or uncached I/O, goes through the daemon).
+fn needs_daemon(flags: i32) -> bool {
+    flags & (libc::O_APPEND | libc::O_DIRECT) != 0
+}
+
+fn open_writes(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
 fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
@@ -84,7 +127,9 @@ pub struct CcfsFs {
     links: Mutex<HashMap<(u64, u64), u64>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
-    ttl: Duration,
+    ttl: Timeouts,
+    /// Kernel passthrough of open files, and every node's open files.
+    io: Arc<Passthrough>,
 }
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
@@ -158,6 +203,27 @@ fn attr(ino: u64, m: &Stat) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (node 0): the kernel reads none of them.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn set_time(t: TimeOrNow) -> SetTime {
     match t {
         TimeOrNow::Now => SetTime::Now,
@@ -201,15 +267,37 @@ macro_rules! try_reply {
 }
 
 impl CcfsFs {
-    pub fn new(overlay: Arc<Overlay>, ttl: Duration) -> std::io::Result<Self> {
-        Ok(Self {
+    pub fn new(overlay: Arc<Overlay>, ttl: Timeouts, io: Arc<Passthrough>) -> Self {
+        Self {
             overlay,
             nodes: Mutex::new(Nodes::new()),
             links: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             ttl,
-        })
+            io,
+        }
+    }
+
+    /// How long the kernel may keep an answer that came from `layer`.
+    fn ttl(&self, layer: Layer) -> Duration {
+        match layer {
+            Layer::Upper => self.ttl.cache,
+            Layer::Lower | Layer::Share => self.ttl.share,
+        }
+    }
+
+    /// The I/O mode of a new handle on `node`, counted as open (see [`crate::backing`]).
+    fn io_mode(&self, node: u64, file: &File, flags: i32, deferred: bool) -> IoMode {
+        let meta = match crate::sys::fstat(file) {
+            Ok(m) => m,
+            Err(_) => return IoMode::Direct,
+        };
+        let kind = OpenKind {
+            through_daemon: deferred || needs_daemon(flags),
+            writes: open_writes(flags),
+        };
+        self.io.choose(node, file, &meta, kind)
     }
 
     fn nodes(&self) -> MutexGuard<'_, Nodes> {
@@ -294,7 +382,9 @@ impl CcfsFs {
 
     fn open_node_stat(&self, node: u64) -> Option<Stat> {
         self.handles().values().find_map(|h| match &**h {
-            Handle::File { io, node: n } if *n == node => crate::sys::fstat(&read_io(io).file).ok(),
+            Handle::File { io, node: n, .. } if *n == node => {
+                crate::sys::fstat(&read_io(io).file).ok()
+            }
             _ => None,
         })
     }
@@ -333,7 +423,7 @@ impl CcfsFs {
         h: &'a Handle,
         write: bool,
     ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { io, node } = h else {
+        let Handle::File { io, node, .. } = h else {
             return Err(Errno::EISDIR);
         };
         let now = self.overlay.copy_up_count();
@@ -447,7 +537,22 @@ impl CcfsFs {
 }
 
 impl Filesystem for CcfsFs {
-    fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        use fuser::InitFlags as F;
+        // Lookups and listings of one directory may run at once; O_TRUNC comes with the
+        // open (one request, and a cached file is then copied up without its data);
+        // symlink targets are kept by the kernel (a target never changes in place).
+        let wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_ATOMIC_O_TRUNC | F::FUSE_CACHE_SYMLINKS;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        if self.io.wanted() {
+            let stacked = config.set_max_stack_depth(1).is_ok();
+            if stacked && config.add_capabilities(F::FUSE_PASSTHROUGH).is_ok() {
+                tracing::info!("kernel passthrough of open files is on");
+            } else {
+                self.io
+                    .disable("the kernel does not offer it (Linux 6.9 or later has it)");
+            }
+        }
         tracing::info!(share = %self.overlay.share().display(), "mounted");
         Ok(())
     }
@@ -456,13 +561,26 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Lookup);
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
-            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
+            Ok(found) => reply.entry(
+                &self.ttl(found.layer),
+                &self.entry(parent, name, &found),
+                Generation(0),
+            ),
+            // A name that is nowhere: the kernel may remember that as long as what the
+            // share holds (node 0: a negative entry). Names made through this mount
+            // replace it at once.
+            Err(e) if e.errno() == libc::ENOENT && !self.ttl.share.is_zero() => {
+                let none = negative_attr();
+                reply.entry_with_ttls(&Duration::ZERO, &self.ttl.share, &none, Generation(0))
+            }
             Err(e) => reply.error(reply_err("lookup", &path, &e)),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.nodes().forget(ino.0, nlookup);
+        // The kernel dropped the inode, and its pages with it.
+        self.io.forget(ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -471,7 +589,7 @@ impl Filesystem for CcfsFs {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::File { io, .. } = &*h {
                     if let Ok(m) = crate::sys::fstat(&read_io(io).file) {
-                        reply.attr(&self.ttl, &attr(ino.0, &m));
+                        reply.attr(&self.ttl.share, &attr(ino.0, &m));
                         return;
                     }
                 }
@@ -480,7 +598,7 @@ impl Filesystem for CcfsFs {
         // fstat of a file unlinked while open comes without a handle: use any handle
         // still open on the node.
         let fallback = |e: Errno, reply: ReplyAttr| match self.open_node_stat(ino.0) {
-            Some(m) => reply.attr(&self.ttl, &attr(ino.0, &m)),
+            Some(m) => reply.attr(&self.ttl.share, &attr(ino.0, &m)),
             None => reply.error(e),
         };
         let path = match self.path(ino) {
@@ -488,7 +606,7 @@ impl Filesystem for CcfsFs {
             Err(e) => return fallback(e, reply),
         };
         match self.overlay.resolve(&path) {
-            Ok(found) => reply.attr(&self.ttl, &attr(ino.0, &found.meta)),
+            Ok(found) => reply.attr(&self.ttl(found.layer), &attr(ino.0, &found.meta)),
             Err(e) => fallback(reply_err("getattr", &path, &e), reply),
         }
     }
@@ -528,7 +646,7 @@ impl Filesystem for CcfsFs {
             mtime: mtime.map(set_time),
         };
         match self.overlay.setattr(&ctx(req, 0), &path, change, file) {
-            Ok(meta) => reply.attr(&self.ttl, &attr(ino.0, &meta)),
+            Ok(meta) => reply.attr(&self.ttl.share, &attr(ino.0, &meta)),
             Err(e) => reply.error(reply_err("setattr", &path, &e)),
         }
     }
@@ -559,7 +677,11 @@ impl Filesystem for CcfsFs {
             .overlay
             .mknod(&ctx(req, umask), &dir, name, mode, u64::from(rdev))
         {
-            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
+            Ok(found) => reply.entry(
+                &self.ttl(found.layer),
+                &self.entry(parent, name, &found),
+                Generation(0),
+            ),
             Err(e) => reply.error(reply_err("mknod", &path, &e)),
         }
     }
@@ -577,7 +699,11 @@ impl Filesystem for CcfsFs {
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
-            Ok(found) => reply.entry(&self.ttl, &self.entry(parent, name, &found), Generation(0)),
+            Ok(found) => reply.entry(
+                &self.ttl(found.layer),
+                &self.entry(parent, name, &found),
+                Generation(0),
+            ),
             Err(e) => reply.error(reply_err("mkdir", &path, &e)),
         }
     }
@@ -605,7 +731,7 @@ impl Filesystem for CcfsFs {
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
             Ok(found) => reply.entry(
-                &self.ttl,
+                &self.ttl(found.layer),
                 &self.entry(parent, link_name, &found),
                 Generation(0),
             ),
@@ -673,7 +799,11 @@ impl Filesystem for CcfsFs {
                 } else {
                     self.entry(newparent, newname, &found).ino.0
                 };
-                reply.entry(&self.ttl, &attr(id, &found.meta), Generation(0))
+                reply.entry(
+                    &self.ttl(found.layer),
+                    &attr(id, &found.meta),
+                    Generation(0),
+                )
             }
             Err(e) => reply.error(reply_err("link", &path, &e)),
         }
@@ -691,8 +821,19 @@ impl Filesystem for CcfsFs {
                     seen,
                     what,
                 });
-                let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred));
-                reply.opened(fh, FopenFlags::empty());
+                let mode = self.io_mode(ino.0, &file, flags.0, deferred.is_some());
+                let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred, mode));
+                match mode {
+                    IoMode::Passthrough(id) => {
+                        // SAFETY: `id` is registered with this session and stays so while
+                        // a handle uses it (closed in `released` after the last one); the
+                        // wrapper is given back below without closing it.
+                        let backing = unsafe { reply.wrap_backing(id) };
+                        reply.opened_passthrough(fh, fopen_flags(mode), &backing);
+                        backing.into_raw();
+                    }
+                    _ => reply.opened(fh, fopen_flags(mode)),
+                }
             }
             Err(e) => reply.error(reply_err("open", &path, &e)),
         }
@@ -780,10 +921,11 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Release);
         let removed = self.handles().remove(&fh.0);
         if let Some(h) = removed {
-            if let Handle::File { io, .. } = &*h {
+            if let Handle::File { io, node, mode } = &*h {
                 if let Some(ino) = read_io(io).writer {
                     self.overlay.release_writer(ino);
                 }
+                self.io.released(*node, *mode);
             }
         }
         reply.ok();
@@ -1000,8 +1142,26 @@ impl Filesystem for CcfsFs {
         {
             Ok((found, file, writer)) => {
                 let a = self.entry(parent, name, &found);
-                let fh = self.add_handle(Handle::file(a.ino.0, file, writer, None));
-                reply.created(&self.ttl, &a, Generation(0), fh, FopenFlags::empty());
+                let mode = self.io_mode(a.ino.0, &file, flags, false);
+                let fh = self.add_handle(Handle::file(a.ino.0, file, writer, None, mode));
+                let ttl = self.ttl(found.layer);
+                match mode {
+                    IoMode::Passthrough(id) => {
+                        // SAFETY: as in `open`: registered, kept while a handle uses it,
+                        // given back unclosed.
+                        let backing = unsafe { reply.wrap_backing(id) };
+                        reply.created_passthrough(
+                            &ttl,
+                            &a,
+                            Generation(0),
+                            fh,
+                            fopen_flags(mode),
+                            &backing,
+                        );
+                        backing.into_raw();
+                    }
+                    _ => reply.created(&ttl, &a, Generation(0), fh, fopen_flags(mode)),
+                }
             }
             Err(e) => reply.error(reply_err("create", &path, &e)),
         }

@@ -5,6 +5,7 @@
 //! unsynced, crash-safe), [`overlay`] (the filesystem logic over two directories, no FUSE
 //! types), [`sync`] (rsync plan and runner), [`fuse`] (the thin adapter to the kernel).
 
+pub mod backing;
 pub mod config;
 pub mod control;
 pub mod counters;

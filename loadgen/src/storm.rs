@@ -289,9 +289,10 @@ pub fn cpu_seconds(pids: &[u32]) -> f64 {
 /// queues the users' requests behind each other).
 fn relay_config(users: usize) -> String {
     format!(
-        "# loadgen login-storm's share meter: caches nothing, counts every request.\n\
+        "# loadgen login-storm's share meter: caches nothing, counts every request and\n\
+         # every byte (no kernel passthrough: the data goes through the daemon).\n\
          [paths]\ndotfiles_cached = false\nlocal_only = []\n[sync]\ninterval_secs = 0\n\
-         [mount]\nthreads = {}\n",
+         [mount]\nthreads = {}\nkernel_passthrough = false\n",
         users.clamp(4, 256)
     )
 }

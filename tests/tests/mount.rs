@@ -482,7 +482,10 @@ fn sync_command_pushes_while_mounted_and_status_counts() {
 #[test]
 fn status_counts_the_requests_served_and_the_bytes_written() {
     let fx = Fixture::new();
-    let m = fx.mount();
+    // Data that the kernel reads and writes itself never reaches the daemon's counters:
+    // counted through the daemon, as the login-storm's share meter does.
+    let conf = fx.config("[mount]\nkernel_passthrough = false\n");
+    let m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
     let status = || -> serde_json::Value {
         let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
         assert!(out.status.success(), "{}", text(&out));
@@ -511,6 +514,45 @@ fn status_counts_the_requests_served_and_the_bytes_written() {
     assert!(human.contains("requests served: "), "{human}");
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// With kernel passthrough (the default), the data of an open file goes between the
+/// program and the backing file (the share's document, the cache's dotfile) without the
+/// daemon: the bytes are all there, and the daemon saw none of them, but those of a file
+/// opened for appending, which the daemon writes itself.
+#[test]
+fn open_files_are_read_and_written_by_the_kernel_itself() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s("Documents")).expect("mkdir");
+    write(&fx.s(".bashrc"), "old\n");
+    let m = fx.mount();
+    let bytes = |k: &str| -> u64 {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["requests"][k].as_u64().unwrap_or(0)
+    };
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(fx.m("Documents/data.bin"), &block).expect("write doc");
+    fs::write(fx.m(".bashrc"), &block).expect("write dotfile");
+    assert_eq!(fs::read(fx.m("Documents/data.bin")).expect("read"), block);
+    assert_eq!(fs::read(fx.m(".bashrc")).expect("read"), block);
+    assert_eq!(fs::read(fx.s("Documents/data.bin")).expect("share"), block);
+    assert_eq!(bytes("write_bytes"), 0, "the daemon wrote file data");
+    assert_eq!(bytes("read_bytes"), 0, "the daemon read file data");
+    // An append goes through the daemon, whose descriptor appends at the real end.
+    let mut log = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(fx.m("Documents/log.txt"))
+        .expect("append");
+    std::io::Write::write_all(&mut log, b"one line\n").expect("append");
+    drop(log);
+    assert_eq!(bytes("write_bytes"), 9);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read(fx.s(".bashrc")).expect("synced"), block);
+    assert_eq!(read(&fx.s("Documents/log.txt")), "one line\n");
 }
 
 #[test]

@@ -627,3 +627,77 @@ fn a_full_cache_filesystem_with_debug_logging_keeps_the_daemon_alive() {
     }
     assert!(!written.is_empty());
 }
+
+/// The field `name` of a /proc status file, as a number (hex for the capability sets).
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .unwrap_or_else(|| panic!("{name} missing from {status}"))
+        .trim()
+        .to_string()
+}
+
+/// Kernel passthrough needs CAP_SYS_ADMIN to register a backing file. A user's daemon
+/// keeps no capability; its broker keeps that one and nothing else, runs as the user, can
+/// gain nothing by exec, and cannot be read or traced by the user. A user who kills the
+/// broker (it is theirs) loses passthrough only: files are still read and written, through
+/// the daemon.
+#[test]
+fn the_backing_broker_keeps_one_capability_and_the_user_gains_nothing_from_it() {
+    let (fx, alice) = alice_fixture();
+    let out = mount_for_alice(&fx, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pid = daemon_pid(&fx.mnt);
+    let daemon = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert_eq!(status_field(&daemon, "CapPrm:"), "0000000000000000");
+    assert_eq!(status_field(&daemon, "CapEff:"), "0000000000000000");
+    let brokers: Vec<u32> = fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|s| s.contains("(ccfs-backing)") && s.contains(&format!(") S {pid} ")))
+        })
+        .collect();
+    assert_eq!(brokers.len(), 1, "one broker, a child of the daemon");
+    let broker = brokers[0];
+    let status = fs::read_to_string(format!("/proc/{broker}/status")).expect("status");
+    let (uid, gid, _, nnp) = ids_in(&status);
+    assert_eq!(uid, vec![alice.uid.to_string(); 4]);
+    assert_eq!(gid, vec![alice.gid.to_string(); 4]);
+    assert_eq!(nnp, "1");
+    let sys_admin = format!("{:016x}", 1u64 << 21);
+    assert_eq!(status_field(&status, "CapPrm:"), sys_admin);
+    assert_eq!(status_field(&status, "CapEff:"), sys_admin);
+    assert_eq!(status_field(&status, "CapInh:"), "0000000000000000");
+    assert_eq!(status_field(&status, "CapAmb:"), "0000000000000000");
+    // The user cannot look into it (not dumpable, more capabilities than the user's).
+    let peek = as_user(
+        "ccfs-alice",
+        &format!("cat /proc/{broker}/environ >/dev/null && echo READ; grep -c . /proc/{broker}/maps && echo MAPS; true"),
+    );
+    let said = String::from_utf8_lossy(&peek.stdout);
+    assert!(!said.contains("READ") && !said.contains("MAPS"), "{said}");
+
+    // Killed by the user: the mount goes on without passthrough.
+    let kill = as_user("ccfs-alice", &format!("kill -9 {broker}"));
+    assert!(kill.status.success(), "{}", text(&kill));
+    wait_until("broker death", Duration::from_secs(10), || !alive(broker));
+    let written = as_user(
+        "ccfs-alice",
+        &format!(
+            "printf 'after the broker\\n' > {m}/doc.txt && printf 'rc\\n' > {m}/.rc && cat {m}/doc.txt {m}/.rc",
+            m = fx.mnt.display()
+        ),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&written.stdout),
+        "after the broker\nrc\n",
+        "{}",
+        text(&written)
+    );
+    let out = ccfs(&["umount".as_ref(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".rc")), "rc\n");
+}
