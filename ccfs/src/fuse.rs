@@ -24,7 +24,7 @@ use fuser::{
 use crate::backing::{IoMode, OpenKind, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::overlay::{Binding, Ctx, Deferral, Layer, Overlay, SetAttr};
+use crate::overlay::{Binding, Ctx, Deferral, DirSignature, Layer, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
 use crate::nodes::Nodes;
@@ -38,9 +38,15 @@ enum Handle {
         mode: IoMode,
     },
     Dir {
-        entries: Vec<(u64, FileType, std::ffi::OsString)>,
+        /// Listed at the first READDIR (and again at a rewind), not at OPENDIR: when the
+        /// kernel keeps the directory's listing, it asks for none.
+        listing: Mutex<Option<Vec<DirListEntry>>>,
+        /// What the directory was at OPENDIR; None when that could not be told.
+        sig: Option<DirSignature>,
     },
 }
+
+type DirListEntry = (u64, FileType, std::ffi::OsString);
 
 /// An open file: the descriptor, and while the copy-up is deferred (see
 /// [`Overlay::open_deferred`]) what it stands for.
@@ -130,6 +136,46 @@ pub struct CcfsFs {
     ttl: Timeouts,
     /// Kernel passthrough of open files, and every node's open files.
     io: Arc<Passthrough>,
+    /// Each directory's last listing: an OPENDIR that finds the directory unchanged lets
+    /// the kernel keep that listing (FOPEN_KEEP_CACHE).
+    listed: Mutex<HashMap<u64, Listed>>,
+}
+
+/// A directory's signature when it was last listed, and when that was.
+#[derive(Debug, Clone, Copy)]
+struct Listed {
+    sig: DirSignature,
+    at: std::time::Instant,
+    /// Whether an unchanged signature means an unchanged listing for good: a share that
+    /// keeps modification times to the second (MooseFS) shows two changes in one second
+    /// as one, so a listing made in the second of the last change is trusted only as long
+    /// as the share's names are ([`Timeouts::share`]).
+    lasting: bool,
+}
+
+impl Listed {
+    fn new(sig: DirSignature) -> Self {
+        let lasting = match sig.share_mtime() {
+            None => true,
+            Some((_, nsec)) if nsec != 0 => true,
+            Some((sec, _)) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                now.saturating_sub(sec) >= 2
+            }
+        };
+        Self {
+            sig,
+            at: std::time::Instant::now(),
+            lasting,
+        }
+    }
+
+    /// Whether the kernel may keep this listing of a directory whose signature is `now`.
+    fn still(&self, now: &DirSignature, ttl: Duration) -> bool {
+        self.sig == *now && (self.lasting || self.at.elapsed() < ttl)
+    }
 }
 
 fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
@@ -276,7 +322,30 @@ impl CcfsFs {
             next_fh: AtomicU64::new(1),
             ttl,
             io,
+            listed: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn listed(&self) -> MutexGuard<'_, HashMap<u64, Listed>> {
+        self.listed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The merged listing of directory `ino` at `path`, with `.` and `..`, each entry
+    /// with its node (made for names not seen before, uncounted).
+    fn list(&self, ino: INodeNo, path: &Path) -> Result<Vec<DirListEntry>, Errno> {
+        let listing = self
+            .overlay
+            .readdir(path)
+            .map_err(|e| reply_err("readdir", path, &e))?;
+        let mut entries = Vec::with_capacity(listing.len() + 2);
+        entries.push((ino.0, FileType::Directory, ".".into()));
+        entries.push((ino.0, FileType::Directory, "..".into()));
+        let mut nodes = self.nodes();
+        for e in listing {
+            let id = nodes.child(ino.0, &e.name, e.file_type, false);
+            entries.push((id, file_type(e.file_type), e.name));
+        }
+        Ok(entries)
     }
 
     /// How long the kernel may keep an answer that came from `layer`.
@@ -579,8 +648,9 @@ impl Filesystem for CcfsFs {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.nodes().forget(ino.0, nlookup);
-        // The kernel dropped the inode, and its pages with it.
+        // The kernel dropped the inode, and its pages and listing with it.
         self.io.forget(ino.0);
+        self.listed().remove(&ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -968,41 +1038,61 @@ impl Filesystem for CcfsFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.overlay.requests.count(Req::Opendir);
         let path = try_reply!(reply, self.path(ino));
-        let listing = match self.overlay.readdir(&path) {
-            Ok(l) => l,
-            Err(e) => {
+        // The kernel keeps the listing it reads through this handle (FOPEN_CACHE_DIR),
+        // and keeps the one it has when the directory is as it was when that was listed.
+        let mut flags = FopenFlags::FOPEN_CACHE_DIR;
+        let (listing, sig) = match self.overlay.dir_signature(&path) {
+            Ok(sig) if sig.is_none() => {
+                let e = FsError::enoent();
                 reply.error(reply_err("opendir", &path, &e));
                 return;
             }
-        };
-        let mut entries = Vec::with_capacity(listing.len() + 2);
-        entries.push((ino.0, FileType::Directory, ".".into()));
-        entries.push((ino.0, FileType::Directory, "..".into()));
-        {
-            let mut nodes = self.nodes();
-            for e in listing {
-                let id = nodes.child(ino.0, &e.name, e.file_type, false);
-                entries.push((id, file_type(e.file_type), e.name));
+            Ok(sig) => {
+                if self
+                    .listed()
+                    .get(&ino.0)
+                    .is_some_and(|l| l.still(&sig, self.ttl.share))
+                {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                (None, Some(sig))
             }
-        }
-        let fh = self.add_handle(Handle::Dir { entries });
-        reply.opened(fh, FopenFlags::empty());
+            // Not told (the share does not answer): listed now, as the share allows
+            // (a cached directory lists what the cache holds), and never kept.
+            Err(_) => (Some(try_reply!(reply, self.list(ino, &path))), None),
+        };
+        let fh = self.add_handle(Handle::Dir {
+            listing: Mutex::new(listing),
+            sig,
+        });
+        reply.opened(fh, flags);
     }
 
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         self.overlay.requests.count(Req::Readdir);
         let h = try_reply!(reply, self.handle(fh));
-        let Handle::Dir { entries } = &*h else {
+        let Handle::Dir { listing, sig } = &*h else {
             reply.error(Errno::ENOTDIR);
             return;
         };
+        let mut g = listing.lock().unwrap_or_else(|e| e.into_inner());
+        // The first read, or a rewind: the directory as it is now.
+        if g.is_none() || offset == 0 {
+            let path = try_reply!(reply, self.path(ino));
+            *g = Some(try_reply!(reply, self.list(ino, &path)));
+            match sig {
+                Some(sig) => self.listed().insert(ino.0, Listed::new(*sig)),
+                None => self.listed().remove(&ino.0),
+            };
+        }
+        let entries = g.as_deref().unwrap_or_default();
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
                 break;

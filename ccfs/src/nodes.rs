@@ -148,7 +148,7 @@ impl Nodes {
             None => false,
         };
         if drop_now {
-            self.remove(id);
+            self.remove_if_unused(id);
         }
         Some(id)
     }
@@ -190,7 +190,11 @@ impl Nodes {
     }
 
     /// The kernel forgot `n` lookups of `id`. A node nobody refers to any more leaves the
-    /// table, with the uncounted nodes a listing made below it.
+    /// table, with the uncounted nodes a listing made below it. A node that still has a
+    /// name in a directory the table knows stays, uncounted, as a listed one: the kernel
+    /// may keep that directory's listing (see [`crate::fuse`]), whose entries carry the
+    /// node ids, and the next lookup of the name must give the same id. It leaves with
+    /// its directory.
     pub fn forget(&mut self, id: u64, n: u64) {
         if id == ROOT {
             return;
@@ -199,7 +203,13 @@ impl Nodes {
             return;
         };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 {
+        if node.lookups > 0 {
+            return;
+        }
+        let parent = node.names.first().map(|(parent, _)| *parent);
+        let listed = parent
+            .is_some_and(|p| p == ROOT || self.by_id.get(&p).is_some_and(|d| !d.names.is_empty()));
+        if !listed {
             self.remove_if_unused(id);
         }
     }
@@ -311,6 +321,18 @@ mod tests {
         }
         assert_eq!(n.len(), 12);
         n.forget(d, 1);
+        assert_eq!(n.len(), 12, "d is still listed in the root");
+        n.detach(ROOT, OsStr::new("d"));
+        n.forget(d, 0);
         assert_eq!(n.len(), 1, "only the root is left");
+    }
+
+    #[test]
+    fn a_forgotten_name_in_a_known_directory_keeps_its_id() {
+        let mut n = Nodes::new();
+        let d = n.child(ROOT, OsStr::new("d"), D, true);
+        let f = n.child(d, OsStr::new("f"), F, true);
+        n.forget(f, 1);
+        assert_eq!(n.child(d, OsStr::new("f"), F, true), f);
     }
 }

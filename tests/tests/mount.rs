@@ -555,6 +555,57 @@ fn open_files_are_read_and_written_by_the_kernel_itself() {
     assert_eq!(read(&fx.s("Documents/log.txt")), "one line\n");
 }
 
+/// The kernel keeps a directory's listing while the directory is unchanged (a second
+/// listing asks the daemon for nothing), and the listing is made again once the share's
+/// directory changed under the mount (as another workstation changes it): for a document
+/// directory, and for a dot directory whose cache copy did not change.
+#[test]
+fn a_listing_is_kept_while_the_directory_is_unchanged_and_made_again_after_a_change() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s("Documents")).expect("mkdir");
+    fs::create_dir_all(fx.s(".config")).expect("mkdir");
+    write(&fx.s("Documents/a"), "a");
+    write(&fx.s(".config/x"), "x");
+    let m = fx.mount();
+    let names = |rel: &str| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(fx.m(rel))
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let readdirs = || -> u64 {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["requests"]["by_op"]["readdir"].as_u64().unwrap_or(0)
+    };
+    write(&fx.m(".config/y"), "y");
+    assert_eq!(names("Documents"), ["a"]);
+    assert_eq!(names(".config"), ["x", "y"]);
+    let before = readdirs();
+    assert_eq!(names("Documents"), ["a"]);
+    assert_eq!(names(".config"), ["x", "y"]);
+    assert_eq!(
+        readdirs(),
+        before,
+        "an unchanged directory was listed again"
+    );
+
+    write(&fx.s("Documents/b"), "b");
+    write(&fx.s(".config/z"), "z");
+    assert_eq!(names("Documents"), ["a", "b"]);
+    assert_eq!(names(".config"), ["x", "y", "z"]);
+    // Changes through the mount show at once too.
+    fs::remove_file(fx.m("Documents/a")).expect("rm");
+    fs::remove_file(fx.m(".config/x")).expect("rm");
+    assert_eq!(names("Documents"), ["b"]);
+    assert_eq!(names(".config"), ["y", "z"]);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 #[test]
 fn plain_fusermount_unmount_also_syncs() {
     let fx = Fixture::new();

@@ -82,6 +82,27 @@ pub struct Found {
     pub meta: Stat,
 }
 
+/// See [`Overlay::dir_signature`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirSignature {
+    upper: Option<StatSignature>,
+    share: Option<StatSignature>,
+}
+
+impl DirSignature {
+    /// Neither layer has the directory.
+    pub fn is_none(&self) -> bool {
+        self.upper.is_none() && self.share.is_none()
+    }
+
+    /// The modification time of the share's directory, if the share has it.
+    pub fn share_mtime(&self) -> Option<(i64, i64)> {
+        self.share.map(|s| s.2)
+    }
+}
+
+type StatSignature = ((u64, u64), u64, (i64, i64), (i64, i64));
+
 #[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: OsString,
@@ -542,6 +563,30 @@ impl Overlay {
             }
         }
         Ok(names.into_values().collect())
+    }
+
+    /// What tells whether directory `rel`'s listing changed: the attributes of its cache
+    /// copy and of the share's directory that [`Overlay::readdir`] would list (object,
+    /// size, modification and change times). Equal signatures, same listing, unless
+    /// the change came through this mount (which the kernel sees for itself).
+    pub fn dir_signature(&self, rel: &Path) -> FsResult<DirSignature> {
+        let sig = |m: &Stat| ((m.dev(), m.ino()), m.len(), m.mtime(), m.ctime());
+        let class = self.policy.classify(rel);
+        let upper = match class {
+            PathClass::Passthrough if !rel.as_os_str().is_empty() => None,
+            _ => self.upper_stat(rel)?.map(|m| sig(&m)),
+        };
+        let share_visible = match class {
+            PathClass::LocalOnly => false,
+            PathClass::Passthrough => true,
+            PathClass::Cached => !self.lock().state.hidden(rel),
+        };
+        let share = if share_visible {
+            self.share.stat(rel)?.map(|m| sig(&m))
+        } else {
+            None
+        };
+        Ok(DirSignature { upper, share })
     }
 
     /// The share's entries of directory `rel` with their file types; none when it has no
