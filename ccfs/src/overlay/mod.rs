@@ -76,9 +76,6 @@ pub struct Deferral {
 #[derive(Debug, Clone)]
 pub struct Found {
     pub layer: Layer,
-    /// The absolute path of the real object (for messages and tests; I/O goes through
-    /// the confined roots).
-    pub real: PathBuf,
     pub meta: Stat,
 }
 
@@ -387,13 +384,8 @@ impl Overlay {
         }
     }
 
-    fn found(&self, rel: &Path, layer: Layer, meta: Stat) -> Found {
-        let (root, at) = self.place(layer, rel);
-        Found {
-            layer,
-            real: root.path().join(at),
-            meta,
-        }
+    fn found(&self, _rel: &Path, layer: Layer, meta: Stat) -> Found {
+        Found { layer, meta }
     }
 
     fn resolve_locked(&self, inner: &Inner, rel: &Path) -> FsResult<Found> {
@@ -462,10 +454,8 @@ impl Overlay {
             return self.share_root();
         }
         let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
-        let (root, at) = self.place(Layer::Share, rel);
         Ok(Found {
             layer: Layer::Share,
-            real: root.path().join(at),
             meta,
         })
     }
@@ -1134,11 +1124,15 @@ impl Overlay {
             PathClass::Cached => {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                let bases = self.take_over(&inner, &rel)?;
-                if !bases.is_empty() {
-                    self.record(&mut inner, &bases)?;
+                // The take-over and the mark, in one journal append (one fdatasync).
+                let mut records = self.take_over(&inner, &rel)?;
+                if !inner.state.is_dirty(&rel) {
+                    records.push(Record::Dirty(rel.clone()));
                 }
-                self.mark_dirty(&mut inner, &rel)?;
+                if !records.is_empty() {
+                    self.record(&mut inner, &records)?;
+                }
+                inner.touched.insert(rel.clone());
                 if let Err(e) = make(&self.cache, &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
                 }
@@ -1158,6 +1152,41 @@ impl Overlay {
         flags: i32,
     ) -> FsResult<(Found, File, Option<u64>)> {
         let rel = parent.join(name);
+        let perm = mode & 0o7777 & !ctx.umask;
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            // Straight to the share: made, or found there (the share tells which); its
+            // attributes from the open file. No lock held while the share answers.
+            let made = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
+            return match self.share.open_file(&rel, made, perm) {
+                Ok(file) => {
+                    if self.as_root {
+                        self.chown_new(&self.share, &rel, ctx)?;
+                    }
+                    let meta = sys::fstat(&file)?;
+                    Ok((
+                        Found {
+                            layer: Layer::Share,
+                            meta,
+                        },
+                        file,
+                        None,
+                    ))
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                    let (file, writer) = self.open(ctx, &rel, flags)?;
+                    let meta = sys::fstat(&file)?;
+                    Ok((
+                        Found {
+                            layer: Layer::Share,
+                            meta,
+                        },
+                        file,
+                        writer,
+                    ))
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
         if self.resolve(&rel).is_ok() {
             if flags & libc::O_EXCL != 0 {
                 return Err(errno(libc::EEXIST));
@@ -1165,7 +1194,6 @@ impl Overlay {
             let (file, writer) = self.open(ctx, &rel, flags)?;
             return Ok((self.resolve(&rel)?, file, writer));
         }
-        let perm = mode & 0o7777 & !ctx.umask;
         let mut file = None;
         let found = self.make_node(ctx, parent, name, |root, at| {
             let flags = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;

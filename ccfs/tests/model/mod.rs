@@ -236,6 +236,22 @@ fn share_tree(share: &Path) -> Tree {
     out
 }
 
+/// The data of the file `rel` as the overlay opens it for reading.
+fn read_through(o: &Overlay, rel: &Path) -> Result<Vec<u8>, String> {
+    let ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
+    let (mut f, _) = o
+        .open(&ctx, rel, libc::O_RDONLY)
+        .map_err(|e| format!("open {}: {e}", short(rel)))?;
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut data)
+        .map_err(|e| format!("read {}: {e}", short(rel)))?;
+    Ok(data)
+}
+
 /// What a logged-in workstation shows below the root, through the overlay.
 fn overlay_view(o: &Overlay) -> Result<Tree, String> {
     let mut out = Tree::new();
@@ -251,7 +267,7 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
                 .map_err(|e| format!("readdir {}: {e}", short(&rel)))?;
             stack.extend(entries.into_iter().map(|e| rel.join(e.name)));
         } else {
-            let data = fs::read(&found.real).map_err(|e| format!("read {}: {e}", short(&rel)))?;
+            let data = read_through(o, &rel)?;
             out.insert(rel, Node::File(data, found.meta.mode() & 0o7777));
         }
     }
