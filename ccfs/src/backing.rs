@@ -100,14 +100,7 @@ struct NodeIo {
     backing: Option<Backed>,
     /// The file as it was at the node's last cached-mode open: the kernel's pages of it
     /// are kept while it is unchanged.
-    seen: Option<Signature>,
-}
-
-/// What tells that a file's data may have changed: its object, size, and change times.
-type Signature = ((u64, u64), u64, (i64, i64), (i64, i64));
-
-fn signature(m: &Stat) -> Signature {
-    ((m.dev(), m.ino()), m.len(), m.mtime(), m.ctime())
+    seen: Option<sys::Version>,
 }
 
 /// The kernel passthrough of one mount: whether it works, and every node's open files.
@@ -195,7 +188,7 @@ impl Passthrough {
         }
         let io = nodes.entry(node).or_default();
         io.cached += 1;
-        let now = signature(meta);
+        let now = meta.version();
         let keep_cache = io.seen == Some(now);
         io.seen = Some(now);
         IoMode::Cached { keep_cache }

@@ -318,8 +318,22 @@ impl std::fmt::Debug for Stat {
     }
 }
 
+/// What tells one version of an object from another: the object (device, inode), its
+/// size, and its modification and change times (see [`Stat::version`]).
+pub type Version = ((u64, u64), u64, (i64, i64), (i64, i64));
+
 #[allow(clippy::unnecessary_cast)]
 impl Stat {
+    /// See [`Version`].
+    pub fn version(&self) -> Version {
+        (
+            (self.dev(), self.ino()),
+            self.len(),
+            self.mtime(),
+            self.ctime(),
+        )
+    }
+
     pub fn file_type(&self) -> u32 {
         self.0.st_mode as u32 & libc::S_IFMT
     }

@@ -27,6 +27,11 @@ const GUARD: Duration = Duration::from_secs(180);
 
 /// Runs a command; kills it and fails the test if it has not ended within [`GUARD`].
 fn within(cmd: &mut Command, what: &str) -> Output {
+    within_for(cmd, what, GUARD)
+}
+
+/// [`within`], with another limit.
+fn within_for(cmd: &mut Command, what: &str, limit: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -38,7 +43,7 @@ fn within(cmd: &mut Command, what: &str) -> Output {
         if child.try_wait().expect("wait").is_some() {
             return child.wait_with_output().expect("output");
         }
-        if start.elapsed() > GUARD {
+        if start.elapsed() > limit {
             let _ = child.kill();
             // A process waiting on a FUSE request its daemon has taken cannot even be
             // killed until the daemon answers: do not wait for it for ever either.
@@ -46,11 +51,11 @@ fn within(cmd: &mut Command, what: &str) -> Output {
             while gone.elapsed() < Duration::from_secs(5) {
                 if child.try_wait().expect("wait").is_some() {
                     let out = child.wait_with_output().expect("output");
-                    panic!("{what} did not answer within {GUARD:?}: {}", text(&out));
+                    panic!("{what} did not answer within {limit:?}: {}", text(&out));
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            panic!("{what} did not answer within {GUARD:?} and cannot be killed");
+            panic!("{what} did not answer within {limit:?} and cannot be killed");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -173,6 +178,11 @@ struct CcfsServer {
 
 impl CcfsServer {
     fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A server whose configuration has `more` too.
+    fn start_with(more: &str) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix("ccfs-server-")
             .tempdir()
@@ -184,7 +194,7 @@ impl CcfsServer {
         let config = tmp.path().join("passthrough.toml");
         write(
             &config,
-            "[paths]\ndotfiles_cached = false\nlocal_only = []\n",
+            &format!("[paths]\ndotfiles_cached = false\nlocal_only = []\n{more}"),
         );
         let mut s = CcfsServer {
             base,
@@ -794,6 +804,76 @@ fn a_hung_server_holds_up_only_the_requests_waiting_on_it() {
     assert_eq!(
         read(&s.home.join(".newrc")),
         "made in the session\nduring the hang\n"
+    );
+}
+
+/// A copy-up waits on the share without holding up the rest of the cache: a program
+/// changes the mode of a large dotfile while the server hangs (the copy-up reads the
+/// share's file and waits), and meanwhile another dotfile in the cache is read and written.
+/// When the server answers again, the copy-up and the change finish, and the logout sends
+/// both dotfiles whole.
+#[test]
+fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
+    // The server's kernel keeps names and attributes (a look answers), its daemon alone
+    // reads data (no passthrough): a hung server then stops the copy, not the look.
+    let mut server =
+        CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\nkernel_passthrough = false\n");
+    let s = Session::start(&server);
+    let big: Vec<u8> = (0..4 << 20).map(|i| (i % 253) as u8).collect();
+    std::fs::write(s.home.join(".places.sqlite"), &big).expect("big dotfile");
+    write(&s.m(".newrc"), "made in the session\n");
+    assert_eq!(
+        std::fs::metadata(s.m(".places.sqlite"))
+            .expect("stat")
+            .len(),
+        big.len() as u64
+    );
+    server.fail(Outage::Hangs);
+    let chmod = Command::new("chmod")
+        .arg("0600")
+        .arg(s.m(".places.sqlite"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chmod");
+    let chmod_pid = chmod.id();
+    wait_until("the chmod to wait on the copy-up", GUARD, || {
+        std::fs::read_to_string(format!("/proc/{chmod_pid}/wchan"))
+            .is_ok_and(|w| w == "request_wait_answer")
+    });
+
+    let out = within_for(
+        Command::new("sh")
+            .args([
+                "-c",
+                "printf 'during the copy-up\\n' >> \"$1\" && cat \"$1\"",
+                "sh",
+            ])
+            .arg(s.m(".newrc")),
+        "another dotfile while a copy-up waits",
+        Duration::from_secs(20),
+    );
+    server.restore();
+    let done = chmod.wait_with_output().expect("chmod");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "made in the session\nduring the copy-up\n"
+    );
+    assert!(done.status.success(), "{}", text(&done));
+    let out = ccfs_within(&["umount".as_ref(), s.mnt.as_os_str()]);
+    assert!(out.status.success(), "umount: {}", text(&out));
+    let sent = s.home.join(".places.sqlite");
+    assert!(std::fs::read(&sent).expect("share") == big);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&sent).expect("stat").permissions()
+        ) & 0o777,
+        0o600
+    );
+    assert_eq!(
+        read(&s.home.join(".newrc")),
+        "made in the session\nduring the copy-up\n"
     );
 }
 

@@ -82,8 +82,8 @@ pub struct Found {
 /// See [`Overlay::dir_signature`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirSignature {
-    upper: Option<StatSignature>,
-    share: Option<StatSignature>,
+    upper: Option<sys::Version>,
+    share: Option<sys::Version>,
 }
 
 impl DirSignature {
@@ -97,8 +97,6 @@ impl DirSignature {
         self.share.map(|s| s.2)
     }
 }
-
-type StatSignature = ((u64, u64), u64, (i64, i64), (i64, i64));
 
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -121,6 +119,36 @@ pub struct SetAttr {
 pub use session::{Conflict, ConflictKind, SyncSession, Transfer};
 
 mod session;
+
+/// A copy made ahead of a copy-up (see [`Overlay::prepare_copy_up`]): in `work/`, and the
+/// share file's attributes when it was read.
+/// Dropped unused, its copy is removed.
+#[derive(Debug)]
+struct Prepared<'a> {
+    cache: &'a Root,
+    tmp: PathBuf,
+    meta: Stat,
+}
+
+impl Prepared<'_> {
+    /// Puts the copy at `dst` (see [`Overlay::install_synced`]).
+    fn install(mut self, overlay: &Overlay, dst: &Path) -> io::Result<()> {
+        let tmp = std::mem::take(&mut self.tmp);
+        let done = overlay.install_synced(&tmp, dst);
+        if done.is_err() {
+            let _ = remove_tree(self.cache, &tmp);
+        }
+        done
+    }
+}
+
+impl Drop for Prepared<'_> {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = remove_tree(self.cache, &self.tmp);
+        }
+    }
+}
 
 /// Mutable state behind the lock.
 #[derive(Debug)]
@@ -560,11 +588,10 @@ impl Overlay {
     /// size, modification and change times). Equal signatures, same listing, unless
     /// the change came through this mount (which the kernel sees for itself).
     pub fn dir_signature(&self, rel: &Path) -> FsResult<DirSignature> {
-        let sig = |m: &Stat| ((m.dev(), m.ino()), m.len(), m.mtime(), m.ctime());
         let class = self.policy.classify(rel);
         let upper = match class {
             PathClass::Passthrough if !rel.as_os_str().is_empty() => None,
-            _ => self.upper_stat(rel)?.map(|m| sig(&m)),
+            _ => self.upper_stat(rel)?.map(|m| m.version()),
         };
         let share_visible = match class {
             PathClass::LocalOnly => false,
@@ -572,7 +599,7 @@ impl Overlay {
             PathClass::Cached => !self.lock().state.hidden(rel),
         };
         let share = if share_visible {
-            self.share.stat(rel)?.map(|m| sig(&m))
+            self.share.stat(rel)?.map(|m| m.version())
         } else {
             None
         };
@@ -754,12 +781,55 @@ impl Overlay {
 
     /// Copies one cached path up from the share, if it is not in the cache yet.
     fn copy_up(&self, inner: &mut Inner, rel: &Path, with_data: bool, ctx: &Ctx) -> FsResult<()> {
-        self.copy_up_of(inner, rel, with_data, ctx, None)
+        self.copy_up_of(inner, rel, with_data, ctx, None, None)
             .map(|_| ())
+    }
+
+    /// The copy of the share's regular file at cached path `rel`, with its data, made in
+    /// `work/` without the overlay's lock (a large database from a slow share holds up no
+    /// other request), for [`Overlay::copy_up_of`] to put in place if the share still
+    /// has that version by then. None when no copy-up is due (the cache has the path or
+    /// deleted it) or the copy could not be made whole (the file changed while it was
+    /// read, or the share failed): the copy-up is then made under the lock as before.
+    fn prepare_copy_up(&self, rel: &Path) -> Option<Prepared<'_>> {
+        if self.policy.classify(rel) != PathClass::Cached {
+            return None;
+        }
+        {
+            let inner = self.lock();
+            if inner.state.hidden(rel) || !matches!(self.upper_stat(rel), Ok(None)) {
+                return None;
+            }
+        }
+        let input = self.share.open_file(rel, libc::O_RDONLY, 0).ok()?;
+        let meta = sys::fstat(&input).ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        let tmp = self.tmp_rel();
+        let made = (|| -> io::Result<bool> {
+            let out =
+                self.cache
+                    .open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            sys::copy_data(&input, &out, meta.len())?;
+            self.copy_meta(&self.share, rel, &meta, &tmp)?;
+            out.sync_all()?;
+            Ok(sys::fstat(&input)?.version() == meta.version())
+        })();
+        let prepared = Prepared {
+            cache: &self.cache,
+            tmp,
+            meta,
+        };
+        // Not whole: dropped (and removed).
+        matches!(made, Ok(true)).then_some(prepared)
     }
 
     /// [`Overlay::copy_up`]; with `object` (device, inode), only when the share still has
     /// that object at `rel`: false when it has another or none (nothing is copied then).
+    ///
+    /// With `prepared` (see [`Overlay::prepare_copy_up`]): that copy is put in place when
+    /// the share still has the version it was made from, and dropped otherwise.
     fn copy_up_of(
         &self,
         inner: &mut Inner,
@@ -767,6 +837,7 @@ impl Overlay {
         with_data: bool,
         ctx: &Ctx,
         object: Option<(u64, u64)>,
+        prepared: Option<Prepared<'_>>,
     ) -> FsResult<bool> {
         if self.upper_stat(rel)?.is_some() {
             return Ok(true);
@@ -780,9 +851,15 @@ impl Overlay {
         if let Some(parent) = rel.parent() {
             self.ensure_upper_dir(inner, parent, ctx)?;
         }
+        let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
         self.journal_copy_up(inner, rel, &meta)?;
-        let tmp = self.tmp_rel();
         let dst = up(rel);
+        if let Some(p) = ready {
+            p.install(self, &dst)?;
+            tracing::debug!(path = %rel.display(), "copied up (prepared)");
+            return Ok(true);
+        }
+        let tmp = self.tmp_rel();
         let result = self
             .copy_object(rel, &meta, &tmp, with_data)
             .and_then(|()| self.install_synced(&tmp, &dst));
@@ -834,9 +911,14 @@ impl Overlay {
         let class = self.policy.classify(rel);
         let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
         if wants_write(flags) && class == PathClass::Cached {
-            let mut inner = self.lock();
             let truncating = flags & libc::O_TRUNC != 0;
-            self.copy_up(&mut inner, rel, !truncating, ctx)?;
+            let prepared = if truncating {
+                None
+            } else {
+                self.prepare_copy_up(rel)
+            };
+            let mut inner = self.lock();
+            self.copy_up_of(&mut inner, rel, !truncating, ctx, None, prepared)?;
             return self.open_upper(&mut inner, rel, flags);
         }
         if class == PathClass::Passthrough {
@@ -878,6 +960,12 @@ impl Overlay {
         if !wants_write(kept) || self.policy.classify(rel) != PathClass::Cached {
             return self.open(ctx, rel, flags).map(Some);
         }
+        let truncating = kept & libc::O_TRUNC != 0;
+        let prepared = if truncating {
+            None
+        } else {
+            self.prepare_copy_up(rel)
+        };
         let mut inner = self.lock();
         let bound = if self.upper_stat(rel)?.is_some() {
             inner
@@ -885,8 +973,7 @@ impl Overlay {
                 .origin(rel)
                 .is_some_and(|o| (o.dev, o.ino) == d.object)
         } else {
-            let truncating = kept & libc::O_TRUNC != 0;
-            self.copy_up_of(&mut inner, rel, !truncating, ctx, Some(d.object))?
+            self.copy_up_of(&mut inner, rel, !truncating, ctx, Some(d.object), prepared)?
         };
         if !bound {
             return Ok(None);
@@ -1510,6 +1597,12 @@ impl Overlay {
         attr: SetAttr,
         file: Option<&File>,
     ) -> FsResult<Stat> {
+        let keep_data = attr.size != Some(0);
+        let prepared = if keep_data && file.is_none() {
+            self.prepare_copy_up(rel)
+        } else {
+            None
+        };
         let mut inner = self.lock();
         let mut found = match (self.resolve_locked(&inner, rel), file) {
             (Ok(f), _) => f,
@@ -1520,8 +1613,7 @@ impl Overlay {
             (Err(e), _) => return Err(e),
         };
         if self.policy.classify(rel) == PathClass::Cached {
-            let keep_data = attr.size != Some(0);
-            self.copy_up(&mut inner, rel, keep_data, ctx)?;
+            self.copy_up_of(&mut inner, rel, keep_data, ctx, None, prepared)?;
             self.mark_dirty(&mut inner, rel)?;
             found = self.resolve_locked(&inner, rel)?;
         }
@@ -1597,10 +1689,11 @@ impl Overlay {
             self.resolve_share(rel)?;
             return Ok(self.place(Layer::Share, rel));
         }
+        let prepared = self.prepare_copy_up(rel);
         let mut inner = self.lock();
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
-            self.copy_up(&mut inner, rel, true, ctx)?;
+            self.copy_up_of(&mut inner, rel, true, ctx, None, prepared)?;
             self.mark_dirty(&mut inner, rel)?;
             return Ok((&self.cache, up(rel)));
         }
