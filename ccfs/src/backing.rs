@@ -10,8 +10,8 @@
 //! and picks the mode of each new open from them:
 //!
 //! - a handle whose writes the daemon must see (a deferred copy-up, see
-//!   [`crate::overlay::Overlay::open_deferred`]) or that was opened with O_APPEND or
-//!   O_DIRECT: the cached mode, or FOPEN_DIRECT_IO when the node is in passthrough mode;
+//!   [`crate::overlay::Overlay::open_deferred`]): the cached mode, or FOPEN_DIRECT_IO
+//!   when the node is in passthrough mode;
 //! - any other: passthrough, with the node's backing file when it has one (same object,
 //!   and writable if this open writes), with its own file when the node has no open file;
 //!   the cached mode when the node's open files are in it; FOPEN_DIRECT_IO otherwise.
@@ -78,8 +78,7 @@ pub enum IoMode {
 /// What an open needs of its I/O mode.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenKind {
-    /// The daemon must see this handle's writes (a deferred copy-up), or its flags ask
-    /// for what a backing file would not do the same way (O_APPEND, O_DIRECT).
+    /// The daemon must see this handle's writes (a deferred copy-up).
     pub through_daemon: bool,
     /// The handle may write.
     pub writes: bool,
@@ -164,7 +163,18 @@ impl Passthrough {
         }
         if passthrough && io.cached == 0 {
             if let Some(r) = self.registrar.get() {
-                match r.open(file.as_fd()) {
+                // The backing file's own flags apply to every open file that shares it:
+                // it appends and bypasses the page cache only where a program asked (the
+                // kernel passes O_APPEND and O_SYNC of each open file with each write).
+                let had = match sys::clear_status_flags(file, libc::O_APPEND | libc::O_DIRECT) {
+                    Ok(had) => had,
+                    Err(_) => return self.cached(&mut nodes, node, meta),
+                };
+                let registered = r.open(file.as_fd());
+                if registered.is_err() {
+                    let _ = sys::set_status_flags(file, had);
+                }
+                match registered {
                     Ok(id) => {
                         io.backing = Some(Backed {
                             id,
@@ -186,6 +196,11 @@ impl Passthrough {
                 }
             }
         }
+        self.cached(&mut nodes, node, meta)
+    }
+
+    /// Counts a cached-mode open of `node`.
+    fn cached(&self, nodes: &mut HashMap<u64, NodeIo>, node: u64, meta: &Stat) -> IoMode {
         let io = nodes.entry(node).or_default();
         io.cached += 1;
         let now = meta.version();

@@ -15,7 +15,7 @@
 //!
 //! [mount]
 //! threads = 4                     # FUSE request threads
-//! attr_timeout_ms = 1000          # how long the kernel may keep names, attributes and
+//! attr_timeout_ms = 10000         # how long the kernel may keep names, attributes and
 //!                                 # missing names of what is on the share (another
 //!                                 # workstation of the same user may change them)
 //! cache_timeout_ms = 600000       # the same for what the cache holds (only this mount
@@ -89,7 +89,7 @@ impl Default for MountSection {
     fn default() -> Self {
         Self {
             threads: 4,
-            attr_timeout_ms: 1000,
+            attr_timeout_ms: 10_000,
             cache_timeout_ms: 600_000,
             kernel_passthrough: true,
             allow_other: false,
@@ -155,7 +155,7 @@ impl Default for Settings {
             rsync_timeout: Duration::from_secs(600),
             sync_interval: Some(Duration::from_secs(600)),
             threads: 4,
-            attr_timeout: Duration::from_millis(1000),
+            attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(600_000),
             kernel_passthrough: true,
             allow_other: false,

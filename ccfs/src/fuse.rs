@@ -110,12 +110,6 @@ fn fopen_flags(mode: IoMode) -> FopenFlags {
     f
 }
 
-/// Whether the flags of an open ask for what only the daemon's own descriptor does as
-/// asked (an append, or uncached I/O, goes through the daemon).
-fn needs_daemon(flags: i32) -> bool {
-    flags & (libc::O_APPEND | libc::O_DIRECT) != 0
-}
-
 fn open_writes(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY
 }
@@ -363,7 +357,7 @@ impl CcfsFs {
             Err(_) => return IoMode::Direct,
         };
         let kind = OpenKind {
-            through_daemon: deferred || needs_daemon(flags),
+            through_daemon: deferred,
             writes: open_writes(flags),
         };
         self.io.choose(node, file, &meta, kind)
@@ -608,10 +602,11 @@ impl CcfsFs {
 impl Filesystem for CcfsFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         use fuser::InitFlags as F;
-        // Lookups and listings of one directory may run at once; O_TRUNC comes with the
-        // open (one request, and a cached file is then copied up without its data);
-        // symlink targets are kept by the kernel (a target never changes in place).
-        let wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_ATOMIC_O_TRUNC | F::FUSE_CACHE_SYMLINKS;
+        // Lookups and listings of one directory may run at once; symlink targets are
+        // kept by the kernel (a target never changes in place). Not FUSE_ATOMIC_O_TRUNC:
+        // with it the daemon truncates at OPEN, before the kernel checks that the file is
+        // not a running program (ETXTBSY), which then comes too late.
+        let wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(wanted & config.capabilities());
         if self.io.wanted() {
             let stacked = config.set_max_stack_depth(1).is_ok();
