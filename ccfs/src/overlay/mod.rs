@@ -1244,35 +1244,24 @@ impl Overlay {
             // Straight to the share: made, or found there (the share tells which); its
             // attributes from the open file. No lock held while the share answers.
             let made = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
-            return match self.share.open_file(&rel, made, perm) {
+            let (file, writer) = match self.share.open_file(&rel, made, perm) {
                 Ok(file) => {
                     if self.as_root {
                         self.chown_new(&self.share, &rel, ctx)?;
                     }
-                    let meta = sys::fstat(&file)?;
-                    Ok((
-                        Found {
-                            layer: Layer::Share,
-                            meta,
-                        },
-                        file,
-                        None,
-                    ))
+                    (file, None)
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
-                    let (file, writer) = self.open(ctx, &rel, flags)?;
-                    let meta = sys::fstat(&file)?;
-                    Ok((
-                        Found {
-                            layer: Layer::Share,
-                            meta,
-                        },
-                        file,
-                        writer,
-                    ))
+                    self.open(ctx, &rel, flags)?
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => return Err(e.into()),
             };
+            let meta = sys::fstat(&file)?;
+            let found = Found {
+                layer: Layer::Share,
+                meta,
+            };
+            return Ok((found, file, writer));
         }
         if self.resolve(&rel).is_ok() {
             if flags & libc::O_EXCL != 0 {
