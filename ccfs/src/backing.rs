@@ -2,19 +2,21 @@
 //! reads and writes an open file's backing file (the share's or the cache's) itself,
 //! without a round trip to the daemon per read or write.
 //!
-//! The kernel's rules, which every open here keeps: all the open files of one inode are
-//! either in passthrough mode, all with the same backing file, or in the cached mode (the
-//! page cache, reads and writes through the daemon); a file opened with FOPEN_DIRECT_IO
-//! may be open beside either (its reads and writes go through the daemon, uncached). An
-//! open that breaks them fails with EIO, so the daemon tracks each node's open files here
-//! and picks the mode of each new open from them:
+//! The kernel's rules (Linux 6.18), which every open here keeps: all the open files of one
+//! inode are either in passthrough mode, all with the same backing file, or in the cached
+//! mode (the page cache, reads and writes through the daemon); an inode in passthrough
+//! mode takes no other open, not even FOPEN_DIRECT_IO. An open that breaks them fails with
+//! EIO, so the daemon tracks each node's open files here and picks the mode of each new
+//! open from them:
 //!
-//! - a handle whose writes the daemon must see (a deferred copy-up, see
-//!   [`crate::overlay::Overlay::open_deferred`]): the cached mode, or FOPEN_DIRECT_IO
-//!   when the node is in passthrough mode;
-//! - any other: passthrough, with the node's backing file when it has one (same object,
-//!   and writable if this open writes), with its own file when the node has no open file;
-//!   the cached mode when the node's open files are in it; FOPEN_DIRECT_IO otherwise.
+//! - the node has a backing file: passthrough with it (it is open for reading and
+//!   writing); an open of another object behind the name, or one whose writes the daemon
+//!   must see, fails with ESTALE (it cannot happen but when the share's file was replaced
+//!   under an open one);
+//! - the node's open files are in the cached mode, or this handle's writes must reach the
+//!   daemon (a deferred copy-up, see [`crate::overlay::Overlay::open_deferred`]): cached;
+//! - no open file: passthrough, with a new descriptor of the file for reading and writing
+//!   as the backing file; cached when the user may not both read and write it.
 //!
 //! Registering a backing file needs CAP_SYS_ADMIN. Root's own daemon registers itself; the
 //! daemon of a user's mount holds no capability, and asks its broker, a child process that
@@ -71,8 +73,6 @@ pub enum IoMode {
     /// Through the daemon and the page cache; `keep_cache`: the pages the kernel holds of
     /// the file are still right (nothing changed it since they were read).
     Cached { keep_cache: bool },
-    /// Through the daemon, uncached (FOPEN_DIRECT_IO).
-    Direct,
 }
 
 /// What an open needs of its I/O mode.
@@ -80,15 +80,12 @@ pub enum IoMode {
 pub struct OpenKind {
     /// The daemon must see this handle's writes (a deferred copy-up).
     pub through_daemon: bool,
-    /// The handle may write.
-    pub writes: bool,
 }
 
 #[derive(Debug)]
 struct Backed {
     id: u32,
     object: (u64, u64),
-    writable: bool,
     handles: usize,
 }
 
@@ -149,41 +146,50 @@ impl Passthrough {
     }
 
     /// The mode of a new open file of `node` (`file`, whose attributes are `meta`), counted
-    /// as open until [`Passthrough::released`].
-    pub fn choose(&self, node: u64, file: &File, meta: &Stat, kind: OpenKind) -> IoMode {
-        let passthrough = self.enabled() && meta.is_file() && !kind.through_daemon;
+    /// as open until [`Passthrough::released`]; an error when the open cannot be served
+    /// (see [`OpenKind`]).
+    pub fn choose(
+        &self,
+        node: u64,
+        file: &File,
+        meta: &Stat,
+        kind: OpenKind,
+    ) -> io::Result<IoMode> {
         let mut nodes = self.nodes();
         let io = nodes.entry(node).or_default();
+        // The kernel takes every open of an inode in passthrough mode in that mode, with
+        // its backing file, and no other: the backing file is open for reading and
+        // writing, so it serves any open of the same object.
         if let Some(b) = io.backing.as_mut() {
-            if passthrough && b.object == (meta.dev(), meta.ino()) && (b.writable || !kind.writes) {
+            if b.object == (meta.dev(), meta.ino()) && !kind.through_daemon {
                 b.handles += 1;
-                return IoMode::Passthrough(b.id);
+                return Ok(IoMode::Passthrough(b.id));
             }
-            return IoMode::Direct;
+            // Another object behind the name now (the share's file was replaced while
+            // open here), or a handle the daemon must see: the kernel would refuse it.
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
+        let passthrough = self.enabled() && meta.is_file() && !kind.through_daemon;
         if passthrough && io.cached == 0 {
             if let Some(r) = self.registrar.get() {
-                // The backing file's own flags apply to every open file that shares it:
-                // it appends and bypasses the page cache only where a program asked (the
-                // kernel passes O_APPEND and O_SYNC of each open file with each write).
-                let had = match sys::clear_status_flags(file, libc::O_APPEND | libc::O_DIRECT) {
-                    Ok(had) => had,
-                    Err(_) => return self.cached(&mut nodes, node, meta),
+                // A descriptor for reading and writing, with no flags of its own (the
+                // kernel passes O_APPEND and O_SYNC of each open file with each write),
+                // so that it serves every later open; a file the user may not both read
+                // and write goes the cached way.
+                let backing = match sys::reopen_read_write(file) {
+                    Ok(f) => f,
+                    Err(_) => return Ok(self.cached(&mut nodes, node, meta)),
                 };
-                let registered = r.open(file.as_fd());
-                if registered.is_err() {
-                    let _ = sys::set_status_flags(file, had);
-                }
-                match registered {
+                match r.open(backing.as_fd()) {
                     Ok(id) => {
+                        let io = nodes.entry(node).or_default();
                         io.backing = Some(Backed {
                             id,
                             object: (meta.dev(), meta.ino()),
-                            writable: kind.writes,
                             handles: 1,
                         });
                         io.seen = None;
-                        return IoMode::Passthrough(id);
+                        return Ok(IoMode::Passthrough(id));
                     }
                     // A backing file the kernel will not stack (a share that is itself a
                     // passthrough FUSE mount): this file goes the cached way.
@@ -196,7 +202,7 @@ impl Passthrough {
                 }
             }
         }
-        self.cached(&mut nodes, node, meta)
+        Ok(self.cached(&mut nodes, node, meta))
     }
 
     /// Counts a cached-mode open of `node`.
@@ -227,7 +233,6 @@ impl Passthrough {
                 }
             }
             IoMode::Cached { .. } => io.cached = io.cached.saturating_sub(1),
-            IoMode::Direct => {}
         }
         if io.backing.is_none() && io.cached == 0 && io.seen.is_none() {
             nodes.remove(&node);
@@ -280,16 +285,15 @@ mod tests {
         let f = File::open(&p).expect("open");
         let kind = OpenKind {
             through_daemon: false,
-            writes: false,
         };
-        let first = io.choose(7, &f, &meta_of(&f), kind);
+        let first = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
         assert_eq!(first, IoMode::Cached { keep_cache: false });
         io.released(7, first);
-        let again = io.choose(7, &f, &meta_of(&f), kind);
+        let again = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
         assert_eq!(again, IoMode::Cached { keep_cache: true });
         io.released(7, again);
         std::fs::write(&p, b"changed").expect("write");
-        let changed = io.choose(7, &f, &meta_of(&f), kind);
+        let changed = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
         assert_eq!(changed, IoMode::Cached { keep_cache: false });
         io.released(7, changed);
         io.forget(7);

@@ -105,13 +105,8 @@ fn fopen_flags(mode: IoMode) -> FopenFlags {
         IoMode::Passthrough(_) => {}
         IoMode::Cached { keep_cache: true } => f |= FopenFlags::FOPEN_KEEP_CACHE,
         IoMode::Cached { keep_cache: false } => {}
-        IoMode::Direct => f |= FopenFlags::FOPEN_DIRECT_IO,
     }
     f
-}
-
-fn open_writes(flags: i32) -> bool {
-    flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
 fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
@@ -351,14 +346,10 @@ impl CcfsFs {
     }
 
     /// The I/O mode of a new handle on `node`, counted as open (see [`crate::backing`]).
-    fn io_mode(&self, node: u64, file: &File, flags: i32, deferred: bool) -> IoMode {
-        let meta = match crate::sys::fstat(file) {
-            Ok(m) => m,
-            Err(_) => return IoMode::Direct,
-        };
+    fn io_mode(&self, node: u64, file: &File, deferred: bool) -> std::io::Result<IoMode> {
+        let meta = crate::sys::fstat(file)?;
         let kind = OpenKind {
             through_daemon: deferred,
-            writes: open_writes(flags),
         };
         self.io.choose(node, file, &meta, kind)
     }
@@ -886,7 +877,17 @@ impl Filesystem for CcfsFs {
                     seen,
                     what,
                 });
-                let mode = self.io_mode(ino.0, &file, flags.0, deferred.is_some());
+                let mode = match self.io_mode(ino.0, &file, deferred.is_some()) {
+                    Ok(mode) => mode,
+                    Err(e) => {
+                        if let Some(w) = writer {
+                            self.overlay.release_writer(w);
+                        }
+                        let e = FsError::from(e);
+                        reply.error(reply_err("open", &path, &e));
+                        return;
+                    }
+                };
                 let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred, mode));
                 match mode {
                     IoMode::Passthrough(id) => {
@@ -1227,7 +1228,17 @@ impl Filesystem for CcfsFs {
         {
             Ok((found, file, writer)) => {
                 let a = self.entry(parent, name, &found);
-                let mode = self.io_mode(a.ino.0, &file, flags, false);
+                let mode = match self.io_mode(a.ino.0, &file, false) {
+                    Ok(mode) => mode,
+                    Err(e) => {
+                        if let Some(w) = writer {
+                            self.overlay.release_writer(w);
+                        }
+                        let e = FsError::from(e);
+                        reply.error(reply_err("create", &path, &e));
+                        return;
+                    }
+                };
                 let fh = self.add_handle(Handle::file(a.ino.0, file, writer, None, mode));
                 let ttl = self.ttl(found.layer);
                 match mode {

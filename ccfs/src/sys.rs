@@ -1382,23 +1382,16 @@ pub fn peer_credentials(stream: &std::os::unix::net::UnixStream) -> io::Result<P
     })
 }
 
-/// Clears `bits` (O_APPEND, O_DIRECT, ...) from an open file's status flags (fcntl
-/// F_SETFL); returns the flags it had.
-pub fn clear_status_flags(file: &impl AsRawFd, bits: i32) -> io::Result<i32> {
-    // SAFETY: fcntl F_GETFL/F_SETFL take integer arguments on a descriptor we hold.
-    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    check(flags)?;
-    if flags & bits != 0 {
-        // SAFETY: as above.
-        check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !bits) })?;
-    }
-    Ok(flags)
-}
-
-/// Sets an open file's status flags back to `flags` (see [`clear_status_flags`]).
-pub fn set_status_flags(file: &impl AsRawFd, flags: i32) -> io::Result<()> {
-    // SAFETY: fcntl F_SETFL takes an integer argument on a descriptor we hold.
-    check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags) })
+/// A new descriptor of the object `file` has open, for reading and writing, with no other
+/// status flags (through /proc/self/fd: the permission is checked as for an open by path,
+/// so a file the caller may not both read and write gives EACCES).
+pub fn reopen_read_write(file: &impl AsRawFd) -> io::Result<File> {
+    let path = proc_fd(file.as_raw_fd());
+    // SAFETY: a NUL-terminated path; the result is owned below.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    check(fd)?;
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// `struct fuse_backing_map` of `<linux/fuse.h>`.

@@ -623,16 +623,41 @@ fn a_listing_is_kept_while_the_directory_is_unchanged_and_made_again_after_a_cha
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// Whether the share itself keeps a running program's file whole when a truncating open of
+/// it is refused (MooseFS truncates before the refusal, with or without ccfs).
+fn share_keeps_running_programs(fx: &Fixture, sleep: &[u8]) -> bool {
+    let p = fx.s("probe-nap");
+    fs::write(&p, sleep).expect("copy");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut child = Command::new(&p).arg("30").spawn().expect("run");
+    let _ = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_TRUNC)
+        .open(&p);
+    let whole = fs::metadata(&p).expect("stat").len() == sleep.len() as u64;
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    fs::remove_file(&p).expect("rm");
+    whole
+}
+
 /// A running program's file cannot be opened for writing or truncated (ETXTBSY), and a
-/// refused truncating open leaves the file whole: in the cache and on the share's path.
+/// refused truncating open leaves the file whole: in the cache, and on the share's path
+/// when the share itself does (the kernel hands a passthrough open to the share's file).
 #[test]
 fn a_running_programs_file_is_neither_written_nor_truncated() {
     let fx = Fixture::new();
     fs::create_dir_all(fx.s(".local/bin")).expect("mkdir");
     fs::create_dir_all(fx.s("bin")).expect("mkdir");
-    let m = fx.mount();
     let sleep = fs::read("/bin/sleep").expect("sleep");
-    for rel in [".local/bin/nap", "bin/nap"] {
+    let mut paths = vec![".local/bin/nap"];
+    if share_keeps_running_programs(&fx, &sleep) {
+        paths.push("bin/nap");
+    } else {
+        eprintln!("the share truncates a running program itself: its path is not checked");
+    }
+    let m = fx.mount();
+    for rel in paths {
         let p = fx.m(rel);
         fs::write(&p, &sleep).expect("copy");
         fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
