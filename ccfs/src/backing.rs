@@ -176,10 +176,16 @@ impl Passthrough {
                 // kernel passes O_APPEND and O_SYNC of each open file with each write),
                 // so that it serves every later open; a file the user may not both read
                 // and write goes the cached way.
-                let backing = match sys::reopen_read_write(file) {
-                    Ok(f) => f,
-                    Err(_) => return Ok(self.cached(&mut nodes, node, meta)),
+                let own = sys::is_plain_read_write(file, libc::O_APPEND | libc::O_DIRECT);
+                let reopened = if own {
+                    None
+                } else {
+                    match sys::reopen_read_write(file) {
+                        Ok(f) => Some(f),
+                        Err(_) => return Ok(self.cached(&mut nodes, node, meta)),
+                    }
                 };
+                let backing = reopened.as_ref().unwrap_or(file);
                 match r.open(backing.as_fd()) {
                     Ok(id) => {
                         let io = nodes.entry(node).or_default();

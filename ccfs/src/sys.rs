@@ -1382,6 +1382,13 @@ pub fn peer_credentials(stream: &std::os::unix::net::UnixStream) -> io::Result<P
     })
 }
 
+/// Whether `file` is open for reading and writing with none of `bits` in its status flags.
+pub fn is_plain_read_write(file: &impl AsRawFd, bits: i32) -> bool {
+    // SAFETY: fcntl F_GETFL takes no argument on a descriptor we hold.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_ACCMODE == libc::O_RDWR && flags & bits == 0
+}
+
 /// A new descriptor of the object `file` has open, for reading and writing, with no other
 /// status flags (through /proc/self/fd: the permission is checked as for an open by path,
 /// so a file the caller may not both read and write gives EACCES).

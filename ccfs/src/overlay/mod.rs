@@ -222,6 +222,19 @@ fn open_flags(flags: i32) -> i32 {
     flags & keep
 }
 
+/// The flags the real file of a create is made with: as asked, and open for reading too
+/// (a new file needs no permission to be opened; the kernel keeps the program to what it
+/// asked for), so that the kernel may read and write it through this descriptor (see
+/// [`crate::backing`]).
+fn creation_flags(flags: i32) -> i32 {
+    let f = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
+    if f & libc::O_ACCMODE == libc::O_WRONLY {
+        (f & !libc::O_ACCMODE) | libc::O_RDWR
+    } else {
+        f
+    }
+}
+
 fn wants_write(flags: i32) -> bool {
     let acc = flags & libc::O_ACCMODE;
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
@@ -1243,7 +1256,7 @@ impl Overlay {
         if self.policy.classify(&rel) == PathClass::Passthrough {
             // Straight to the share: made, or found there (the share tells which); its
             // attributes from the open file. No lock held while the share answers.
-            let made = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
+            let made = creation_flags(flags);
             let (file, writer) = match self.share.open_file(&rel, made, perm) {
                 Ok(file) => {
                     if self.as_root {
@@ -1272,8 +1285,7 @@ impl Overlay {
         }
         let mut file = None;
         let found = self.make_node(ctx, parent, name, |root, at| {
-            let flags = open_flags(flags) | libc::O_CREAT | libc::O_EXCL;
-            file = Some(root.open_file(at, flags, perm)?);
+            file = Some(root.open_file(at, creation_flags(flags), perm)?);
             Ok(())
         })?;
         let file = file.ok_or_else(|| errno(libc::EIO))?;
