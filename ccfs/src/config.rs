@@ -18,8 +18,8 @@
 //! attr_timeout_ms = 10000         # how long the kernel may keep names, attributes and
 //!                                 # missing names of what is on the share (another
 //!                                 # workstation of the same user may change them)
-//! cache_timeout_ms = 600000       # the same for what the cache holds (only this mount
-//!                                 # changes it)
+//! cache_timeout_ms = 10000        # the same for what the cache holds (a sync that keeps
+//!                                 # the share's version shows the share's file there)
 //! kernel_passthrough = true       # the kernel reads and writes open files itself
 //!                                 # (Linux 6.9 or later; off: through the daemon)
 //! allow_other = false             # root's mounts for a user: let other local users (and
@@ -90,7 +90,7 @@ impl Default for MountSection {
         Self {
             threads: 4,
             attr_timeout_ms: 10_000,
-            cache_timeout_ms: 600_000,
+            cache_timeout_ms: 10_000,
             kernel_passthrough: true,
             allow_other: false,
         }
@@ -156,7 +156,7 @@ impl Default for Settings {
             sync_interval: Some(Duration::from_secs(600)),
             threads: 4,
             attr_timeout: Duration::from_millis(10_000),
-            cache_timeout: Duration::from_millis(600_000),
+            cache_timeout: Duration::from_millis(10_000),
             kernel_passthrough: true,
             allow_other: false,
         }

@@ -1228,7 +1228,10 @@ impl Filesystem for CcfsFs {
         {
             Ok((found, file, writer)) => {
                 let a = self.entry(parent, name, &found);
-                let mode = match self.io_mode(a.ino.0, &file, false) {
+                // An existing dotfile still on the share, opened by a create without
+                // O_EXCL: its copy-up is still to come, which the daemon must see.
+                let lower = found.layer == Layer::Lower;
+                let mode = match self.io_mode(a.ino.0, &file, lower) {
                     Ok(mode) => mode,
                     Err(e) => {
                         if let Some(w) = writer {
