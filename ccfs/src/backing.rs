@@ -30,6 +30,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::sys::{self, Stat};
 
@@ -80,6 +81,11 @@ pub enum IoMode {
 pub struct OpenKind {
     /// The daemon must see this handle's writes (a deferred copy-up).
     pub through_daemon: bool,
+    /// How long the kernel's pages of an unchanged file may be kept: a file's version
+    /// (size and times) may stay the same across a change (a share that keeps times to the
+    /// second, two same-size writes in one clock tick), so pages read longer ago than this
+    /// are read again.
+    pub keep_for: Duration,
 }
 
 #[derive(Debug)]
@@ -94,9 +100,10 @@ struct Backed {
 struct NodeIo {
     cached: usize,
     backing: Option<Backed>,
-    /// The file as it was at the node's last cached-mode open: the kernel's pages of it
-    /// are kept while it is unchanged.
-    seen: Option<sys::Version>,
+    /// The file as it was when the kernel's pages of it were last dropped at a cached-mode
+    /// open, and when that was: they are kept while it is unchanged, for at most
+    /// [`OpenKind::keep_for`].
+    seen: Option<(sys::Version, Instant)>,
 }
 
 /// The kernel passthrough of one mount: whether it works, and every node's open files.
@@ -182,7 +189,7 @@ impl Passthrough {
                 } else {
                     match sys::reopen_read_write(file) {
                         Ok(f) => Some(f),
-                        Err(_) => return Ok(self.cached(&mut nodes, node, meta)),
+                        Err(_) => return Ok(self.cached(&mut nodes, node, meta, kind)),
                     }
                 };
                 let backing = reopened.as_ref().unwrap_or(file);
@@ -208,16 +215,26 @@ impl Passthrough {
                 }
             }
         }
-        Ok(self.cached(&mut nodes, node, meta))
+        Ok(self.cached(&mut nodes, node, meta, kind))
     }
 
     /// Counts a cached-mode open of `node`.
-    fn cached(&self, nodes: &mut HashMap<u64, NodeIo>, node: u64, meta: &Stat) -> IoMode {
+    fn cached(
+        &self,
+        nodes: &mut HashMap<u64, NodeIo>,
+        node: u64,
+        meta: &Stat,
+        kind: OpenKind,
+    ) -> IoMode {
         let io = nodes.entry(node).or_default();
         io.cached += 1;
         let now = meta.version();
-        let keep_cache = io.seen == Some(now);
-        io.seen = Some(now);
+        let keep_cache = io
+            .seen
+            .is_some_and(|(v, at)| v == now && at.elapsed() < kind.keep_for);
+        if !keep_cache {
+            io.seen = Some((now, Instant::now()));
+        }
         IoMode::Cached { keep_cache }
     }
 
@@ -291,6 +308,7 @@ mod tests {
         let f = File::open(&p).expect("open");
         let kind = OpenKind {
             through_daemon: false,
+            keep_for: Duration::from_secs(600),
         };
         let first = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
         assert_eq!(first, IoMode::Cached { keep_cache: false });
@@ -303,6 +321,31 @@ mod tests {
         assert_eq!(changed, IoMode::Cached { keep_cache: false });
         io.released(7, changed);
         io.forget(7);
+        assert_eq!(io.open_counts(), (0, 0));
+    }
+
+    #[test]
+    fn pages_of_an_unchanged_file_are_kept_no_longer_than_asked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"one").expect("write");
+        let io = Passthrough::new(false);
+        let f = File::open(&p).expect("open");
+        let kind = OpenKind {
+            through_daemon: false,
+            keep_for: Duration::from_millis(200),
+        };
+        let first = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
+        let soon = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
+        assert_eq!(soon, IoMode::Cached { keep_cache: true });
+        std::thread::sleep(Duration::from_millis(300));
+        let later = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
+        assert_eq!(later, IoMode::Cached { keep_cache: false });
+        let after = io.choose(7, &f, &meta_of(&f), kind).expect("mode");
+        assert_eq!(after, IoMode::Cached { keep_cache: true });
+        for m in [first, soon, later, after] {
+            io.released(7, m);
+        }
         assert_eq!(io.open_counts(), (0, 0));
     }
 }

@@ -438,6 +438,8 @@ pub struct Daemon {
     final_cv: Condvar,
     /// `ccfs umount` clients waiting for the final answer.
     waiters: AtomicUsize,
+    /// The kernel's names, once the session is up (see [`Daemon::set_kernel_view`]).
+    kernel: std::sync::OnceLock<crate::fuse::KernelView>,
 }
 
 impl Daemon {
@@ -463,7 +465,13 @@ impl Daemon {
             final_sync: Mutex::new(None),
             final_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            kernel: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Lets syncs tell the kernel which names show another file after them.
+    pub fn set_kernel_view(&self, view: crate::fuse::KernelView) {
+        let _ = self.kernel.set(view);
     }
 
     /// Whether the share answers now (waits at most [`PROBE_TIMEOUT`]).
@@ -490,6 +498,12 @@ impl Daemon {
         }
         if let Some(report) = &outcome.report {
             log_conflicts(&self.cache_dir, &report.conflicts);
+            // A conflict's name shows the share's version now (ours went to the conflict
+            // copy beside it): the kernel must not keep the old file's size or pages.
+            if let Some(kernel) = self.kernel.get().filter(|_| mode == SyncMode::Session) {
+                let paths: Vec<PathBuf> = report.conflicts.iter().map(|c| c.path.clone()).collect();
+                kernel.forget_paths(&paths);
+            }
             lock(&self.conflicts).extend(report.conflicts.iter().cloned());
         }
         self.remember(&outcome);

@@ -113,11 +113,52 @@ fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
     io.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The kernel's names and inodes as this mount gave them, for telling the kernel to drop
+/// what it keeps of a name: a sync that keeps the share's version at a conflict shows
+/// another file at the name, whose size the kernel would otherwise keep for its timeout
+/// (and clip reads to it).
+#[derive(Debug)]
+pub struct KernelView {
+    nodes: Arc<Mutex<Nodes>>,
+    notifier: fuser::Notifier,
+}
+
+impl KernelView {
+    pub fn new(nodes: Arc<Mutex<Nodes>>, notifier: fuser::Notifier) -> Self {
+        Self { nodes, notifier }
+    }
+
+    /// Drops the kernel's entry, attributes and pages of each path (below the mount root)
+    /// and of its directory's listing; paths the kernel never saw are skipped.
+    pub fn forget_paths(&self, paths: &[PathBuf]) {
+        for rel in paths {
+            let found = {
+                let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+                nodes.walk(rel)
+            };
+            let Some((parent, name, node)) = found else {
+                continue;
+            };
+            let mut sent = vec![self.notifier.inval_entry(INodeNo(parent), &name)];
+            if let Some(node) = node {
+                sent.push(self.notifier.inval_inode(INodeNo(node), 0, 0));
+            }
+            sent.push(self.notifier.inval_inode(INodeNo(parent), 0, 0));
+            for e in sent.into_iter().filter_map(Result::err) {
+                tracing::debug!(
+                    path = %crate::journal::escape(rel),
+                    "the kernel refused an invalidation: {e}"
+                );
+            }
+        }
+    }
+}
+
 /// The ccfs filesystem as fuser sees it.
 #[derive(Debug)]
 pub struct CcfsFs {
     overlay: Arc<Overlay>,
-    nodes: Mutex<Nodes>,
+    nodes: Arc<Mutex<Nodes>>,
     /// The node of a file with several links, by its backing object (see [`CcfsFs::entry`]).
     links: Mutex<HashMap<(u64, u64), u64>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -135,29 +176,21 @@ pub struct CcfsFs {
 struct Listed {
     sig: DirSignature,
     at: std::time::Instant,
-    /// Whether an unchanged signature means an unchanged listing for good: a share that
-    /// keeps modification times to the second (MooseFS) shows two changes in one second
-    /// as one, so a listing made in the second of the last change is trusted only as long
-    /// as the share's names are ([`Timeouts::share`]).
+    /// Whether an unchanged signature means an unchanged listing for good: only for a
+    /// directory the cache alone holds (this mount alone changes it). A share's times may
+    /// show two changes as one (a share that keeps them to the second, two changes in one
+    /// clock tick, times set back by `tar`, `cp -a` or a server clock behind ours), so a
+    /// listing of a share directory is kept no longer than the share's names are
+    /// ([`Timeouts::share`]).
     lasting: bool,
 }
 
 impl Listed {
     fn new(sig: DirSignature) -> Self {
-        let lasting = match sig.share_mtime() {
-            None => true,
-            Some((_, nsec)) if nsec != 0 => true,
-            Some((sec, _)) => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs() as i64);
-                now.saturating_sub(sec) >= 2
-            }
-        };
         Self {
             sig,
             at: std::time::Instant::now(),
-            lasting,
+            lasting: sig.share_mtime().is_none(),
         }
     }
 
@@ -305,7 +338,7 @@ impl CcfsFs {
     pub fn new(overlay: Arc<Overlay>, ttl: Timeouts, io: Arc<Passthrough>) -> Self {
         Self {
             overlay,
-            nodes: Mutex::new(Nodes::new()),
+            nodes: Arc::new(Mutex::new(Nodes::new())),
             links: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -313,6 +346,11 @@ impl CcfsFs {
             io,
             listed: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The node table, for a [`KernelView`] made once the session exists.
+    pub fn node_table(&self) -> Arc<Mutex<Nodes>> {
+        self.nodes.clone()
     }
 
     fn listed(&self) -> MutexGuard<'_, HashMap<u64, Listed>> {
@@ -350,6 +388,7 @@ impl CcfsFs {
         let meta = crate::sys::fstat(file)?;
         let kind = OpenKind {
             through_daemon: deferred,
+            keep_for: self.ttl.share,
         };
         self.io.choose(node, file, &meta, kind)
     }
@@ -383,20 +422,25 @@ impl CcfsFs {
     /// An entry reply for `name` in `parent`: counts the lookup on its node. A file with
     /// several links joins the node of another of its names, when one is known and a name
     /// of that node still holds the same object (a freed and reused backing inode number
-    /// never joins two files).
+    /// never joins two files). A name of a node with several names that no longer holds
+    /// that node's object (another workstation replaced or renamed one of the links) gets
+    /// a node of its own: requests on a node go to the object behind its first name. Names
+    /// of a cached file still on the share are not joined: a change through one name is
+    /// copied up to that name alone, so each name shows what the share will hold after
+    /// sync.
     fn entry(&self, parent: INodeNo, name: &OsStr, found: &crate::overlay::Found) -> FileAttr {
         let m = &found.meta;
-        if !m.is_dir() && m.nlink() > 1 {
-            let key = (m.dev(), m.ino());
+        let key = (m.dev(), m.ino());
+        let joined = self.nodes().named(parent.0, name);
+        if let Some(id) = joined.filter(|&id| self.nodes().name_count(id) > 1) {
+            if !self.holds(id, key) {
+                self.nodes().detach(parent.0, name);
+            }
+        }
+        if !m.is_dir() && m.nlink() > 1 && found.layer != Layer::Lower {
             let known = self.links().get(&key).copied();
             if let Some(id) = known {
-                let witness = self.nodes().path(id);
-                let same = witness.is_some_and(|w| {
-                    self.overlay
-                        .resolve(&w)
-                        .is_ok_and(|f| (f.meta.dev(), f.meta.ino()) == key)
-                });
-                if same && self.nodes().add_name(id, parent.0, name) {
+                if self.holds(id, key) && self.nodes().add_name(id, parent.0, name) {
                     return attr(id, m);
                 }
             }
@@ -406,6 +450,16 @@ impl CcfsFs {
         }
         let id = self.nodes().child(parent.0, name, m.file_type(), true);
         attr(id, m)
+    }
+
+    /// Whether the object behind the first name of node `id` is `key` (device, inode).
+    fn holds(&self, id: u64, key: (u64, u64)) -> bool {
+        let witness = self.nodes().path(id);
+        witness.is_some_and(|w| {
+            self.overlay
+                .resolve(&w)
+                .is_ok_and(|f| (f.meta.dev(), f.meta.ino()) == key)
+        })
     }
 
     fn links(&self) -> MutexGuard<'_, HashMap<(u64, u64), u64>> {

@@ -8,11 +8,12 @@
 //! node, and its children with it); an unlink or a rename over it detaches it from its
 //! name, so a new file at that name gets a node of its own while the kernel may still
 //! hold the old one. A hard-linked file is one node with several names (the kernel keeps
-//! one inode, so its cached attributes stay right for every name).
+//! one inode, so its cached attributes stay right for every name); each lookup of one of
+//! its names checks it against the object behind the first name (`CcfsFs::entry`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The root directory's node id (FUSE's).
 pub const ROOT: u64 = 1;
@@ -128,6 +129,28 @@ impl Nodes {
         }
         self.children.insert(key, id);
         true
+    }
+
+    /// The parent node, last name and node (if any) of `rel` below the mount root; None
+    /// when a directory on the way has no node.
+    pub fn walk(&self, rel: &Path) -> Option<(u64, OsString, Option<u64>)> {
+        let mut names = rel.iter();
+        let last = names.next_back()?;
+        let mut parent = ROOT;
+        for n in names {
+            parent = self.named(parent, n)?;
+        }
+        Some((parent, last.to_os_string(), self.named(parent, last)))
+    }
+
+    /// The node named `name` in `parent`, if any.
+    pub fn named(&self, parent: u64, name: &OsStr) -> Option<u64> {
+        self.children.get(&(parent, name.to_os_string())).copied()
+    }
+
+    /// How many names node `id` has.
+    pub fn name_count(&self, id: u64) -> usize {
+        self.by_id.get(&id).map_or(0, |n| n.names.len())
     }
 
     /// Whether `id` still has a name.

@@ -1,0 +1,257 @@
+//! What the kernel keeps of names, attributes, pages and listings through a real mount,
+//! checked against the share: it never shows a file that is not at its name any more
+//! beyond the timeouts, never clips a file to an old size, and never serves one name's
+//! requests from another name's file.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+fn sync(fx: &Fixture) -> String {
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    text(&out)
+}
+
+/// A mount whose share names and attributes are kept `ms` milliseconds.
+fn mount_with_timeout(fx: &Fixture, ms: u64) -> Mount<'_> {
+    let conf = fx.config(&format!("[mount]\nattr_timeout_ms = {ms}\n"));
+    fx.mount_with(&["--config", conf.to_str().expect("utf-8")])
+}
+
+#[test]
+fn a_sync_that_keeps_the_share_version_at_a_conflict_shows_all_of_it_at_once() {
+    let fx = Fixture::new();
+    let _m = fx.mount();
+    write(&fx.m(".c6"), "v1\n");
+    sync(&fx);
+    write(&fx.m(".c6"), "ours\n");
+    assert_eq!(fs::metadata(fx.m(".c6")).expect("stat").len(), 5);
+    // Another workstation's logout puts its longer version on the share.
+    let theirs = "theirs line one\ntheirs line two\ntheirs line three\n";
+    write(&fx.s(".c6"), theirs);
+    sync(&fx);
+    let copies = conflict_copies(&fx.mnt, ".c6");
+    assert_eq!(copies.len(), 1, "one conflict copy: {copies:?}");
+    assert_eq!(read(&copies[0]), "ours\n");
+    // At once, not after a timeout: a program reading the file to its end and writing it
+    // back would otherwise send a clipped copy of theirs over it.
+    assert_eq!(
+        fs::metadata(fx.m(".c6")).expect("stat").len(),
+        theirs.len() as u64
+    );
+    assert_eq!(read(&fx.m(".c6")), theirs);
+}
+
+/// open(2) with `flags` (O_CREAT among them, mode 0644) through libc: std's OpenOptions
+/// refuses a create without write access, which flock(1) and others use.
+fn open_raw(p: &Path, flags: i32) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    // SAFETY: a valid C string; the descriptor returned is owned by the File.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o644) };
+    assert!(fd >= 0, "open {p:?}: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a fresh descriptor owned by nobody else.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+#[test]
+fn a_dotfile_on_the_share_opened_by_a_create_leaves_other_opens_working() {
+    let fx = Fixture::new();
+    let _m = fx.mount();
+    // The kernel keeps the missing name; another workstation makes the file meanwhile.
+    assert!(!fx.m(".lk").exists());
+    write(&fx.s(".lk"), "share-content\n");
+    // flock(1) opens its lock file O_RDONLY|O_CREAT: a FUSE CREATE of an existing file.
+    let holder = open_raw(&fx.m(".lk"), libc::O_RDONLY | libc::O_CREAT);
+    let mut a = fs::OpenOptions::new()
+        .append(true)
+        .open(fx.m(".lk"))
+        .expect("an append beside the lock holder");
+    a.write_all(b"appended\n").expect("append");
+    drop(a);
+    assert_eq!(read(&fx.m(".lk")), "share-content\nappended\n");
+    drop(holder);
+    assert_eq!(read(&fx.m(".lk")), "share-content\nappended\n");
+}
+
+/// A share whose timestamps are whole seconds (ext4 with 128-byte inodes, as MooseFS keeps
+/// them), loop-mounted at the fixture's share; unmounted when dropped.
+struct CoarseShare(std::path::PathBuf);
+
+impl CoarseShare {
+    fn mount(fx: &Fixture) -> Self {
+        let img = fx.tmp.path().join("coarse.img");
+        let f = fs::File::create(&img).expect("image");
+        f.set_len(64 << 20).expect("size");
+        let ok = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-I", "128"])
+            .arg(&img)
+            .status()
+            .expect("mkfs.ext4");
+        assert!(ok.success(), "mkfs.ext4");
+        let ok = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&fx.share)
+            .status()
+            .expect("mount");
+        assert!(ok.success(), "loop mount (needs root)");
+        CoarseShare(fx.share.clone())
+    }
+}
+
+impl Drop for CoarseShare {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Waits for the start of a second of the clock that stamps the share's files.
+fn start_of_a_second() {
+    loop {
+        let ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos();
+        if ns < 100_000_000 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn listing(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn on_a_share_with_whole_second_times_a_change_shows_after_the_share_timeout() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let _m = mount_with_timeout(&fx, 500);
+    let wait_past_timeout = || std::thread::sleep(Duration::from_millis(1500));
+
+    // A file's pages: a program keeps the file open (the kernel keeps its inode), the
+    // share gets two same-size versions within one second.
+    write(&fx.s(".conf"), "AAAA\n");
+    let _holder = fs::File::open(fx.m(".conf")).expect("open");
+    let mut tries = 0;
+    loop {
+        start_of_a_second();
+        write(&fx.s(".conf"), "BBBB\n");
+        let seen = read(&fx.m(".conf"));
+        let first = fs::metadata(fx.s(".conf")).expect("stat");
+        write(&fx.s(".conf"), "CCCC\n");
+        let second = fs::metadata(fx.s(".conf")).expect("stat");
+        if seen == "BBBB\n" && (first.mtime(), first.ctime()) == (second.mtime(), second.ctime()) {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 5, "could not write twice within one second");
+        wait_past_timeout();
+    }
+    wait_past_timeout();
+    assert_eq!(read(&fx.m(".conf")), "CCCC\n");
+
+    // A directory's listing: a name added in the second of the one before, the
+    // directory's time set back as tar or cp -a do (or a server clock behind ours).
+    fs::create_dir(fx.s(".d")).expect("mkdir");
+    let _cwd = fs::File::open(fx.m(".d")).expect("hold the directory");
+    let back = |p: &Path| {
+        let ok = Command::new("touch")
+            .args(["-d", "@1700000000"])
+            .arg(p)
+            .status()
+            .expect("touch");
+        assert!(ok.success());
+    };
+    let mut tries = 0;
+    loop {
+        start_of_a_second();
+        let _ = fs::remove_file(fx.s(".d/b"));
+        write(&fx.s(".d/a"), "a");
+        back(&fx.s(".d"));
+        let seen = listing(&fx.m(".d"));
+        let first = fs::metadata(fx.s(".d")).expect("stat");
+        write(&fx.s(".d/b"), "b");
+        back(&fx.s(".d"));
+        let second = fs::metadata(fx.s(".d")).expect("stat");
+        if seen == ["a"] && (first.mtime(), first.ctime()) == (second.mtime(), second.ctime()) {
+            break;
+        }
+        tries += 1;
+        assert!(
+            tries < 5,
+            "could not change the directory twice within one second"
+        );
+        wait_past_timeout();
+    }
+    wait_past_timeout();
+    assert_eq!(listing(&fx.m(".d")), ["a", "b"]);
+}
+
+#[test]
+fn a_name_of_a_share_hard_link_replaced_elsewhere_reads_and_writes_its_own_file() {
+    let fx = Fixture::new();
+    write(&fx.s("a"), "original-shared-content\n");
+    fs::hard_link(fx.s("a"), fx.s("b")).expect("link");
+    write(&fx.s("ra"), "linked\n");
+    fs::hard_link(fx.s("ra"), fx.s("rb")).expect("link");
+    let _m = mount_with_timeout(&fx, 500);
+    let ino = |p: &Path| fs::metadata(p).expect("stat").ino();
+    assert_eq!(ino(&fx.m("a")), ino(&fx.m("b")), "one inode for both names");
+    assert_eq!(read(&fx.m("b")), "original-shared-content\n");
+    assert_eq!(read(&fx.m("rb")), "linked\n");
+
+    // Another workstation replaces `a` and renames `ra`.
+    fs::remove_file(fx.s("a")).expect("rm");
+    write(&fx.s("a"), "new-a-from-elsewhere\n");
+    fs::rename(fx.s("ra"), fx.s("rc")).expect("mv");
+    std::thread::sleep(Duration::from_millis(1500));
+
+    assert_eq!(read(&fx.m("b")), "original-shared-content\n");
+    assert_eq!(read(&fx.m("a")), "new-a-from-elsewhere\n");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(fx.m("b"))
+        .expect("open b")
+        .write_all(b"appended-to-b\n")
+        .expect("append");
+    assert_eq!(read(&fx.s("a")), "new-a-from-elsewhere\n");
+    assert_eq!(read(&fx.s("b")), "original-shared-content\nappended-to-b\n");
+    assert_eq!(read(&fx.m("rb")), "linked\n");
+    assert_eq!(read(&fx.m("rc")), "linked\n");
+}
+
+#[test]
+fn a_dotfile_hard_linked_on_the_share_and_edited_through_one_name_keeps_the_edit_there() {
+    let fx = Fixture::new();
+    write(&fx.s(".la"), "linked-orig\n");
+    fs::hard_link(fx.s(".la"), fx.s(".lb")).expect("link");
+    let m = fx.mount();
+    assert_eq!(read(&fx.m(".la")), "linked-orig\n");
+    assert_eq!(read(&fx.m(".lb")), "linked-orig\n");
+    write(&fx.m(".lb"), "edited-through-lb\n");
+    // What the mount shows is what the share holds after the logout: the edited name
+    // has the edit; the other name keeps the share's file (the link is broken).
+    assert_eq!(read(&fx.m(".lb")), "edited-through-lb\n");
+    assert_eq!(read(&fx.m(".la")), "linked-orig\n");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".lb")), "edited-through-lb\n");
+    assert_eq!(read(&fx.s(".la")), "linked-orig\n");
+}
