@@ -146,6 +146,11 @@ pub struct SyncReport {
     /// The cache was emptied after a logout or recovery that put everything on the share.
     #[serde(default)]
     pub cache_dropped: bool,
+    /// Files the cache was not emptied of because they were still open for writing (a
+    /// program of a session whose daemon ended writes them through kernel passthrough):
+    /// kept as unsynced work for the next sync.
+    #[serde(default)]
+    pub kept_open: Vec<PathBuf>,
     pub ok: bool,
     pub seconds: f64,
     /// Unix time at the end of the sync.
@@ -293,7 +298,9 @@ pub fn run_sync(
     report.errors.extend(why);
     report.not_sent = settled.not_sent;
     if mode != SyncMode::Session {
-        report.cache_dropped = overlay.drop_clean_cache()?;
+        let emptied = overlay.drop_clean_cache()?;
+        report.cache_dropped = emptied.dropped;
+        report.kept_open = emptied.kept_open;
     }
     if !report.cache_dropped {
         if let Err(e) = overlay.compact() {

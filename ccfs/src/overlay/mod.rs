@@ -116,7 +116,7 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
-pub use session::{Conflict, ConflictKind, SyncSession, Transfer};
+pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 
 mod session;
 
