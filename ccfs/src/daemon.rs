@@ -769,7 +769,7 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
 /// outcome names it (also when the journal had no work).
 pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOutcome> {
     if !overlay.has_unsynced_work() {
-        match overlay.drop_clean_cache() {
+        match overlay.drop_clean_cache(&Default::default()) {
             Ok(e) if !e.kept_open.is_empty() => {
                 let (dirty, _, deletions) = overlay.pending();
                 let report = sync::SyncReport {

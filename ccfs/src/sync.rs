@@ -285,6 +285,14 @@ pub fn run_sync(
         conflicts: session.conflicts.clone(),
         ..Default::default()
     };
+    // What each file is as it is handed over: one that is not so afterwards was written
+    // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
+    // without the daemon, see `Overlay::drop_clean_cache`).
+    let handed: std::collections::HashMap<PathBuf, crate::sys::Version> = session
+        .files
+        .iter()
+        .filter_map(|p| overlay.upper_version(p).map(|v| (p.clone(), v)))
+        .collect();
     let (transfer, why) = if session.files.is_empty() {
         (Transfer::Complete, None)
     } else {
@@ -298,7 +306,7 @@ pub fn run_sync(
     report.errors.extend(why);
     report.not_sent = settled.not_sent;
     if mode != SyncMode::Session {
-        let emptied = overlay.drop_clean_cache()?;
+        let emptied = overlay.drop_clean_cache(&handed)?;
         report.cache_dropped = emptied.dropped;
         report.kept_open = emptied.kept_open;
     }

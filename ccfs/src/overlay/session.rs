@@ -9,7 +9,7 @@
 //! path's base; anything else is someone else's, and the base stays, so the next sync sees
 //! the conflict (see doc/SEMANTICS.md, "Sessions").
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -20,7 +20,7 @@ use super::{remove_tree, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Record, Sent, ShareId};
-use crate::sys::{Root, Stat};
+use crate::sys::{Root, Stat, Version};
 
 /// How the share and the cache disagreed at sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1035,12 +1035,14 @@ impl Overlay {
     /// Empties the cache of everything but local-only paths and forgets the session. Only
     /// when nothing is unsynced and no sync is half done.
     ///
-    /// A file still open for writing somewhere is kept (see [`still_written`]): a program
-    /// that had it open through a mount whose daemon died writes it through kernel
-    /// passthrough, without any daemon, and a removed file would take those writes with
-    /// it. Such a file stays in the cache as unsynced work (dirty, with the base its path
-    /// has now), so the next session shows it and its next sync sends what was written.
-    pub fn drop_clean_cache(&self) -> FsResult<Emptied> {
+    /// A file still open for writing somewhere, or not as it was when the sync that just
+    /// ran handed it to rsync (`handed`: path from the mount root, and [`Stat::version`]
+    /// then), is kept (see [`must_stay`]): a program that had it open through a mount whose
+    /// daemon died writes it through kernel passthrough, without any daemon, and a removed
+    /// file would take those writes with it. Such a file stays in the cache as unsynced
+    /// work (dirty, with the base its path has now), so the next session shows it and its
+    /// next sync sends what was written.
+    pub fn drop_clean_cache(&self, handed: &HashMap<PathBuf, Version>) -> FsResult<Emptied> {
         let mut inner = self.lock();
         if !inner.state.is_clean() || inner.state.sending().next().is_some() {
             return Ok(Emptied::default());
@@ -1054,7 +1056,7 @@ impl Overlay {
         }
         let mut held = Vec::new();
         for rel in &tops {
-            find_written(&self.cache, &up(rel), &mut held)?;
+            find_kept(&self.cache, &up(rel), handed, &mut held)?;
         }
         let kept: Vec<PathBuf> = held
             .iter()
@@ -1063,8 +1065,8 @@ impl Overlay {
         for p in &kept {
             tracing::warn!(
                 path = %shown(p),
-                "still open for writing (a program of a session whose daemon ended may \
-                 write it still): kept in the cache as unsynced work, sent by the next sync"
+                "a program of a session whose daemon ended writes it, or wrote it after it \
+                 was sent: kept in the cache as unsynced work, sent by the next sync"
             );
         }
         // What the kept files become, journaled before anything beside them is removed:
@@ -1220,25 +1222,30 @@ impl Drop for SyncSession<'_> {
 pub struct Emptied {
     /// Everything but local-only paths is gone: the next session starts from the share.
     pub dropped: bool,
-    /// Files kept because they were still open for writing (paths from the mount root):
-    /// unsynced work now.
+    /// Files kept because they were still open for writing, or written after they were
+    /// handed to rsync (paths from the mount root): unsynced work now.
     pub kept_open: Vec<PathBuf>,
 }
 
-/// Whether the regular file at `rel` (below `root`) is still open for writing somewhere,
-/// or cannot be told not to be: then it is kept too, and the reason logged. The file is
-/// opened read-only, without following a symlink, blocking on nothing (a FIFO put in its
-/// place, a lease someone holds on it), by the cache's owner (the daemon after dropping
-/// root, or the recovery child), never by root for a user.
-fn still_written(root: &Root, rel: &Path) -> bool {
-    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+/// Whether the regular file at `rel` (below `root`) must stay: it is still open for
+/// writing somewhere (or that cannot be told: the reason is logged), or it is not as it
+/// was when a sync handed it to rsync just before (`handed`, by path from the mount root):
+/// a program wrote it without the daemon in the meantime. The lease is asked before the
+/// file is looked at: a writer it does not see has closed the file, and its writes are all
+/// in what the look sees. The file is opened read-only, without following a symlink,
+/// blocking on nothing (a FIFO put in its place, a lease someone holds on it), by the
+/// cache's owner (the daemon after dropping root, or the recovery child), never by root
+/// for a user.
+fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> bool {
+    let path = rel.strip_prefix("upper").unwrap_or(rel);
     let unknown = |e: &dyn std::fmt::Display| {
         tracing::warn!(
-            path = %shown(rel.strip_prefix("upper").unwrap_or(rel)),
+            path = %shown(path),
             "cannot tell whether a cache file is still open for writing ({e}); it is kept"
         );
         true
     };
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
     let file = match root.open_file(rel, flags, 0) {
         Ok(f) => f,
         // Gone, or something else than a file now: nothing of a writer's to keep.
@@ -1254,16 +1261,39 @@ fn still_written(root: &Root, rel: &Path) -> bool {
         Ok(_) => {}
         Err(e) => return unknown(&e),
     }
-    crate::sys::open_for_writing(&file).unwrap_or_else(|e| unknown(&e))
+    match crate::sys::open_for_writing(&file) {
+        Ok(true) => {
+            tracing::warn!(path = %shown(path), "still open for writing");
+            return true;
+        }
+        Ok(false) => {}
+        Err(e) => return unknown(&e),
+    }
+    let now = match crate::sys::fstat(&file) {
+        Ok(st) => st.version(),
+        Err(e) => return unknown(&e),
+    };
+    match handed.get(path) {
+        Some(then) if *then != now => {
+            tracing::warn!(path = %shown(path), "written since it was handed to rsync");
+            true
+        }
+        _ => false,
+    }
 }
 
-/// Collects every regular file at or below `rel` that is still open for writing.
-fn find_written(root: &Root, rel: &Path, held: &mut Vec<PathBuf>) -> io::Result<()> {
+/// Collects every regular file at or below `rel` that must stay (see [`must_stay`]).
+fn find_kept(
+    root: &Root,
+    rel: &Path,
+    handed: &HashMap<PathBuf, Version>,
+    held: &mut Vec<PathBuf>,
+) -> io::Result<()> {
     let Some(meta) = root.stat(rel)? else {
         return Ok(());
     };
     if meta.is_file() {
-        if still_written(root, rel) {
+        if must_stay(root, rel, handed) {
             held.push(rel.to_path_buf());
         }
         return Ok(());
@@ -1272,7 +1302,7 @@ fn find_written(root: &Root, rel: &Path, held: &mut Vec<PathBuf>) -> io::Result<
         return Ok(());
     }
     for (name, _, _) in root.read_dir(rel)? {
-        find_written(root, &rel.join(name), held)?;
+        find_kept(root, &rel.join(name), handed, held)?;
     }
     Ok(())
 }
