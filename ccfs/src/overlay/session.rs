@@ -1246,31 +1246,40 @@ fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> boo
         true
     };
     let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-    let file = match root.open_file(rel, flags, 0) {
-        Ok(f) => f,
+    let now = match root.open_file(rel, flags, 0) {
+        Ok(file) => {
+            match crate::sys::fstat(&file) {
+                Ok(st) if !st.is_file() => return false,
+                Ok(_) => {}
+                Err(e) => return unknown(&e),
+            }
+            match crate::sys::open_for_writing(&file) {
+                Ok(true) => {
+                    tracing::warn!(path = %shown(path), "still open for writing");
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => return unknown(&e),
+            }
+            match crate::sys::fstat(&file) {
+                Ok(st) => st.version(),
+                Err(e) => return unknown(&e),
+            }
+        }
         // Gone, or something else than a file now: nothing of a writer's to keep.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => {
             return false
         }
         // Someone holds a write lease on it: it is open, for writing as far as we know.
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => return true,
-        Err(e) => return unknown(&e),
-    };
-    match crate::sys::fstat(&file) {
-        Ok(st) if !st.is_file() => return false,
-        Ok(_) => {}
-        Err(e) => return unknown(&e),
-    }
-    match crate::sys::open_for_writing(&file) {
-        Ok(true) => {
-            tracing::warn!(path = %shown(path), "still open for writing");
-            return true;
-        }
-        Ok(false) => {}
-        Err(e) => return unknown(&e),
-    }
-    let now = match crate::sys::fstat(&file) {
-        Ok(st) => st.version(),
+        // Its owner may not read it (mode 0200, 0000): nor could the daemon open it for
+        // reading and writing, which a passthrough open needs; only its version is looked
+        // at.
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => match root.stat(rel) {
+            Ok(Some(st)) if st.is_file() => st.version(),
+            Ok(_) => return false,
+            Err(e) => return unknown(&e),
+        },
         Err(e) => return unknown(&e),
     };
     match handed.get(path) {
