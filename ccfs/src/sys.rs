@@ -1730,3 +1730,33 @@ pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
         Ok(v as u32)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_open_for_writing_while_any_descriptor_writes_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"x").expect("write");
+        let look = File::open(&p).expect("open");
+        assert!(!open_for_writing(&look).expect("lease"));
+        let reader = File::open(&p).expect("open");
+        assert!(
+            !open_for_writing(&look).expect("lease"),
+            "readers do not count"
+        );
+        let writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .expect("open");
+        assert!(open_for_writing(&look).expect("lease"));
+        drop(writer);
+        assert!(
+            !open_for_writing(&look).expect("lease"),
+            "the lease was given back"
+        );
+        drop(reader);
+    }
+}
