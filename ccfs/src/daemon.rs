@@ -763,10 +763,30 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
 /// a logout), and empties the cache once all of it is on the share. What the cache holds
 /// beyond the journal is a clean copy and is never sent. Returns the outcome, or None when
 /// the journal had no work.
+///
+/// A file still open for writing (a program of the crashed session may write it through
+/// kernel passthrough, without a daemon) is not removed: it stays as unsynced work, and the
+/// outcome names it (also when the journal had no work).
 pub fn recover_overlay(overlay: &Overlay, rsync: &RsyncOptions) -> Option<SyncOutcome> {
     if !overlay.has_unsynced_work() {
-        if let Err(e) = overlay.drop_clean_cache() {
-            tracing::warn!("cannot empty the clean cache: {e}");
+        match overlay.drop_clean_cache(&Default::default()) {
+            Ok(e) if !e.kept_open.is_empty() => {
+                let (dirty, _, deletions) = overlay.pending();
+                let report = sync::SyncReport {
+                    kept_open: e.kept_open,
+                    remaining_dirty: dirty,
+                    remaining_deletions: deletions,
+                    ok: true,
+                    finished_at: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                    ..Default::default()
+                };
+                return Some(SyncOutcome::from(Ok(report)));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot empty the clean cache: {e}"),
         }
         return None;
     }

@@ -336,6 +336,12 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
             for c in &r.conflicts {
                 println!("ccfs: {what}: {}", describe_conflict(c));
             }
+            for p in &r.kept_open {
+                println!(
+                    "ccfs: {what}: kept {} in the cache: it is still open for writing (a program of the ended session may write it still); the next sync or logout sends it",
+                    shown(p)
+                );
+            }
         }
         (None, Some(e)) if o.share_unreachable.is_some() => {
             println!("ccfs: {what} not started: {}", daemon::LogText(e))
@@ -700,6 +706,7 @@ fn recover(
         (None, None) => daemon::all_caches(),
     };
     let mut failed = 0;
+    let mut held = 0;
     for d in &dirs {
         let name = shown(d);
         match daemon::recover_cache(d, settings.as_ref()) {
@@ -709,7 +716,14 @@ fn recover(
             }
             Ok(Recovered::Synced(o)) => {
                 print_outcome(&format!("{name}: recover"), &o);
-                if !o.ok {
+                let only_kept_open = o.report.as_ref().is_some_and(|r| {
+                    r.ok && !r.kept_open.is_empty()
+                        && r.remaining_dirty == r.kept_open.len()
+                        && r.remaining_deletions == 0
+                });
+                if only_kept_open {
+                    held += 1;
+                } else if !o.ok {
                     failed += 1;
                 }
             }
@@ -728,6 +742,12 @@ fn recover(
     }
     if failed > 0 {
         return Err(fail(format!("{failed} cache(s) could not be recovered")));
+    }
+    if held > 0 {
+        // Everything else is on the share; what a program may still write is not yet.
+        return Err(fail(format!(
+            "{held} cache(s) keep files still open for writing; the next sync or logout sends them"
+        )));
     }
     Ok(())
 }

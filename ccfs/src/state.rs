@@ -221,6 +221,12 @@ impl OverlayState {
         self.bases.get(p).copied().flatten()
     }
 
+    /// The base recorded for `p` as it is (Some(None): the share had nothing there), or
+    /// None when `p` was not taken over.
+    pub fn base_entry(&self, p: &Path) -> Option<Option<ShareId>> {
+        self.bases.get(p).copied()
+    }
+
     /// True when the cache took `p` over in this session (its base is recorded).
     pub fn taken_over(&self, p: &Path) -> bool {
         self.bases.contains_key(p)

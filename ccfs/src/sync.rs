@@ -146,6 +146,11 @@ pub struct SyncReport {
     /// The cache was emptied after a logout or recovery that put everything on the share.
     #[serde(default)]
     pub cache_dropped: bool,
+    /// Files the cache was not emptied of because they were still open for writing (a
+    /// program of a session whose daemon ended writes them through kernel passthrough):
+    /// kept as unsynced work for the next sync.
+    #[serde(default)]
+    pub kept_open: Vec<PathBuf>,
     pub ok: bool,
     pub seconds: f64,
     /// Unix time at the end of the sync.
@@ -280,6 +285,14 @@ pub fn run_sync(
         conflicts: session.conflicts.clone(),
         ..Default::default()
     };
+    // What each file is as it is handed over: one that is not so afterwards was written
+    // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
+    // without the daemon, see `Overlay::drop_clean_cache`).
+    let handed: std::collections::HashMap<PathBuf, crate::sys::Version> = session
+        .files
+        .iter()
+        .filter_map(|p| overlay.upper_version(p).map(|v| (p.clone(), v)))
+        .collect();
     let (transfer, why) = if session.files.is_empty() {
         (Transfer::Complete, None)
     } else {
@@ -293,7 +306,9 @@ pub fn run_sync(
     report.errors.extend(why);
     report.not_sent = settled.not_sent;
     if mode != SyncMode::Session {
-        report.cache_dropped = overlay.drop_clean_cache()?;
+        let emptied = overlay.drop_clean_cache(&handed)?;
+        report.cache_dropped = emptied.dropped;
+        report.kept_open = emptied.kept_open;
     }
     if !report.cache_dropped {
         if let Err(e) = overlay.compact() {

@@ -287,6 +287,35 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
+/// `F_SETSIG` (asm-generic, as on x86, arm and riscv): the signal a lease break sends.
+const F_SETSIG: libc::c_int = 10;
+
+/// Whether the regular file `file` (open read-only here) is open for writing anywhere:
+/// by any process, or by the kernel itself (the backing file of a FUSE passthrough open
+/// lives on in the kernel after its daemon died, and takes writes without it). The kernel
+/// refuses a read lease (EAGAIN) while any descriptor of the inode is open for writing;
+/// one granted is given back at once. A lease needs the file to be the caller's (or
+/// CAP_LEASE), and leases enabled (`fs.leases-enable`): otherwise the error says why.
+pub fn open_for_writing(file: &File) -> io::Result<bool> {
+    let fd = file.as_raw_fd();
+    // Should a writer open the file in the moment the lease is held, the break is
+    // signalled with SIGURG (ignored unless handled) instead of SIGIO (which would end
+    // this process).
+    // SAFETY: fcntl with integer arguments on a descriptor `file` owns.
+    check(unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGURG) })?;
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(true),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above. Closing `file` would give the lease back too.
+    check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) })?;
+    Ok(false)
+}
+
 /// True when `pid` names a live process (a zombie counts as gone).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -1699,5 +1728,35 @@ pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
         Err(io::Error::from_raw_os_error((-v) as i32))
     } else {
         Ok(v as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_open_for_writing_while_any_descriptor_writes_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"x").expect("write");
+        let look = File::open(&p).expect("open");
+        assert!(!open_for_writing(&look).expect("lease"));
+        let reader = File::open(&p).expect("open");
+        assert!(
+            !open_for_writing(&look).expect("lease"),
+            "readers do not count"
+        );
+        let writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .expect("open");
+        assert!(open_for_writing(&look).expect("lease"));
+        drop(writer);
+        assert!(
+            !open_for_writing(&look).expect("lease"),
+            "the lease was given back"
+        );
+        drop(reader);
     }
 }

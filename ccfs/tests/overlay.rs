@@ -330,6 +330,74 @@ fn a_write_during_sync_keeps_the_file_dirty() {
     o.release_writer(w.expect("writer"));
 }
 
+/// After a crash, a program may still write a cached file through kernel passthrough (the
+/// kernel writes the cache's file itself, without the daemon): emptying the cache keeps a
+/// file still open for writing, and one written after the sync handed it to rsync, as
+/// unsynced work; the next recovery sends what was written and empties the cache.
+#[test]
+fn a_recovery_keeps_files_written_without_the_daemon() {
+    let env = Env::new();
+    let o = env.overlay();
+    write_file(&o, ".held", b"one");
+    write_file(&o, ".late", b"one");
+    write_file(&o, ".done", b"done");
+    drop(o); // kill -9: gone without a sync
+    let upper = env.cache.join("upper");
+    // A descriptor open for writing on the cache's file, as a passthrough open keeps it.
+    let mut holder = fs::OpenOptions::new()
+        .append(true)
+        .open(upper.join(".held"))
+        .expect("hold");
+    // A program that writes `.late` once rsync has read it, and then lets go of it.
+    let flag = env.cache.parent().expect("tmp").join("wrote-late");
+    let wrapper = env.cache.parent().expect("tmp").join("rsync-then-write");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n'{}' \"$@\"; rc=$?\nif [ ! -e '{f}' ]; then : > '{f}'; printf ' two' >> '{}'; fi\nexit $rc\n",
+            env.rsync().binary.display(),
+            upper.join(".late").display(),
+            f = flag.display(),
+        ),
+    )
+    .expect("wrapper");
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut opts = env.rsync();
+    opts.binary = wrapper;
+
+    let o = env.overlay();
+    let out = ccfs::daemon::recover_overlay(&o, &opts).expect("work to recover");
+    let r = out.report.expect("report");
+    assert_eq!(
+        r.kept_open,
+        vec![PathBuf::from(".held"), PathBuf::from(".late")],
+        "{r:?}"
+    );
+    assert!(!r.cache_dropped && !out.ok, "{r:?}");
+    assert_eq!(r.remaining_dirty, 2, "{r:?}");
+    assert_eq!(fs::read(env.share.join(".held")).expect("r"), b"one");
+    assert_eq!(fs::read(env.share.join(".late")).expect("r"), b"one");
+    assert_eq!(fs::read(env.share.join(".done")).expect("r"), b"done");
+    assert!(!upper.join(".done").exists(), "what is on the share goes");
+    assert!(o.lock().state().is_dirty(Path::new(".held")));
+    assert!(o.lock().state().is_dirty(Path::new(".late")));
+    holder
+        .write_all(b" more")
+        .expect("a write after the recovery");
+    drop(holder);
+    drop(o);
+
+    // The next session (its recovery) sends both and empties the cache.
+    let o = env.overlay();
+    let out = ccfs::daemon::recover_overlay(&o, &opts).expect("kept work to recover");
+    assert!(out.ok, "{out:?}");
+    let r = out.report.expect("report");
+    assert!(r.kept_open.is_empty() && r.cache_dropped, "{r:?}");
+    assert_eq!(fs::read(env.share.join(".held")).expect("r"), b"one more");
+    assert_eq!(fs::read(env.share.join(".late")).expect("r"), b"one two");
+    assert_eq!(fs::read_dir(&upper).expect("ls").count(), 0);
+}
+
 #[test]
 fn a_failed_rsync_clears_nothing() {
     let env = Env::new();

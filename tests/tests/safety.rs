@@ -500,3 +500,200 @@ fn a_full_cache_filesystem_gives_enospc_and_loses_nothing() {
     assert!(fs::read(fx.s(".config/big")).expect("big") == big_old);
     assert!(!written.is_empty());
 }
+
+// ---- a program that keeps writing across a crash ------------------------------------------
+
+/// A program of the user's that keeps a file open for appending: each line sent to it is
+/// written through its one descriptor, and it answers whether the write succeeded.
+struct Holder {
+    child: std::process::Child,
+    to: std::process::ChildStdin,
+    from: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Holder {
+    fn open(user: &str, path: &Path) -> Self {
+        use std::process::Stdio;
+        let script = format!(
+            "exec 3>>'{}' || exit 1; echo open; \
+             while IFS= read -r line; do \
+               if printf '%s\\n' \"$line\" >&3; then echo ok; else echo failed; fi; \
+             done",
+            path.display()
+        );
+        let mut child = Command::new("setpriv")
+            .args([
+                "--reuid",
+                user,
+                "--regid",
+                user,
+                "--init-groups",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("setpriv");
+        let to = child.stdin.take().expect("stdin");
+        let from = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut h = Holder { child, to, from };
+        assert_eq!(
+            h.answer(),
+            "open",
+            "the holder could not open {}",
+            path.display()
+        );
+        h
+    }
+
+    fn answer(&mut self) -> String {
+        let mut s = String::new();
+        std::io::BufRead::read_line(&mut self.from, &mut s).expect("holder answers");
+        s.trim().to_string()
+    }
+
+    /// Writes one line; true when the write succeeded.
+    fn write(&mut self, line: &str) -> bool {
+        writeln!(self.to, "{line}").expect("to holder");
+        self.to.flush().expect("flush");
+        match self.answer().as_str() {
+            "ok" => true,
+            "failed" => false,
+            other => panic!("holder: {other:?}"),
+        }
+    }
+
+    /// Closes the descriptor (the program ends).
+    fn close(self) {
+        let Holder { mut child, to, .. } = self;
+        drop(to);
+        let st = child.wait().expect("wait holder");
+        assert!(st.success(), "holder: {st:?}");
+    }
+}
+
+fn upper_names(cache: &Path, dir: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(cache.join("upper").join(dir))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Regression: with kernel passthrough, a descriptor a program holds on a dotfile keeps
+/// writing the cache's file after the daemon is killed (the kernel does the writes). The
+/// recovery used to send the cache and empty it: every later write "succeeded" into a
+/// removed file and was lost. Now a write after the crash either fails, or is kept: the
+/// recovery leaves a file still open for writing in the cache as unsynced work (and says
+/// so), and the next session shows it and sends it at logout. A crash without a holder
+/// still empties the cache.
+#[test]
+fn a_write_through_a_descriptor_held_across_a_crash_and_recovery_is_kept() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(
+        fx.tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod tmp");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "mkdir {mnt}/.config && echo done > {mnt}/.config/done && echo top > {mnt}/.top",
+            mnt = fx.mnt.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let log = fx.m(".config/app.log");
+    let mut h = Holder::open("ccfs-alice", &log);
+    let mut kept = vec!["1 before the crash".to_string()];
+    assert!(h.write(&kept[0]), "a write to a live mount");
+
+    // Without kernel passthrough (a kernel before 6.9) the writes below fail at once.
+    let passthrough =
+        read(&fx.cache.join("ccfs.log")).contains("kernel passthrough of open files is on");
+
+    m.crash(); // kill -9, then `fusermount3 -u -z` of the dead mount
+    let line = "2 after the crash".to_string();
+    let wrote = h.write(&line);
+    assert_eq!(
+        wrote, passthrough,
+        "a write after the crash succeeds only through passthrough"
+    );
+    if wrote {
+        kept.push(line);
+    }
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        fx.cache.as_os_str(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    if passthrough {
+        assert!(
+            said.contains("kept .config/app.log in the cache"),
+            "the recovery names the file it keeps: {}",
+            text(&out)
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert_eq!(
+            upper_names(&fx.cache, ".config"),
+            ["app.log"],
+            "only the held file stays in the cache"
+        );
+    } else {
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(upper_names(&fx.cache, ""), Vec::<String>::new());
+    }
+    assert_eq!(read(&fx.s(".config/done")), "done\n", "{}", text(&out));
+    assert_eq!(read(&fx.s(".top")), "top\n");
+    assert_eq!(
+        read(&fx.s(".config/app.log")),
+        kept.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        "the recovery sends what the file held"
+    );
+    assert!(!fx.cache.join("upper/.top").exists());
+
+    let line = "3 after the recovery".to_string();
+    if h.write(&line) {
+        kept.push(line);
+    }
+    h.close();
+    let all: String = kept.iter().map(|l| format!("{l}\n")).collect();
+
+    // The next session shows every line and its logout sends them.
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user("ccfs-alice", &format!("cat {}", log.display()));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), all, "{}", text(&out));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        read(&fx.s(".config/app.log")),
+        all,
+        "every line written through the held descriptor reaches the share"
+    );
+    assert_eq!(upper_names(&fx.cache, ""), Vec::<String>::new());
+
+    // Without a holder, a crash and its recovery empty the cache as before.
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user("ccfs-alice", &format!("echo later >> {}", log.display()));
+    assert!(out.status.success(), "{}", text(&out));
+    m.crash();
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        fx.cache.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".config/app.log")), format!("{all}later\n"));
+    assert_eq!(upper_names(&fx.cache, ""), Vec::<String>::new());
+}

@@ -116,7 +116,7 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
-pub use session::{Conflict, ConflictKind, SyncSession, Transfer};
+pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 
 mod session;
 
@@ -401,6 +401,15 @@ impl Overlay {
 
     fn upper_stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
         self.cache.stat(&up(rel))
+    }
+
+    /// What the cache's regular file at `rel` is now ([`Stat::version`]), if it has one.
+    pub fn upper_version(&self, rel: &Path) -> Option<sys::Version> {
+        self.upper_stat(rel)
+            .ok()
+            .flatten()
+            .filter(Stat::is_file)
+            .map(|m| m.version())
     }
 
     /// The records of the cache taking `rel` over: what the share holds there now (none

@@ -9,7 +9,7 @@
 //! path's base; anything else is someone else's, and the base stays, so the next sync sees
 //! the conflict (see doc/SEMANTICS.md, "Sessions").
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -20,7 +20,7 @@ use super::{remove_tree, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Record, Sent, ShareId};
-use crate::sys::{Root, Stat};
+use crate::sys::{Root, Stat, Version};
 
 /// How the share and the cache disagreed at sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1034,22 +1034,80 @@ impl Overlay {
 
     /// Empties the cache of everything but local-only paths and forgets the session. Only
     /// when nothing is unsynced and no sync is half done.
-    pub fn drop_clean_cache(&self) -> FsResult<bool> {
+    ///
+    /// A file still open for writing somewhere, or not as it was when the sync that just
+    /// ran handed it to rsync (`handed`: path from the mount root, and [`Stat::version`]
+    /// then), is kept (see [`must_stay`]): a program that had it open through a mount whose
+    /// daemon died writes it through kernel passthrough, without any daemon, and a removed
+    /// file would take those writes with it. Such a file stays in the cache as unsynced
+    /// work (dirty, with the base its path has now), so the next session shows it and its
+    /// next sync sends what was written.
+    pub fn drop_clean_cache(&self, handed: &HashMap<PathBuf, Version>) -> FsResult<Emptied> {
         let mut inner = self.lock();
         if !inner.state.is_clean() || inner.state.sending().next().is_some() {
-            return Ok(false);
+            return Ok(Emptied::default());
         }
+        let mut tops = Vec::new();
         for (name, _, _) in self.cache.read_dir(Path::new("upper"))? {
             let rel = PathBuf::from(&name);
-            if self.policy.classify(&rel) == PathClass::LocalOnly {
-                continue;
+            if self.policy.classify(&rel) != PathClass::LocalOnly {
+                tops.push(rel);
             }
-            remove_tree(&self.cache, &up(&rel))?;
+        }
+        let mut held = Vec::new();
+        for rel in &tops {
+            find_kept(&self.cache, &up(rel), handed, &mut held)?;
+        }
+        let kept: Vec<PathBuf> = held
+            .iter()
+            .filter_map(|p| p.strip_prefix("upper").ok().map(Path::to_path_buf))
+            .collect();
+        for p in &kept {
+            tracing::warn!(
+                path = %shown(p),
+                "a program of a session whose daemon ended writes it, or wrote it after it \
+                 was sent: kept in the cache as unsynced work, sent by the next sync"
+            );
+        }
+        // What the kept files become, journaled before anything beside them is removed:
+        // a failure here leaves the whole cache in place.
+        let mut keep = Vec::new();
+        for p in &kept {
+            keep.push(self.carried_base(&inner, p)?);
+            if let Some((db, _)) = database_of(p) {
+                if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
+                    keep.push(self.carried_base(&inner, &db)?);
+                }
+            }
+            keep.push(Record::Dirty(p.clone()));
+        }
+        if !keep.is_empty() {
+            inner.journal.append(&keep).map_err(FsError::Journal)?;
+        }
+        let held: HashSet<PathBuf> = held.into_iter().collect();
+        for rel in &tops {
+            remove_tree_keeping(&self.cache, &up(rel), &held)?;
         }
         inner.state.reset();
+        for r in &keep {
+            inner.state.apply(r);
+        }
         let super::Inner { state, journal, .. } = &mut *inner;
         journal.compact(state).map_err(FsError::Journal)?;
-        Ok(true)
+        Ok(Emptied {
+            dropped: kept.is_empty(),
+            kept_open: kept,
+        })
+    }
+
+    /// The base `p` keeps when the session is forgotten around it: the one recorded (what
+    /// the share held after our last sync of it), else what the share holds there now.
+    fn carried_base(&self, inner: &super::Inner, p: &Path) -> FsResult<Record> {
+        let base = match inner.state.base_entry(p) {
+            Some(b) => b,
+            None => self.share.stat(p)?.as_ref().map(share_id_of),
+        };
+        Ok(Record::Base(p.to_path_buf(), base))
     }
 
     /// Rewrites the journal as a snapshot of the current state.
@@ -1157,6 +1215,136 @@ impl Drop for SyncSession<'_> {
         }
         self.overlay.sync_running.store(false, Ordering::Release);
     }
+}
+
+/// What emptying the cache came to (see [`Overlay::drop_clean_cache`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Emptied {
+    /// Everything but local-only paths is gone: the next session starts from the share.
+    pub dropped: bool,
+    /// Files kept because they were still open for writing, or written after they were
+    /// handed to rsync (paths from the mount root): unsynced work now.
+    pub kept_open: Vec<PathBuf>,
+}
+
+/// Whether the regular file at `rel` (below `root`) must stay: it is still open for
+/// writing somewhere (or that cannot be told: the reason is logged), or it is not as it
+/// was when a sync handed it to rsync just before (`handed`, by path from the mount root):
+/// a program wrote it without the daemon in the meantime. The lease is asked before the
+/// file is looked at: a writer it does not see has closed the file, and its writes are all
+/// in what the look sees. The file is opened read-only, without following a symlink,
+/// blocking on nothing (a FIFO put in its place, a lease someone holds on it), by the
+/// cache's owner (the daemon after dropping root, or the recovery child), never by root
+/// for a user.
+fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> bool {
+    let path = rel.strip_prefix("upper").unwrap_or(rel);
+    let unknown = |e: &dyn std::fmt::Display| {
+        tracing::warn!(
+            path = %shown(path),
+            "cannot tell whether a cache file is still open for writing ({e}); it is kept"
+        );
+        true
+    };
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let now = match root.open_file(rel, flags, 0) {
+        Ok(file) => {
+            match crate::sys::fstat(&file) {
+                Ok(st) if !st.is_file() => return false,
+                Ok(_) => {}
+                Err(e) => return unknown(&e),
+            }
+            match crate::sys::open_for_writing(&file) {
+                Ok(true) => {
+                    tracing::warn!(path = %shown(path), "still open for writing");
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => return unknown(&e),
+            }
+            match crate::sys::fstat(&file) {
+                Ok(st) => st.version(),
+                Err(e) => return unknown(&e),
+            }
+        }
+        // Gone, or something else than a file now: nothing of a writer's to keep.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => {
+            return false
+        }
+        // Someone holds a write lease on it: it is open, for writing as far as we know.
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => return true,
+        // Its owner may not read it (mode 0200, 0000): nor could the daemon open it for
+        // reading and writing, which a passthrough open needs; only its version is looked
+        // at.
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => match root.stat(rel) {
+            Ok(Some(st)) if st.is_file() => st.version(),
+            Ok(_) => return false,
+            Err(e) => return unknown(&e),
+        },
+        Err(e) => return unknown(&e),
+    };
+    match handed.get(path) {
+        Some(then) if *then != now => {
+            tracing::warn!(path = %shown(path), "written since it was handed to rsync");
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Collects every regular file at or below `rel` that must stay (see [`must_stay`]).
+fn find_kept(
+    root: &Root,
+    rel: &Path,
+    handed: &HashMap<PathBuf, Version>,
+    held: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    let Some(meta) = root.stat(rel)? else {
+        return Ok(());
+    };
+    if meta.is_file() {
+        if must_stay(root, rel, handed) {
+            held.push(rel.to_path_buf());
+        }
+        return Ok(());
+    }
+    if !meta.is_dir() {
+        return Ok(());
+    }
+    for (name, _, _) in root.read_dir(rel)? {
+        find_kept(root, &rel.join(name), handed, held)?;
+    }
+    Ok(())
+}
+
+/// [`remove_tree`], but for the files in `keep` and the directories that lead to them.
+fn remove_tree_keeping(root: &Root, rel: &Path, keep: &HashSet<PathBuf>) -> io::Result<()> {
+    if keep.contains(rel) {
+        return Ok(());
+    }
+    if !keep.iter().any(|k| k.starts_with(rel)) {
+        return remove_tree(root, rel);
+    }
+    let Some(meta) = root.stat(rel)? else {
+        return Ok(());
+    };
+    if !meta.is_dir() {
+        return remove_tree(root, rel);
+    }
+    // A read-only directory's copy gets the owner's write bit to be emptied, and back after.
+    let mode = meta.mode() & 0o7777;
+    let locked = mode & libc::S_IWUSR == 0;
+    if locked {
+        root.chmod(rel, mode | libc::S_IWUSR)?;
+    }
+    let emptied = root.read_dir(rel).and_then(|names| {
+        names
+            .into_iter()
+            .try_for_each(|(name, _, _)| remove_tree_keeping(root, &rel.join(name), keep))
+    });
+    if locked {
+        let _ = root.chmod(rel, mode);
+    }
+    emptied
 }
 
 #[cfg(test)]
