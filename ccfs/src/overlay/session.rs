@@ -4,12 +4,13 @@
 //! A session dropped unfinished (rsync could not run, or a panic) settles as an incomplete
 //! transfer. A crash leaves the `Sending` records, which the next session settles first.
 //!
-//! Settling a path compares the share with what was sent: a share file with the size and
-//! mtime the cache copy had when it was handed to rsync is our own transfer, and becomes the
-//! path's base; anything else is someone else's, and the base stays, so the next sync sees
-//! the conflict (see doc/SEMANTICS.md, "Sessions").
+//! Settling a path compares the share with what was sent: a share file that rsync reported
+//! sending (with the mtime it gave it), or, without rsync's report, one with the size and
+//! mtime the cache copy had when it was handed to rsync, is our own transfer, and becomes
+//! the path's base; anything else is someone else's, and the base stays, so the next sync
+//! sees the conflict (see doc/SEMANTICS.md, "Sessions").
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -50,11 +51,16 @@ pub struct Conflict {
 }
 
 /// What rsync reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transfer {
     /// Exit 0: every listed path was sent.
     Complete,
-    /// Anything else (a partial transfer, a kill, a crash): each path is checked.
+    /// Anything else, with rsync's own list of the regular files it sent: each path with
+    /// the mtime (whole seconds) rsync listed for it, which is the mtime it gives the
+    /// share's copy (see [`crate::sync::parse_sent_line`]).
+    Reported(HashMap<PathBuf, i64>),
+    /// Anything else without that list (a crash, rsync not run, or no file named): each
+    /// path is compared with what was handed over.
     Incomplete,
 }
 
@@ -120,8 +126,9 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
-/// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
-/// as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
+/// Without rsync's report of what it sent (a sync cut short by a crash, settled by the next
+/// one; an rsync that named no file): is the share object `theirs` our own transfer of the
+/// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
 /// copy has now (rsync keeps the cache's mtimes), or an mtime from the moment we handed the
 /// file over up to the cache copy's now: a version the user wrote here while rsync was
 /// reading (a program saving again and again during a periodic sync), which this machine's
@@ -159,6 +166,29 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
         }
         _ => false,
     }
+}
+
+/// With rsync's report of what it sent: is the share object `theirs` at a path this sync's
+/// rsync put there? A regular file is when rsync reported sending that path (`listed`:
+/// the mtime, in whole seconds, it listed for the cache copy and set on the share's copy),
+/// the share's file has that mtime, and it is no longer the object the conflict check
+/// found there (`base`: rsync's `--delay-updates` puts a new file in place, so a file that
+/// rsync named but never renamed into place, the share's old one, is not ours). Neither
+/// the cache copy's state now (replaced since by a file with any mtime) nor the size rsync
+/// listed (it sends the size it finds when it opens the file) enters. Another
+/// workstation's file that replaced ours on the share between rsync's rename and this
+/// check with an mtime in the same second would be taken for ours: see doc/SEMANTICS.md
+/// "Sessions" (limit).
+fn is_reported_transfer(
+    theirs: &Stat,
+    ours: Option<&Stat>,
+    base: Option<ShareId>,
+    listed: Option<i64>,
+) -> bool {
+    if !theirs.is_file() {
+        return ours.is_some_and(|o| o.file_type() == theirs.file_type());
+    }
+    listed == Some(theirs.mtime().0) && base != Some(share_id_of(theirs))
 }
 
 /// The endings of the files that belong to a database `X` (SQLite's `X-wal`, `X-shm` and
@@ -243,7 +273,7 @@ impl Overlay {
         };
         if !leftover.is_empty() {
             let (files, sent): (Vec<_>, Vec<_>) = leftover.into_iter().unzip();
-            self.settle(&files, &sent, Transfer::Incomplete, &mut session.errors)?;
+            self.settle(&files, &sent, &Transfer::Incomplete, &mut session.errors)?;
             self.record(&mut self.lock(), &[Record::SyncEnd])?;
             self.clean_partial_transfers(&files, &mut session.errors);
         }
@@ -963,12 +993,18 @@ impl Overlay {
         &self,
         files: &[PathBuf],
         sent: &[Option<Sent>],
-        transfer: Transfer,
+        transfer: &Transfer,
         errors: &mut Vec<String>,
     ) -> FsResult<Vec<bool>> {
         let mut landed = Vec::with_capacity(files.len());
         let mut records = Vec::new();
-        for (p, s) in files.iter().zip(sent) {
+        // What the conflict check found at each path (the base: no sync or conflict of
+        // this path can have set another since).
+        let bases: Vec<Option<ShareId>> = {
+            let inner = self.lock();
+            files.iter().map(|p| inner.state.base(p)).collect()
+        };
+        for ((p, s), base) in files.iter().zip(sent).zip(bases) {
             let theirs = match self.share.stat(p) {
                 Ok(m) => m,
                 Err(e) => {
@@ -980,6 +1016,9 @@ impl Overlay {
             let ours = self.upper_stat(p).ok().flatten();
             let ok = theirs.as_ref().is_some_and(|t| match transfer {
                 Transfer::Complete => true,
+                Transfer::Reported(listed) => {
+                    is_reported_transfer(t, ours.as_ref(), base, listed.get(p).copied())
+                }
                 Transfer::Incomplete => is_our_transfer(t, ours.as_ref(), *s),
             });
             if ok {
@@ -1079,7 +1118,7 @@ impl SyncSession<'_> {
             errors: std::mem::take(&mut self.errors),
             ..Default::default()
         };
-        let landed = o.settle(&self.files, &self.sent, transfer, &mut out.errors)?;
+        let landed = o.settle(&self.files, &self.sent, &transfer, &mut out.errors)?;
         {
             let mut inner = o.lock();
             let mut clean = Vec::new();
@@ -1145,7 +1184,7 @@ impl Drop for SyncSession<'_> {
             let mut errors = Vec::new();
             let settled = self
                 .overlay
-                .settle(&self.files, &self.sent, Transfer::Incomplete, &mut errors)
+                .settle(&self.files, &self.sent, &Transfer::Incomplete, &mut errors)
                 .and_then(|_| {
                     self.overlay
                         .record(&mut self.overlay.lock(), &[Record::SyncEnd])
