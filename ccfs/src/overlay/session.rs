@@ -1317,4 +1317,64 @@ mod tests {
         ));
         assert!(!is_our_transfer(&stat_of("h", b"v1", 1000), None, None));
     }
+
+    /// With rsync's report: the share's file is ours when rsync named the path, the file
+    /// has the mtime rsync listed (whole seconds), and it is not the file the conflict
+    /// check saw there; what the cache holds now does not matter.
+    #[test]
+    fn what_rsync_reported_and_put_in_place_is_our_transfer() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = crate::sys::Root::open(dir.path()).expect("root");
+        let stat_of = |name: &str, data: &[u8], mtime: (u64, u32)| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, data).expect("write");
+            let t = std::fs::FileTimes::new()
+                .set_modified(std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0, mtime.1));
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_times(t))
+                .expect("times");
+            root.stat(Path::new(name)).expect("stat").expect("exists")
+        };
+        let old_share = stat_of("old", b"v0", (3000, 0));
+        let base = Some(share_id_of(&old_share));
+        let put = stat_of("put", b"v2, rewritten in place", (5004, 250_000_000));
+        // The cache copy was replaced since by a file written long before.
+        let replaced = stat_of("replaced", b"v3", (1000, 0));
+        assert!(is_reported_transfer(
+            &put,
+            Some(&replaced),
+            base,
+            Some(5004)
+        ));
+        assert!(is_reported_transfer(&put, None, base, Some(5004)));
+        assert!(is_reported_transfer(
+            &put,
+            Some(&replaced),
+            None,
+            Some(5004)
+        ));
+        assert!(
+            !is_reported_transfer(&put, Some(&replaced), base, None),
+            "rsync did not name it"
+        );
+        assert!(
+            !is_reported_transfer(&put, Some(&replaced), base, Some(5005)),
+            "another mtime than rsync listed"
+        );
+        assert!(
+            !is_reported_transfer(&old_share, Some(&replaced), base, Some(3000)),
+            "named by rsync, never put in place: the file the check saw"
+        );
+        // Not a regular file: the same kind as the cache's is ours, as without a report.
+        std::fs::create_dir(dir.path().join("d")).expect("mkdir");
+        std::fs::create_dir(dir.path().join("e")).expect("mkdir");
+        let (d, e) = (
+            root.stat(Path::new("d")).expect("stat").expect("d"),
+            root.stat(Path::new("e")).expect("stat").expect("e"),
+        );
+        assert!(is_reported_transfer(&d, Some(&e), None, None));
+        assert!(!is_reported_transfer(&d, Some(&put), None, None));
+    }
 }
