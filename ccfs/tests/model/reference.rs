@@ -641,9 +641,10 @@ impl Model {
         false
     }
 
-    /// Is the share's `theirs` our own transfer of `ours`, handed over as `sent`? It has
-    /// the size and mtime handed over, or the cache copy's now (so a chmod alone, which
-    /// changes neither, passes for sent: a known limit, see doc/SEMANTICS.md).
+    /// Without rsync's report of what it sent: is the share's `theirs` our own transfer of
+    /// `ours`, handed over as `sent`? It has the size and mtime handed over, or the cache
+    /// copy's now (so a chmod alone, which changes neither, passes for sent: a known limit,
+    /// see doc/SEMANTICS.md).
     fn is_ours(theirs: &Obj, ours: Option<&Obj>, sent: Option<(usize, u64)>) -> bool {
         let Some(t) = theirs.tag() else {
             return ours.is_some_and(|o| o.same_type(theirs));
