@@ -894,7 +894,7 @@ fn gated_rsync_config(gates: &Path) -> PathBuf {
     config
 }
 
-/// Scenario 12 (a finding of the review): one workstation alone. A sync hands `.s1` over;
+/// Scenario 13: one workstation alone. A sync hands `.s1` over;
 /// before rsync reads it, a program rewrites `.s1` in place (rsync sends that version) and
 /// another dotfile on the list is deleted (rsync fails: exit 23); after rsync sent but
 /// before the sync settles, a save replaces `.s1` by a file written earlier (a temp file
@@ -963,7 +963,7 @@ fn a_save_replacing_a_file_during_a_failed_sync_is_no_conflict_with_our_own_tran
     assert!(conflict_copies(&fx.share, ".s1").is_empty());
 }
 
-/// Scenario 13: the same sync, with another workstation. A's sync fails (a listed file
+/// Scenario 14: the same sync, with another workstation. A's sync fails (a listed file
 /// vanished) after its rsync put `.x` on the share; B's sync checked `.x` before that
 /// (unchanged then) and its rsync puts B's `.x` over A's before A's sync settles. What A's
 /// rsync reported sending is not what the share now holds: B's version stays on the
