@@ -104,9 +104,11 @@ pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsStri
         args.push("--fsync".into());
     }
     args.extend(opts.extra_args.iter().map(OsString::from));
-    // After the extra arguments: a `--out-format`, `-i` or `-v` among them does not
-    // replace the report the settle reads (rsync keeps the last format given).
+    // After the extra arguments: a `--out-format`, `-i`, `-v` or `--info=name0` among them
+    // does not replace or silence the report the settle reads (rsync keeps the last one
+    // given). `-q` silences it for good: the settle then compares sizes and mtimes.
     args.push(format!("--out-format={OUT_FORMAT}").into());
+    args.push("--info=name1".into());
     let mut src = upper.as_os_str().to_os_string();
     src.push("/");
     let mut dst = share.as_os_str().to_os_string();
@@ -343,6 +345,9 @@ fn read_report_lines(r: &mut impl BufRead) -> std::io::Result<HashMap<PathBuf, i
         }
         match line.strip_suffix(b"\n") {
             Some(l) => {
+                // What follows a carriage return (a `--progress` line ends with one; rsync
+                // escapes it in names).
+                let l = l.rsplit(|b| *b == b'\r').next().unwrap_or(l);
                 if let Some((p, mtime)) = parse_sent_line(l) {
                     sent.insert(p, mtime);
                 }
@@ -522,10 +527,11 @@ mod tests {
         assert!(a.contains(&"--files-from=-".to_string()));
         assert!(a.contains(&"--timeout=30".to_string()));
         assert_eq!(
-            &a[a.len() - 4..],
+            &a[a.len() - 5..],
             [
                 "--bwlimit=100",
                 "--out-format=ccfs-sent|%i|%M|%n",
+                "--info=name1",
                 "/c/upper/",
                 "/share/alice/"
             ]
@@ -535,12 +541,18 @@ mod tests {
     #[test]
     fn the_report_format_comes_after_the_extra_arguments() {
         let mut o = opts(ShareCaps::default());
-        o.extra_args = vec!["--out-format=%n".into(), "-i".into()];
+        o.extra_args = vec!["--out-format=%n".into(), "-i".into(), "--info=name0".into()];
         let a = rsync_args(&o, Path::new("/c/upper"), Path::new("/s/"));
         let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
         assert_eq!(
-            &a[a.len() - 4..],
-            ["-i", "--out-format=ccfs-sent|%i|%M|%n", "/c/upper/", "/s//"]
+            &a[a.len() - 5..],
+            [
+                "--info=name0",
+                "--out-format=ccfs-sent|%i|%M|%n",
+                "--info=name1",
+                "/c/upper/",
+                "/s//"
+            ]
         );
     }
 
@@ -626,7 +638,9 @@ mod tests {
         text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:02|.");
         text.extend(std::iter::repeat_n(b'x', MAX_REPORT_LINE));
         text.extend_from_slice(b"\nccfs-sent|>f+++++++++|1970/01/01-00:00:03|.two\n");
-        text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:04|.one\n");
+        text.extend_from_slice(
+            b"\r  12 100% (xfr#1)\rccfs-sent|>f+++++++++|1970/01/01-00:00:04|.one\n",
+        );
         text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:05|.cut");
         let got = read_sent_report(&text[..]).expect("read");
         let want: HashMap<PathBuf, i64> = [(".one", 4), (".two", 3)]
@@ -679,7 +693,7 @@ mod tests {
         files.sort();
         let mut o = opts(ShareCaps::default());
         o.binary = binary;
-        o.extra_args = vec!["-v".into()];
+        o.extra_args = vec!["-v".into(), "--info=name0".into(), "--progress".into()];
         o.fsync = false;
         let (t, why) = run_rsync(&o, &upper, &share, &files).expect("rsync");
         assert_eq!(t, Transfer::Complete, "{why:?}");
