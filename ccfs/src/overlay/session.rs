@@ -128,14 +128,15 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
 
 /// Without rsync's report of what it sent (a sync cut short by a crash, settled by the next
 /// one; an rsync that named no file): is the share object `theirs` our own transfer of the
-/// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
-/// copy has now (rsync keeps the cache's mtimes), or an mtime from the moment we handed the
-/// file over up to the cache copy's now: a version the user wrote here while rsync was
-/// reading (a program saving again and again during a periodic sync), which this machine's
-/// clock stamped. A share file with an mtime in that window that another workstation wrote
-/// during our sync (a logout there at the same moment, its file's mtime from that window)
-/// would be taken for ours: see doc/SEMANTICS.md "Sessions" (limit). In every case it has
-/// the cache copy's permission bits (a chmod alone changes neither size nor mtime).
+/// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and
+/// mtime we handed over or those the cache copy has now (rsync keeps the cache's mtimes),
+/// or an mtime from the moment we handed the file over up to the cache copy's now: a
+/// version the user wrote here while rsync was reading (a program saving again and again
+/// during a periodic sync), which this machine's clock stamped. A share file with an mtime
+/// in that window that another workstation wrote during our sync (a logout there at the
+/// same moment, its file's mtime from that window) would be taken for ours: see
+/// doc/SEMANTICS.md "Sessions" (limit). In every case it has the cache copy's permission
+/// bits (a chmod alone changes neither size nor mtime).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
