@@ -1,9 +1,10 @@
 //! Sync-back: the rsync command line (pure) and the runner that sends the cache's dirty
 //! paths to the share, then applies the recorded deletions.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +38,19 @@ pub fn probe_share(share: &Path) -> ShareCaps {
 /// ccfs removes from this directory only the names it was sending (see
 /// [`crate::overlay::SyncSession`]).
 pub const PARTIAL_DIR: &str = ".ccfs-sync-partial~";
+
+/// What rsync prints on its standard output for each item it sends (`--out-format`): a tag
+/// that starts no other line of its output, the itemized change (`>f...` for a regular file
+/// sent, `hf...` for a hard link to one), the mtime it listed for the file and sets on the
+/// share's copy (`%M`: whole seconds, in the time zone rsync runs with, `TZ=UTC0`), and the
+/// name last, since it may hold `|` (rsync writes its non-printable bytes, and a `\` that
+/// would read as such an escape, as `\#ooo`, so a name never spans lines). The lines are
+/// read by [`read_sent_report`]; a name only ever selects the record of that path.
+pub const OUT_FORMAT: &str = "ccfs-sent|%i|%M|%n";
+
+/// The longest line of rsync's report that is read: a path of PATH_MAX bytes, each written
+/// as a 4-byte escape, and the fields before it. A longer line names no path ccfs sends.
+const MAX_REPORT_LINE: usize = 4 * 4096 + 256;
 
 /// How to run rsync.
 #[derive(Debug, Clone)]
@@ -90,6 +104,11 @@ pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsStri
         args.push("--fsync".into());
     }
     args.extend(opts.extra_args.iter().map(OsString::from));
+    // After the extra arguments: a `--out-format`, `-i`, `-v` or `--info=name0` among them
+    // does not replace or silence the report the settle reads (rsync keeps the last one
+    // given). `-q` silences it for good: the settle then compares sizes and mtimes.
+    args.push(format!("--out-format={OUT_FORMAT}").into());
+    args.push("--info=name1".into());
     let mut src = upper.as_os_str().to_os_string();
     src.push("/");
     let mut dst = share.as_os_str().to_os_string();
@@ -213,6 +232,139 @@ fn tail(text: &[u8], lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join(" | ")
 }
 
+/// `YYYY/MM/DD-HH:MM:SS` (rsync's `%M`, in UTC) as seconds since the epoch.
+fn parse_listed_time(s: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(s).ok()?;
+    let (date, time) = s.rsplit_once('-')?;
+    let mut date = date.split('/');
+    let (y, m, d) = (date.next()?, date.next()?, date.next()?);
+    if date.next().is_some() {
+        return None;
+    }
+    let mut time = time.split(':');
+    let (hh, mm, ss) = (time.next()?, time.next()?, time.next()?);
+    if time.next().is_some() {
+        return None;
+    }
+    let num = |t: &str, max: i64| {
+        (!t.is_empty() && t.len() <= 2 && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<i64>().ok())
+            .flatten()
+            .filter(|v| *v <= max)
+    };
+    let (m, d) = (
+        num(m, 12).filter(|v| *v >= 1)?,
+        num(d, 31).filter(|v| *v >= 1)?,
+    );
+    let (hh, mm, ss) = (num(hh, 23)?, num(mm, 59)?, num(ss, 60)?);
+    let digits = y.strip_prefix('-').unwrap_or(y);
+    if digits.is_empty() || digits.len() > 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let y: i64 = y.parse().ok()?;
+    // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+/// A name as rsync printed it, with its `\#ooo` escapes (three octal digits, one byte)
+/// undone. rsync escapes a `\` that a `#` and three digits follow, so any such sequence is
+/// an escape; one that is not octal is not rsync's, and the line is not read.
+fn unescape_name(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        let digits = s.get(i + 2..i + 5);
+        if s[i] == b'\\'
+            && s.get(i + 1) == Some(&b'#')
+            && digits.is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+        {
+            let d = digits?;
+            if !d.iter().all(|b| (b'0'..=b'7').contains(b)) {
+                return None;
+            }
+            let v = d.iter().fold(0u32, |v, b| v * 8 + u32::from(b - b'0'));
+            out.push(u8::try_from(v).ok()?);
+            i += 5;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// One line of rsync's report ([`OUT_FORMAT`], without its newline): the path of a regular
+/// file rsync sent (or hard-linked to one it sent) and the mtime, in whole seconds, it
+/// listed for it and set on the share's copy. Any other line (another item, rsync's own
+/// messages, a line cut short) is None.
+pub fn parse_sent_line(line: &[u8]) -> Option<(PathBuf, i64)> {
+    let rest = line.strip_prefix(b"ccfs-sent|")?;
+    let mut fields = rest.splitn(3, |b| *b == b'|');
+    let (item, mtime, name) = (fields.next()?, fields.next()?, fields.next()?);
+    // `%i`: the update (`>` sent here, `<` sent away, `h` a hard link), then the type.
+    if item.len() < 2 || !matches!(item[0], b'>' | b'<' | b'h') || item[1] != b'f' {
+        return None;
+    }
+    let mtime = parse_listed_time(mtime)?;
+    let name = unescape_name(name)?;
+    let bad = name.is_empty()
+        || name.contains(&0)
+        || name.starts_with(b"/")
+        || name.ends_with(b"/")
+        || name
+            .split(|b| *b == b'/')
+            .any(|c| c == b".." || c.is_empty());
+    if bad {
+        return None;
+    }
+    Some((PathBuf::from(OsString::from_vec(name)), mtime))
+}
+
+/// Reads rsync's report to its end: each regular file it named as sent, with its listed
+/// mtime. Lines that are not the report's, too long, or cut short (no newline: rsync was
+/// killed while writing it) name nothing.
+pub fn read_sent_report(out: impl Read) -> std::io::Result<HashMap<PathBuf, i64>> {
+    let mut r = BufReader::new(out);
+    let sent = read_report_lines(&mut r);
+    if sent.is_err() {
+        // rsync must never wait on a full pipe: what is left is read and dropped.
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+    }
+    sent
+}
+
+fn read_report_lines(r: &mut impl BufRead) -> std::io::Result<HashMap<PathBuf, i64>> {
+    let mut sent = HashMap::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = (MAX_REPORT_LINE + 1) as u64;
+        if r.take(limit).read_until(b'\n', &mut line)? == 0 {
+            return Ok(sent);
+        }
+        match line.strip_suffix(b"\n") {
+            Some(l) => {
+                // What follows a carriage return (a `--progress` line ends with one; rsync
+                // escapes it in names).
+                let l = l.rsplit(|b| *b == b'\r').next().unwrap_or(l);
+                if let Some((p, mtime)) = parse_sent_line(l) {
+                    sent.insert(p, mtime);
+                }
+            }
+            None if line.len() > MAX_REPORT_LINE => {
+                r.skip_until(b'\n')?;
+            }
+            None => {}
+        }
+    }
+}
+
 /// Runs rsync over `files` (relative to `upper`); returns how the transfer ended and, when
 /// it did not complete, why.
 pub fn run_rsync(
@@ -225,8 +377,10 @@ pub fn run_rsync(
     tracing::info!(files = files.len(), "rsync to share");
     let mut cmd = Command::new(&opts.binary);
     cmd.args(&args)
+        // rsync's `%M` is local time: UTC, with no time zone file needed.
+        .env("TZ", "UTC0")
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     crate::sys::die_with_parent(&mut cmd, opts.hold_fd);
     let mut child = cmd.spawn().map_err(|source| SyncError::Spawn {
@@ -242,27 +396,43 @@ pub fn run_rsync(
         .stdin
         .take()
         .ok_or_else(|| SyncError::List(std::io::Error::other("no stdin")))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| SyncError::List(std::io::Error::other("no stdout")))?;
     let feeder = std::thread::spawn(move || stdin.write_all(&list));
+    let reader = std::thread::spawn(move || read_sent_report(stdout));
     let out = child.wait_with_output().map_err(SyncError::List)?;
     let fed = feeder
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("list writer panicked")));
+    let report = reader
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("report reader panicked")));
+    // What rsync said it sent settles a transfer that did not complete; without a
+    // report read to its end, or one that names no file, each path is compared with
+    // what was handed over.
+    let partial = match report {
+        Ok(sent) if !sent.is_empty() => Transfer::Reported(sent),
+        Ok(_) => Transfer::Incomplete,
+        Err(e) => {
+            tracing::warn!("cannot read rsync's report of what it sent: {e}");
+            Transfer::Incomplete
+        }
+    };
     if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
-        return Ok((
-            Transfer::Incomplete,
-            Some(format!("rsync was killed by signal {sig}")),
-        ));
+        return Ok((partial, Some(format!("rsync was killed by signal {sig}"))));
     }
     let code = out.status.code().unwrap_or(-1);
     if code != 0 {
         return Ok((
-            Transfer::Incomplete,
+            partial,
             Some(format!("rsync exit {code}: {}", tail(&out.stderr, 4))),
         ));
     }
     if let Err(e) = fed {
         return Ok((
-            Transfer::Incomplete,
+            partial,
             Some(format!("cannot pass the file list to rsync: {e}")),
         ));
     }
@@ -372,9 +542,181 @@ mod tests {
         assert!(a.contains(&"--files-from=-".to_string()));
         assert!(a.contains(&"--timeout=30".to_string()));
         assert_eq!(
-            &a[a.len() - 3..],
-            ["--bwlimit=100", "/c/upper/", "/share/alice/"]
+            &a[a.len() - 5..],
+            [
+                "--bwlimit=100",
+                "--out-format=ccfs-sent|%i|%M|%n",
+                "--info=name1",
+                "/c/upper/",
+                "/share/alice/"
+            ]
         );
+    }
+
+    #[test]
+    fn the_report_format_comes_after_the_extra_arguments() {
+        let mut o = opts(ShareCaps::default());
+        o.extra_args = vec!["--out-format=%n".into(), "-i".into(), "--info=name0".into()];
+        let a = rsync_args(&o, Path::new("/c/upper"), Path::new("/s/"));
+        let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            &a[a.len() - 5..],
+            [
+                "--info=name0",
+                "--out-format=ccfs-sent|%i|%M|%n",
+                "--info=name1",
+                "/c/upper/",
+                "/s//"
+            ]
+        );
+    }
+
+    /// rsync's `%M` (UTC) read as seconds since the epoch; anything else is refused.
+    #[test]
+    fn listed_times_are_utc_seconds() {
+        let t = |s: &str| parse_listed_time(s.as_bytes());
+        assert_eq!(t("1970/01/01-00:00:00"), Some(0));
+        assert_eq!(t("2000/02/29-01:02:03"), Some(951_782_400 + 3_723));
+        assert_eq!(t("2026/11/21-21:58:54"), Some(1_795_298_334));
+        assert_eq!(t("1969/12/31-23:59:59"), Some(-1));
+        assert_eq!(t("12026/01/01-00:00:00").map(|s| s > 0), Some(true));
+        for bad in [
+            "",
+            "2026/11/21 21:58:54",
+            "2026/13/01-00:00:00",
+            "2026/00/01-00:00:00",
+            "2026/11/21-24:00:00",
+            "2026/11/+1-00:00:00",
+            "2026/11/21-00:00",
+            "2026/11/21/1-00:00:00",
+            "99999999999/01/01-00:00:00",
+            "x026/11/21-21:58:54",
+        ] {
+            assert_eq!(t(bad), None, "{bad}");
+        }
+    }
+
+    /// The report's lines: regular files (and hard links to them) sent, with the name
+    /// last and its escapes undone; everything else names nothing.
+    #[test]
+    fn report_lines_name_the_regular_files_sent() {
+        let line = |s: &[u8]| parse_sent_line(s);
+        let p = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
+        assert_eq!(
+            line(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.bashrc"),
+            Some((p(b".bashrc"), 10))
+        );
+        assert_eq!(
+            line(b"ccfs-sent|hf+++++++++|1970/01/01-00:00:10|.a/b"),
+            Some((p(b".a/b"), 10))
+        );
+        // `|` and tabs stay in the name; a newline, a high byte and a `\` before `#101`
+        // come as escapes.
+        assert_eq!(
+            line(b"ccfs-sent|>f.st......|1970/01/01-00:00:10|.x|y\tz\\#012w\\#377\\#134#101"),
+            Some((p(b".x|y\tz\nw\xff\\#101"), 10))
+        );
+        // A backslash and `#` not followed by three digits are themselves.
+        assert_eq!(
+            line(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a\\#1x"),
+            Some((p(b".a\\#1x"), 10))
+        );
+        for bad in [
+            &b"ccfs-sent|cd+++++++++|1970/01/01-00:00:10|.config/"[..],
+            b"ccfs-sent|cL+++++++++|1970/01/01-00:00:10|.link",
+            b"ccfs-sent|.f..t......|1970/01/01-00:00:10|.same",
+            b"ccfs-sent|*deleting  |1970/01/01-00:00:10|.gone",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|/etc/passwd",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a/../../x",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a//b",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a\\#000",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a\\#089",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a\\#400",
+            b"ccfs-sent|>f+++++++++|yesterday|.a",
+            b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10",
+            b"sending incremental file list",
+            b".bashrc",
+            b"xccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a",
+        ] {
+            assert_eq!(line(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// A whole report through a pipe: lines that are not the report's, one too long, and a
+    /// last line cut short name nothing, and do not hide the lines after them.
+    #[test]
+    fn a_report_is_read_to_its_end_line_by_line() {
+        let mut text = Vec::new();
+        text.extend_from_slice(b"sending incremental file list\n");
+        text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:01|.one\n");
+        text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:02|.");
+        text.extend(std::iter::repeat_n(b'x', MAX_REPORT_LINE));
+        text.extend_from_slice(b"\nccfs-sent|>f+++++++++|1970/01/01-00:00:03|.two\n");
+        text.extend_from_slice(
+            b"\r  12 100% (xfr#1)\rccfs-sent|>f+++++++++|1970/01/01-00:00:04|.one\n",
+        );
+        text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:05|.cut");
+        let got = read_sent_report(&text[..]).expect("read");
+        let want: HashMap<PathBuf, i64> = [(".one", 4), (".two", 3)]
+            .into_iter()
+            .map(|(p, t)| (PathBuf::from(p), t))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// The real rsync, with ccfs's command line, over names with every kind of byte rsync
+    /// escapes or not: the report names each file sent, by its own name, with its mtime.
+    #[test]
+    fn the_real_rsyncs_report_names_every_file_it_sent() {
+        let Some(binary) = find_program("rsync") else {
+            eprintln!("no rsync: skipped");
+            return;
+        };
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (upper, share) = (tmp.path().join("upper"), tmp.path().join("share"));
+        std::fs::create_dir_all(upper.join(".d")).expect("mkdir");
+        std::fs::create_dir(&share).expect("mkdir");
+        let names: Vec<&[u8]> = vec![
+            b".plain",
+            b".with space|and\tbar",
+            b".new\nline",
+            b".\xffhigh\x7fdel",
+            b".esc\\#101",
+            b".d/inner",
+        ];
+        let mut files = Vec::new();
+        let mut want = HashMap::new();
+        for (i, n) in names.iter().enumerate() {
+            let rel = PathBuf::from(std::ffi::OsStr::from_bytes(n));
+            let at = upper.join(&rel);
+            std::fs::write(&at, n).expect("write");
+            let secs = 1_000_000_000 + 1000 * i as u64;
+            let t = std::fs::FileTimes::new()
+                .set_modified(UNIX_EPOCH + Duration::from_nanos(secs * 1_000_000_000 + 7));
+            std::fs::File::options()
+                .write(true)
+                .open(&at)
+                .and_then(|f| f.set_times(t))
+                .expect("times");
+            want.insert(rel.clone(), secs as i64);
+            files.push(rel);
+        }
+        std::os::unix::fs::symlink("target", upper.join(".link")).expect("symlink");
+        files.push(PathBuf::from(".link"));
+        files.push(PathBuf::from(".d"));
+        files.sort();
+        let mut o = opts(ShareCaps::default());
+        o.binary = binary;
+        o.extra_args = vec!["-v".into(), "--info=name0".into(), "--progress".into()];
+        o.fsync = false;
+        let (t, why) = run_rsync(&o, &upper, &share, &files).expect("rsync");
+        assert_eq!(t, Transfer::Complete, "{why:?}");
+        // A file that vanished: rsync fails (exit 23) and its report settles the rest.
+        files.push(PathBuf::from(".vanished"));
+        let (t, why) = run_rsync(&o, &upper, &share, &files).expect("rsync");
+        assert!(why.is_some_and(|w| w.contains("exit 23")));
+        assert_eq!(t, Transfer::Reported(want));
     }
 
     #[test]

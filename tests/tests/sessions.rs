@@ -851,3 +851,184 @@ fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
         "{says}"
     );
 }
+
+/// Writes an rsync wrapper that, while the file `gates/hold` exists, says when ccfs handed
+/// the list over (`handed-over`) and waits for `go` before the real rsync runs, then says
+/// when rsync is done (`sent`) and waits for `settle` before it exits (each wait gives up
+/// after a minute): a sync whose rsync takes its time, with the steps in the test's hands.
+/// Makes `gates` and returns a config (in it) using the wrapper.
+fn gated_rsync_config(gates: &Path) -> PathBuf {
+    fs::create_dir(gates).expect("mkdir");
+    let real = ccfs::sync::find_program("rsync").expect("rsync");
+    let wrapper = gates.join("rsync");
+    let wait = |gate: &str| {
+        format!(
+            "n=0; while [ ! -e '{d}/{gate}' ] && [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done\n",
+            d = gates.display()
+        )
+    };
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nheld=no; if [ -e '{d}/hold' ]; then held=yes; fi\n\
+             if [ $held = yes ]; then touch '{d}/handed-over'; {go}fi\n\
+             '{real}' \"$@\"\nrc=$?\n\
+             if [ $held = yes ]; then touch '{d}/sent'; {settle}fi\nexit $rc\n",
+            d = gates.display(),
+            real = real.display(),
+            go = wait("go"),
+            settle = wait("settle"),
+        ),
+    )
+    .expect("wrapper");
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = gates.join("ccfs.toml");
+    fs::write(
+        &config,
+        format!(
+            "[sync]\nrsync = \"{}\"\ninterval_secs = 0\n",
+            wrapper.display()
+        ),
+    )
+    .expect("config");
+    config
+}
+
+/// Scenario 13: one workstation alone. A sync hands `.s1` over;
+/// before rsync reads it, a program rewrites `.s1` in place (rsync sends that version) and
+/// another dotfile on the list is deleted (rsync fails: exit 23); after rsync sent but
+/// before the sync settles, a save replaces `.s1` by a file written earlier (a temp file
+/// with an older mtime, renamed over it). The share's `.s1` is this sync's own transfer:
+/// the next sync sends the last save over it, and nobody is told of a conflict.
+#[test]
+fn a_save_replacing_a_file_during_a_failed_sync_is_no_conflict_with_our_own_transfer() {
+    let fx = Fixture::new();
+    let gates = fx.tmp.path().join("gates");
+    let config = gated_rsync_config(&gates);
+    let m = fx.mount_with(&["--config", config.to_str().expect("utf8")]);
+    let last = "C-final-version-written-before-the-sync\n";
+    write(&fx.m(".s1"), "A-first-version\n");
+    write(&fx.m(".s1.tmp"), last);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    // Written an hour ago (a temp file kept open, `cp -p`, `mv` of an older file).
+    set_mtime(&fx.m(".s1.tmp"), now - 3600);
+    write(&fx.m(".other"), "junk\n");
+    write(&gates.join("hold"), "");
+    let mnt = fx.mnt.clone();
+    let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
+    wait_until("the hand-over", Duration::from_secs(60), || {
+        gates.join("handed-over").exists()
+    });
+    write(&fx.m(".s1"), "B-intermediate\n");
+    fs::remove_file(fx.m(".other")).expect("rm .other");
+    write(&gates.join("go"), "");
+    wait_until("rsync to finish", Duration::from_secs(60), || {
+        gates.join("sent").exists()
+    });
+    assert_eq!(read(&fx.s(".s1")), "B-intermediate\n", "rsync sent B");
+    fs::rename(fx.m(".s1.tmp"), fx.m(".s1")).expect("mv .s1.tmp .s1");
+    fs::remove_file(gates.join("hold")).expect("rm hold");
+    write(&gates.join("settle"), "");
+    let first = syncer.join().expect("sync thread");
+    let said_first = text(&first);
+    assert!(
+        !first.status.success(),
+        "rsync failed on .other: {said_first}"
+    );
+    assert!(
+        said_first.contains("not sent to the share: .other"),
+        "{said_first}"
+    );
+    let second = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    let said = text(&second);
+    assert!(
+        !said.contains("conflict"),
+        "{said}\nfirst sync: {said_first}"
+    );
+    ok(&second);
+    assert!(
+        !said_first.contains("not sent to the share: .s1\n") && !said_first.contains("conflict"),
+        "rsync's own transfer of .s1 settled as sent: {said_first}"
+    );
+    assert_eq!(read(&fx.s(".s1")), last, "the last save is on the share");
+    assert_eq!(read(&fx.m(".s1")), last, "and in the mount");
+    assert!(conflict_copies(&fx.share, ".s1").is_empty());
+    assert!(conflict_copies(&fx.mnt, ".s1").is_empty());
+    assert!(!fx.s(".s1.tmp").exists() && !fx.s(".other").exists());
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".s1")), last);
+    assert!(conflict_copies(&fx.share, ".s1").is_empty());
+}
+
+/// Scenario 14: the same sync, with another workstation. A's sync fails (a listed file
+/// vanished) after its rsync put `.x` on the share; B's sync checked `.x` before that
+/// (unchanged then) and its rsync puts B's `.x` over A's before A's sync settles. What A's
+/// rsync reported sending is not what the share now holds: B's version stays on the
+/// share, and A's next sync keeps A's as a conflict copy.
+#[test]
+fn another_workstations_save_after_our_rsync_in_a_failed_sync_is_a_conflict() {
+    let fx = Fixture::new();
+    write(&fx.s(".x"), "original\n");
+    let (gates_a, gates_b) = (fx.tmp.path().join("gates-a"), fx.tmp.path().join("gates-b"));
+    let (config_a, config_b) = (gated_rsync_config(&gates_a), gated_rsync_config(&gates_b));
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let b = fx.mount_at(
+        &mnt_b,
+        &cache_b,
+        &["--config", config_b.to_str().expect("utf8")],
+    );
+    write(&mnt_b.join(".x"), "from b\n");
+    let a = fx.mount_with(&["--config", config_a.to_str().expect("utf8")]);
+    write(&fx.m(".x"), "from a\n");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    // A's copy is an older file (`cp -p`): its mtime is another second than B's save.
+    set_mtime(&fx.m(".x"), now - 3600);
+    write(&fx.m(".other"), "junk\n");
+    let sync = |gates: &Path, mnt: &Path| {
+        write(&gates.join("hold"), "");
+        let mnt = mnt.to_path_buf();
+        let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
+        wait_until("the hand-over", Duration::from_secs(60), || {
+            gates.join("handed-over").exists()
+        });
+        syncer
+    };
+    let run = |gates: &Path| {
+        write(&gates.join("go"), "");
+        wait_until("rsync to finish", Duration::from_secs(60), || {
+            gates.join("sent").exists()
+        });
+        fs::remove_file(gates.join("hold")).expect("rm hold");
+    };
+    let sync_b = sync(&gates_b, &mnt_b);
+    let sync_a = sync(&gates_a, &fx.mnt);
+    fs::remove_file(fx.m(".other")).expect("rm .other");
+    run(&gates_a);
+    assert_eq!(read(&fx.s(".x")), "from a\n", "A's rsync sent .x");
+    run(&gates_b);
+    assert_eq!(
+        read(&fx.s(".x")),
+        "from b\n",
+        "B's rsync put its .x over it"
+    );
+    write(&gates_b.join("settle"), "");
+    ok(&sync_b.join().expect("sync thread"));
+    write(&gates_a.join("settle"), "");
+    let first = sync_a.join().expect("sync thread");
+    assert!(!first.status.success(), "{}", text(&first));
+    let out = a.umount();
+    let said = text(&out);
+    assert!(said.contains("conflict: .x"), "{said}");
+    assert_eq!(read(&fx.s(".x")), "from b\n", "B's version stays: {said}");
+    let copies = conflict_copies(&fx.share, ".x");
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(read(&copies[0]), "from a\n");
+    ok(&b.umount());
+    assert_eq!(read(&fx.s(".x")), "from b\n");
+}

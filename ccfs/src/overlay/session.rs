@@ -4,10 +4,11 @@
 //! A session dropped unfinished (rsync could not run, or a panic) settles as an incomplete
 //! transfer. A crash leaves the `Sending` records, which the next session settles first.
 //!
-//! Settling a path compares the share with what was sent: a share file with the size and
-//! mtime the cache copy had when it was handed to rsync is our own transfer, and becomes the
-//! path's base; anything else is someone else's, and the base stays, so the next sync sees
-//! the conflict (see doc/SEMANTICS.md, "Sessions").
+//! Settling a path compares the share with what was sent: a share file that rsync reported
+//! sending (with the mtime it gave it), or, without rsync's report, one with the size and
+//! mtime the cache copy had when it was handed to rsync, is our own transfer, and becomes
+//! the path's base; anything else is someone else's, and the base stays, so the next sync
+//! sees the conflict (see doc/SEMANTICS.md, "Sessions").
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -50,11 +51,16 @@ pub struct Conflict {
 }
 
 /// What rsync reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transfer {
     /// Exit 0: every listed path was sent.
     Complete,
-    /// Anything else (a partial transfer, a kill, a crash): each path is checked.
+    /// Anything else, with rsync's own list of the regular files it sent: each path with
+    /// the mtime (whole seconds) rsync listed for it, which is the mtime it gives the
+    /// share's copy (see [`crate::sync::parse_sent_line`]).
+    Reported(HashMap<PathBuf, i64>),
+    /// Anything else without that list (a crash, rsync not run, or no file named): each
+    /// path is compared with what was handed over.
     Incomplete,
 }
 
@@ -120,15 +126,17 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
-/// Is the share object `theirs` our own transfer of the cache object `ours`, handed to rsync
-/// as `sent`? Yes when it has exactly the size and mtime we handed over or those the cache
-/// copy has now (rsync keeps the cache's mtimes), or an mtime from the moment we handed the
-/// file over up to the cache copy's now: a version the user wrote here while rsync was
-/// reading (a program saving again and again during a periodic sync), which this machine's
-/// clock stamped. A share file with an mtime in that window that another workstation wrote
-/// during our sync (a logout there at the same moment, its file's mtime from that window)
-/// would be taken for ours: see doc/SEMANTICS.md "Sessions" (limit). In every case it has
-/// the cache copy's permission bits (a chmod alone changes neither size nor mtime).
+/// Without rsync's report of what it sent (a sync cut short by a crash, settled by the next
+/// one; an rsync that named no file): is the share object `theirs` our own transfer of the
+/// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and
+/// mtime we handed over or those the cache copy has now (rsync keeps the cache's mtimes),
+/// or an mtime from the moment we handed the file over up to the cache copy's now: a
+/// version the user wrote here while rsync was reading (a program saving again and again
+/// during a periodic sync), which this machine's clock stamped. A share file with an mtime
+/// in that window that another workstation wrote during our sync (a logout there at the
+/// same moment, its file's mtime from that window) would be taken for ours: see
+/// doc/SEMANTICS.md "Sessions" (limit). In every case it has the cache copy's permission
+/// bits (a chmod alone changes neither size nor mtime).
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
@@ -159,6 +167,29 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
         }
         _ => false,
     }
+}
+
+/// With rsync's report of what it sent: is the share object `theirs` at a path this sync's
+/// rsync put there? A regular file is when rsync reported sending that path (`listed`:
+/// the mtime, in whole seconds, it listed for the cache copy and set on the share's copy),
+/// the share's file has that mtime, and it is no longer the object the conflict check
+/// found there (`base`: rsync's `--delay-updates` puts a new file in place, so a file that
+/// rsync named but never renamed into place, the share's old one, is not ours). Neither
+/// the cache copy's state now (replaced since by a file with any mtime) nor the size rsync
+/// listed (it sends the size it finds when it opens the file) enters. Another
+/// workstation's file that replaced ours on the share between rsync's rename and this
+/// check with an mtime in the same second would be taken for ours: see doc/SEMANTICS.md
+/// "Sessions" (limit).
+fn is_reported_transfer(
+    theirs: &Stat,
+    ours: Option<&Stat>,
+    base: Option<ShareId>,
+    listed: Option<i64>,
+) -> bool {
+    if !theirs.is_file() {
+        return ours.is_some_and(|o| o.file_type() == theirs.file_type());
+    }
+    listed == Some(theirs.mtime().0) && base != Some(share_id_of(theirs))
 }
 
 /// The endings of the files that belong to a database `X` (SQLite's `X-wal`, `X-shm` and
@@ -243,7 +274,7 @@ impl Overlay {
         };
         if !leftover.is_empty() {
             let (files, sent): (Vec<_>, Vec<_>) = leftover.into_iter().unzip();
-            self.settle(&files, &sent, Transfer::Incomplete, &mut session.errors)?;
+            self.settle(&files, &sent, &Transfer::Incomplete, &mut session.errors)?;
             self.record(&mut self.lock(), &[Record::SyncEnd])?;
             self.clean_partial_transfers(&files, &mut session.errors);
         }
@@ -963,12 +994,18 @@ impl Overlay {
         &self,
         files: &[PathBuf],
         sent: &[Option<Sent>],
-        transfer: Transfer,
+        transfer: &Transfer,
         errors: &mut Vec<String>,
     ) -> FsResult<Vec<bool>> {
         let mut landed = Vec::with_capacity(files.len());
         let mut records = Vec::new();
-        for (p, s) in files.iter().zip(sent) {
+        // What the conflict check found at each path (the base: no sync or conflict of
+        // this path can have set another since).
+        let bases: Vec<Option<ShareId>> = {
+            let inner = self.lock();
+            files.iter().map(|p| inner.state.base(p)).collect()
+        };
+        for ((p, s), base) in files.iter().zip(sent).zip(bases) {
             let theirs = match self.share.stat(p) {
                 Ok(m) => m,
                 Err(e) => {
@@ -980,6 +1017,9 @@ impl Overlay {
             let ours = self.upper_stat(p).ok().flatten();
             let ok = theirs.as_ref().is_some_and(|t| match transfer {
                 Transfer::Complete => true,
+                Transfer::Reported(listed) => {
+                    is_reported_transfer(t, ours.as_ref(), base, listed.get(p).copied())
+                }
                 Transfer::Incomplete => is_our_transfer(t, ours.as_ref(), *s),
             });
             if ok {
@@ -1137,7 +1177,7 @@ impl SyncSession<'_> {
             errors: std::mem::take(&mut self.errors),
             ..Default::default()
         };
-        let landed = o.settle(&self.files, &self.sent, transfer, &mut out.errors)?;
+        let landed = o.settle(&self.files, &self.sent, &transfer, &mut out.errors)?;
         {
             let mut inner = o.lock();
             let mut clean = Vec::new();
@@ -1203,7 +1243,7 @@ impl Drop for SyncSession<'_> {
             let mut errors = Vec::new();
             let settled = self
                 .overlay
-                .settle(&self.files, &self.sent, Transfer::Incomplete, &mut errors)
+                .settle(&self.files, &self.sent, &Transfer::Incomplete, &mut errors)
                 .and_then(|_| {
                     self.overlay
                         .record(&mut self.overlay.lock(), &[Record::SyncEnd])
@@ -1465,5 +1505,65 @@ mod tests {
             old_journal
         ));
         assert!(!is_our_transfer(&stat_of("h", b"v1", 1000), None, None));
+    }
+
+    /// With rsync's report: the share's file is ours when rsync named the path, the file
+    /// has the mtime rsync listed (whole seconds), and it is not the file the conflict
+    /// check saw there; what the cache holds now does not matter.
+    #[test]
+    fn what_rsync_reported_and_put_in_place_is_our_transfer() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = crate::sys::Root::open(dir.path()).expect("root");
+        let stat_of = |name: &str, data: &[u8], mtime: (u64, u32)| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, data).expect("write");
+            let t = std::fs::FileTimes::new()
+                .set_modified(std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0, mtime.1));
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_times(t))
+                .expect("times");
+            root.stat(Path::new(name)).expect("stat").expect("exists")
+        };
+        let old_share = stat_of("old", b"v0", (3000, 0));
+        let base = Some(share_id_of(&old_share));
+        let put = stat_of("put", b"v2, rewritten in place", (5004, 250_000_000));
+        // The cache copy was replaced since by a file written long before.
+        let replaced = stat_of("replaced", b"v3", (1000, 0));
+        assert!(is_reported_transfer(
+            &put,
+            Some(&replaced),
+            base,
+            Some(5004)
+        ));
+        assert!(is_reported_transfer(&put, None, base, Some(5004)));
+        assert!(is_reported_transfer(
+            &put,
+            Some(&replaced),
+            None,
+            Some(5004)
+        ));
+        assert!(
+            !is_reported_transfer(&put, Some(&replaced), base, None),
+            "rsync did not name it"
+        );
+        assert!(
+            !is_reported_transfer(&put, Some(&replaced), base, Some(5005)),
+            "another mtime than rsync listed"
+        );
+        assert!(
+            !is_reported_transfer(&old_share, Some(&replaced), base, Some(3000)),
+            "named by rsync, never put in place: the file the check saw"
+        );
+        // Not a regular file: the same kind as the cache's is ours, as without a report.
+        std::fs::create_dir(dir.path().join("d")).expect("mkdir");
+        std::fs::create_dir(dir.path().join("e")).expect("mkdir");
+        let (d, e) = (
+            root.stat(Path::new("d")).expect("stat").expect("d"),
+            root.stat(Path::new("e")).expect("stat").expect("e"),
+        );
+        assert!(is_reported_transfer(&d, Some(&e), None, None));
+        assert!(!is_reported_transfer(&d, Some(&put), None, None));
     }
 }

@@ -785,8 +785,9 @@ impl Promises {
         let cached = upper_files(o.upper());
         for (p, data, mode, id) in &self.versions {
             let want = Node::File(data.clone(), *mode);
-            // Known limit: after a failed rsync, a chmod alone passes for sent when the
-            // share's copy has the content, size and mtime (see doc/SEMANTICS.md).
+            // Known limit: after a failed rsync that reported no file, a chmod alone passes
+            // for sent when the share's copy has the content, size and mtime (see
+            // doc/SEMANTICS.md).
             let chmod_taken_for_sent = matches!(after.get(p), Some(Node::File(d, _)) if d == data)
                 && fs::symlink_metadata(world.share.join(p))
                     .is_ok_and(|m| (m.len(), (m.mtime(), m.mtime_nsec())) == *id);

@@ -641,9 +641,10 @@ impl Model {
         false
     }
 
-    /// Is the share's `theirs` our own transfer of `ours`, handed over as `sent`? It has
-    /// the size and mtime handed over, or the cache copy's now (so a chmod alone, which
-    /// changes neither, passes for sent: a known limit, see doc/SEMANTICS.md).
+    /// Without rsync's report of what it sent: is the share's `theirs` our own transfer of
+    /// `ours`, handed over as `sent`? It has the size and mtime handed over, or the cache
+    /// copy's now (so a chmod alone, which changes neither, passes for sent: a known limit,
+    /// see doc/SEMANTICS.md).
     fn is_ours(theirs: &Obj, ours: Option<&Obj>, sent: Option<(usize, u64)>) -> bool {
         let Some(t) = theirs.tag() else {
             return ours.is_some_and(|o| o.same_type(theirs));
@@ -959,11 +960,21 @@ impl Model {
             out.conflicts.sort();
             return Ok(out);
         }
-        // (4) Settle: a file arrived when rsync succeeded, or the share holds our transfer.
+        // (4) Settle: a file arrived when rsync succeeded; after a failure, a regular file
+        // is ours when rsync reported sending it (the first n, whose versions are on the
+        // share); when rsync reported no file, the share holds our transfer when it has the
+        // size and mtime handed over or the cache copy's.
+        let reported: BTreeSet<&PathBuf> = files[..n]
+            .iter()
+            .filter(|p| self.ws[w].upper[*p].tag().is_some())
+            .collect();
         for (p, s) in files.iter().zip(&sent) {
             let theirs = self.share.get(p).cloned();
             let landed = match (&theirs, run) {
                 (Some(_), Run::All) => true,
+                (Some(t), _) if !reported.is_empty() && t.obj.tag().is_some() => {
+                    reported.contains(p)
+                }
                 (Some(t), _) => Self::is_ours(&t.obj, self.ws[w].upper.get(p), *s),
                 (None, _) => false,
             };
