@@ -299,19 +299,33 @@ fn unescape_name(s: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// One line of rsync's report ([`OUT_FORMAT`], without its newline): the path of a regular
-/// file rsync sent (or hard-linked to one it sent) and the mtime, in whole seconds, it
-/// listed for it and set on the share's copy. Any other line (another item, rsync's own
-/// messages, a line cut short) is None.
-pub fn parse_sent_line(line: &[u8]) -> Option<(PathBuf, i64)> {
+/// What rsync's report says it put at a path of the share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// A regular file sent (or hard-linked to one sent), with the mtime, in whole seconds,
+    /// rsync listed for it and set on the share's copy.
+    File(i64),
+    /// A directory or symbolic link rsync made there (`S_IFDIR` or `S_IFLNK`).
+    Made(u32),
+}
+
+/// One line of rsync's report ([`OUT_FORMAT`], without its newline): the path rsync put
+/// something at, and what (see [`Put`]). Any other line (another item, an attribute change
+/// of an existing directory, rsync's own messages, a line cut short) is None.
+pub fn parse_sent_line(line: &[u8]) -> Option<(PathBuf, Put)> {
     let rest = line.strip_prefix(b"ccfs-sent|")?;
     let mut fields = rest.splitn(3, |b| *b == b'|');
     let (item, mtime, name) = (fields.next()?, fields.next()?, fields.next()?);
-    // `%i`: the update (`>` sent here, `<` sent away, `h` a hard link), then the type.
-    if item.len() < 2 || !matches!(item[0], b'>' | b'<' | b'h') || item[1] != b'f' {
-        return None;
-    }
-    let mtime = parse_listed_time(mtime)?;
+    // `%i`: the update (`>` sent here, `<` sent away, `h` a hard link, `c` made here),
+    // then the type; a directory's name ends with `/`.
+    let (put, name) = match (item.first()?, item.get(1)?) {
+        (b'>' | b'<' | b'h', b'f') => (Put::File(parse_listed_time(mtime)?), name),
+        (b'c', b'd') if item.get(2) == Some(&b'+') => {
+            (Put::Made(libc::S_IFDIR), name.strip_suffix(b"/")?)
+        }
+        (b'c', b'L') if item.get(2) == Some(&b'+') => (Put::Made(libc::S_IFLNK), name),
+        _ => return None,
+    };
     let name = unescape_name(name)?;
     let bad = name.is_empty()
         || name.contains(&0)
@@ -319,17 +333,16 @@ pub fn parse_sent_line(line: &[u8]) -> Option<(PathBuf, i64)> {
         || name.ends_with(b"/")
         || name
             .split(|b| *b == b'/')
-            .any(|c| c == b".." || c.is_empty());
+            .any(|c| c == b".." || c == b"." || c.is_empty());
     if bad {
         return None;
     }
-    Some((PathBuf::from(OsString::from_vec(name)), mtime))
+    Some((PathBuf::from(OsString::from_vec(name)), put))
 }
 
-/// Reads rsync's report to its end: each regular file it named as sent, with its listed
-/// mtime. Lines that are not the report's, too long, or cut short (no newline: rsync was
+/// Reads rsync's report to its end: each path it put something at, and what. Lines that are not the report's, too long, or cut short (no newline: rsync was
 /// killed while writing it) name nothing.
-pub fn read_sent_report(out: impl Read) -> std::io::Result<HashMap<PathBuf, i64>> {
+pub fn read_sent_report(out: impl Read) -> std::io::Result<HashMap<PathBuf, Put>> {
     let mut r = BufReader::new(out);
     let sent = read_report_lines(&mut r);
     if sent.is_err() {
@@ -339,7 +352,7 @@ pub fn read_sent_report(out: impl Read) -> std::io::Result<HashMap<PathBuf, i64>
     sent
 }
 
-fn read_report_lines(r: &mut impl BufRead) -> std::io::Result<HashMap<PathBuf, i64>> {
+fn read_report_lines(r: &mut impl BufRead) -> std::io::Result<HashMap<PathBuf, Put>> {
     let mut sent = HashMap::new();
     let mut line = Vec::new();
     loop {
@@ -353,8 +366,8 @@ fn read_report_lines(r: &mut impl BufRead) -> std::io::Result<HashMap<PathBuf, i
                 // What follows a carriage return (a `--progress` line ends with one; rsync
                 // escapes it in names).
                 let l = l.rsplit(|b| *b == b'\r').next().unwrap_or(l);
-                if let Some((p, mtime)) = parse_sent_line(l) {
-                    sent.insert(p, mtime);
+                if let Some((p, put)) = parse_sent_line(l) {
+                    sent.insert(p, put);
                 }
             }
             None if line.len() > MAX_REPORT_LINE => {
@@ -596,34 +609,46 @@ mod tests {
         }
     }
 
-    /// The report's lines: regular files (and hard links to them) sent, with the name
-    /// last and its escapes undone; everything else names nothing.
+    /// The report's lines: regular files (and hard links to them) sent, directories and
+    /// symbolic links made, with the name last and its escapes undone; everything else
+    /// names nothing.
     #[test]
-    fn report_lines_name_the_regular_files_sent() {
+    fn report_lines_name_what_rsync_put_in_place() {
         let line = |s: &[u8]| parse_sent_line(s);
         let p = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
         assert_eq!(
             line(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.bashrc"),
-            Some((p(b".bashrc"), 10))
+            Some((p(b".bashrc"), Put::File(10)))
         );
         assert_eq!(
             line(b"ccfs-sent|hf+++++++++|1970/01/01-00:00:10|.a/b"),
-            Some((p(b".a/b"), 10))
+            Some((p(b".a/b"), Put::File(10)))
         );
         // `|` and tabs stay in the name; a newline, a high byte and a `\` before `#101`
         // come as escapes.
         assert_eq!(
             line(b"ccfs-sent|>f.st......|1970/01/01-00:00:10|.x|y\tz\\#012w\\#377\\#134#101"),
-            Some((p(b".x|y\tz\nw\xff\\#101"), 10))
+            Some((p(b".x|y\tz\nw\xff\\#101"), Put::File(10)))
         );
         // A backslash and `#` not followed by three digits are themselves.
         assert_eq!(
             line(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|.a\\#1x"),
-            Some((p(b".a\\#1x"), 10))
+            Some((p(b".a\\#1x"), Put::File(10)))
+        );
+        // A directory or symbolic link made: its type; one that was there already only had
+        // attributes changed, which names nothing.
+        assert_eq!(
+            line(b"ccfs-sent|cd+++++++++|1970/01/01-00:00:10|.config/"),
+            Some((p(b".config"), Put::Made(libc::S_IFDIR)))
+        );
+        assert_eq!(
+            line(b"ccfs-sent|cL+++++++++|1970/01/01-00:00:10|.link"),
+            Some((p(b".link"), Put::Made(libc::S_IFLNK)))
         );
         for bad in [
-            &b"ccfs-sent|cd+++++++++|1970/01/01-00:00:10|.config/"[..],
-            b"ccfs-sent|cL+++++++++|1970/01/01-00:00:10|.link",
+            &b"ccfs-sent|.d..t......|1970/01/01-00:00:10|.config/"[..],
+            b"ccfs-sent|cd+++++++++|1970/01/01-00:00:10|./",
+            b"ccfs-sent|.L..t......|1970/01/01-00:00:10|.link",
             b"ccfs-sent|.f..t......|1970/01/01-00:00:10|.same",
             b"ccfs-sent|*deleting  |1970/01/01-00:00:10|.gone",
             b"ccfs-sent|>f+++++++++|1970/01/01-00:00:10|",
@@ -658,9 +683,9 @@ mod tests {
         );
         text.extend_from_slice(b"ccfs-sent|>f+++++++++|1970/01/01-00:00:05|.cut");
         let got = read_sent_report(&text[..]).expect("read");
-        let want: HashMap<PathBuf, i64> = [(".one", 4), (".two", 3)]
+        let want: HashMap<PathBuf, Put> = [(".one", 4), (".two", 3)]
             .into_iter()
-            .map(|(p, t)| (PathBuf::from(p), t))
+            .map(|(p, t)| (PathBuf::from(p), Put::File(t)))
             .collect();
         assert_eq!(got, want);
     }
@@ -699,12 +724,13 @@ mod tests {
                 .open(&at)
                 .and_then(|f| f.set_times(t))
                 .expect("times");
-            want.insert(rel.clone(), secs as i64);
+            want.insert(rel.clone(), Put::File(secs as i64));
             files.push(rel);
         }
         std::os::unix::fs::symlink("target", upper.join(".link")).expect("symlink");
         files.push(PathBuf::from(".link"));
         files.push(PathBuf::from(".d"));
+
         files.sort();
         let mut o = opts(ShareCaps::default());
         o.binary = binary;

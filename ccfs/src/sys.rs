@@ -563,6 +563,15 @@ impl Root {
 
     /// lstat below the root; `Ok(None)` when it does not exist.
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
+        match self.stat_through(rel) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+            r => r,
+        }
+    }
+
+    /// Like [`Root::stat`], but a path through a non-directory is an error (ENOTDIR), not
+    /// missing: the object on the way hides whatever another layer has below that name.
+    pub fn stat_through(&self, rel: &Path) -> io::Result<Option<Stat>> {
         self.gated(|| -> io::Result<Option<Stat>> {
             let st = if rel.as_os_str().is_empty() {
                 fstat(&self.fd)
@@ -584,9 +593,7 @@ impl Root {
             };
             match st {
                 Ok(s) => Ok(Some(s)),
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                    Ok(None)
-                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
                 Err(e) => Err(e),
             }
         })

@@ -458,6 +458,18 @@ const NAMES: &[&str] = &[
     ".c/a", ".c/b", ".c/d", ".c/d/a", ".c/d/b", ".c/e", ".c/e/a", ".c/e/f", ".c/e/f/a",
 ];
 
+thread_local! {
+    /// The directory this thread's operations work in: the model's names are below `.c`,
+    /// which the concurrent test replaces with a directory of each thread's own.
+    static ROOT: std::cell::Cell<&'static str> = const { std::cell::Cell::new(".c") };
+}
+
+/// The path of the model's name `i`, below this thread's [`ROOT`].
+fn name_at(i: usize) -> PathBuf {
+    let root = ROOT.with(|r| r.get());
+    PathBuf::from(NAMES[i].replacen(".c", root, 1))
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Write(usize, u8, usize),
@@ -498,8 +510,12 @@ fn arb_op() -> impl Strategy<Value = Op> {
 }
 
 fn share_tree(root: &Path) -> Tree {
+    share_tree_at(root, ".c")
+}
+
+fn share_tree_at(root: &Path, top: &str) -> Tree {
     let mut out = Tree::new();
-    let mut stack = vec![PathBuf::from(".c")];
+    let mut stack = vec![PathBuf::from(top)];
     while let Some(rel) = stack.pop() {
         let p = root.join(&rel);
         let Ok(meta) = fs::symlink_metadata(&p) else {
@@ -530,7 +546,7 @@ fn has_children(t: &Tree, p: &Path) -> bool {
 
 /// Applies an op to the model; returns whether POSIX says it succeeds.
 fn model_apply(t: &mut Tree, op: &Op, links: &mut Vec<(PathBuf, PathBuf)>) -> bool {
-    let p = |i: &usize| PathBuf::from(NAMES[*i]);
+    let p = |i: &usize| name_at(*i);
     match op {
         Op::Write(i, b, len) => {
             let path = p(i);
@@ -817,7 +833,7 @@ fn model_rename(t: &Tree, from: &Path, to: &Path) -> Option<Tree> {
 }
 
 fn apply_ccfs(o: &Overlay, op: &Op) -> bool {
-    let p = |i: &usize| PathBuf::from(NAMES[*i]);
+    let p = |i: &usize| name_at(*i);
     let split = |path: &Path| {
         (
             path.parent().expect("p").to_path_buf(),
@@ -1158,4 +1174,203 @@ fn model_regression_link_crash_rename_over_own_link() {
         ],
     )
     .expect("model");
+}
+
+/// Syncs started and ended in the concurrent test (odd while one runs), for its op logs.
+static SYNCS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn brief_tree(t: &Tree) -> String {
+    t.iter()
+        .map(|(p, n)| match n {
+            Node::Dir => format!("{}/", p.display()),
+            Node::File(d, m) => format!(
+                "{}={}x{}:{:o}",
+                p.display(),
+                d.first().copied().unwrap_or(0),
+                d.len(),
+                m
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A small deterministic generator for the concurrent test's operations.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    }
+}
+
+fn random_op(rng: &mut Rng) -> Op {
+    let n = NAMES.len();
+    let b = rng.below(256) as u8;
+    match rng.below(17) {
+        0..=3 => Op::Write(rng.below(n), b, rng.below(3000)),
+        4..=5 => Op::Append(rng.below(n), b),
+        6..=7 => Op::Unlink(rng.below(n)),
+        8..=10 => Op::Mkdir(rng.below(n)),
+        11 => Op::Rmdir(rng.below(n)),
+        12..=14 => Op::Rename(rng.below(n), rng.below(n)),
+        15 => Op::Chmod(rng.below(n), [0o600, 0o644, 0o755][rng.below(3)]),
+        _ => Op::Backdate(rng.below(n)),
+    }
+}
+
+/// One program's operations in its own directory (this thread's [`ROOT`]), each checked
+/// against the model as it runs (a mismatch panics with the last operations); returns the
+/// model and the log of every operation (with the syncs running meanwhile).
+fn play_alone(o: &Overlay, root: &'static str, seed: u64, ops: usize) -> (Tree, Vec<String>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    ROOT.with(|r| r.set(root));
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut model = Tree::new();
+    model.insert(PathBuf::from(root), Node::Dir);
+    let mut log: Vec<String> = Vec::new();
+    for step in 0..ops {
+        let op = random_op(&mut rng);
+        let before = SYNCS.load(SeqCst);
+        let (got, want, next) = if let Op::Rename(a, b) = op {
+            let (from, to) = (name_at(a), name_at(b));
+            let r = o.rename(
+                &ctx(),
+                from.parent().expect("p"),
+                from.file_name().expect("n"),
+                to.parent().expect("p"),
+                to.file_name().expect("n"),
+                0,
+            );
+            let expect = if from == to && model.contains_key(&from) {
+                Some(model.clone())
+            } else {
+                model_rename(&model, &from, &to)
+            };
+            match (&r, expect) {
+                (Ok(()), Some(new_model)) => (true, true, Some(new_model)),
+                // A directory on the share is not moved here (EXDEV), as the model allows.
+                (Err(e), Some(_))
+                    if e.errno() == libc::EXDEV && matches!(model.get(&from), Some(Node::Dir)) =>
+                {
+                    (false, false, None)
+                }
+                (r, e) => (r.is_ok(), e.is_some(), None),
+            }
+        } else {
+            let want = model_apply(&mut model.clone(), &op, &mut Vec::new());
+            let got = apply_ccfs(o, &op);
+            let mut next = model.clone();
+            if want {
+                model_apply(&mut next, &op, &mut Vec::new());
+            }
+            (got, want, Some(next))
+        };
+        log.push(format!(
+            "{step}: {op:?} -> {got} (syncs {before}..{}) {}",
+            SYNCS.load(SeqCst),
+            brief_tree(&model)
+        ));
+        if got != want {
+            if let Some(at) = std::env::var_os("CCFS_CONCURRENCY_LOG") {
+                let mut seen = log.join("\n");
+                for p in (0..NAMES.len()).map(name_at) {
+                    let r = o.resolve(&p).map(|f| (f.layer, f.meta.is_dir()));
+                    let up = o
+                        .upper()
+                        .join(&p)
+                        .symlink_metadata()
+                        .map(|m| m.is_dir())
+                        .ok();
+                    let sh = o
+                        .share()
+                        .join(&p)
+                        .symlink_metadata()
+                        .map(|m| m.is_dir())
+                        .ok();
+                    let ls = o.readdir(&p).map(|l| l.len()).ok();
+                    seen.push_str(&format!(
+                        "\n{p:?}: ccfs {r:?} upper {up:?} share {sh:?} ls {ls:?}"
+                    ));
+                }
+                let _ = fs::write(at, seen);
+            }
+        }
+        assert!(
+            got == want,
+            "seed {seed}, {root}, step {step}: {op:?}: ccfs {got}, model {want}; model before: {}\nlast operations:\n{}",
+            brief_tree(&model),
+            log[log.len().saturating_sub(15)..].join("\n")
+        );
+        if let Some(next) = next.filter(|_| want) {
+            model = next;
+        }
+    }
+    (model, log)
+}
+
+/// Several programs at once on one overlay, each in a directory of its own (two in the
+/// cached class, two in the share's), while syncs run one after another as the periodic
+/// sync does: every operation's outcome is the model's, and after the logout the share
+/// holds exactly what each program's model says (no file resurrected, no conflict with
+/// ourselves). Copy-ups happen outside the overlay's lock and are published after a check;
+/// a sync takes its snapshot while files change and rsync reads them while they do.
+/// `CCFS_CONCURRENCY_ROUNDS` sets the rounds (default 6); `CCFS_CONCURRENCY_LOG=FILE`
+/// writes a failing program's operations and the merged view then to FILE.
+#[test]
+fn programs_at_once_and_syncs_meanwhile_agree_with_the_model() {
+    const ROOTS: [&str; 4] = [".c0", ".c1", "c2", "c3"];
+    let rounds: u64 = std::env::var("CCFS_CONCURRENCY_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    for round in 0..rounds {
+        let env = Env::new();
+        for root in ROOTS {
+            fs::create_dir(env.share.join(root)).expect("mkdir");
+        }
+        let o = env.overlay();
+        let mut syncs = Vec::new();
+        let programs: Vec<(Tree, Vec<String>)> = std::thread::scope(|s| {
+            let programs: Vec<_> = ROOTS
+                .iter()
+                .enumerate()
+                .map(|(k, root)| {
+                    let o = &o;
+                    s.spawn(move || play_alone(o, root, round * 16 + k as u64 + 1, 300))
+                })
+                .collect();
+            while programs.iter().any(|p| !p.is_finished()) {
+                // A sync may be partial (a file renamed away while rsync reads it): what
+                // it leaves is sent by the next one.
+                SYNCS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let r = run_sync(&o, &env.rsync(), SyncMode::Session);
+                SYNCS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                syncs.push(match r {
+                    Ok(r) => format!("conflicts {:?}, errors {:?}", r.conflicts, r.errors),
+                    Err(e) => format!("failed: {e}"),
+                });
+            }
+            programs
+                .into_iter()
+                .map(|p| p.join().expect("a program found ccfs and the model apart"))
+                .collect()
+        });
+        env.sync(&o, SyncMode::Logout);
+        for (root, (model, log)) in ROOTS.iter().zip(&programs) {
+            let got = share_tree_at(&env.share, root);
+            assert!(
+                &got == model,
+                "round {round}, {root}, after the logout:\nshare {}\nmodel {}\nsyncs:\n{}\noperations:\n{}",
+                brief_tree(&got),
+                brief_tree(model),
+                syncs.join("\n"),
+                log.join("\n")
+            );
+        }
+    }
 }

@@ -199,6 +199,15 @@ fn is_not_supported(e: &io::Error) -> bool {
     )
 }
 
+/// Whether `rel` names the directory a running sync's rsync holds its files in on the share
+/// until it puts them in place ([`crate::sync::PARTIAL_DIR`]): it is never part of the
+/// merged view of a cached directory (a listing during a sync would show it, and an rmdir
+/// of a directory that is empty here would fail).
+fn is_sync_holding(rel: &Path) -> bool {
+    rel.file_name()
+        .is_some_and(|n| n == OsStr::new(crate::sync::PARTIAL_DIR))
+}
+
 /// `rel` inside the cache's upper layer, relative to the cache root.
 fn up(rel: &Path) -> PathBuf {
     if rel.as_os_str().is_empty() {
@@ -403,6 +412,13 @@ impl Overlay {
         self.cache.stat(&up(rel))
     }
 
+    /// The cache's object at `rel` for the merged view: ENOTDIR when the cache has a
+    /// non-directory on the way, which hides what the share has below that name (a
+    /// directory a running sync put on the share after it was replaced here by a file).
+    fn upper_lookup(&self, rel: &Path) -> io::Result<Option<Stat>> {
+        self.cache.stat_through(&up(rel))
+    }
+
     /// What the cache's regular file at `rel` is now ([`Stat::version`]), if it has one.
     pub fn upper_version(&self, rel: &Path) -> Option<sys::Version> {
         self.upper_stat(rel)
@@ -446,10 +462,10 @@ impl Overlay {
                 Ok(self.found(rel, Layer::Upper, meta))
             }
             PathClass::Cached => {
-                if let Some(meta) = self.upper_stat(rel)? {
+                if let Some(meta) = self.upper_lookup(rel)? {
                     return Ok(self.found(rel, Layer::Upper, meta));
                 }
-                if inner.state.hidden(rel) {
+                if inner.state.hidden(rel) || is_sync_holding(rel) {
                     return Err(FsError::enoent());
                 }
                 let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
@@ -480,7 +496,10 @@ impl Overlay {
             PathClass::Cached => {
                 {
                     let inner = self.lock();
-                    if self.upper_stat(rel)?.is_some() || inner.state.hidden(rel) {
+                    if self.upper_lookup(rel)?.is_some()
+                        || inner.state.hidden(rel)
+                        || is_sync_holding(rel)
+                    {
                         return self.resolve_locked(&inner, rel);
                     }
                 }
@@ -489,7 +508,7 @@ impl Overlay {
                 // say (a copy-up or a delete may have happened meanwhile).
                 let meta = self.share.stat(rel)?;
                 let inner = self.lock();
-                if self.upper_stat(rel)?.is_some() || inner.state.hidden(rel) {
+                if self.upper_lookup(rel)?.is_some() || inner.state.hidden(rel) {
                     return self.resolve_locked(&inner, rel);
                 }
                 let meta = meta.ok_or_else(FsError::enoent)?;
@@ -573,7 +592,9 @@ impl Overlay {
             let child = rel.join(&name);
             match self.policy.classify(&child) {
                 PathClass::LocalOnly => continue,
-                PathClass::Cached if inner.state.hidden(&child) => continue,
+                PathClass::Cached if inner.state.hidden(&child) || is_sync_holding(&child) => {
+                    continue
+                }
                 _ => {}
             }
             names.insert(name.clone(), DirEntry { name, file_type });
@@ -1539,10 +1560,24 @@ impl Overlay {
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
         let whiteout_from = self.needs_whiteout(&inner, &from)?;
+        let below = self.upper_below(&from)?;
+        // A directory moved while a sync runs may be on its way to the share, with what
+        // was below it: the old names stay hidden each on its own, so that a directory
+        // made at the old name later does not show what the sync put below it (and the
+        // next sync deletes them on the share). Without a sync running, a directory that
+        // may move has nothing on the share (one that has is not moved here: EXDEV).
+        let hidden_below: Vec<PathBuf> = if self.sync_running.load(Ordering::Acquire) {
+            below
+                .iter()
+                .filter(|p| inner.state.is_dirty(p))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Everything the cache holds below a moved directory is new at its new name, also
         // what an earlier sync sent under the old one (a clean copy).
-        let moved: Vec<PathBuf> = self
-            .upper_below(&from)?
+        let moved: Vec<PathBuf> = below
             .iter()
             .map(|m| crate::state::reroot(m, &from, &to))
             .collect();
@@ -1555,6 +1590,9 @@ impl Overlay {
         }
         if whiteout_from {
             records.extend(self.take_over(&inner, &from)?);
+        }
+        for p in &hidden_below {
+            records.extend(self.take_over(&inner, p)?);
         }
         // Write-ahead: the target and what moves below it are dirty before the cache
         // changes, so a crash in between leaves a journal that sends them.
@@ -1575,6 +1613,10 @@ impl Overlay {
                 whiteout: true,
             });
         }
+        records.extend(hidden_below.into_iter().map(|path| Record::Delete {
+            path,
+            whiteout: true,
+        }));
         records.extend(dirty);
         self.record(&mut inner, &records)?;
         inner.touched.insert(to);

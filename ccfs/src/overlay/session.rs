@@ -21,6 +21,7 @@ use super::{remove_tree, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Record, Sent, ShareId};
+use crate::sync::Put;
 use crate::sys::{Root, Stat, Version};
 
 /// How the share and the cache disagreed at sync.
@@ -58,7 +59,7 @@ pub enum Transfer {
     /// Anything else, with rsync's own list of the regular files it sent: each path with
     /// the mtime (whole seconds) rsync listed for it, which is the mtime it gives the
     /// share's copy (see [`crate::sync::parse_sent_line`]).
-    Reported(HashMap<PathBuf, i64>),
+    Reported(HashMap<PathBuf, crate::sync::Put>),
     /// Anything else without that list (a crash, rsync not run, or no file named): each
     /// path is compared with what was handed over.
     Incomplete,
@@ -184,12 +185,19 @@ fn is_reported_transfer(
     theirs: &Stat,
     ours: Option<&Stat>,
     base: Option<ShareId>,
-    listed: Option<i64>,
+    listed: Option<Put>,
 ) -> bool {
-    if !theirs.is_file() {
-        return ours.is_some_and(|o| o.file_type() == theirs.file_type());
+    match listed {
+        Some(Put::File(mtime)) if theirs.is_file() => {
+            mtime == theirs.mtime().0 && base != Some(share_id_of(theirs))
+        }
+        // A directory or symbolic link rsync made there: ours, even when the cache has
+        // another object at the name by now (a directory renamed away and a file written
+        // in its place while rsync ran).
+        Some(Put::Made(kind)) if theirs.file_type() == kind => base != Some(share_id_of(theirs)),
+        _ if !theirs.is_file() => ours.is_some_and(|o| o.file_type() == theirs.file_type()),
+        _ => false,
     }
-    listed == Some(theirs.mtime().0) && base != Some(share_id_of(theirs))
 }
 
 /// The endings of the files that belong to a database `X` (SQLite's `X-wal`, `X-shm` and
@@ -1178,6 +1186,9 @@ impl SyncSession<'_> {
             ..Default::default()
         };
         let landed = o.settle(&self.files, &self.sent, &transfer, &mut out.errors)?;
+        // What a failed rsync left in its holding directories (a file that changed under it
+        // and failed its check, or turned into a directory): resent whole next time.
+        o.clean_partial_transfers(&self.files, &mut out.errors);
         {
             let mut inner = o.lock();
             let mut clean = Vec::new();
@@ -1535,25 +1546,30 @@ mod tests {
             &put,
             Some(&replaced),
             base,
-            Some(5004)
+            Some(Put::File(5004))
         ));
-        assert!(is_reported_transfer(&put, None, base, Some(5004)));
+        assert!(is_reported_transfer(
+            &put,
+            None,
+            base,
+            Some(Put::File(5004))
+        ));
         assert!(is_reported_transfer(
             &put,
             Some(&replaced),
             None,
-            Some(5004)
+            Some(Put::File(5004))
         ));
         assert!(
             !is_reported_transfer(&put, Some(&replaced), base, None),
             "rsync did not name it"
         );
         assert!(
-            !is_reported_transfer(&put, Some(&replaced), base, Some(5005)),
+            !is_reported_transfer(&put, Some(&replaced), base, Some(Put::File(5005))),
             "another mtime than rsync listed"
         );
         assert!(
-            !is_reported_transfer(&old_share, Some(&replaced), base, Some(3000)),
+            !is_reported_transfer(&old_share, Some(&replaced), base, Some(Put::File(3000))),
             "named by rsync, never put in place: the file the check saw"
         );
         // Not a regular file: the same kind as the cache's is ours, as without a report.
@@ -1565,5 +1581,21 @@ mod tests {
         );
         assert!(is_reported_transfer(&d, Some(&e), None, None));
         assert!(!is_reported_transfer(&d, Some(&put), None, None));
+        // A directory rsync made is ours even when the cache has a file at the name now;
+        // one rsync did not make, or the one the check saw, is not.
+        let made = Some(Put::Made(libc::S_IFDIR));
+        assert!(is_reported_transfer(&d, Some(&put), None, made));
+        assert!(!is_reported_transfer(
+            &d,
+            Some(&put),
+            Some(share_id_of(&d)),
+            made
+        ));
+        assert!(!is_reported_transfer(
+            &d,
+            Some(&put),
+            None,
+            Some(Put::Made(libc::S_IFLNK))
+        ));
     }
 }
