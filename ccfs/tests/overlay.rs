@@ -707,14 +707,7 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
                     }
                     _ => false,
                 };
-                let r = o.rename(
-                    &ctx(),
-                    from.parent().expect("p"),
-                    from.file_name().expect("n"),
-                    to.parent().expect("p"),
-                    to.file_name().expect("n"),
-                    0,
-                );
+                let r = rename_path(&o, &from, &to);
                 let same_file = (from == to && model.contains_key(&from))
                     || one_object
                     || links
@@ -795,6 +788,18 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
         "after the final logout sync"
     );
     Ok(())
+}
+
+/// `rename(from, to)` on the overlay.
+fn rename_path(o: &Overlay, from: &Path, to: &Path) -> ccfs::error::FsResult<()> {
+    o.rename(
+        &ctx(),
+        from.parent().expect("p"),
+        from.file_name().expect("n"),
+        to.parent().expect("p"),
+        to.file_name().expect("n"),
+        0,
+    )
 }
 
 fn model_rename(t: &Tree, from: &Path, to: &Path) -> Option<Tree> {
@@ -1238,14 +1243,7 @@ fn play_alone(o: &Overlay, root: &'static str, seed: u64, ops: usize) -> (Tree, 
         let before = SYNCS.load(SeqCst);
         let (got, want, next) = if let Op::Rename(a, b) = op {
             let (from, to) = (name_at(a), name_at(b));
-            let r = o.rename(
-                &ctx(),
-                from.parent().expect("p"),
-                from.file_name().expect("n"),
-                to.parent().expect("p"),
-                to.file_name().expect("n"),
-                0,
-            );
+            let r = rename_path(o, &from, &to);
             let expect = if from == to && model.contains_key(&from) {
                 Some(model.clone())
             } else {

@@ -260,6 +260,19 @@ fn at(t: (i64, i64)) -> SetTime {
 /// write bit (a read-only directory's copy) gets it to be emptied; it is put back when the
 /// directory cannot be removed.
 fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
+    remove_tree_keeping(root, rel, &std::collections::HashSet::new())
+}
+
+/// [`remove_tree`], but for the paths in `keep` and the directories that lead to them
+/// (which keep their modes).
+fn remove_tree_keeping(
+    root: &Root,
+    rel: &Path,
+    keep: &std::collections::HashSet<PathBuf>,
+) -> io::Result<()> {
+    if keep.contains(rel) {
+        return Ok(());
+    }
     let Some(meta) = root.stat(rel)? else {
         return Ok(());
     };
@@ -274,10 +287,15 @@ fn remove_tree(root: &Root, rel: &Path) -> io::Result<()> {
     let emptied = root.read_dir(rel).and_then(|names| {
         names
             .into_iter()
-            .try_for_each(|(name, _, _)| remove_tree(root, &rel.join(name)))
+            .try_for_each(|(name, _, _)| remove_tree_keeping(root, &rel.join(name), keep))
     });
-    let removed = emptied.and_then(|()| root.rmdir(rel));
-    if removed.is_err() && locked {
+    let leads_to_kept = keep.iter().any(|k| k.starts_with(rel));
+    let removed = if leads_to_kept {
+        emptied
+    } else {
+        emptied.and_then(|()| root.rmdir(rel))
+    };
+    if locked && (leads_to_kept || removed.is_err()) {
         let _ = root.chmod(rel, mode);
     }
     removed

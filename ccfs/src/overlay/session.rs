@@ -17,7 +17,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use super::{remove_tree, up, Overlay};
+use super::{remove_tree_keeping, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Record, Sent, ShareId};
@@ -1365,37 +1365,6 @@ fn find_kept(
         find_kept(root, &rel.join(name), handed, held)?;
     }
     Ok(())
-}
-
-/// [`remove_tree`], but for the files in `keep` and the directories that lead to them.
-fn remove_tree_keeping(root: &Root, rel: &Path, keep: &HashSet<PathBuf>) -> io::Result<()> {
-    if keep.contains(rel) {
-        return Ok(());
-    }
-    if !keep.iter().any(|k| k.starts_with(rel)) {
-        return remove_tree(root, rel);
-    }
-    let Some(meta) = root.stat(rel)? else {
-        return Ok(());
-    };
-    if !meta.is_dir() {
-        return remove_tree(root, rel);
-    }
-    // A read-only directory's copy gets the owner's write bit to be emptied, and back after.
-    let mode = meta.mode() & 0o7777;
-    let locked = mode & libc::S_IWUSR == 0;
-    if locked {
-        root.chmod(rel, mode | libc::S_IWUSR)?;
-    }
-    let emptied = root.read_dir(rel).and_then(|names| {
-        names
-            .into_iter()
-            .try_for_each(|(name, _, _)| remove_tree_keeping(root, &rel.join(name), keep))
-    });
-    if locked {
-        let _ = root.chmod(rel, mode);
-    }
-    emptied
 }
 
 #[cfg(test)]
