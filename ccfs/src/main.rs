@@ -27,6 +27,11 @@ enum Cmd {
     Umount {
         /// The ccfs mount point.
         mountpoint: PathBuf,
+        /// How long to wait, once unmounted, for the daemon to say how its logout sync
+        /// went (it goes on in the background past that; `ccfs recover` sends what it
+        /// leaves).
+        #[arg(long, value_name = "SECS", default_value_t = 600)]
+        wait: u64,
     },
     /// Sync the cache to the share now and stay mounted.
     Sync {
@@ -408,11 +413,22 @@ fn unmount_mount(mp: &Path, share_unreachable: bool) -> Result<bool, Error> {
 /// Waits for the answer to `Wait` (the logout sync's outcome). Between slices it asks the
 /// daemon whether the share still answers: when it does not, a sync under way may be stuck
 /// on it for good, and the wait ends with None and that status.
+/// How a wait for the logout sync's answer ended.
+enum LogoutAnswer {
+    Done(SyncOutcome),
+    /// The share stopped answering during the sync.
+    Unreachable(Status),
+    /// No answer within the time given (a daemon still sending much data, or a control
+    /// socket that answers but never finishes).
+    Late,
+}
+
 fn wait_logout_answer(
     m: &control::MountRef,
     stream: &UnixStream,
     reader: &mut impl std::io::BufRead,
-) -> Result<Result<SyncOutcome, Status>, Error> {
+    limit: Duration,
+) -> Result<LogoutAnswer, Error> {
     let ended = |e: &dyn std::fmt::Display| {
         fail(format!(
             "the ccfs daemon ended without finishing the logout sync ({e}); the changes are kept in {}: run `ccfs recover --cache-dir {}`",
@@ -424,17 +440,21 @@ fn wait_logout_answer(
         .set_read_timeout(Some(WAIT_SLICE))
         .map_err(|e| fail(format!("daemon: {e}")))?;
     let mut line = Vec::new();
+    let start = Instant::now();
     loop {
         match reader.read_until(b'\n', &mut line) {
             Ok(0) => return Err(ended(&"it closed the connection")),
             Ok(_) if line.ends_with(b"\n") => {
                 let outcome = serde_json::from_slice(&line).map_err(bad_answer)?;
-                return Ok(Ok(outcome));
+                return Ok(LogoutAnswer::Done(outcome));
             }
             Ok(_) => {}
+            Err(e) if control::timed_out(&e) && start.elapsed() >= limit => {
+                return Ok(LogoutAnswer::Late)
+            }
             Err(e) if control::timed_out(&e) => match control::status(m, STATUS_TIMEOUT) {
                 Ok(st) if st.share_health.as_ref().is_some_and(|h| !h.is_reachable()) => {
-                    return Ok(Err(st))
+                    return Ok(LogoutAnswer::Unreachable(st))
                 }
                 Ok(_) => {}
                 // Between its answer on the other connection and its exit.
@@ -450,7 +470,7 @@ fn changes(n: usize) -> String {
     format!("{n} change{}", if n == 1 { "" } else { "s" })
 }
 
-fn umount(mountpoint: &Path) -> Result<(), Error> {
+fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
     let m = control_socket(mountpoint)?;
     let mp = m.mountpoint.clone();
     let status = control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e))?;
@@ -484,9 +504,18 @@ fn umount(mountpoint: &Path) -> Result<(), Error> {
             status.pid
         )));
     }
-    let outcome = match wait_logout_answer(&m, &stream, &mut reader)? {
-        Ok(outcome) => outcome,
-        Err(st) => {
+    let outcome = match wait_logout_answer(&m, &stream, &mut reader, wait)? {
+        LogoutAnswer::Done(outcome) => outcome,
+        LogoutAnswer::Late => {
+            return Err(fail(format!(
+                "unmounted {}, but the daemon (pid {}) has not said within {} s how its logout sync went; it goes on in the background, and what it leaves in {} is sent by `ccfs recover`",
+                mp.display(),
+                status.pid,
+                wait.as_secs(),
+                m.cache_dir.display()
+            )));
+        }
+        LogoutAnswer::Unreachable(st) => {
             let health = st
                 .share_health
                 .as_ref()
@@ -883,7 +912,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Mount(args) => mount(args),
-        Cmd::Umount { mountpoint } => umount(&mountpoint),
+        Cmd::Umount { mountpoint, wait } => umount(&mountpoint, Duration::from_secs(wait)),
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
         Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
         Cmd::Demo { keep } => demo(keep),

@@ -701,3 +701,84 @@ fn the_backing_broker_keeps_one_capability_and_the_user_gains_nothing_from_it() 
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(read(&fx.s(".rc")), "rc\n");
 }
+
+/// A student replaces her daemon's control socket with one of her own that acknowledges
+/// root's wait for the logout sync and never answers it: root's `ccfs umount` (the logout
+/// hook) still unmounts, and returns within the time it was given, saying that the
+/// daemon has not answered, instead of holding the workstation's session close for ever.
+#[test]
+fn a_control_socket_that_never_answers_does_not_hold_the_logout() {
+    let (fx, alice) = alice_fixture();
+    let out = mount_for_alice(&fx, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pid = daemon_pid(&fx.mnt);
+    let mp = fx.mnt.canonicalize().expect("mnt");
+    let fake = fx.tmp.path().join("fake-sock.py");
+    std::fs::write(
+        &fake,
+        r#"import socket, os, sys, json, threading
+cache, mp, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path = os.path.join(cache, "control.sock")
+os.rename(path, path + ".real")
+s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16)
+st = {"pid": pid, "share": "/x", "mountpoint": mp, "cache_dir": cache, "dirty_files": 0,
+      "dirty_bytes": 0, "pending_deletions": 0, "last_sync": None}
+print("ready", flush=True)
+def serve(c):
+    for line in c.makefile("rb"):
+        if b"wait" in line.lower():
+            c.sendall(b'{"waiting":true}\n')
+        else:
+            c.sendall((json.dumps(st) + "\n").encode())
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#,
+    )
+    .expect("script");
+    let mut server = Command::new("setpriv")
+        .args([
+            "--reuid",
+            &alice.uid.to_string(),
+            "--regid",
+            &alice.gid.to_string(),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&fake)
+        .arg(&fx.cache)
+        .arg(&mp)
+        .arg(pid.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fake server");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    if ready.trim() != "ready" {
+        let _ = server.kill();
+        let out = server.wait_with_output().expect("fake server");
+        panic!("the fake server did not start: {}", text(&out));
+    }
+
+    let out = run_bounded(
+        Command::new(ccfs_bin())
+            .args(["umount", "--wait", "3"])
+            .arg(&fx.mnt),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.expect("ccfs umount returned");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has not said within 3 s"),
+        "{}",
+        text(&out)
+    );
+    assert!(!is_mounted(&fx.mnt), "the mount is gone: {}", text(&out));
+    // The real daemon's logout sync went on: it ends by itself.
+    wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
+}
