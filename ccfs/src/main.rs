@@ -415,9 +415,9 @@ fn unmount_mount(mp: &Path, share_unreachable: bool) -> Result<bool, Error> {
 /// on it for good, and the wait ends with None and that status.
 /// How a wait for the logout sync's answer ended.
 enum LogoutAnswer {
-    Done(SyncOutcome),
+    Done(Box<SyncOutcome>),
     /// The share stopped answering during the sync.
-    Unreachable(Status),
+    Unreachable(Box<Status>),
     /// No answer within the time given (a daemon still sending much data, or a control
     /// socket that answers but never finishes).
     Late,
@@ -446,7 +446,7 @@ fn wait_logout_answer(
             Ok(0) => return Err(ended(&"it closed the connection")),
             Ok(_) if line.ends_with(b"\n") => {
                 let outcome = serde_json::from_slice(&line).map_err(bad_answer)?;
-                return Ok(LogoutAnswer::Done(outcome));
+                return Ok(LogoutAnswer::Done(Box::new(outcome)));
             }
             Ok(_) => {}
             Err(e) if control::timed_out(&e) && start.elapsed() >= limit => {
@@ -454,7 +454,7 @@ fn wait_logout_answer(
             }
             Err(e) if control::timed_out(&e) => match control::status(m, STATUS_TIMEOUT) {
                 Ok(st) if st.share_health.as_ref().is_some_and(|h| !h.is_reachable()) => {
-                    return Ok(LogoutAnswer::Unreachable(st))
+                    return Ok(LogoutAnswer::Unreachable(Box::new(st)))
                 }
                 Ok(_) => {}
                 // Between its answer on the other connection and its exit.
@@ -505,7 +505,7 @@ fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
         )));
     }
     let outcome = match wait_logout_answer(&m, &stream, &mut reader, wait)? {
-        LogoutAnswer::Done(outcome) => outcome,
+        LogoutAnswer::Done(outcome) => *outcome,
         LogoutAnswer::Late => {
             return Err(fail(format!(
                 "unmounted {}, but the daemon (pid {}) has not said within {} s how its logout sync went; it goes on in the background, and what it leaves in {} is sent by `ccfs recover`",
