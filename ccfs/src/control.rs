@@ -278,12 +278,12 @@ impl ShareProbe {
 
     fn hung(&self, st: &ProbeState) -> Option<ShareHealth> {
         match st.running_since {
-            // An access that got an answer meanwhile shows the share is back (the look
-            // will end too): the gate stays as that answer left it.
+            // An access that got an answer meanwhile shows the share is back: the look
+            // ends too (a check waits for it, bounded); the gate stays as that answer
+            // left it.
+            Some((t, _)) if t.elapsed() >= self.timeout && self.gate.answered_since(t) => None,
             Some((t, since)) if t.elapsed() >= self.timeout => {
-                if !self.gate.answered_since(t) {
-                    self.gate.set_closed(true);
-                }
+                self.gate.set_closed(true);
                 Some(ShareHealth::NotAnswering { since })
             }
             _ => None,
