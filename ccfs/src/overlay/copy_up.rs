@@ -1,0 +1,332 @@
+//! Copy-up: the first change to a cached path copies the share's object into the cache
+//! (made in `work/`, then renamed into `upper/`), journaled before the cache changes.
+
+use super::*;
+
+/// A copy made ahead of a copy-up (see [`Overlay::prepare_copy_up`]): in `work/`, and the
+/// share file's attributes when it was read.
+/// Dropped unused, its copy is removed.
+#[derive(Debug)]
+pub(super) struct Prepared<'a> {
+    cache: &'a Root,
+    tmp: PathBuf,
+    meta: Stat,
+}
+
+impl Prepared<'_> {
+    /// Puts the copy at `dst` (see [`Overlay::install_synced`]).
+    pub(super) fn install(mut self, overlay: &Overlay, dst: &Path) -> io::Result<()> {
+        let tmp = std::mem::take(&mut self.tmp);
+        let done = overlay.install_synced(&tmp, dst);
+        if done.is_err() {
+            let _ = remove_tree(self.cache, &tmp);
+        }
+        done
+    }
+}
+
+impl Drop for Prepared<'_> {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = remove_tree(self.cache, &self.tmp);
+        }
+    }
+}
+
+impl Overlay {
+    /// New objects belong to the caller (when we are root), with the group of a setgid
+    /// parent directory.
+    pub(super) fn chown_new(&self, root: &Root, at: &Path, ctx: &Ctx) -> io::Result<()> {
+        if !self.as_root {
+            return Ok(());
+        }
+        let parent = at.parent().unwrap_or(Path::new(""));
+        let gid = match root.stat(parent)? {
+            Some(p) if p.mode() & libc::S_ISGID != 0 => p.gid(),
+            _ => ctx.gid,
+        };
+        root.chown(at, Some(ctx.uid), Some(gid))
+    }
+
+    /// Copies ownership, mode, xattrs and times of a share object onto a cache object.
+    pub(super) fn copy_meta(
+        &self,
+        src_root: &Root,
+        src: &Path,
+        meta: &Stat,
+        dst: &Path,
+    ) -> io::Result<()> {
+        if self.as_root {
+            self.cache.chown(dst, Some(meta.uid()), Some(meta.gid()))?;
+        }
+        if !meta.is_symlink() {
+            self.cache.chmod(dst, meta.mode() & 0o7777)?;
+        }
+        match src_root.listxattr(src) {
+            Ok(names) => {
+                for name in names {
+                    let copied = src_root
+                        .getxattr(src, &name)
+                        .and_then(|v| self.cache.setxattr(dst, &name, &v, 0));
+                    if let Err(e) = copied {
+                        if !is_not_supported(&e) {
+                            return Err(e);
+                        }
+                        tracing::debug!(xattr = ?name, path = %src.display(), "xattr not copied: {e}");
+                    }
+                }
+            }
+            Err(e) if is_not_supported(&e) => {}
+            Err(e) => return Err(e),
+        }
+        self.cache.utimens(dst, at(meta.atime()), at(meta.mtime()))
+    }
+
+    /// Makes sure the cache has directory `rel` (and its parents), copying each missing
+    /// one's metadata from the share. Directories made here are not dirty: the share has them.
+    pub(super) fn ensure_upper_dir(&self, inner: &Inner, rel: &Path, ctx: &Ctx) -> FsResult<()> {
+        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+            return Ok(());
+        }
+        if let Some(parent) = rel.parent() {
+            self.ensure_upper_dir(inner, parent, ctx)?;
+        }
+        let tmp = self.tmp_rel();
+        self.cache.mkdir(&tmp, 0o700)?;
+        let lower = self.lower_meta(inner, rel)?.filter(|m| m.is_dir());
+        let meta_result = match lower {
+            Some(m) => self.copy_meta(&self.share, rel, &m, &tmp),
+            None => self.cache.chmod(&tmp, 0o755 & !ctx.umask).and_then(|()| {
+                if self.as_root {
+                    self.cache.chown(&tmp, Some(ctx.uid), Some(ctx.gid))
+                } else {
+                    Ok(())
+                }
+            }),
+        };
+        if let Err(e) = meta_result.and_then(|()| self.install(&tmp, &up(rel))) {
+            let _ = self.cache.rmdir(&tmp);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Runs `f`, which writes into the cache directory `dir` (relative to the cache root) for
+    /// an operation the kernel has already allowed (a copy-up, a directory made for one).
+    /// The cache copy of a read-only directory has the mode the user gave it (it is what the
+    /// sync sends), and the daemon, which is the user without privileges, may not write
+    /// there: the owner's write bit is added for the moment of `f` and the mode put back.
+    /// Nobody else can use the moment: the cache is the user's, 0700.
+    pub(super) fn with_write_access<T>(
+        &self,
+        dir: &Path,
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let locked = match self.cache.stat(dir)? {
+            Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                Some(m.mode() & 0o7777)
+            }
+            _ => None,
+        };
+        let Some(mode) = locked else {
+            return f();
+        };
+        self.cache.chmod(dir, mode | libc::S_IWUSR)?;
+        let result = f();
+        let restored = self.cache.chmod(dir, mode);
+        let value = result?;
+        restored?;
+        Ok(value)
+    }
+
+    /// Moves an object made in `work/` (`tmp`) to its place `dst` in the upper layer. The
+    /// parent may be a read-only directory's copy (see [`Overlay::with_write_access`]); a
+    /// directory that moves needs write access to itself too (its `..` changes), so a
+    /// read-only one gets the owner's write bit for the moment of the move.
+    pub(super) fn install(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.with_write_access(parent, || {
+            let locked = match self.cache.stat(tmp)? {
+                Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
+                    Some(m.mode() & 0o7777)
+                }
+                _ => None,
+            };
+            if let Some(mode) = locked {
+                self.cache.chmod(tmp, mode | libc::S_IWUSR)?;
+            }
+            self.cache.rename(tmp, dst, 0)?;
+            match locked {
+                Some(mode) => self.cache.chmod(dst, mode),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Journals a copy-up of `rel` from the share object `meta`, before the cache changes:
+    /// where it came from, its base if the cache had not taken it over (the version the
+    /// user's changes start from), a database's base for its WAL or journal, and dirty.
+    pub(super) fn journal_copy_up(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        meta: &Stat,
+    ) -> FsResult<()> {
+        let mut records = vec![Record::Origin(
+            rel.to_path_buf(),
+            Origin {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        )];
+        if !inner.state.taken_over(rel) {
+            records.push(Record::Base(
+                rel.to_path_buf(),
+                Some(session::share_id_of(meta)),
+            ));
+        }
+        records.extend(self.database_base(inner, rel)?);
+        records.push(Record::Dirty(rel.to_path_buf()));
+        self.record(inner, &records)?;
+        inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Copies one cached path up from the share, if it is not in the cache yet.
+    pub(super) fn copy_up(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        with_data: bool,
+        ctx: &Ctx,
+    ) -> FsResult<()> {
+        self.copy_up_of(inner, rel, with_data, ctx, None, None)
+            .map(|_| ())
+    }
+
+    /// The copy of the share's regular file at cached path `rel`, with its data, made in
+    /// `work/` without the overlay's lock (a large database from a slow share holds up no
+    /// other request), for [`Overlay::copy_up_of`] to put in place if the share still
+    /// has that version by then. None when no copy-up is due (the cache has the path or
+    /// deleted it) or the copy could not be made whole (the file changed while it was
+    /// read, or the share failed): the copy-up is then made under the lock as before.
+    pub(super) fn prepare_copy_up(&self, rel: &Path) -> Option<Prepared<'_>> {
+        if self.policy.classify(rel) != PathClass::Cached {
+            return None;
+        }
+        {
+            let inner = self.lock();
+            if inner.state.hidden(rel) || !matches!(self.upper_stat(rel), Ok(None)) {
+                return None;
+            }
+        }
+        let input = self.share.open_file(rel, libc::O_RDONLY, 0).ok()?;
+        let meta = sys::fstat(&input).ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        let tmp = self.tmp_rel();
+        let made = (|| -> io::Result<bool> {
+            let out =
+                self.cache
+                    .open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            sys::copy_data(&input, &out, meta.len())?;
+            self.copy_meta(&self.share, rel, &meta, &tmp)?;
+            out.sync_all()?;
+            Ok(sys::fstat(&input)?.version() == meta.version())
+        })();
+        let prepared = Prepared {
+            cache: &self.cache,
+            tmp,
+            meta,
+        };
+        // Not whole: dropped (and removed).
+        matches!(made, Ok(true)).then_some(prepared)
+    }
+
+    /// [`Overlay::copy_up`]; with `object` (device, inode), only when the share still has
+    /// that object at `rel`: false when it has another or none (nothing is copied then).
+    ///
+    /// With `prepared` (see [`Overlay::prepare_copy_up`]): that copy is put in place when
+    /// the share still has the version it was made from, and dropped otherwise.
+    pub(super) fn copy_up_of(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        with_data: bool,
+        ctx: &Ctx,
+        object: Option<(u64, u64)>,
+        prepared: Option<Prepared<'_>>,
+    ) -> FsResult<bool> {
+        if self.upper_stat(rel)?.is_some() {
+            return Ok(true);
+        }
+        let meta = match (self.lower_meta(inner, rel)?, object) {
+            (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok(false),
+            (Some(m), _) => m,
+            (None, Some(_)) => return Ok(false),
+            (None, None) => return Err(FsError::enoent()),
+        };
+        if let Some(parent) = rel.parent() {
+            self.ensure_upper_dir(inner, parent, ctx)?;
+        }
+        let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
+        self.journal_copy_up(inner, rel, &meta)?;
+        let dst = up(rel);
+        if let Some(p) = ready {
+            p.install(self, &dst)?;
+            tracing::debug!(path = %rel.display(), "copied up (prepared)");
+            return Ok(true);
+        }
+        let tmp = self.tmp_rel();
+        let result = self
+            .copy_object(rel, &meta, &tmp, with_data)
+            .and_then(|()| self.install_synced(&tmp, &dst));
+        if let Err(e) = result {
+            let _ = remove_tree(&self.cache, &tmp);
+            return Err(e.into());
+        }
+        tracing::debug!(path = %rel.display(), "copied up");
+        Ok(true)
+    }
+
+    /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.
+    pub(super) fn install_synced(&self, tmp: &Path, dst: &Path) -> io::Result<()> {
+        self.install(tmp, dst)?;
+        let parent = dst.parent().unwrap_or(Path::new("upper"));
+        self.cache
+            .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
+            .sync_all()
+    }
+
+    pub(super) fn copy_object(
+        &self,
+        src: &Path,
+        meta: &Stat,
+        dst: &Path,
+        with_data: bool,
+    ) -> io::Result<()> {
+        if meta.is_file() {
+            let input = self.share.open_file(src, libc::O_RDONLY, 0)?;
+            let out =
+                self.cache
+                    .open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            if with_data {
+                sys::copy_data(&input, &out, meta.len())?;
+            }
+            self.copy_meta(&self.share, src, meta, dst)?;
+            out.sync_all()?;
+        } else if meta.is_dir() {
+            self.cache.mkdir(dst, 0o700)?;
+            self.copy_meta(&self.share, src, meta, dst)?;
+        } else if meta.is_symlink() {
+            self.cache.symlink(&self.share.readlink(src)?, dst)?;
+            self.copy_meta(&self.share, src, meta, dst)?;
+        } else {
+            self.cache.mknod(dst, meta.mode(), meta.rdev())?;
+            self.copy_meta(&self.share, src, meta, dst)?;
+        }
+        Ok(())
+    }
+}

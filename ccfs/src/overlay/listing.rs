@@ -1,0 +1,117 @@
+//! Directory listings: the merged listing of a directory and what tells that it changed.
+
+use super::*;
+
+impl Overlay {
+    /// The merged listing of a directory (without `.` and `..`). The share is listed
+    /// without the overlay's lock held (a slow or hung share holds up this request only).
+    /// A cached directory lists what the cache holds while the share does not answer; a
+    /// passthrough one fails as the share does.
+    pub fn readdir(&self, rel: &Path) -> FsResult<Vec<DirEntry>> {
+        let class = self.policy.classify(rel);
+        let dir = self.resolve(rel)?;
+        if !dir.meta.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let share_visible = match class {
+            PathClass::LocalOnly => false,
+            PathClass::Passthrough => true,
+            PathClass::Cached => !self.lock().state.hidden(rel),
+        };
+        let share_names = if share_visible {
+            match self.list_share(rel) {
+                Ok(names) => names,
+                Err(e) if class == PathClass::Cached && gate::is_outage(&e) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            Vec::new()
+        };
+        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
+        let inner = self.lock();
+        for (name, file_type) in share_names {
+            let child = rel.join(&name);
+            match self.policy.classify(&child) {
+                PathClass::LocalOnly => continue,
+                PathClass::Cached if inner.state.hidden(&child) || is_sync_holding(&child) => {
+                    continue
+                }
+                _ => {}
+            }
+            names.insert(name.clone(), DirEntry { name, file_type });
+        }
+        let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
+        if merge_cache && self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+            for (name, _, kind) in self.cache.read_dir(&up(rel))? {
+                let child = rel.join(&name);
+                if self.policy.classify(&child) == PathClass::Passthrough {
+                    continue; // the share is authoritative for passthrough names
+                }
+                let kind = if kind == 0 {
+                    match self.upper_stat(&child)? {
+                        Some(meta) => meta.file_type(),
+                        None => continue,
+                    }
+                } else {
+                    kind
+                };
+                names.insert(
+                    name.clone(),
+                    DirEntry {
+                        name,
+                        file_type: kind,
+                    },
+                );
+            }
+        }
+        Ok(names.into_values().collect())
+    }
+
+    /// What tells whether directory `rel`'s listing changed: the attributes of its cache
+    /// copy and of the share's directory that [`Overlay::readdir`] would list (object,
+    /// size, modification and change times). Equal signatures, same listing, unless
+    /// the change came through this mount (which the kernel sees for itself).
+    pub fn dir_signature(&self, rel: &Path) -> FsResult<DirSignature> {
+        let class = self.policy.classify(rel);
+        let upper = match class {
+            PathClass::Passthrough if !rel.as_os_str().is_empty() => None,
+            _ => self.upper_stat(rel)?.map(|m| m.version()),
+        };
+        let share_visible = match class {
+            PathClass::LocalOnly => false,
+            PathClass::Passthrough => true,
+            PathClass::Cached => !self.lock().state.hidden(rel),
+        };
+        let share = if share_visible {
+            self.share.stat(rel)?.map(|m| m.version())
+        } else {
+            None
+        };
+        Ok(DirSignature { upper, share })
+    }
+
+    /// The share's entries of directory `rel` with their file types; none when it has no
+    /// directory there.
+    pub(super) fn list_share(&self, rel: &Path) -> io::Result<Vec<(OsString, u32)>> {
+        let entries = match self.share.read_dir(rel) {
+            Ok(e) => e,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (name, _, kind) in entries {
+            let kind = if kind == 0 {
+                self.share
+                    .stat(&rel.join(&name))?
+                    .map(|m| m.file_type())
+                    .unwrap_or(libc::S_IFREG)
+            } else {
+                kind
+            };
+            out.push((name, kind));
+        }
+        Ok(out)
+    }
+}

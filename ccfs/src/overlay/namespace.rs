@@ -1,0 +1,449 @@
+//! Changes to names: create, mkdir, mknod, symlink, link, unlink, rmdir and rename, with the
+//! whiteouts that hide the share's objects a cached path deleted.
+
+use super::*;
+
+impl Overlay {
+    /// A new cached object was marked dirty but could not be made: drop the mark and put
+    /// back the whiteout it cleared, so a deleted share copy stays hidden.
+    pub(super) fn undo_new(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        was_whiteout: bool,
+        e: io::Error,
+    ) -> FsError {
+        let undo = Record::Delete {
+            path: rel.to_path_buf(),
+            whiteout: was_whiteout,
+        };
+        match self.record(inner, &[undo]) {
+            Ok(()) => e.into(),
+            Err(journal) => journal,
+        }
+    }
+
+    /// Creates a new object `name` in `parent` with `make`, which gets the root and the
+    /// path below it.
+    pub(super) fn make_node(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        make: impl FnOnce(&Root, &Path) -> io::Result<()>,
+    ) -> FsResult<Found> {
+        let rel = parent.join(name);
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            // Straight to the share, no lock held while it answers (the share refuses an
+            // existing name itself: O_EXCL, mkdir, symlink, mknod).
+            if !self.resolve(parent)?.meta.is_dir() {
+                return Err(errno(libc::ENOTDIR));
+            }
+            make(&self.share, &rel)?;
+            self.chown_new(&self.share, &rel, ctx)?;
+            return self.resolve_share(&rel);
+        }
+        let mut inner = self.lock();
+        self.check_parent(&inner, parent)?;
+        if self.resolve_locked(&inner, &rel).is_ok() {
+            return Err(errno(libc::EEXIST));
+        }
+        match self.policy.classify(&rel) {
+            PathClass::Passthrough => {
+                make(&self.share, &rel)?;
+                self.chown_new(&self.share, &rel, ctx)?;
+            }
+            PathClass::LocalOnly => {
+                self.ensure_upper_dir(&inner, parent, ctx)?;
+                make(&self.cache, &up(&rel))?;
+                self.chown_new(&self.cache, &up(&rel), ctx)?;
+            }
+            PathClass::Cached => {
+                self.ensure_upper_dir(&inner, parent, ctx)?;
+                let was_whiteout = inner.state.is_whiteout(&rel);
+                // The take-over and the mark, in one journal append (one fdatasync).
+                let mut records = self.take_over(&inner, &rel)?;
+                if !inner.state.is_dirty(&rel) {
+                    records.push(Record::Dirty(rel.clone()));
+                }
+                if !records.is_empty() {
+                    self.record(&mut inner, &records)?;
+                }
+                inner.touched.insert(rel.clone());
+                if let Err(e) = make(&self.cache, &up(&rel)) {
+                    return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
+                }
+                self.chown_new(&self.cache, &up(&rel), ctx)?;
+            }
+        }
+        self.resolve_locked(&inner, &rel)
+    }
+
+    /// Creates and opens a regular file.
+    pub fn create(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Found, File, Option<u64>)> {
+        let rel = parent.join(name);
+        let perm = mode & 0o7777 & !ctx.umask;
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            // Straight to the share: made, or found there (the share tells which); its
+            // attributes from the open file. No lock held while the share answers.
+            let made = creation_flags(flags);
+            let (file, writer) = match self.share.open_file(&rel, made, perm) {
+                Ok(file) => {
+                    if self.as_root {
+                        self.chown_new(&self.share, &rel, ctx)?;
+                    }
+                    (file, None)
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                    self.open(ctx, &rel, flags)?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let meta = sys::fstat(&file)?;
+            let found = Found {
+                layer: Layer::Share,
+                meta,
+            };
+            return Ok((found, file, writer));
+        }
+        if self.resolve(&rel).is_ok() {
+            if flags & libc::O_EXCL != 0 {
+                return Err(errno(libc::EEXIST));
+            }
+            let (file, writer) = self.open(ctx, &rel, flags)?;
+            return Ok((self.resolve(&rel)?, file, writer));
+        }
+        let mut file = None;
+        let found = self.make_node(ctx, parent, name, |root, at| {
+            file = Some(root.open_file(at, creation_flags(flags), perm)?);
+            Ok(())
+        })?;
+        let file = file.ok_or_else(|| errno(libc::EIO))?;
+        let writer =
+            if found.layer == Layer::Upper && self.policy.classify(&rel) == PathClass::Cached {
+                let ino = found.meta.ino();
+                *self.lock().writers.entry(ino).or_insert(0) += 1;
+                Some(ino)
+            } else {
+                None
+            };
+        Ok((found, file, writer))
+    }
+
+    pub fn mkdir(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32) -> FsResult<Found> {
+        let perm = mode & 0o7777 & !ctx.umask;
+        self.make_node(ctx, parent, name, |root, at| {
+            root.mkdir(at, perm)?;
+            // mkdir masks with our umask (0) only; set the exact bits (sticky, setgid).
+            root.chmod(
+                at,
+                perm | (root
+                    .stat(at)?
+                    .map(|m| m.mode() & libc::S_ISGID)
+                    .unwrap_or(0)),
+            )
+        })
+    }
+
+    pub fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+    ) -> FsResult<Found> {
+        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ctx.umask);
+        self.make_node(ctx, parent, name, |root, at| root.mknod(at, mode, rdev))
+    }
+
+    pub fn symlink(
+        &self,
+        ctx: &Ctx,
+        parent: &Path,
+        name: &OsStr,
+        target: &Path,
+    ) -> FsResult<Found> {
+        self.make_node(ctx, parent, name, |root, at| root.symlink(target, at))
+    }
+
+    /// Hard link `src` as `parent/name`. Both must be of the same class.
+    pub fn link(&self, ctx: &Ctx, src: &Path, parent: &Path, name: &OsStr) -> FsResult<Found> {
+        let rel = parent.join(name);
+        let class = self.policy.classify(src);
+        if class != self.policy.classify(&rel) {
+            return Err(errno(libc::EXDEV));
+        }
+        let mut inner = self.lock();
+        self.check_parent(&inner, parent)?;
+        if self.resolve_locked(&inner, &rel).is_ok() {
+            return Err(errno(libc::EEXIST));
+        }
+        match class {
+            PathClass::Passthrough => self.share.link(src, &rel)?,
+            PathClass::LocalOnly => {
+                self.ensure_upper_dir(&inner, parent, ctx)?;
+                self.cache.link(&up(src), &up(&rel))?;
+            }
+            PathClass::Cached => {
+                if self.resolve_locked(&inner, src)?.meta.is_dir() {
+                    return Err(errno(libc::EPERM));
+                }
+                self.copy_up(&mut inner, src, true, ctx)?;
+                self.ensure_upper_dir(&inner, parent, ctx)?;
+                self.mark_dirty(&mut inner, src)?;
+                let was_whiteout = inner.state.is_whiteout(&rel);
+                let bases = self.take_over(&inner, &rel)?;
+                if !bases.is_empty() {
+                    self.record(&mut inner, &bases)?;
+                }
+                self.mark_dirty(&mut inner, &rel)?;
+                if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
+                    return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
+                }
+                // Both names share the source's share identity.
+                if let Some(o) = inner.state.origin(src) {
+                    self.record(&mut inner, &[Record::Origin(rel.clone(), o)])?;
+                }
+            }
+        }
+        self.resolve_locked(&inner, &rel)
+    }
+
+    /// Whether a deleted cached path needs a whiteout: the share has it, or a sync running
+    /// now may put it there.
+    pub(super) fn needs_whiteout(&self, inner: &Inner, rel: &Path) -> io::Result<bool> {
+        Ok(self.lower_meta(inner, rel)?.is_some()
+            || (self.sync_running.load(Ordering::Acquire) && inner.state.is_dirty(rel)))
+    }
+
+    pub fn unlink(&self, parent: &Path, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: &Path, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, true)
+    }
+
+    pub(super) fn remove(&self, parent: &Path, name: &OsStr, dir: bool) -> FsResult<()> {
+        let rel = parent.join(name);
+        if self.policy.classify(&rel) == PathClass::Passthrough {
+            let found = self.resolve_share(&rel)?;
+            match (dir, found.meta.is_dir()) {
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                (false, true) => return Err(errno(libc::EISDIR)),
+                (true, true) => self.share.rmdir(&rel)?,
+                (false, false) => self.share.unlink(&rel)?,
+            }
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        let found = self.resolve_locked(&inner, &rel)?;
+        if dir && !found.meta.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        if !dir && found.meta.is_dir() {
+            return Err(errno(libc::EISDIR));
+        }
+        let class = self.policy.classify(&rel);
+        if class != PathClass::Cached {
+            let (root, at) = self.place(found.layer, &rel);
+            if dir {
+                root.rmdir(&at)?;
+            } else {
+                root.unlink(&at)?;
+            }
+            return Ok(());
+        }
+        if dir {
+            drop(inner);
+            if !self.readdir(&rel)?.is_empty() {
+                return Err(errno(libc::ENOTEMPTY));
+            }
+            inner = self.lock();
+        }
+        let whiteout = self.needs_whiteout(&inner, &rel)?;
+        let mut records = vec![Record::Delete {
+            path: rel.clone(),
+            whiteout,
+        }];
+        if whiteout {
+            // What we mean to delete on the share (unless an earlier take-over recorded
+            // what the user started from): a later change there is a conflict.
+            records.extend(self.take_over(&inner, &rel)?);
+        }
+        self.record(&mut inner, &records)?;
+        if self.upper_stat(&rel)?.is_some() {
+            if dir {
+                self.cache.rmdir(&up(&rel))?;
+            } else {
+                self.cache.unlink(&up(&rel))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Renames within one class. Directories that exist on the share cannot be renamed
+    /// under a cached path (EXDEV: `mv` then copies), as in overlayfs without redirects.
+    pub fn rename(
+        &self,
+        ctx: &Ctx,
+        from_parent: &Path,
+        from_name: &OsStr,
+        to_parent: &Path,
+        to_name: &OsStr,
+        flags: u32,
+    ) -> FsResult<()> {
+        let from = from_parent.join(from_name);
+        let to = to_parent.join(to_name);
+        let class = self.policy.classify(&from);
+        if class != self.policy.classify(&to) {
+            return Err(errno(libc::EXDEV));
+        }
+        if flags & !(libc::RENAME_NOREPLACE) != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        if class == PathClass::Passthrough {
+            // No overlay state: no lock held while the share answers.
+            self.share.rename(&from, &to, flags)?;
+            return Ok(());
+        }
+        if class == PathClass::LocalOnly {
+            let mut inner = self.lock();
+            self.ensure_upper_dir(&inner, to_parent, ctx)?;
+            self.cache.rename(&up(&from), &up(&to), flags)?;
+            inner.touched.insert(to);
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        let src = self.resolve_locked(&inner, &from)?;
+        self.check_parent(&inner, to_parent)?;
+        let dst = self.resolve_locked(&inner, &to).ok();
+        if from == to {
+            return Ok(());
+        }
+        // Two names of one file: POSIX rename does nothing.
+        if let Some(d) = &dst {
+            if d.layer == src.layer
+                && d.meta.dev() == src.meta.dev()
+                && d.meta.ino() == src.meta.ino()
+            {
+                return Ok(());
+            }
+        }
+        if to.starts_with(&from) {
+            return Err(errno(libc::EINVAL));
+        }
+        if let Some(d) = &dst {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(errno(libc::EEXIST));
+            }
+            match (src.meta.is_dir(), d.meta.is_dir()) {
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                (false, true) => return Err(errno(libc::EISDIR)),
+                (true, true) => {
+                    drop(inner);
+                    if !self.readdir(&to)?.is_empty() {
+                        return Err(errno(libc::ENOTEMPTY));
+                    }
+                    inner = self.lock();
+                }
+                (false, false) => {}
+            }
+        }
+        let src_on_share = self.lower_meta(&inner, &from)?;
+        if src.meta.is_dir() && src_on_share.as_ref().is_some_and(|m| m.is_dir()) {
+            return Err(errno(libc::EXDEV));
+        }
+        if src.layer == Layer::Lower {
+            self.copy_up(&mut inner, &from, true, ctx)?;
+        }
+        self.ensure_upper_dir(&inner, to_parent, ctx)?;
+        let whiteout_from = self.needs_whiteout(&inner, &from)?;
+        let below = self.upper_below(&from)?;
+        // A directory moved while a sync runs may be on its way to the share, with what
+        // was below it: the old names stay hidden each on its own, so that a directory
+        // made at the old name later does not show what the sync put below it (and the
+        // next sync deletes them on the share). Without a sync running, a directory that
+        // may move has nothing on the share (one that has is not moved here: EXDEV).
+        let hidden_below: Vec<PathBuf> = if self.sync_running.load(Ordering::Acquire) {
+            below
+                .iter()
+                .filter(|p| inner.state.is_dirty(p))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Everything the cache holds below a moved directory is new at its new name, also
+        // what an earlier sync sent under the old one (a clean copy).
+        let moved: Vec<PathBuf> = below
+            .iter()
+            .map(|m| crate::state::reroot(m, &from, &to))
+            .collect();
+        // Take-overs first: the target (what the user replaces there), and every path that
+        // moves below it.
+        let mut records: Vec<Record> = Vec::new();
+        records.extend(self.take_over(&inner, &to)?);
+        for there in &moved {
+            records.extend(self.take_over(&inner, there)?);
+        }
+        if whiteout_from {
+            records.extend(self.take_over(&inner, &from)?);
+        }
+        for p in &hidden_below {
+            records.extend(self.take_over(&inner, p)?);
+        }
+        // Write-ahead: the target and what moves below it are dirty before the cache
+        // changes, so a crash in between leaves a journal that sends them.
+        let dirty: Vec<Record> = std::iter::once(to.clone())
+            .chain(moved)
+            .map(Record::Dirty)
+            .collect();
+        records.extend(dirty.iter().cloned());
+        self.record(&mut inner, &records)?;
+        self.cache.rename(&up(&from), &up(&to), 0)?;
+        let mut records = vec![Record::Rename {
+            from: from.clone(),
+            to: to.clone(),
+        }];
+        if whiteout_from {
+            records.push(Record::Delete {
+                path: from.clone(),
+                whiteout: true,
+            });
+        }
+        records.extend(hidden_below.into_iter().map(|path| Record::Delete {
+            path,
+            whiteout: true,
+        }));
+        records.extend(dirty);
+        self.record(&mut inner, &records)?;
+        inner.touched.insert(to);
+        Ok(())
+    }
+
+    /// Every path the cache holds strictly below `rel` (nothing for a file).
+    pub(super) fn upper_below(&self, rel: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut stack = vec![rel.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            if !self.upper_stat(&dir)?.is_some_and(|m| m.is_dir()) {
+                continue;
+            }
+            for (name, _, _) in self.cache.read_dir(&up(&dir))? {
+                let child = dir.join(name);
+                stack.push(child.clone());
+                out.push(child);
+            }
+        }
+        Ok(out)
+    }
+}
