@@ -136,8 +136,9 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
 /// during a periodic sync), which this machine's clock stamped. A share file with an mtime
 /// in that window that another workstation wrote during our sync (a logout there at the
 /// same moment, its file's mtime from that window) would be taken for ours: see
-/// doc/SEMANTICS.md "Sessions" (limit). In every case it has the cache copy's permission
-/// bits (a chmod alone changes neither size nor mtime).
+/// doc/SEMANTICS.md "Sessions" (limit). Permission bits are not compared (some shares
+/// give a copy other bits than the cache's), so a chmod alone, which changes neither size
+/// nor mtime, passes for sent here: a known limit of a sync settled without rsync's report.
 fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bool {
     if !theirs.is_file() {
         return ours.is_some_and(|o| o.file_type() == theirs.file_type());
