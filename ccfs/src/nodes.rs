@@ -11,7 +11,7 @@
 //! one inode, so its cached attributes stay right for every name); each lookup of one of
 //! its names checks it against the object behind the first name (`CcfsFs::entry`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
@@ -29,11 +29,47 @@ struct Node {
     lookups: u64,
 }
 
+/// The names in each directory node: parent -> name -> node. Hashed, and looked up by a
+/// borrowed name (a directory listing of 20,000 names costs one lookup each, no copy).
+#[derive(Debug, Default)]
+struct Children(HashMap<u64, HashMap<OsString, u64>>);
+
+impl Children {
+    fn get(&self, parent: u64, name: &OsStr) -> Option<u64> {
+        self.0.get(&parent).and_then(|names| names.get(name)).copied()
+    }
+
+    fn insert(&mut self, parent: u64, name: OsString, id: u64) {
+        self.0.entry(parent).or_default().insert(name, id);
+    }
+
+    fn remove(&mut self, parent: u64, name: &OsStr) -> Option<u64> {
+        let names = self.0.get_mut(&parent)?;
+        let id = names.remove(name);
+        if names.is_empty() {
+            self.0.remove(&parent);
+        }
+        id
+    }
+
+    /// The nodes named in directory `parent`.
+    fn of(&self, parent: u64) -> Vec<u64> {
+        self.0
+            .get(&parent)
+            .map(|names| names.values().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn has_any(&self, parent: u64) -> bool {
+        self.0.contains_key(&parent)
+    }
+}
+
 /// The node table (see the module documentation).
 #[derive(Debug)]
 pub struct Nodes {
     by_id: HashMap<u64, Node>,
-    children: BTreeMap<(u64, OsString), u64>,
+    children: Children,
     next: u64,
 }
 
@@ -56,7 +92,7 @@ impl Nodes {
         );
         Self {
             by_id,
-            children: BTreeMap::new(),
+            children: Children::default(),
             next: ROOT,
         }
     }
@@ -82,8 +118,7 @@ impl Nodes {
     /// lookup the kernel will later forget (a lookup, create or link reply); a directory
     /// listing names nodes without counting.
     pub fn child(&mut self, parent: u64, name: &OsStr, kind: u32, lookup: bool) -> u64 {
-        let key = (parent, name.to_os_string());
-        if let Some(&id) = self.children.get(&key) {
+        if let Some(id) = self.children.get(parent, name) {
             if let Some(node) = self.by_id.get_mut(&id) {
                 if node.kind == kind {
                     if lookup {
@@ -100,20 +135,19 @@ impl Nodes {
         self.by_id.insert(
             id,
             Node {
-                names: vec![key.clone()],
+                names: vec![(parent, name.to_os_string())],
                 kind,
                 lookups: u64::from(lookup),
             },
         );
-        self.children.insert(key, id);
+        self.children.insert(parent, name.to_os_string(), id);
         id
     }
 
     /// Gives node `id` one more name, `name` in `parent` (a hard link made, or found to be
     /// one), counting a lookup; whatever node had that name loses it.
     pub fn add_name(&mut self, id: u64, parent: u64, name: &OsStr) -> bool {
-        let key = (parent, name.to_os_string());
-        if self.children.get(&key) == Some(&id) {
+        if self.children.get(parent, name) == Some(id) {
             if let Some(node) = self.by_id.get_mut(&id) {
                 node.lookups += 1;
             }
@@ -124,10 +158,10 @@ impl Nodes {
         }
         self.detach(parent, name);
         if let Some(node) = self.by_id.get_mut(&id) {
-            node.names.push(key.clone());
+            node.names.push((parent, name.to_os_string()));
             node.lookups += 1;
         }
-        self.children.insert(key, id);
+        self.children.insert(parent, name.to_os_string(), id);
         true
     }
 
@@ -145,7 +179,7 @@ impl Nodes {
 
     /// The node named `name` in `parent`, if any.
     pub fn named(&self, parent: u64, name: &OsStr) -> Option<u64> {
-        self.children.get(&(parent, name.to_os_string())).copied()
+        self.children.get(parent, name)
     }
 
     /// How many names node `id` has.
@@ -161,11 +195,10 @@ impl Nodes {
     /// `name` in `parent` is gone (unlinked, or about to be renamed over): its node loses
     /// the name but lives on while the kernel holds it. Returns the node.
     pub fn detach(&mut self, parent: u64, name: &OsStr) -> Option<u64> {
-        let key = (parent, name.to_os_string());
-        let id = self.children.remove(&key)?;
+        let id = self.children.remove(parent, name)?;
         let drop_now = match self.by_id.get_mut(&id) {
             Some(node) => {
-                node.names.retain(|n| *n != key);
+                node.names.retain(|(p, n)| (*p, n.as_os_str()) != (parent, name));
                 node.names.is_empty() && node.lookups == 0
             }
             None => false,
@@ -179,37 +212,35 @@ impl Nodes {
     /// Undoes [`Nodes::detach`] when the change failed, unless the name got another node
     /// meanwhile.
     pub fn reattach(&mut self, parent: u64, name: &OsStr, id: u64) {
-        let key = (parent, name.to_os_string());
-        if self.children.contains_key(&key) {
+        if self.children.get(parent, name).is_some() {
             return;
         }
         if let Some(node) = self.by_id.get_mut(&id) {
-            node.names.push(key.clone());
-            self.children.insert(key, id);
+            node.names.push((parent, name.to_os_string()));
+            self.children.insert(parent, name.to_os_string(), id);
         }
     }
 
     /// The node at `from` now lives at `to` (its children follow); whatever was at `to` was
     /// detached before.
     pub fn rename(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
-        let old = (from.0, from.1.to_os_string());
-        let new = (to.0, to.1.to_os_string());
-        if self.children.contains_key(&old) && self.children.get(&old) == self.children.get(&new) {
+        let old = self.children.get(from.0, from.1);
+        if old.is_some() && old == self.children.get(to.0, to.1) {
             // Two names of one file: rename does nothing.
             return;
         }
         self.detach(to.0, to.1);
-        let Some(id) = self.children.remove(&old) else {
+        let Some(id) = self.children.remove(from.0, from.1) else {
             return;
         };
         if let Some(node) = self.by_id.get_mut(&id) {
             for n in node.names.iter_mut() {
-                if *n == old {
-                    *n = new.clone();
+                if (n.0, n.1.as_os_str()) == from {
+                    *n = (to.0, to.1.to_os_string());
                 }
             }
         }
-        self.children.insert(new, id);
+        self.children.insert(to.0, to.1.to_os_string(), id);
     }
 
     /// The kernel forgot `n` lookups of `id`. A node nobody refers to any more leaves the
@@ -239,31 +270,20 @@ impl Nodes {
 
     /// Removes `id` if neither the kernel nor a child still refers to it.
     fn remove_if_unused(&mut self, id: u64) {
-        let kids: Vec<u64> = self
-            .children
-            .range((id, OsString::new())..)
-            .take_while(|((p, _), _)| *p == id)
-            .map(|(_, c)| *c)
-            .collect();
-        for kid in kids {
+        for kid in self.children.of(id) {
             if self.by_id.get(&kid).is_some_and(|k| k.lookups == 0) {
                 self.remove_if_unused(kid);
             }
         }
-        let has_kids = self
-            .children
-            .range((id, OsString::new())..)
-            .next()
-            .is_some_and(|((p, _), _)| *p == id);
-        if !has_kids && self.by_id.get(&id).is_some_and(|n| n.lookups == 0) {
+        if !self.children.has_any(id) && self.by_id.get(&id).is_some_and(|n| n.lookups == 0) {
             self.remove(id);
         }
     }
 
     fn remove(&mut self, id: u64) {
         if let Some(node) = self.by_id.remove(&id) {
-            for key in node.names {
-                self.children.remove(&key);
+            for (parent, name) in node.names {
+                self.children.remove(parent, &name);
             }
         }
     }

@@ -27,21 +27,26 @@ impl Overlay {
         } else {
             Vec::new()
         };
-        let mut names: BTreeMap<OsString, DirEntry> = BTreeMap::new();
-        let inner = self.lock();
-        for (name, file_type) in share_names {
-            let child = rel.join(&name);
-            match self.policy.classify(&child) {
-                PathClass::LocalOnly => continue,
-                PathClass::Cached if inner.state.hidden(&child) || is_sync_holding(&child) => {
-                    continue
-                }
-                _ => {}
-            }
-            names.insert(name.clone(), DirEntry { name, file_type });
-        }
         let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
-        if merge_cache && self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
+        let inner = self.lock();
+        let visible = share_names.into_iter().filter(|(name, _)| {
+            let child = rel.join(name);
+            match self.policy.classify(&child) {
+                PathClass::LocalOnly => false,
+                PathClass::Cached => !(inner.state.hidden(&child) || is_sync_holding(&child)),
+                PathClass::Passthrough => true,
+            }
+        });
+        if !merge_cache {
+            // The share's listing alone: its names are unique already.
+            return Ok(visible
+                .map(|(name, file_type)| DirEntry { name, file_type })
+                .collect());
+        }
+        let mut names: BTreeMap<OsString, DirEntry> = visible
+            .map(|(name, file_type)| (name.clone(), DirEntry { name, file_type }))
+            .collect();
+        if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
             for (name, _, kind) in self.cache.read_dir(&up(rel))? {
                 let child = rel.join(&name);
                 if self.policy.classify(&child) == PathClass::Passthrough {

@@ -72,22 +72,25 @@ impl Overlay {
                 self.resolve_locked(&inner, rel)
             }
             PathClass::Cached => {
-                {
-                    let inner = self.lock();
-                    if self.upper_lookup(rel)?.is_some()
-                        || inner.state.hidden(rel)
-                        || is_sync_holding(rel)
-                    {
-                        return self.resolve_locked(&inner, rel);
+                // The cache's say: its object, or a deletion (then nothing).
+                let said = |inner: &Inner| -> FsResult<Option<Found>> {
+                    if let Some(meta) = self.upper_lookup(rel)? {
+                        return Ok(Some(self.found(rel, Layer::Upper, meta)));
                     }
+                    if inner.state.hidden(rel) || is_sync_holding(rel) {
+                        return Err(FsError::enoent());
+                    }
+                    Ok(None)
+                };
+                if let Some(found) = said(&self.lock())? {
+                    return Ok(found);
                 }
                 // Only on the share so far: ask it without holding the lock (other users
                 // of the mount go on meanwhile), then check that the cache still has no
                 // say (a copy-up or a delete may have happened meanwhile).
                 let meta = self.share.stat(rel)?;
-                let inner = self.lock();
-                if self.upper_lookup(rel)?.is_some() || inner.state.hidden(rel) {
-                    return self.resolve_locked(&inner, rel);
+                if let Some(found) = said(&self.lock())? {
+                    return Ok(found);
                 }
                 let meta = meta.ok_or_else(FsError::enoent)?;
                 Ok(self.found(rel, Layer::Lower, meta))
