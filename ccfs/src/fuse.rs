@@ -488,11 +488,18 @@ impl CcfsFs {
         }
     }
 
+    /// The attributes of `node` from one of its open handles. The handle table is not
+    /// held while a handle's descriptor is looked at: a handle being copied up holds its
+    /// `io` for the whole copy, and every request needs the table.
     fn open_node_stat(&self, node: u64) -> Option<Stat> {
-        self.handles().values().find_map(|h| match &**h {
-            Handle::File { io, node: n, .. } if *n == node => {
-                crate::sys::fstat(&read_io(io).file).ok()
-            }
+        let open: Vec<Arc<Handle>> = self
+            .handles()
+            .values()
+            .filter(|h| matches!(&***h, Handle::File { node: n, .. } if *n == node))
+            .cloned()
+            .collect();
+        open.iter().find_map(|h| match &**h {
+            Handle::File { io, .. } => crate::sys::fstat(&read_io(io).file).ok(),
             _ => None,
         })
     }

@@ -36,7 +36,10 @@ struct Children(HashMap<u64, HashMap<OsString, u64>>);
 
 impl Children {
     fn get(&self, parent: u64, name: &OsStr) -> Option<u64> {
-        self.0.get(&parent).and_then(|names| names.get(name)).copied()
+        self.0
+            .get(&parent)
+            .and_then(|names| names.get(name))
+            .copied()
     }
 
     fn insert(&mut self, parent: u64, name: OsString, id: u64) {
@@ -198,7 +201,8 @@ impl Nodes {
         let id = self.children.remove(parent, name)?;
         let drop_now = match self.by_id.get_mut(&id) {
             Some(node) => {
-                node.names.retain(|(p, n)| (*p, n.as_os_str()) != (parent, name));
+                node.names
+                    .retain(|(p, n)| (*p, n.as_os_str()) != (parent, name));
                 node.names.is_empty() && node.lookups == 0
             }
             None => false,

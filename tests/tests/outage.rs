@@ -883,6 +883,127 @@ fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
     );
 }
 
+/// A handle stuck on a hung share freezes no other open: a program writes for the first
+/// time to a dotfile it opened read-write (the handle then looks the file up on the share,
+/// which hangs, holding the handle; written through a shared mapping), another asks for that file's attributes, which the
+/// share cannot give (the daemon then answers from the file's open handles and waits on
+/// the stuck one), and meanwhile a third opens and reads a cached dotfile. The table of
+/// open handles is let go before a handle is waited on: with it held, every open, read
+/// and close of the mount waited for the share.
+#[test]
+fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
+    let mut server =
+        CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\nkernel_passthrough = false\n");
+    let s = Session::start(&server);
+    std::fs::write(s.home.join(".places.sqlite"), "the share's version\n").expect("dotfile");
+    write(&s.m(".newrc"), "made in the session\n");
+    assert_eq!(read(&s.m(".places.sqlite")), "the share's version\n");
+    let mut writer = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            // Written through a shared mapping: the kernel's own check of a write
+            // (`security.capability`, which would wait on the share first) is not made,
+            // and the page written back reaches the handle.
+            "import mmap,os,sys\n\
+             fd = os.open(sys.argv[1], os.O_RDWR)\n\
+             m = mmap.mmap(fd, 0)\n\
+             assert m[:1] == b't'\n\
+             print('open', flush=True)\n\
+             sys.stdin.readline()\n\
+             m[:1] = b'T'\n\
+             m.flush()\n\
+             m.close()\n\
+             os.close(fd)\n",
+        ])
+        .arg(s.m(".places.sqlite"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("writer");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(writer.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("writer's line");
+    assert_eq!(line, "open\n");
+    // Holds the name without a handle of its own (O_PATH), to ask for its attributes later.
+    let mut asker = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import os,sys\n\
+             fd = os.open(sys.argv[1], os.O_PATH)\n\
+             sys.stdin.readline()\n\
+             print(os.stat(f'/proc/self/fd/{fd}').st_size)\n",
+        ])
+        .arg(s.m(".places.sqlite"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("asker");
+    server.fail(Outage::Hangs);
+    std::io::Write::write_all(writer.stdin.as_mut().expect("stdin"), b"go\n").expect("go");
+    let writer_pid = writer.id();
+    // msync waits for the page's write-back, which the daemon answers once the handle
+    // has looked the file up on the share.
+    wait_until("the first write to wait on the share", GUARD, || {
+        std::fs::read_to_string(format!("/proc/{writer_pid}/wchan"))
+            .is_ok_and(|w| w == "folio_wait_bit" || w == "request_wait_answer")
+    });
+    wait_until("the daemon to notice the hang", GUARD, || {
+        let out = ccfs_within(&["status".as_ref(), s.mnt.as_os_str()]);
+        String::from_utf8_lossy(&out.stdout).contains("share: unreachable")
+    });
+    // Past the kernel's kept attributes (a second): the daemon is asked for the node's
+    // attributes (the name is not looked up: the path is the descriptor's), the share
+    // cannot answer (the gate is closed), and the answer must come from the stuck handle.
+    std::io::Write::write_all(asker.stdin.as_mut().expect("stdin"), b"go\n").expect("go");
+    let asker_pid = asker.id();
+    wait_until(
+        "the attribute request to wait on the stuck handle",
+        GUARD,
+        || {
+            std::fs::read_to_string(format!("/proc/{asker_pid}/wchan"))
+                .is_ok_and(|w| w == "request_wait_answer")
+        },
+    );
+
+    let out = within_for(
+        Command::new("sh")
+            .args([
+                "-c",
+                "printf 'during the hang\\n' >> \"$1\" && cat \"$1\"",
+                "sh",
+            ])
+            .arg(s.m(".newrc")),
+        "another dotfile opened while a handle is stuck",
+        Duration::from_secs(20),
+    );
+    server.restore();
+    let asked = asker.wait_with_output().expect("stat");
+    let wrote = writer.wait_with_output().expect("writer");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "made in the session\nduring the hang\n"
+    );
+    assert!(asked.status.success(), "{}", text(&asked));
+    assert_eq!(String::from_utf8_lossy(&asked.stdout), "20\n");
+    assert!(wrote.status.success(), "{}", text(&wrote));
+    let out = ccfs_within(&["umount".as_ref(), s.mnt.as_os_str()]);
+    assert!(out.status.success(), "umount: {}", text(&out));
+    assert_eq!(
+        read(&s.home.join(".places.sqlite")),
+        "The share's version\n"
+    );
+    assert_eq!(
+        read(&s.home.join(".newrc")),
+        "made in the session\nduring the hang\n"
+    );
+}
+
 fn on_gluster(how: Outage, cached_io: bool) {
     let Some(mut server) = GlusterServer::from_env() else {
         eprintln!("CCFS_TEST_GLUSTER_STATE is not set: skipped");
