@@ -22,6 +22,9 @@
 //!                                 # the share's version shows the share's file there)
 //! kernel_passthrough = true       # the kernel reads and writes open files itself
 //!                                 # (Linux 6.9 or later; off: through the daemon)
+//! readdirplus = true              # a listing carries each entry's attributes, so a
+//!                                 # program that lists and then looks at each entry
+//!                                 # (ls -l, a file manager) needs no lookup per entry
 //! allow_other = false             # root's mounts for a user: let other local users (and
 //!                                 # root) in, with the usual permission checks; off, only
 //!                                 # the user gets in, so a daemon the user stops can hold
@@ -82,6 +85,7 @@ pub struct MountSection {
     pub attr_timeout_ms: u64,
     pub cache_timeout_ms: u64,
     pub kernel_passthrough: bool,
+    pub readdirplus: bool,
     pub allow_other: bool,
 }
 
@@ -92,6 +96,7 @@ impl Default for MountSection {
             attr_timeout_ms: 10_000,
             cache_timeout_ms: 10_000,
             kernel_passthrough: true,
+            readdirplus: true,
             allow_other: false,
         }
     }
@@ -142,6 +147,8 @@ pub struct Settings {
     pub cache_timeout: Duration,
     /// Kernel passthrough of open files (see [`crate::backing`]).
     pub kernel_passthrough: bool,
+    /// Listings carry each entry's attributes (READDIRPLUS, as the kernel finds useful).
+    pub readdirplus: bool,
     /// A mount root makes for a user lets other local users in (see the file's doc).
     pub allow_other: bool,
 }
@@ -158,6 +165,7 @@ impl Default for Settings {
             attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(10_000),
             kernel_passthrough: true,
+            readdirplus: true,
             allow_other: false,
         }
     }
@@ -289,6 +297,7 @@ impl Settings {
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
             cache_timeout: Duration::from_millis(raw.mount.cache_timeout_ms),
             kernel_passthrough: raw.mount.kernel_passthrough,
+            readdirplus: raw.mount.readdirplus,
             allow_other: raw.mount.allow_other,
         })
     }

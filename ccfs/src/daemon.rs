@@ -1265,6 +1265,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     let timeouts = crate::fuse::Timeouts {
         share: plan.settings.attr_timeout,
         cache: plan.settings.cache_timeout,
+        readdirplus: plan.settings.readdirplus,
     };
     let fs = CcfsFs::new(overlay.clone(), timeouts, io.clone());
     let node_table = fs.node_table();

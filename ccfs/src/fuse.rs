@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::backing::{IoMode, OpenKind, Passthrough};
@@ -95,6 +95,8 @@ pub struct Timeouts {
     pub share: Duration,
     /// Names and attributes of what the cache holds (only this mount changes it).
     pub cache: Duration,
+    /// Listings carry each entry's attributes (READDIRPLUS).
+    pub readdirplus: bool,
 }
 
 /// The open flags that tell the kernel how to do a handle's I/O.
@@ -373,6 +375,29 @@ impl CcfsFs {
             entries.push((id, file_type(e.file_type), e.name));
         }
         Ok(entries)
+    }
+
+    /// The listing a directory handle serves from `offset`: made at the first read or
+    /// a rewind (the directory as it is now), then kept for the handle's later reads.
+    fn listing<'h>(
+        &self,
+        ino: INodeNo,
+        h: &'h Handle,
+        offset: u64,
+    ) -> Result<MutexGuard<'h, Option<Vec<DirListEntry>>>, Errno> {
+        let Handle::Dir { listing, sig } = h else {
+            return Err(Errno::ENOTDIR);
+        };
+        let mut g = listing.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() || offset == 0 {
+            let path = self.path(ino)?;
+            *g = Some(self.list(ino, &path)?);
+            match sig {
+                Some(sig) => self.listed().insert(ino.0, Listed::new(*sig)),
+                None => self.listed().remove(&ino.0),
+            };
+        }
+        Ok(g)
     }
 
     /// How long the kernel may keep an answer that came from `layer`.
@@ -658,7 +683,12 @@ impl Filesystem for CcfsFs {
         // kept by the kernel (a target never changes in place). Not FUSE_ATOMIC_O_TRUNC:
         // with it the daemon truncates at OPEN, before the kernel checks that the file is
         // not a running program (ETXTBSY), which then comes too late.
-        let wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_CACHE_SYMLINKS;
+        let mut wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_CACHE_SYMLINKS;
+        if self.ttl.readdirplus {
+            // A listing with each entry's attributes when the kernel finds it useful: the
+            // first part of a listing, and the rest only while the entries are looked at.
+            wanted |= F::FUSE_DO_READDIRPLUS | F::FUSE_READDIRPLUS_AUTO;
+        }
         let _ = config.add_capabilities(wanted & config.capabilities());
         if self.io.wanted() {
             let stacked = config.set_max_stack_depth(1).is_ok();
@@ -1135,23 +1165,59 @@ impl Filesystem for CcfsFs {
     ) {
         self.overlay.requests.count(Req::Readdir);
         let h = try_reply!(reply, self.handle(fh));
-        let Handle::Dir { listing, sig } = &*h else {
-            reply.error(Errno::ENOTDIR);
-            return;
-        };
-        let mut g = listing.lock().unwrap_or_else(|e| e.into_inner());
-        // The first read, or a rewind: the directory as it is now.
-        if g.is_none() || offset == 0 {
-            let path = try_reply!(reply, self.path(ino));
-            *g = Some(try_reply!(reply, self.list(ino, &path)));
-            match sig {
-                Some(sig) => self.listed().insert(ino.0, Listed::new(*sig)),
-                None => self.listed().remove(&ino.0),
-            };
-        }
+        let g = try_reply!(reply, self.listing(ino, &h, offset));
         let entries = g.as_deref().unwrap_or_default();
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// A listing with each entry's attributes, as a lookup of each would give them (and
+    /// counted as one: the kernel takes every entry of the reply as looked up). An entry
+    /// gone since the listing was made is left out. Counted with the listings.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.overlay.requests.count(Req::Readdir);
+        let h = try_reply!(reply, self.handle(fh));
+        let dir = try_reply!(reply, self.path(ino));
+        let g = try_reply!(reply, self.listing(ino, &h, offset));
+        let entries = g.as_deref().unwrap_or_default();
+        // `.` and `..` are never looked up by the kernel: any attributes of a directory.
+        let mut dots: Option<FileAttr> = None;
+        for (i, (id, _, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let next = (i + 1) as u64;
+            if name == "." || name == ".." {
+                if dots.is_none() {
+                    match self.overlay.resolve(&dir) {
+                        Ok(found) => dots = Some(attr(ino.0, &found.meta)),
+                        Err(e) => {
+                            reply.error(reply_err("readdirplus", &dir, &e));
+                            return;
+                        }
+                    }
+                }
+                let Some(a) = dots.as_ref() else { break };
+                if reply.add(INodeNo(*id), next, name, &Duration::ZERO, a, Generation(0)) {
+                    break;
+                }
+                continue;
+            }
+            let Ok(found) = self.overlay.resolve(&dir.join(name)) else {
+                continue;
+            };
+            let a = self.entry(ino, name, &found);
+            if reply.add(a.ino, next, name, &self.ttl(found.layer), &a, Generation(0)) {
+                // Not sent: the kernel does not count it.
+                self.nodes().forget(a.ino.0, 1);
                 break;
             }
         }
