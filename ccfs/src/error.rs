@@ -6,7 +6,9 @@ use std::io;
 pub enum FsError {
     #[error(transparent)]
     Io(#[from] io::Error),
-    #[error("errno {0}")]
+    /// Refused by ccfs itself (a check, not a failed system call): logged with the
+    /// system's text for the number, as a failed call's error is.
+    #[error("{}", io::Error::from_raw_os_error(*.0))]
     Errno(i32),
     #[error("journal write failed: {0}")]
     Journal(io::Error),
@@ -53,5 +55,11 @@ mod tests {
             libc::ENOSPC
         );
         assert_eq!(errno(libc::EXDEV).errno(), libc::EXDEV);
+        // The log says what the number means.
+        assert!(
+            errno(libc::EXDEV).to_string().contains("cross-device link"),
+            "{}",
+            errno(libc::EXDEV)
+        );
     }
 }
