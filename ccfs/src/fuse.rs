@@ -676,6 +676,19 @@ impl CcfsFs {
     }
 }
 
+impl CcfsFs {
+    /// What closing `h` undoes: its share of the cache file's writers, its I/O mode (the
+    /// last passthrough handle of a node gives the backing file back to the kernel).
+    fn let_go(&self, h: &Handle) {
+        if let Handle::File { io, node, mode } = h {
+            if let Some(ino) = read_io(io).writer {
+                self.overlay.release_writer(ino);
+            }
+            self.io.released(*node, *mode);
+        }
+    }
+}
+
 impl Filesystem for CcfsFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         use fuser::InitFlags as F;
@@ -1078,14 +1091,28 @@ impl Filesystem for CcfsFs {
         self.overlay.requests.count(Req::Release);
         let removed = self.handles().remove(&fh.0);
         if let Some(h) = removed {
-            if let Handle::File { io, node, mode } = &*h {
-                if let Some(ino) = read_io(io).writer {
-                    self.overlay.release_writer(ino);
-                }
-                self.io.released(*node, *mode);
-            }
+            self.let_go(&h);
         }
         reply.ok();
+    }
+
+    /// The session ended (the mount is gone, and with it every open file): a handle still
+    /// in the table lost its RELEASE (the kernel ends the requests it has not handed over
+    /// when it tears the connection down at unmount). Each is let go as a RELEASE would,
+    /// so the logout sync that follows sees no writer the session no longer has (a file
+    /// counted as written still was never marked synced: "not everything reached the
+    /// share") and the kernel's backing files are given back.
+    fn destroy(&mut self) {
+        let left: Vec<Arc<Handle>> = self.handles().drain().map(|(_, h)| h).collect();
+        if !left.is_empty() {
+            tracing::debug!(
+                handles = left.len(),
+                "letting go of handles whose RELEASE never came"
+            );
+        }
+        for h in &left {
+            self.let_go(h);
+        }
     }
 
     fn fsync(

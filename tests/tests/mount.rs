@@ -1203,3 +1203,126 @@ fn sigterm_to_the_daemon_unmounts_and_syncs() {
     m.abandon();
     assert_eq!(read(&fx.s(".xinitrc")), "exec twm\n");
 }
+
+/// A program that still writes a dotfile when the mount is detached lazily, then closes
+/// it: the kernel tears the connection down as the file closes, and the file's RELEASE may
+/// never reach the daemon. The logout sync that follows still counts the file as let go:
+/// all of it reaches the share, the sync says so, and nothing stays in the cache as
+/// unsynced (it was held back as "still written", and the logout reported a failure).
+#[test]
+fn a_dotfile_closed_after_a_lazy_unmount_is_synced_and_the_logout_succeeds() {
+    let fx = Fixture::new();
+    for round in 0..3 {
+        let m = fx.mount();
+        let pid = m.daemon_pid();
+        let name = format!(".held-at-logout-{round}");
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(fx.m(&name))
+            .expect("open");
+        f.write_all(b"before the unmount\n").expect("write");
+        let out = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&fx.mnt)
+            .output()
+            .expect("fusermount3");
+        assert!(out.status.success(), "{}", text(&out));
+        f.write_all(b"after it\n")
+            .expect("write after the lazy unmount");
+        drop(f);
+        wait_until("the daemon's exit", Duration::from_secs(60), || !alive(pid));
+        m.abandon();
+        assert_eq!(read(&fx.s(&name)), "before the unmount\nafter it\n");
+        let last = read_json(&fx.cache.join("last-sync.json"));
+        assert_eq!(last["ok"], true, "round {round}: {last}");
+        assert_eq!(
+            last["report"]["remaining_dirty"], 0,
+            "round {round}: {last}"
+        );
+        assert!(
+            !fx.cache.join("upper").join(&name).exists(),
+            "round {round}: a synced session leaves nothing of it in the cache"
+        );
+    }
+}
+
+/// The daemon answers `ccfs umount`'s wait and exits; a look at its status that `ccfs
+/// umount` makes meanwhile (it looks every few seconds while it waits) is taken by the
+/// exiting daemon and closed without an answer. The logout's answer is on the wait's own
+/// connection: `ccfs umount` reads it and succeeds (it said "cannot ask its ccfs daemon"
+/// and failed a logout whose sync had gone well; seen with 30 users logging out at once).
+/// A stand-in socket plays the exiting daemon, so that the moment is not left to chance.
+#[test]
+fn a_status_left_unanswered_by_an_exiting_daemon_does_not_fail_the_logout() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    let mp = fx.mnt.canonicalize().expect("mnt");
+    let cache = fx.cache.canonicalize().expect("cache");
+    let fake = fx.tmp.path().join("exiting-daemon.py");
+    fs::write(
+        &fake,
+        r#"import socket, os, sys, json, threading, time
+cache, mp, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path = os.path.join(cache, "control.sock")
+os.rename(path, path + ".real")
+s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16)
+os.link(path, path + ".keep")
+st = {"pid": pid, "share": "/x", "mountpoint": mp, "cache_dir": cache, "dirty_files": 0,
+      "dirty_bytes": 0, "pending_deletions": 0, "last_sync": None}
+waiting = threading.Event()
+def keep_name():
+    # The real daemon removes the socket's name as it exits: this one stays reachable.
+    while True:
+        if not os.path.lexists(path):
+            os.link(path + ".keep", path)
+        time.sleep(0.02)
+threading.Thread(target=keep_name, daemon=True).start()
+print("ready", flush=True)
+def serve(c):
+    line = c.makefile("rb").readline()
+    if b"wait" in line.lower():
+        c.sendall(b'{"waiting":true}\n')
+        waiting.set()
+        time.sleep(7)
+        c.sendall(b'{"ok":true,"report":null,"error":null}\n')
+    elif waiting.is_set():
+        pass
+    else:
+        c.sendall((json.dumps(st) + "\n").encode())
+    c.close()
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#,
+    )
+    .expect("script");
+    let mut server = Command::new("/usr/bin/python3")
+        .arg(&fake)
+        .arg(&cache)
+        .arg(&mp)
+        .arg(pid.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("stand-in server");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    assert_eq!(ready.trim(), "ready", "the stand-in did not start");
+    let out = run_bounded(Command::new(ccfs_bin()).arg("umount").arg(&fx.mnt));
+    let _ = server.kill();
+    let _ = server.wait();
+    m.abandon();
+    let out = out.expect("ccfs umount returned");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("all changes are on the share"),
+        "{}",
+        text(&out)
+    );
+    wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
+}
