@@ -457,8 +457,12 @@ fn wait_logout_answer(
                     return Ok(LogoutAnswer::Unreachable(Box::new(st)))
                 }
                 Ok(_) => {}
-                // Between its answer on the other connection and its exit.
-                Err(e) if control::daemon_gone(&e) => {}
+                // Between its answer on the other connection and its exit (it may take
+                // this connection and end before answering it): that connection has the
+                // answer, or ends without one.
+                Err(e)
+                    if control::daemon_gone(&e)
+                        || e.kind() == std::io::ErrorKind::UnexpectedEof => {}
                 Err(e) => return Err(daemon_error(m, &e)),
             },
             Err(e) => return Err(ended(&e)),
