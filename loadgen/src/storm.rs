@@ -333,15 +333,29 @@ pub fn run(
                 with_ccfs,
                 ..cfg.clone()
             };
-            let r = run_in(&c, &run_on_share, &run_name, &work);
-            let _ = std::fs::remove_dir_all(&work);
-            match r {
-                Ok(r) => {
+            match run_in(&c, &run_on_share, &run_name, &work) {
+                Ok(mut r) => {
+                    match r.error.as_mut() {
+                        // A user's failed logout leaves its unsynced changes in its cache,
+                        // and the caches hold the daemons' logs: they stay.
+                        Some(e) => e.push_str(&format!(
+                            " (the run's mount points and caches are kept in {})",
+                            work.display()
+                        )),
+                        None => {
+                            let _ = std::fs::remove_dir_all(&work);
+                        }
+                    }
                     reports.push(r);
                     on_run(&reports);
                 }
                 Err(e) => {
-                    result = Err(e);
+                    // What a failed logout left unsynced (and the caches' logs) stays
+                    // where the error says.
+                    result = Err(format!(
+                        "{e} (the run's mount points and caches are kept in {})",
+                        work.display()
+                    ));
                     break;
                 }
             }
