@@ -337,12 +337,13 @@ pub fn run(
                 Ok(mut r) => {
                     match r.error.as_mut() {
                         // A user's failed logout leaves its unsynced changes in its cache,
-                        // and the caches hold the daemons' logs: they stay.
-                        Some(e) => e.push_str(&format!(
+                        // and the caches hold the daemons' logs: they stay (but after
+                        // Ctrl-C, which asks for everything to go).
+                        Some(e) if !interrupted() => e.push_str(&format!(
                             " (the run's mount points and caches are kept in {})",
                             work.display()
                         )),
-                        None => {
+                        _ => {
                             let _ = std::fs::remove_dir_all(&work);
                         }
                     }

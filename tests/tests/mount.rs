@@ -1326,3 +1326,52 @@ while True:
     );
     wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
 }
+
+/// The FUSE connection aborted (`/sys/fs/fuse/connections/N/abort`) while a program holds
+/// a dotfile open for writing: the session ends with that file's handle never released.
+/// The daemon lets go of its own handles, but the logout sync still finds the program's
+/// hold on the file and keeps it as unsynced work; whatever the program wrote, before the
+/// abort and after it, reaches the share with the next recovery, and nothing else stays.
+#[test]
+fn a_dotfile_held_across_an_aborted_connection_loses_no_write() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(fx.m(".held-at-abort"))
+        .expect("open");
+    f.write_all(b"before the abort\n").expect("write");
+    let dev = fs::metadata(&fx.mnt).expect("mnt").dev();
+    let minor = libc::minor(dev);
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if !conns.join(minor.to_string()).exists() {
+        // The FUSE control filesystem, where a fresh machine may not have it yet.
+        let out = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(conns)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "mount fusectl: {}", text(&out));
+    }
+    fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1").expect("abort");
+    wait_until("the daemon's exit", Duration::from_secs(60), || !alive(pid));
+    let mut want = String::from("before the abort\n");
+    if f.write_all(b"after it\n").is_ok() {
+        want.push_str("after it\n");
+    }
+    drop(f);
+    m.abandon();
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        fx.cache.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".held-at-abort")), want);
+    assert!(
+        !fx.cache.join("upper/.held-at-abort").exists(),
+        "sent and let go: nothing of it stays in the cache"
+    );
+}
