@@ -1297,21 +1297,13 @@ while True:
 "#,
     )
     .expect("script");
-    let mut server = Command::new("/usr/bin/python3")
-        .arg(&fake)
-        .arg(&cache)
-        .arg(&mp)
-        .arg(pid.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("stand-in server");
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
-        &mut ready,
-    )
-    .expect("ready");
+    let (mut server, ready) = spawn_and_read_line(
+        Command::new("/usr/bin/python3")
+            .arg(&fake)
+            .arg(&cache)
+            .arg(&mp)
+            .arg(pid.to_string()),
+    );
     assert_eq!(ready.trim(), "ready", "the stand-in did not start");
     let out = run_bounded(Command::new(ccfs_bin()).arg("umount").arg(&fx.mnt));
     let _ = server.kill();

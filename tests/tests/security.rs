@@ -735,29 +735,20 @@ while True:
 "#,
     )
     .expect("script");
-    let mut server = Command::new("setpriv")
-        .args([
-            "--reuid",
-            &alice.uid.to_string(),
-            "--regid",
-            &alice.gid.to_string(),
-            "--clear-groups",
-            "/usr/bin/python3",
-        ])
-        .arg(&fake)
-        .arg(&fx.cache)
-        .arg(&mp)
-        .arg(pid.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("fake server");
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
-        &mut ready,
-    )
-    .expect("ready");
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        &alice.uid.to_string(),
+        "--regid",
+        &alice.gid.to_string(),
+        "--clear-groups",
+        "/usr/bin/python3",
+    ])
+    .arg(&fake)
+    .arg(&fx.cache)
+    .arg(&mp)
+    .arg(pid.to_string());
+    let (mut server, ready) = spawn_and_read_line(&mut cmd);
     if ready.trim() != "ready" {
         let _ = server.kill();
         let out = server.wait_with_output().expect("fake server");

@@ -416,3 +416,20 @@ pub fn run_bounded(cmd: &mut Command) -> Option<Output> {
     let _ = child.wait();
     None
 }
+
+/// Starts `cmd` with its output piped and waits for the first line it prints (a helper
+/// script saying it is ready); returns the child and that line.
+pub fn spawn_and_read_line(cmd: &mut Command) -> (std::process::Child, String) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("helper process");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("the helper's first line");
+    (child, line)
+}
