@@ -897,7 +897,8 @@ pub fn request(
     let stream = connect(m)?;
     stream.set_read_timeout(timeout)?;
     send(&stream, req)?;
-    read_answer(&stream)
+    let deadline = timeout.map(|t| Instant::now() + t);
+    read_line_value(&mut BufReader::new(&stream), deadline)
 }
 
 /// Asks a mount's daemon for its status, waiting at most `timeout`.
@@ -918,14 +919,24 @@ pub fn send(stream: &UnixStream, req: &Request) -> std::io::Result<()> {
     w.write_all(b"\n")
 }
 
-pub fn read_answer(stream: &UnixStream) -> std::io::Result<serde_json::Value> {
-    read_line_value(&mut BufReader::new(stream))
-}
-
-/// Reads one JSON line from a buffered connection (several answers may follow).
-pub fn read_line_value(reader: &mut impl BufRead) -> std::io::Result<serde_json::Value> {
+/// Reads one JSON line from a buffered connection (several answers may follow), all of
+/// it by `deadline` when one is given (the stream's read timeout bounds each read; the
+/// deadline bounds the whole answer, which a peer sending a byte now and then would
+/// otherwise stretch for ever).
+pub fn read_line_value(
+    reader: &mut impl BufRead,
+    deadline: Option<Instant>,
+) -> std::io::Result<serde_json::Value> {
     let mut line = Vec::new();
-    reader.take(MAX_ANSWER).read_until(b'\n', &mut line)?;
+    match read_line_until(reader, &mut line, deadline)? {
+        LineRead::Line | LineRead::Closed => {}
+        LineRead::Partial => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the daemon did not finish its answer in time",
+            ))
+        }
+    }
     if line.iter().all(u8::is_ascii_whitespace) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -933,6 +944,60 @@ pub fn read_line_value(reader: &mut impl BufRead) -> std::io::Result<serde_json:
         ));
     }
     serde_json::from_slice(&line).map_err(std::io::Error::other)
+}
+
+/// How [`read_line_until`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineRead {
+    /// A whole line, its newline included.
+    Line,
+    /// The peer closed the connection (what came before is in the buffer).
+    Closed,
+    /// The deadline passed with the line unfinished.
+    Partial,
+}
+
+/// Appends to `line` what the peer sends, up to its first newline, until `deadline`. A
+/// read that times out (the stream's read timeout) is an error of kind `WouldBlock` or
+/// `TimedOut` unless the deadline has passed; a line longer than [`MAX_ANSWER`] is an
+/// error: no peer makes the reader wait or grow without bound.
+pub fn read_line_until(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    deadline: Option<Instant>,
+) -> std::io::Result<LineRead> {
+    let past = |d: Option<Instant>| d.is_some_and(|d| Instant::now() >= d);
+    loop {
+        // One read at a time (`read_until` would go on reading until the newline, which a
+        // peer sending a byte now and then never sends).
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if timed_out(&e) && past(deadline) => return Ok(LineRead::Partial),
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(LineRead::Closed);
+        }
+        let (take, whole) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if whole {
+            return Ok(LineRead::Line);
+        }
+        if line.len() as u64 > MAX_ANSWER {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the daemon's answer is longer than {MAX_ANSWER} bytes"),
+            ));
+        }
+        if past(deadline) {
+            return Ok(LineRead::Partial);
+        }
+    }
 }
 
 /// True for an error that means nobody listens on the socket (the daemon is gone), as

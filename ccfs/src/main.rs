@@ -440,18 +440,16 @@ fn wait_logout_answer(
         .set_read_timeout(Some(WAIT_SLICE))
         .map_err(|e| fail(format!("daemon: {e}")))?;
     let mut line = Vec::new();
-    let start = Instant::now();
+    // The whole wait, however the answer trickles in, ends at the limit.
+    let deadline = Instant::now() + limit;
     loop {
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return Err(ended(&"it closed the connection")),
-            Ok(_) if line.ends_with(b"\n") => {
+        match control::read_line_until(reader, &mut line, Some(deadline)) {
+            Ok(control::LineRead::Closed) => return Err(ended(&"it closed the connection")),
+            Ok(control::LineRead::Line) => {
                 let outcome = serde_json::from_slice(&line).map_err(bad_answer)?;
                 return Ok(LogoutAnswer::Done(Box::new(outcome)));
             }
-            Ok(_) => {}
-            Err(e) if control::timed_out(&e) && start.elapsed() >= limit => {
-                return Ok(LogoutAnswer::Late)
-            }
+            Ok(control::LineRead::Partial) => return Ok(LogoutAnswer::Late),
             Err(e) if control::timed_out(&e) => match control::status(m, STATUS_TIMEOUT) {
                 Ok(st) if st.share_health.as_ref().is_some_and(|h| !h.is_reachable()) => {
                     return Ok(LogoutAnswer::Unreachable(Box::new(st)))
@@ -492,7 +490,8 @@ fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
         .map_err(|e| fail(format!("daemon: {e}")))?;
     control::send(&stream, &Request::Wait).map_err(|e| daemon_error(&m, &e))?;
     let mut reader = std::io::BufReader::new(&stream);
-    let ack = control::read_line_value(&mut reader).map_err(|e| daemon_error(&m, &e))?;
+    let ack = control::read_line_value(&mut reader, Some(Instant::now() + STATUS_TIMEOUT))
+        .map_err(|e| daemon_error(&m, &e))?;
     if ack["waiting"] != true {
         return Err(bad_answer(ack));
     }

@@ -703,21 +703,30 @@ fn the_backing_broker_keeps_one_capability_and_the_user_gains_nothing_from_it() 
 }
 
 /// A student replaces her daemon's control socket with one of her own that acknowledges
-/// root's wait for the logout sync and never answers it: root's `ccfs umount` (the logout
-/// hook) still unmounts, and returns within the time it was given, saying that the
-/// daemon has not answered, instead of holding the workstation's session close for ever.
+/// root's wait for the logout sync and then never answers it, or answers a byte every
+/// second and never ends the line, or sends an endless line: root's `ccfs umount` (the
+/// logout hook) still unmounts, and returns within the time it was given (or at the first
+/// 16 MiB of a line), saying the daemon has not answered, instead of holding the
+/// workstation's session close for ever or growing its memory without bound (the trickle
+/// held it for good and the flood took gigabytes before each read counted against the
+/// whole wait).
 #[test]
 fn a_control_socket_that_never_answers_does_not_hold_the_logout() {
-    let (fx, alice) = alice_fixture();
-    let out = mount_for_alice(&fx, &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    let pid = daemon_pid(&fx.mnt);
-    let mp = fx.mnt.canonicalize().expect("mnt");
-    let fake = fx.tmp.path().join("fake-sock.py");
-    std::fs::write(
-        &fake,
-        r#"import socket, os, sys, json, threading
-cache, mp, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    for (mode, says) in [
+        ("silent", "has not said within 3 s"),
+        ("trickle", "has not said within 3 s"),
+        ("flood", "longer than"),
+    ] {
+        let (fx, alice) = alice_fixture();
+        let out = mount_for_alice(&fx, &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        let pid = daemon_pid(&fx.mnt);
+        let mp = fx.mnt.canonicalize().expect("mnt");
+        let fake = fx.tmp.path().join("fake-sock.py");
+        std::fs::write(
+            &fake,
+            r#"import socket, os, sys, json, threading, time
+cache, mp, pid, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 path = os.path.join(cache, "control.sock")
 os.rename(path, path + ".real")
 s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16)
@@ -726,50 +735,63 @@ st = {"pid": pid, "share": "/x", "mountpoint": mp, "cache_dir": cache, "dirty_fi
 print("ready", flush=True)
 def serve(c):
     for line in c.makefile("rb"):
-        if b"wait" in line.lower():
-            c.sendall(b'{"waiting":true}\n')
-        else:
+        if b"wait" not in line.lower():
             c.sendall((json.dumps(st) + "\n").encode())
+            continue
+        c.sendall(b'{"waiting":true}\n')
+        if mode == "trickle":
+            while True:
+                c.sendall(b" "); time.sleep(1)
+        if mode == "flood":
+            # 64 MiB without a newline, then nothing (bounded, for a reader without bound).
+            for _ in range(64):
+                c.sendall(b"a" * (1 << 20))
 while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#,
-    )
-    .expect("script");
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--reuid",
-        &alice.uid.to_string(),
-        "--regid",
-        &alice.gid.to_string(),
-        "--clear-groups",
-        "/usr/bin/python3",
-    ])
-    .arg(&fake)
-    .arg(&fx.cache)
-    .arg(&mp)
-    .arg(pid.to_string());
-    let (mut server, ready) = spawn_and_read_line(&mut cmd);
-    if ready.trim() != "ready" {
-        let _ = server.kill();
-        let out = server.wait_with_output().expect("fake server");
-        panic!("the fake server did not start: {}", text(&out));
-    }
+        )
+        .expect("script");
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid",
+            &alice.uid.to_string(),
+            "--regid",
+            &alice.gid.to_string(),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&fake)
+        .arg(&fx.cache)
+        .arg(&mp)
+        .arg(pid.to_string())
+        .arg(mode);
+        let (mut server, ready) = spawn_and_read_line(&mut cmd);
+        if ready.trim() != "ready" {
+            let _ = server.kill();
+            let out = server.wait_with_output().expect("fake server");
+            panic!("the fake server did not start: {}", text(&out));
+        }
 
-    let out = run_bounded(
-        Command::new(ccfs_bin())
-            .args(["umount", "--wait", "3"])
-            .arg(&fx.mnt),
-    );
-    let _ = server.kill();
-    let _ = server.wait();
-    let out = out.expect("ccfs umount returned");
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("has not said within 3 s"),
-        "{}",
-        text(&out)
-    );
-    assert!(!is_mounted(&fx.mnt), "the mount is gone: {}", text(&out));
-    // The real daemon's logout sync went on: it ends by itself.
-    wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
+        let out = run_bounded(
+            Command::new(ccfs_bin())
+                .args(["umount", "--wait", "3"])
+                .arg(&fx.mnt),
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        let out = out.unwrap_or_else(|| panic!("{mode}: ccfs umount did not return in 60 s"));
+        assert!(!out.status.success(), "{mode}: {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{mode}: {}",
+            text(&out)
+        );
+        assert!(
+            !is_mounted(&fx.mnt),
+            "{mode}: the mount is gone: {}",
+            text(&out)
+        );
+        // The real daemon's logout sync went on: it ends by itself.
+        wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
+    }
 }
