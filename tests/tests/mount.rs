@@ -1367,3 +1367,37 @@ fn a_dotfile_held_across_an_aborted_connection_loses_no_write() {
         "sent and let go: nothing of it stays in the cache"
     );
 }
+
+/// The name of the sync's holding directory is ccfs's: rsync stages the files it sends in
+/// a directory of that name beside them and empties it, so files a user kept under that
+/// name were lost at logout (found by the attack review). No entry of that name is made
+/// through the mount, in any directory or by any call (EPERM), and nothing changes.
+#[test]
+fn the_sync_holding_directorys_name_cannot_be_made_through_the_mount() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("share dir");
+    let m = fx.mount();
+    write(&fx.m(".bashrc"), "new\n");
+    write(&fx.m("notes.txt"), "notes\n");
+    let eperm = |r: std::io::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{what}: {e}");
+    };
+    for dir in ["", ".config/", "Documents/"] {
+        if !dir.is_empty() {
+            fs::create_dir_all(fx.m(dir)).expect("dir");
+        }
+        let name = fx.m(&format!("{dir}.ccfs-sync-partial~"));
+        eperm(fs::create_dir(&name), "mkdir");
+        eperm(fs::write(&name, "x").map(|_| ()), "create");
+        eperm(std::os::unix::fs::symlink("x", &name), "symlink");
+        eperm(fs::hard_link(fx.m(".bashrc"), &name), "link");
+        eperm(fs::rename(fx.m(".bashrc"), &name), "rename");
+        assert!(fs::symlink_metadata(&name).is_err(), "{}", name.display());
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".bashrc")), "new\n");
+    assert!(!fx.s(".ccfs-sync-partial~").exists());
+    assert!(!fx.s(".config/.ccfs-sync-partial~").exists());
+}
