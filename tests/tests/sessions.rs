@@ -1032,3 +1032,64 @@ fn another_workstations_save_after_our_rsync_in_a_failed_sync_is_a_conflict() {
     ok(&b.umount());
     assert_eq!(read(&fx.s(".x")), "from b\n");
 }
+
+/// A dotfile with two names (`ln .a .b`), synced; another workstation then changes `.b`
+/// (a new file there), or replaces it by a directory with a file in it; back on the first
+/// workstation the user writes through `.a`. Its logout sends `.a` (or a conflict copy of
+/// it) but not `.b`: the other workstation's `.b` stays, and the logout names the
+/// conflict. (It sent every name of a changed link group unchecked: the other
+/// workstation's `.b`, or its directory and the file in it, were gone, and the logout
+/// said all changes were on the share. Found by the attack review.)
+#[test]
+fn a_hard_links_other_name_changed_elsewhere_is_not_overwritten() {
+    for replace_by_dir in [false, true] {
+        let fx = Fixture::new();
+        let (mnt_a, cache_a) = fx.workstation("a");
+        let (mnt_b, cache_b) = fx.workstation("b");
+        let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+        let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+        write(&mnt_a.join(".a"), "one\n");
+        fs::hard_link(mnt_a.join(".a"), mnt_a.join(".b")).expect("ln");
+        ok(&ccfs(&["sync".as_ref(), mnt_a.as_os_str()]));
+        if replace_by_dir {
+            fs::remove_file(mnt_b.join(".b")).expect("rm on b");
+            fs::create_dir(mnt_b.join(".b")).expect("mkdir on b");
+            write(&mnt_b.join(".b/important"), "from b\n");
+        } else {
+            write(&mnt_b.join(".b"), "from b\n");
+        }
+        ok(&b.umount());
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(mnt_a.join(".a"))
+            .expect("open .a");
+        std::io::Write::write_all(&mut f, b"from a\n").expect("append");
+        drop(f);
+        let out = a.umount();
+        let case = if replace_by_dir { "directory" } else { "file" };
+        if replace_by_dir {
+            assert_eq!(
+                read(&fx.s(".b/important")),
+                "from b\n",
+                "{case}: {}",
+                text(&out)
+            );
+        } else {
+            assert_eq!(read(&fx.s(".b")), "from b\n", "{case}: {}", text(&out));
+        }
+        // Ours is on the share: at .a, or beside it as a conflict copy.
+        let mut ours = vec![fx.s(".a")];
+        ours.extend(conflict_copies(&fx.share, ".a"));
+        assert!(
+            ours.iter()
+                .any(|p| fs::read_to_string(p).is_ok_and(|t| t == "one\nfrom a\n")),
+            "{case}: our edit is on the share: {}",
+            text(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("conflict: .b"),
+            "{case}: {}",
+            text(&out)
+        );
+    }
+}

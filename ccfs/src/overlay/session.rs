@@ -304,7 +304,7 @@ impl Overlay {
                 Err(e) => session.errors.push(io_err("cannot look at", &p, &e)),
             }
         }
-        self.add_hard_link_names(&mut present)?;
+        self.add_hard_link_names(&inner.state, &mut present, &mut session.conflicts)?;
         let handed_over = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())))
@@ -922,7 +922,18 @@ impl Overlay {
 
     /// A changed file with several names changed under all of them: rsync must see every
     /// name to keep the link group whole on the share (`--hard-links`).
-    fn add_hard_link_names(&self, files: &mut Vec<(PathBuf, Stat)>) -> io::Result<()> {
+    ///
+    /// A name added so is not one of this session's changes: it is sent only while the
+    /// share still holds at it what our last sync of it left there (its base). Another
+    /// workstation that put something else at that name since broke the link there, and
+    /// its file stays (ours is at the names we changed, or beside them as a conflict copy):
+    /// a conflict at that name.
+    fn add_hard_link_names(
+        &self,
+        state: &crate::state::OverlayState,
+        files: &mut Vec<(PathBuf, Stat)>,
+        conflicts: &mut Vec<Conflict>,
+    ) -> io::Result<()> {
         let inodes: HashSet<u64> = files
             .iter()
             .filter(|(_, m)| !m.is_dir() && m.nlink() > 1)
@@ -932,8 +943,30 @@ impl Overlay {
             return Ok(());
         }
         let mut have: BTreeSet<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
+        let mut sent_as: HashMap<u64, PathBuf> = HashMap::new();
+        for (p, m) in files.iter() {
+            sent_as.entry(m.ino()).or_insert_with(|| p.clone());
+        }
         self.walk_upper(|rel, ino, kind| {
             if kind != libc::S_IFDIR && inodes.contains(&ino) && have.insert(rel.to_path_buf()) {
+                let unchanged = match self.share.stat(rel) {
+                    Ok(cur) => cur.as_ref().map(share_id_of) == state.base(rel),
+                    Err(_) => false,
+                };
+                if !unchanged {
+                    tracing::warn!(
+                        path = %shown(rel),
+                        "a hard link's other name changed on the share (another login?): \
+                         the share keeps its file there"
+                    );
+                    let ours = sent_as.get(&ino).map(|p| shown(p).to_string());
+                    conflicts.push(Conflict {
+                        path: rel.to_path_buf(),
+                        kind: ConflictKind::ModifiedOnBoth,
+                        kept: ours.unwrap_or_default(),
+                    });
+                    return;
+                }
                 if let Ok(Some(m)) = self.upper_stat(rel) {
                     files.push((rel.to_path_buf(), m));
                 }
