@@ -91,6 +91,8 @@ pub struct SyncSession<'a> {
     stale: Vec<PathBuf>,
     /// What each file was when handed over (same order as `files`).
     sent: Vec<Option<Sent>>,
+    /// Each file's [`Stat::version`] when handed over (same order as `files`).
+    versions: Vec<Version>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -265,6 +267,7 @@ impl Overlay {
             deletions: Vec::new(),
             stale: Vec::new(),
             sent: Vec::new(),
+            versions: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             finished: false,
@@ -319,6 +322,7 @@ impl Overlay {
                 })
             })
             .collect();
+        session.versions = present.iter().map(|(_, m)| m.version()).collect();
         session.files = present.into_iter().map(|(p, _)| p).collect();
         let mut deletions: Vec<PathBuf> = inner
             .state
@@ -1234,7 +1238,7 @@ impl SyncSession<'_> {
                     clean.push(Record::Clean(p.clone()));
                 }
             }
-            for (p, ok) in self.files.iter().zip(&landed) {
+            for ((p, ok), handed) in self.files.iter().zip(&landed).zip(&self.versions) {
                 if !ok {
                     out.not_sent.push(p.clone());
                     continue;
@@ -1246,7 +1250,12 @@ impl SyncSession<'_> {
                     continue;
                 };
                 let ino = meta.ino();
-                if inner.writers.contains_key(&ino) || inner.released.contains(&ino) {
+                // Still open for writing; or let go of during the sync and no longer as it
+                // was handed over (a RELEASE that comes late, for a handle closed before
+                // the sync began, leaves the file as it was: it is clean).
+                if inner.writers.contains_key(&ino)
+                    || (inner.released.contains(&ino) && meta.version() != *handed)
+                {
                     continue;
                 }
                 clean.push(Record::Clean(p.clone()));
