@@ -3,19 +3,25 @@
 
 use super::*;
 
-/// The name of the sync's holding directory ([`crate::sync::PARTIAL_DIR`]) is ccfs's:
-/// rsync keeps the files it is sending in a directory of that name beside their place
-/// and empties it, so a user's own files under that name would be lost at logout. No
-/// entry of that name is made through the mount (EPERM).
-fn refuse_reserved(name: &OsStr) -> FsResult<()> {
-    if name == OsStr::new(crate::sync::PARTIAL_DIR) {
-        tracing::info!(
-            name = crate::sync::PARTIAL_DIR,
-            "refused: the name of the sync's holding directory is reserved"
-        );
-        return Err(errno(libc::EPERM));
+impl Overlay {
+    /// The name of the sync's holding directory ([`crate::sync::PARTIAL_DIR`]) is ccfs's
+    /// where the sync sends files: rsync keeps the files it is sending in a directory of
+    /// that name beside their place and empties it, so a user's own files under that name
+    /// in a synced directory would be lost at logout. No such entry is made there through
+    /// the mount (EPERM). On a passthrough path it is a plain name: a ccfs mount that is
+    /// itself the share of another (a share meter, a test server) takes that one's rsync.
+    fn refuse_reserved(&self, parent: &Path, name: &OsStr) -> FsResult<()> {
+        if name == OsStr::new(crate::sync::PARTIAL_DIR)
+            && self.policy.classify(&parent.join(name)) != PathClass::Passthrough
+        {
+            tracing::info!(
+                name = crate::sync::PARTIAL_DIR,
+                "refused: the name of the sync's holding directory is reserved"
+            );
+            return Err(errno(libc::EPERM));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl Overlay {
@@ -47,7 +53,7 @@ impl Overlay {
         name: &OsStr,
         make: impl FnOnce(&Root, &Path) -> io::Result<()>,
     ) -> FsResult<Found> {
-        refuse_reserved(name)?;
+        self.refuse_reserved(parent, name)?;
         let rel = parent.join(name);
         if self.policy.classify(&rel) == PathClass::Passthrough {
             // Straight to the share, no lock held while it answers (the share refuses an
@@ -104,7 +110,7 @@ impl Overlay {
         mode: u32,
         flags: i32,
     ) -> FsResult<(Found, File, Option<u64>)> {
-        refuse_reserved(name)?;
+        self.refuse_reserved(parent, name)?;
         let rel = parent.join(name);
         let perm = mode & 0o7777 & !ctx.umask;
         if self.policy.classify(&rel) == PathClass::Passthrough {
@@ -193,7 +199,7 @@ impl Overlay {
 
     /// Hard link `src` as `parent/name`. Both must be of the same class.
     pub fn link(&self, ctx: &Ctx, src: &Path, parent: &Path, name: &OsStr) -> FsResult<Found> {
-        refuse_reserved(name)?;
+        self.refuse_reserved(parent, name)?;
         let rel = parent.join(name);
         let class = self.policy.classify(src);
         if class != self.policy.classify(&rel) {
@@ -319,7 +325,7 @@ impl Overlay {
         to_name: &OsStr,
         flags: u32,
     ) -> FsResult<()> {
-        refuse_reserved(to_name)?;
+        self.refuse_reserved(to_parent, to_name)?;
         let from = from_parent.join(from_name);
         let to = to_parent.join(to_name);
         let class = self.policy.classify(&from);
