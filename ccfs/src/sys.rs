@@ -741,6 +741,12 @@ impl Root {
         })
     }
 
+    /// fchown of a file opened below this root (no path walked).
+    pub fn fchown(&self, file: &File, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: a valid open descriptor.
+        self.gated(|| check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) }))
+    }
+
     pub fn utimens(&self, rel: &Path, atime: SetTime, mtime: SetTime) -> io::Result<()> {
         self.gated(|| -> io::Result<()> {
             let ts = [timespec(atime), timespec(mtime)];

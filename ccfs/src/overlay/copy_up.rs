@@ -35,17 +35,36 @@ impl Drop for Prepared<'_> {
 
 impl Overlay {
     /// New objects belong to the caller (when we are root), with the group of a setgid
-    /// parent directory.
-    pub(super) fn chown_new(&self, root: &Root, at: &Path, ctx: &Ctx) -> io::Result<()> {
+    /// parent directory. `parent`: its attributes when at hand (the merged view's parent:
+    /// its cache copy has the share's mode and group); `file`: the new file's descriptor.
+    /// Either saves a path walk.
+    pub(super) fn chown_made(
+        &self,
+        root: &Root,
+        at: &Path,
+        ctx: &Ctx,
+        parent: Option<&Stat>,
+        file: Option<&File>,
+    ) -> io::Result<()> {
         if !self.as_root {
             return Ok(());
         }
-        let parent = at.parent().unwrap_or(Path::new(""));
-        let gid = match root.stat(parent)? {
+        let looked;
+        let parent = match parent {
+            Some(p) => Some(p),
+            None => {
+                looked = root.stat(at.parent().unwrap_or(Path::new("")))?;
+                looked.as_ref()
+            }
+        };
+        let gid = match parent {
             Some(p) if p.mode() & libc::S_ISGID != 0 => p.gid(),
             _ => ctx.gid,
         };
-        root.chown(at, Some(ctx.uid), Some(gid))
+        match file {
+            Some(f) => root.fchown(f, ctx.uid, gid),
+            None => root.chown(at, Some(ctx.uid), Some(gid)),
+        }
     }
 
     /// Copies ownership, mode, xattrs and times of a share object onto a cache object.

@@ -82,15 +82,22 @@ impl Overlay {
                     }
                     Ok(None)
                 };
-                if let Some(found) = said(&self.lock())? {
-                    return Ok(found);
-                }
+                let looked = {
+                    let inner = self.lock();
+                    if let Some(found) = said(&inner)? {
+                        return Ok(found);
+                    }
+                    self.holds_now()
+                };
                 // Only on the share so far: ask it without holding the lock (other users
                 // of the mount go on meanwhile), then check that the cache still has no
-                // say (a copy-up or a delete may have happened meanwhile).
+                // say (a copy-up or a delete may have happened meanwhile), unless nobody
+                // took the lock since the look.
                 let meta = self.share.stat(rel)?;
-                if let Some(found) = said(&self.lock())? {
-                    return Ok(found);
+                if self.holds_now() != looked {
+                    if let Some(found) = said(&self.lock())? {
+                        return Ok(found);
+                    }
                 }
                 let meta = meta.ok_or_else(FsError::enoent)?;
                 Ok(self.found(rel, Layer::Lower, meta))

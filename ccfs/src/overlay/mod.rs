@@ -168,6 +168,10 @@ pub struct Overlay {
     /// Copy-ups so far: a deferred handle (see [`Overlay::open_deferred`]) that sees it
     /// change checks whether its file moved to the cache.
     copy_ups: AtomicU64,
+    /// How many times [`Overlay::inner`] was taken: every change to the cache's say on a
+    /// path (its objects, whiteouts) happens under it, so a reader that sees this count
+    /// unchanged since its look knows that nothing changed meanwhile.
+    holds: AtomicU64,
 }
 
 fn is_not_supported(e: &io::Error) -> bool {
@@ -321,6 +325,7 @@ impl Overlay {
             sync_running: AtomicBool::new(false),
             requests: crate::counters::Requests::default(),
             copy_ups: AtomicU64::new(0),
+            holds: AtomicU64::new(0),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
@@ -351,7 +356,15 @@ impl Overlay {
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        inner
+    }
+
+    /// The count of holds of the lock so far (see [`Overlay::holds`]): read while holding
+    /// it, it tells later whether anyone took the lock since.
+    fn holds_now(&self) -> u64 {
+        self.holds.load(Ordering::SeqCst)
     }
 
     fn tmp_rel(&self) -> PathBuf {
@@ -401,9 +414,23 @@ impl Overlay {
     /// our own sync settles the path), and for a database's journal or WAL, the
     /// database's base too (see [`Overlay::database_base`]).
     fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Vec<Record>> {
+        self.take_over_seen(inner, rel, None)
+    }
+
+    /// [`Overlay::take_over`], when the caller looked at the share's `rel` already under
+    /// the same hold of the lock (`seen`: what the share had there): no second look.
+    fn take_over_seen(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        seen: Option<Option<&Stat>>,
+    ) -> io::Result<Vec<Record>> {
         let mut out = Vec::new();
         if !inner.state.taken_over(rel) {
-            let now = self.share.stat(rel)?.as_ref().map(session::share_id_of);
+            let now = match seen {
+                Some(seen) => seen.map(session::share_id_of),
+                None => self.share.stat(rel)?.as_ref().map(session::share_id_of),
+            };
             out.push(Record::Base(rel.to_path_buf(), now));
         }
         out.extend(self.database_base(inner, rel)?);

@@ -45,46 +45,71 @@ impl Overlay {
     }
 
     /// Creates a new object `name` in `parent` with `make`, which gets the root and the
-    /// path below it.
+    /// path below it, and gives back the new file's descriptor when it opened one (its
+    /// attributes are then read from it, not from the path again).
     pub(super) fn make_node(
         &self,
         ctx: &Ctx,
         parent: &Path,
         name: &OsStr,
-        make: impl FnOnce(&Root, &Path) -> io::Result<()>,
-    ) -> FsResult<Found> {
+        make: impl FnOnce(&Root, &Path) -> io::Result<Option<File>>,
+    ) -> FsResult<(Found, Option<File>)> {
         self.refuse_reserved(parent, name)?;
         let rel = parent.join(name);
         if self.policy.classify(&rel) == PathClass::Passthrough {
             // Straight to the share, no lock held while it answers (the share refuses an
             // existing name itself: O_EXCL, mkdir, symlink, mknod).
-            if !self.resolve(parent)?.meta.is_dir() {
+            let dir = self.resolve(parent)?;
+            if !dir.meta.is_dir() {
                 return Err(errno(libc::ENOTDIR));
             }
-            make(&self.share, &rel)?;
-            self.chown_new(&self.share, &rel, ctx)?;
-            return self.resolve_share(&rel);
+            let file = make(&self.share, &rel)?;
+            self.chown_made(&self.share, &rel, ctx, Some(&dir.meta), file.as_ref())?;
+            return self.made(Layer::Share, &rel, file);
         }
         let mut inner = self.lock();
-        self.check_parent(&inner, parent)?;
-        if self.resolve_locked(&inner, &rel).is_ok() {
-            return Err(errno(libc::EEXIST));
+        let dir = self.resolve_locked(&inner, parent)?;
+        if !dir.meta.is_dir() {
+            return Err(errno(libc::ENOTDIR));
         }
+        // The parent's cache copy, made if it has none yet (with the share's attributes).
+        let ensure_dir = |inner: &Inner| match dir.layer {
+            Layer::Upper => Ok(()),
+            _ => self.ensure_upper_dir(inner, parent, ctx),
+        };
         match self.policy.classify(&rel) {
-            PathClass::Passthrough => {
-                make(&self.share, &rel)?;
-                self.chown_new(&self.share, &rel, ctx)?;
-            }
+            PathClass::Passthrough => return Err(errno(libc::EXDEV)),
             PathClass::LocalOnly => {
-                self.ensure_upper_dir(&inner, parent, ctx)?;
-                make(&self.cache, &up(&rel))?;
-                self.chown_new(&self.cache, &up(&rel), ctx)?;
+                if self.upper_stat(&rel)?.is_some() {
+                    return Err(errno(libc::EEXIST));
+                }
+                ensure_dir(&inner)?;
+                let file = make(&self.cache, &up(&rel))?;
+                self.chown_made(&self.cache, &up(&rel), ctx, Some(&dir.meta), file.as_ref())?;
+                self.made(Layer::Upper, &rel, file)
             }
             PathClass::Cached => {
-                self.ensure_upper_dir(&inner, parent, ctx)?;
+                // The name is free where the cache has nothing there and the share's
+                // object (if any) is hidden by a deletion made here.
+                if self.upper_lookup(&rel)?.is_some() {
+                    return Err(errno(libc::EEXIST));
+                }
+                let seen = if inner.state.hidden(&rel) {
+                    None
+                } else {
+                    match self.share.stat(&rel) {
+                        Ok(Some(_)) => return Err(errno(libc::EEXIST)),
+                        Ok(None) => Some(None),
+                        // A name this session took over needs no look at the share (its
+                        // base is recorded): it can be made while the share does not answer.
+                        Err(_) if inner.state.taken_over(&rel) => None,
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                ensure_dir(&inner)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 // The take-over and the mark, in one journal append (one fdatasync).
-                let mut records = self.take_over(&inner, &rel)?;
+                let mut records = self.take_over_seen(&inner, &rel, seen)?;
                 if !inner.state.is_dirty(&rel) {
                     records.push(Record::Dirty(rel.clone()));
                 }
@@ -92,13 +117,32 @@ impl Overlay {
                     self.record(&mut inner, &records)?;
                 }
                 inner.touched.insert(rel.clone());
-                if let Err(e) = make(&self.cache, &up(&rel)) {
-                    return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
-                }
-                self.chown_new(&self.cache, &up(&rel), ctx)?;
+                let file = match make(&self.cache, &up(&rel)) {
+                    Ok(file) => file,
+                    Err(e) => return Err(self.undo_new(&mut inner, &rel, was_whiteout, e)),
+                };
+                self.chown_made(&self.cache, &up(&rel), ctx, Some(&dir.meta), file.as_ref())?;
+                self.made(Layer::Upper, &rel, file)
             }
         }
-        self.resolve_locked(&inner, &rel)
+    }
+
+    /// What [`Overlay::make_node`] made: the attributes from its descriptor, else from
+    /// its path in `layer`.
+    fn made(
+        &self,
+        layer: Layer,
+        rel: &Path,
+        file: Option<File>,
+    ) -> FsResult<(Found, Option<File>)> {
+        let meta = match &file {
+            Some(f) => sys::fstat(f)?,
+            None => {
+                let (root, at) = self.place(layer, rel);
+                root.stat(&at)?.ok_or_else(FsError::enoent)?
+            }
+        };
+        Ok((self.found(rel, layer, meta), file))
     }
 
     /// Creates and opens a regular file.
@@ -110,18 +154,16 @@ impl Overlay {
         mode: u32,
         flags: i32,
     ) -> FsResult<(Found, File, Option<u64>)> {
-        self.refuse_reserved(parent, name)?;
         let rel = parent.join(name);
         let perm = mode & 0o7777 & !ctx.umask;
         if self.policy.classify(&rel) == PathClass::Passthrough {
+            self.refuse_reserved(parent, name)?;
             // Straight to the share: made, or found there (the share tells which); its
             // attributes from the open file. No lock held while the share answers.
             let made = creation_flags(flags);
             let (file, writer) = match self.share.open_file(&rel, made, perm) {
                 Ok(file) => {
-                    if self.as_root {
-                        self.chown_new(&self.share, &rel, ctx)?;
-                    }
+                    self.chown_made(&self.share, &rel, ctx, None, Some(&file))?;
                     (file, None)
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
@@ -136,19 +178,19 @@ impl Overlay {
             };
             return Ok((found, file, writer));
         }
-        if self.resolve(&rel).is_ok() {
-            if flags & libc::O_EXCL != 0 {
-                return Err(errno(libc::EEXIST));
+        // Made, or (without O_EXCL) the existing file opened.
+        let made = self.make_node(ctx, parent, name, |root, at| {
+            root.open_file(at, creation_flags(flags), perm).map(Some)
+        });
+        let (found, file) = match made {
+            Ok((found, Some(file))) => (found, file),
+            Ok((_, None)) => return Err(errno(libc::EIO)),
+            Err(e) if e.errno() == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                let (file, writer) = self.open(ctx, &rel, flags)?;
+                return Ok((self.resolve(&rel)?, file, writer));
             }
-            let (file, writer) = self.open(ctx, &rel, flags)?;
-            return Ok((self.resolve(&rel)?, file, writer));
-        }
-        let mut file = None;
-        let found = self.make_node(ctx, parent, name, |root, at| {
-            file = Some(root.open_file(at, creation_flags(flags), perm)?);
-            Ok(())
-        })?;
-        let file = file.ok_or_else(|| errno(libc::EIO))?;
+            Err(e) => return Err(e),
+        };
         let writer =
             if found.layer == Layer::Upper && self.policy.classify(&rel) == PathClass::Cached {
                 let ino = found.meta.ino();
@@ -162,7 +204,7 @@ impl Overlay {
 
     pub fn mkdir(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32) -> FsResult<Found> {
         let perm = mode & 0o7777 & !ctx.umask;
-        self.make_node(ctx, parent, name, |root, at| {
+        let made = self.make_node(ctx, parent, name, |root, at| {
             root.mkdir(at, perm)?;
             // mkdir masks with our umask (0) only; set the exact bits (sticky, setgid).
             root.chmod(
@@ -171,8 +213,10 @@ impl Overlay {
                     .stat(at)?
                     .map(|m| m.mode() & libc::S_ISGID)
                     .unwrap_or(0)),
-            )
-        })
+            )?;
+            Ok(None)
+        });
+        made.map(|(found, _)| found)
     }
 
     pub fn mknod(
@@ -184,7 +228,10 @@ impl Overlay {
         rdev: u64,
     ) -> FsResult<Found> {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ctx.umask);
-        self.make_node(ctx, parent, name, |root, at| root.mknod(at, mode, rdev))
+        self.make_node(ctx, parent, name, |root, at| {
+            root.mknod(at, mode, rdev).map(|()| None)
+        })
+        .map(|(found, _)| found)
     }
 
     pub fn symlink(
@@ -194,7 +241,10 @@ impl Overlay {
         name: &OsStr,
         target: &Path,
     ) -> FsResult<Found> {
-        self.make_node(ctx, parent, name, |root, at| root.symlink(target, at))
+        self.make_node(ctx, parent, name, |root, at| {
+            root.symlink(target, at).map(|()| None)
+        })
+        .map(|(found, _)| found)
     }
 
     /// Hard link `src` as `parent/name`. Both must be of the same class.
@@ -259,12 +309,12 @@ impl Overlay {
     pub(super) fn remove(&self, parent: &Path, name: &OsStr, dir: bool) -> FsResult<()> {
         let rel = parent.join(name);
         if self.policy.classify(&rel) == PathClass::Passthrough {
-            let found = self.resolve_share(&rel)?;
-            match (dir, found.meta.is_dir()) {
-                (true, false) => return Err(errno(libc::ENOTDIR)),
-                (false, true) => return Err(errno(libc::EISDIR)),
-                (true, true) => self.share.rmdir(&rel)?,
-                (false, false) => self.share.unlink(&rel)?,
+            // The share tells a directory from a file itself (unlink: EISDIR, rmdir:
+            // ENOTDIR), as for any program.
+            if dir {
+                self.share.rmdir(&rel)?;
+            } else {
+                self.share.unlink(&rel)?;
             }
             return Ok(());
         }
@@ -293,7 +343,13 @@ impl Overlay {
             }
             inner = self.lock();
         }
-        let whiteout = self.needs_whiteout(&inner, &rel)?;
+        // What the share holds there: seen already when the name was found only there.
+        let share_now = match found.layer {
+            Layer::Lower if !dir => Some(found.meta.clone()),
+            _ => self.lower_meta(&inner, &rel)?,
+        };
+        let whiteout = share_now.is_some()
+            || (self.sync_running.load(Ordering::Acquire) && inner.state.is_dirty(&rel));
         let mut records = vec![Record::Delete {
             path: rel.clone(),
             whiteout,
@@ -301,10 +357,15 @@ impl Overlay {
         if whiteout {
             // What we mean to delete on the share (unless an earlier take-over recorded
             // what the user started from): a later change there is a conflict.
-            records.extend(self.take_over(&inner, &rel)?);
+            let seen = share_now.as_ref().map(Some);
+            records.extend(self.take_over_seen(&inner, &rel, seen)?);
         }
         self.record(&mut inner, &records)?;
-        if self.upper_stat(&rel)?.is_some() {
+        let in_cache = match found.layer {
+            Layer::Upper if !dir => true,
+            _ => self.upper_stat(&rel)?.is_some(),
+        };
+        if in_cache {
             if dir {
                 self.cache.rmdir(&up(&rel))?;
             } else {
