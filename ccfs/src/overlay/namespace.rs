@@ -78,7 +78,8 @@ impl Overlay {
             _ => self.ensure_upper_dir(inner, parent, ctx),
         };
         match self.policy.classify(&rel) {
-            PathClass::Passthrough => return Err(errno(libc::EXDEV)),
+            // Handled above, without the lock.
+            PathClass::Passthrough => Err(errno(libc::EXDEV)),
             PathClass::LocalOnly => {
                 if self.upper_stat(&rel)?.is_some() {
                     return Err(errno(libc::EEXIST));
@@ -345,7 +346,7 @@ impl Overlay {
         }
         // What the share holds there: seen already when the name was found only there.
         let share_now = match found.layer {
-            Layer::Lower if !dir => Some(found.meta.clone()),
+            Layer::Lower if !dir => Some(found.meta),
             _ => self.lower_meta(&inner, &rel)?,
         };
         let whiteout = share_now.is_some()
