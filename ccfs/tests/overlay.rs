@@ -205,6 +205,63 @@ fn whiteouts_hide_share_files_until_sync_deletes_them() {
     assert_eq!(fs::read_dir(env.share.join(".d")).expect("ls").count(), 0);
 }
 
+/// A create of a dotfile while the share does not answer (a program's open with O_CREAT
+/// after the kernel remembered the name as missing): the cache may not make an empty file
+/// over what the share may hold. A recorded base for the name (here the database's, taken
+/// with its journal) does not tell that the name is free; only a base of nothing does.
+#[test]
+fn a_create_while_the_share_does_not_answer_never_replaces_the_shares_file() {
+    let env = Env::new();
+    fs::write(env.share.join(".x.db"), "precious").expect("w");
+    let o = env.overlay();
+    // The database's journal: its base and the database's are recorded.
+    write_file(&o, ".x.db-journal", b"j");
+    // A name taken over when the share had nothing there, then removed.
+    write_file(&o, ".new", b"first");
+    o.unlink(Path::new(""), OsStr::new(".new")).expect("unlink");
+    o.share_gate().set_closed(true);
+    let err = o
+        .create(
+            &ctx(),
+            Path::new(""),
+            OsStr::new(".x.db"),
+            0o644,
+            libc::O_RDWR,
+        )
+        .map(|_| ())
+        .expect_err("the share may hold .x.db: no empty file made over it");
+    assert!(
+        matches!(err.errno(), libc::ENOTCONN | libc::EIO),
+        "errno {}",
+        err.errno()
+    );
+    let (_, f, w) = o
+        .create(
+            &ctx(),
+            Path::new(""),
+            OsStr::new(".new"),
+            0o644,
+            libc::O_RDWR,
+        )
+        .expect("a name whose base is 'nothing there' can be made while the share is down");
+    drop(f);
+    if let Some(w) = w {
+        o.release_writer(w);
+    }
+    o.link(
+        &ctx(),
+        Path::new(".new"),
+        Path::new(""),
+        OsStr::new(".x.db"),
+    )
+    .expect_err("no hard link made over what the share may hold either");
+    o.share_gate().set_closed(false);
+    assert_eq!(read_file(&o, ".x.db"), b"precious");
+    env.sync(&o, SyncMode::Session);
+    assert_eq!(fs::read(env.share.join(".x.db")).expect("r"), b"precious");
+    assert_eq!(fs::read(env.share.join(".new")).expect("r"), b"");
+}
+
 #[test]
 fn renaming_a_share_directory_under_a_cached_path_asks_for_a_copy() {
     let env = Env::new();

@@ -44,6 +44,30 @@ impl Overlay {
         }
     }
 
+    /// Whether the cached path `rel` is free for a new object: the cache has nothing there
+    /// and the share's object, if any, is hidden by a deletion made here. EEXIST if not.
+    /// True when the share was seen to hold nothing there (the take-over record needs no
+    /// second look); false when it was not asked (a hidden name) or did not answer.
+    pub(super) fn free_cached_name(&self, inner: &Inner, rel: &Path) -> FsResult<bool> {
+        if self.upper_lookup(rel)?.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        if inner.state.hidden(rel) {
+            return Ok(false);
+        }
+        match self.share.stat(rel) {
+            Ok(Some(_)) => Err(errno(libc::EEXIST)),
+            Ok(None) => Ok(true),
+            // The share does not answer: the name is free only where this session took
+            // it over when the share had nothing there (were something put there since,
+            // the sync finds the share changed from that base: a conflict, nothing
+            // overwritten). A recorded file there may still be there: the change fails
+            // as the share does.
+            Err(_) if inner.state.base_entry(rel) == Some(None) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Creates a new object `name` in `parent` with `make`, which gets the root and the
     /// path below it, and gives back the new file's descriptor when it opened one (its
     /// attributes are then read from it, not from the path again).
@@ -90,23 +114,7 @@ impl Overlay {
                 self.made(Layer::Upper, &rel, file)
             }
             PathClass::Cached => {
-                // The name is free where the cache has nothing there and the share's
-                // object (if any) is hidden by a deletion made here.
-                if self.upper_lookup(&rel)?.is_some() {
-                    return Err(errno(libc::EEXIST));
-                }
-                let seen = if inner.state.hidden(&rel) {
-                    None
-                } else {
-                    match self.share.stat(&rel) {
-                        Ok(Some(_)) => return Err(errno(libc::EEXIST)),
-                        Ok(None) => Some(None),
-                        // A name this session took over needs no look at the share (its
-                        // base is recorded): it can be made while the share does not answer.
-                        Err(_) if inner.state.taken_over(&rel) => None,
-                        Err(e) => return Err(e.into()),
-                    }
-                };
+                let seen = self.free_cached_name(&inner, &rel)?.then_some(None);
                 ensure_dir(&inner)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 // The take-over and the mark, in one journal append (one fdatasync).
@@ -258,8 +266,15 @@ impl Overlay {
         }
         let mut inner = self.lock();
         self.check_parent(&inner, parent)?;
-        if self.resolve_locked(&inner, &rel).is_ok() {
-            return Err(errno(libc::EEXIST));
+        match class {
+            PathClass::Cached => {
+                self.free_cached_name(&inner, &rel)?;
+            }
+            _ => {
+                if self.resolve_locked(&inner, &rel).is_ok() {
+                    return Err(errno(libc::EEXIST));
+                }
+            }
         }
         match class {
             PathClass::Passthrough => self.share.link(src, &rel)?,
