@@ -12,6 +12,10 @@
 //! its names checks it against the object behind the first name (`CcfsFs::entry`).
 
 use std::collections::HashMap;
+
+/// The node table's maps: a seeded hasher (foldhash) instead of std's SipHash, a tenth of
+/// the daemon's time on a first listing (doc/PERFORMANCE.md).
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
@@ -32,7 +36,7 @@ struct Node {
 /// The names in each directory node: parent -> name -> node. Hashed, and looked up by a
 /// borrowed name (a directory listing of 20,000 names costs one lookup each, no copy).
 #[derive(Debug, Default)]
-struct Children(HashMap<u64, HashMap<OsString, u64>>);
+struct Children(Map<u64, Map<OsString, u64>>);
 
 impl Children {
     fn get(&self, parent: u64, name: &OsStr) -> Option<u64> {
@@ -71,7 +75,7 @@ impl Children {
 /// The node table (see the module documentation).
 #[derive(Debug)]
 pub struct Nodes {
-    by_id: HashMap<u64, Node>,
+    by_id: Map<u64, Node>,
     children: Children,
     next: u64,
 }
@@ -84,7 +88,7 @@ impl Default for Nodes {
 
 impl Nodes {
     pub fn new() -> Self {
-        let mut by_id = HashMap::new();
+        let mut by_id = Map::default();
         by_id.insert(
             ROOT,
             Node {
