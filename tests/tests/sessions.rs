@@ -856,7 +856,8 @@ fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
 /// the list over (`handed-over`) and waits for `go` before the real rsync runs, then says
 /// when rsync is done (`sent`) and waits for `settle` before it exits (each wait gives up
 /// after a minute): a sync whose rsync takes its time, with the steps in the test's hands.
-/// Makes `gates` and returns a config (in it) using the wrapper.
+/// `rsync --help` (ccfs asks it once whether rsync knows `--fsync`, at the first sync)
+/// passes straight through. Makes `gates` and returns a config (in it) using the wrapper.
 fn gated_rsync_config(gates: &Path) -> PathBuf {
     fs::create_dir(gates).expect("mkdir");
     let real = ccfs::sync::find_program("rsync").expect("rsync");
@@ -870,7 +871,8 @@ fn gated_rsync_config(gates: &Path) -> PathBuf {
     fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nheld=no; if [ -e '{d}/hold' ]; then held=yes; fi\n\
+            "#!/bin/sh\nif [ \"$1\" = --help ]; then exec '{real}' --help; fi\n\
+             held=no; if [ -e '{d}/hold' ]; then held=yes; fi\n\
              if [ $held = yes ]; then touch '{d}/handed-over'; {go}fi\n\
              '{real}' \"$@\"\nrc=$?\n\
              if [ $held = yes ]; then touch '{d}/sent'; {settle}fi\nexit $rc\n",
