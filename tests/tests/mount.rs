@@ -1233,8 +1233,13 @@ fn a_dotfile_closed_after_a_lazy_unmount_is_synced_and_the_logout_succeeds() {
         drop(f);
         wait_until("the daemon's exit", Duration::from_secs(60), || !alive(pid));
         m.abandon();
-        assert_eq!(read(&fx.s(&name)), "before the unmount\nafter it\n");
+        // The logout's own account first: what it says is the failure's explanation.
         let last = read_json(&fx.cache.join("last-sync.json"));
+        assert_eq!(
+            fs::read_to_string(fx.s(&name)).ok().as_deref(),
+            Some("before the unmount\nafter it\n"),
+            "round {round}: the share's {name}; the logout said {last}"
+        );
         assert_eq!(last["ok"], true, "round {round}: {last}");
         assert_eq!(
             last["report"]["remaining_dirty"], 0,
