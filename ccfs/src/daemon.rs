@@ -753,7 +753,7 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
         extra_args: settings.rsync_extra_args.clone(),
         timeout: settings.rsync_timeout,
         caps: sync::probe_share(share),
-        fsync: true,
+        fsync: sync::rsync_has_fsync(binary),
         hold_fd: None,
     }
 }

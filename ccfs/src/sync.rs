@@ -59,8 +59,7 @@ pub struct RsyncOptions {
     pub extra_args: Vec<String>,
     pub timeout: Duration,
     pub caps: ShareCaps,
-    /// Ask rsync to fsync what it writes (`--fsync`), if it knows the option (3.2.4+;
-    /// see [`rsync_has_fsync`]).
+    /// rsync 3.2.4+ knows `--fsync`.
     pub fsync: bool,
     /// A descriptor rsync (and every process it forks) inherits and keeps open while it
     /// runs: the cache's lock, so that `ccfs recover` cannot start while an rsync of a dead
@@ -101,7 +100,7 @@ pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsStri
     if opts.caps.xattrs {
         args.push("--xattrs".into());
     }
-    if opts.fsync && rsync_has_fsync(&opts.binary) {
+    if opts.fsync {
         args.push("--fsync".into());
     }
     args.extend(opts.extra_args.iter().map(OsString::from));
@@ -135,30 +134,13 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
         .find(|p| is_exec(p))
 }
 
-/// True when this rsync knows `--fsync`: asked once per binary and process (`rsync
-/// --help`), when a sync first needs it, not at mount (an exec a login would wait for).
+/// True when this rsync knows `--fsync`.
 pub fn rsync_has_fsync(binary: &Path) -> bool {
-    static KNOWN: std::sync::OnceLock<std::sync::Mutex<HashMap<PathBuf, bool>>> =
-        std::sync::OnceLock::new();
-    let known = KNOWN.get_or_init(Default::default);
-    let seen = known
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(binary)
-        .copied();
-    if let Some(answer) = seen {
-        return answer;
-    }
-    let answer = Command::new(binary)
+    Command::new(binary)
         .arg("--help")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("--fsync"))
-        .unwrap_or(false);
-    known
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(binary.to_path_buf(), answer);
-    answer
+        .unwrap_or(false)
 }
 
 /// The outcome of one sync.
