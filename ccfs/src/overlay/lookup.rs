@@ -53,10 +53,12 @@ impl Overlay {
     }
 
     /// Checks that `parent` is a directory in the merged view (a stale node may not be).
-    pub(super) fn check_parent(&self, inner: &Inner, parent: &Path) -> FsResult<()> {
+    /// Gives what it found (its attributes serve a new object's group, its layer whether
+    /// the cache has a copy of it).
+    pub(super) fn check_parent(&self, inner: &Inner, parent: &Path) -> FsResult<Found> {
         let found = self.resolve_locked(inner, parent)?;
         if found.meta.is_dir() {
-            Ok(())
+            Ok(found)
         } else {
             Err(errno(libc::ENOTDIR))
         }

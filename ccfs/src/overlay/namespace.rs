@@ -92,10 +92,7 @@ impl Overlay {
             return self.made(Layer::Share, &rel, file);
         }
         let mut inner = self.lock();
-        let dir = self.resolve_locked(&inner, parent)?;
-        if !dir.meta.is_dir() {
-            return Err(errno(libc::ENOTDIR));
-        }
+        let dir = self.check_parent(&inner, parent)?;
         // The parent's cache copy, made if it has none yet (with the share's attributes).
         let ensure_dir = |inner: &Inner| match dir.layer {
             Layer::Upper => Ok(()),
