@@ -1213,6 +1213,8 @@ fn sigterm_to_the_daemon_unmounts_and_syncs() {
 fn a_dotfile_closed_after_a_lazy_unmount_is_synced_and_the_logout_succeeds() {
     let fx = Fixture::new();
     for round in 0..3 {
+        // This round's logout writes its own account (an earlier round's must not stand in).
+        let _ = fs::remove_file(fx.cache.join("last-sync.json"));
         let m = fx.mount();
         let pid = m.daemon_pid();
         let name = format!(".held-at-logout-{round}");
@@ -1235,10 +1237,13 @@ fn a_dotfile_closed_after_a_lazy_unmount_is_synced_and_the_logout_succeeds() {
         m.abandon();
         // The logout's own account first: what it says is the failure's explanation.
         let last = read_json(&fx.cache.join("last-sync.json"));
+        let cached = fs::read_to_string(fx.cache.join("upper").join(&name)).ok();
         assert_eq!(
             fs::read_to_string(fx.s(&name)).ok().as_deref(),
             Some("before the unmount\nafter it\n"),
-            "round {round}: the share's {name}; the logout said {last}"
+            "round {round}: the share's {name}; the cache holds {cached:?}; the logout said \
+             {last}; the daemon's log:\n{}",
+            fs::read_to_string(fx.cache.join("ccfs.log")).unwrap_or_default()
         );
         assert_eq!(last["ok"], true, "round {round}: {last}");
         assert_eq!(
