@@ -1,9 +1,14 @@
 //! The crash-safe record of unsynced work, kept in the cache directory.
 //!
-//! An append-only text file, one [`Record`] a line, each line carrying a checksum and
-//! made durable (`fdatasync`) before the change it describes is made in the cache
-//! (write-ahead). A torn or corrupt tail ends the replay. Compaction writes the current
-//! state to a new file and renames it over the old one.
+//! An append-only text file, one [`Record`] a line, each line carrying a checksum. A
+//! record is durable (`fdatasync`) before the change it describes is made in the cache
+//! (write-ahead), or, where a crash in between loses nothing (see [`Journal::write`]),
+//! before the change is answered. A torn or corrupt tail ends the replay. Compaction
+//! writes the current state to a new file and renames it over the old one.
+//!
+//! Group commit ([`Durability`]): a change waiting for its records to be durable waits
+//! without the overlay's lock, and one `fdatasync` serves every record written before it
+//! began, so changes of several programs share it instead of queueing for one each.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -11,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::state::{Origin, OverlayState, Record, Sent, ShareId};
 
@@ -204,10 +210,116 @@ pub fn decode(text: &[u8]) -> (Vec<Record>, usize) {
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
     good_len: u64,
     /// A failed append could not cut its fragment off: cut it before the next write.
     needs_trim: bool,
+    durability: Arc<Durability>,
+}
+
+/// Where a change's records stand in the journal: the count of bytes written to it over
+/// its life (not an offset: a compaction does not reset it). Durable once
+/// [`Durability::wait`] for it returned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "a change answers only once its records are durable: wait for the ticket"]
+pub struct Ticket(u64);
+
+/// Which written records are on disk, and the one `fdatasync` at a time that makes more of
+/// them so (group commit). Shared by the journal (which writes under the overlay's lock)
+/// and the changes waiting for their records (which wait without it).
+#[derive(Debug)]
+pub struct Durability {
+    state: Mutex<Durable>,
+    done: Condvar,
+}
+
+#[derive(Debug)]
+struct Durable {
+    /// The journal's file now (a compaction replaces it).
+    file: Arc<File>,
+    written: u64,
+    /// Everything written up to here is on disk.
+    durable: u64,
+    /// An `fdatasync` is under way (by one of the waiters, for all of them).
+    syncing: bool,
+    /// An `fdatasync` failed (its errno): what was written cannot be known on disk, and
+    /// the journal is rewritten whole before the next record (see
+    /// [`Journal::needs_rewrite`]).
+    failed: Option<i32>,
+}
+
+fn lock_durable(m: &Mutex<Durable>) -> MutexGuard<'_, Durable> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Durability {
+    fn new(file: Arc<File>, written: u64) -> Self {
+        Durability {
+            state: Mutex::new(Durable {
+                file,
+                written,
+                durable: written,
+                syncing: false,
+                failed: None,
+            }),
+            done: Condvar::new(),
+        }
+    }
+
+    /// Returns once everything written up to `t` is on disk: at once if it is; else after
+    /// the `fdatasync` under way, or one this caller runs for every waiter. An error when
+    /// the `fdatasync` that covered `t` failed.
+    pub fn wait(&self, t: Ticket) -> io::Result<()> {
+        let mut d = lock_durable(&self.state);
+        loop {
+            if d.durable >= t.0 {
+                return Ok(());
+            }
+            // Not on disk, and after a failed fdatasync not to be trusted to it until the
+            // journal is rewritten (a later fdatasync may not report the lost pages again,
+            // and a record behind a lost one is cut off at replay).
+            if let Some(errno) = d.failed {
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+            if d.syncing {
+                d = self.done.wait(d).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            d.syncing = true;
+            let target = d.written;
+            let file = d.file.clone();
+            drop(d);
+            let synced = file.sync_data();
+            d = lock_durable(&self.state);
+            d.syncing = false;
+            match synced {
+                // A compaction meanwhile may have made more durable already.
+                Ok(()) => d.durable = d.durable.max(target),
+                Err(e) => {
+                    tracing::error!("the journal's fdatasync failed: {e}");
+                    d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
+                }
+            }
+            self.done.notify_all();
+        }
+    }
+
+    /// Plays an `fdatasync` that failed (what [`Durability::wait`] records then).
+    #[cfg(test)]
+    pub fn fail_for_test(&self, errno: i32) {
+        lock_durable(&self.state).failed = Some(errno);
+    }
+
+    /// Everything written so far is on disk (the writer synced it, or wrote a new file).
+    fn all_durable(&self, file: Option<Arc<File>>) {
+        let mut d = lock_durable(&self.state);
+        if let Some(f) = file {
+            d.file = f;
+        }
+        d.durable = d.written;
+        d.failed = None;
+        self.done.notify_all();
+    }
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -234,9 +346,11 @@ impl Journal {
             file.set_len(valid as u64)?;
             file.sync_all()?;
         }
+        let file = Arc::new(file);
         Ok((
             Self {
                 path: path.to_path_buf(),
+                durability: Arc::new(Durability::new(file.clone(), valid as u64)),
                 file,
                 good_len: valid as u64,
                 needs_trim: false,
@@ -245,10 +359,61 @@ impl Journal {
         ))
     }
 
+    /// The group commit of this journal, for changes that wait for their records without
+    /// the overlay's lock.
+    pub fn durability(&self) -> Arc<Durability> {
+        self.durability.clone()
+    }
+
+    /// Where the records written so far end: a change that looked at the state they make
+    /// (a path already dirty) waits for them as for its own.
+    pub fn written(&self) -> Ticket {
+        Ticket(lock_durable(&self.durability.state).written)
+    }
+
+    /// An `fdatasync` failed since the journal was last written whole: what it covered may
+    /// be lost, so the next record goes after a rewrite ([`Journal::compact`]).
+    pub fn needs_rewrite(&self) -> bool {
+        lock_durable(&self.durability.state).failed.is_some()
+    }
+
     /// Appends records durably (one write at the end of the last whole record, one
-    /// fdatasync). On failure nothing of them counts: the fragment is cut off now, or
-    /// overwritten by the next append.
+    /// fdatasync, which also covers what [`Journal::write`] wrote before). On failure
+    /// nothing of them counts: the fragment is cut off now, or overwritten by the next
+    /// append.
     pub fn append(&mut self, records: &[Record]) -> io::Result<()> {
+        let at = self.good_len;
+        self.write_at_end(records)?;
+        match self.file.sync_data() {
+            Ok(()) => {
+                self.durability.all_durable(None);
+                Ok(())
+            }
+            Err(e) => {
+                self.cut(at);
+                self.good_len = at;
+                // What earlier writes put there may not be on disk either, and a second
+                // fdatasync may not say so again: the journal is rewritten whole first.
+                let mut d = lock_durable(&self.durability.state);
+                d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
+                self.durability.done.notify_all();
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes records at the end without waiting for the disk: they count in the state
+    /// at once, and are durable once [`Durability::wait`] for the returned ticket
+    /// returned. For changes where a crash before that loses nothing the user was told
+    /// is done: the change is answered only after the wait, and a cache left ahead of the
+    /// journal by a crash holds nothing the journal had not already sent for (a new
+    /// name, or a name's second journal entry after its write-ahead one).
+    pub fn write(&mut self, records: &[Record]) -> io::Result<Ticket> {
+        self.write_at_end(records)?;
+        Ok(self.written())
+    }
+
+    fn write_at_end(&mut self, records: &[Record]) -> io::Result<()> {
         let mut buf = String::new();
         for r in records {
             buf.push_str(&encode(r));
@@ -257,23 +422,25 @@ impl Journal {
             self.file.set_len(self.good_len)?;
             self.needs_trim = false;
         }
-        let written = self
-            .file
-            .write_all_at(buf.as_bytes(), self.good_len)
-            .and_then(|()| self.file.sync_data());
-        match written {
+        match self.file.write_all_at(buf.as_bytes(), self.good_len) {
             Ok(()) => {
                 self.good_len += buf.len() as u64;
+                lock_durable(&self.durability.state).written += buf.len() as u64;
                 Ok(())
             }
             Err(e) => {
-                // Cutting a file shorter needs no space; if even that fails, the next
-                // append cuts first (and overwrites the fragment anyway).
-                if self.file.set_len(self.good_len).is_err() {
-                    self.needs_trim = true;
-                }
+                self.cut(self.good_len);
                 Err(e)
             }
+        }
+    }
+
+    /// Cuts a failed append's fragment off at `len`. Cutting a file shorter needs no
+    /// space; if even that fails, the next append cuts first (and overwrites the fragment
+    /// anyway).
+    fn cut(&mut self, len: u64) {
+        if self.file.set_len(len).is_err() {
+            self.needs_trim = true;
         }
     }
 
@@ -281,9 +448,11 @@ impl Journal {
     pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
         let text: String = state.snapshot().iter().map(encode).collect();
         write_atomic(&self.path, text.as_bytes())?;
-        self.file = open_rw(&self.path, false)?;
+        self.file = Arc::new(open_rw(&self.path, false)?);
         self.good_len = text.len() as u64;
         self.needs_trim = false;
+        // The new file holds the whole state, on disk: every record written so far.
+        self.durability.all_durable(Some(self.file.clone()));
         Ok(())
     }
 }
@@ -358,6 +527,66 @@ mod tests {
         bad[last] = b'b'; // body no longer matches checksum
         assert_eq!(decode(&bad).0.len(), 1);
         assert_eq!(decode(b"\0\0\0\0\n").0.len(), 0);
+    }
+
+    #[test]
+    fn records_written_and_waited_for_by_many_threads_are_each_whole_in_the_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let (j, _) = Journal::open(&path).expect("open");
+        let durability = j.durability();
+        let j = Mutex::new(j);
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                let (j, durability, path) = (&j, &durability, &path);
+                scope.spawn(move || {
+                    for i in 0..40 {
+                        let ticket = lock_journal(j)
+                            .write(&[Record::Dirty(PathBuf::from(format!(".t{t}/f{i}")))])
+                            .expect("write");
+                        durability.wait(ticket).expect("durable");
+                        // What a waiter was told is durable is in the file.
+                        let text = std::fs::read(path).expect("read");
+                        let (records, _) = decode(&text);
+                        let mine = Record::Dirty(PathBuf::from(format!(".t{t}/f{i}")));
+                        assert!(records.contains(&mine), "{mine:?} missing");
+                    }
+                });
+            }
+        });
+        let (_, state) = Journal::open(&path).expect("reopen");
+        assert_eq!(state.dirty().count(), 8 * 40);
+    }
+
+    fn lock_journal(j: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
+        j.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[test]
+    fn after_a_failed_fdatasync_no_wait_succeeds_until_the_journal_is_rewritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let (mut j, mut state) = Journal::open(&path).expect("open");
+        let durability = j.durability();
+        let before = j
+            .write(&[Record::Dirty(PathBuf::from(".a"))])
+            .expect("write");
+        durability.fail_for_test(libc::EIO);
+        let after = j
+            .write(&[Record::Dirty(PathBuf::from(".b"))])
+            .expect("write");
+        for t in [before, after] {
+            let e = durability.wait(t).expect_err("not known on disk");
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        }
+        assert!(j.needs_rewrite());
+        state.apply(&Record::Dirty(PathBuf::from(".a")));
+        state.apply(&Record::Dirty(PathBuf::from(".b")));
+        j.compact(&state).expect("rewrite");
+        assert!(!j.needs_rewrite());
+        durability.wait(after).expect("durable after the rewrite");
+        let (_, replayed) = Journal::open(&path).expect("reopen");
+        assert!(replayed.is_dirty(Path::new(".a")) && replayed.is_dirty(Path::new(".b")));
     }
 
     #[test]

@@ -27,11 +27,30 @@ impl Overlay {
             }
             (Err(e), _) => return Err(e),
         };
+        let mut marked = None;
         if self.policy.classify(rel) == PathClass::Cached {
             self.copy_up_of(&mut inner, rel, keep_data, ctx, None, prepared)?;
-            self.mark_dirty(&mut inner, rel)?;
+            marked = Some(self.mark_dirty(&mut inner, rel)?);
             found = self.resolve_locked(&inner, rel)?;
         }
+        let changed = self.change_attrs(&inner, rel, &found, attr, file);
+        drop(inner);
+        if let Some(t) = marked {
+            self.durable(t)?;
+        }
+        changed
+    }
+
+    /// The attribute changes of [`Overlay::setattr`] on what `found` is, under the lock;
+    /// the attributes after them.
+    fn change_attrs(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        found: &Found,
+        attr: SetAttr,
+        file: Option<&File>,
+    ) -> FsResult<Stat> {
         let (root, at) = self.place(found.layer, rel);
         if attr.uid.is_some() || attr.gid.is_some() {
             root.chown(&at, attr.uid, attr.gid)?;
@@ -55,7 +74,7 @@ impl Overlay {
                 attr.mtime.unwrap_or(SetTime::Omit),
             )?;
         }
-        Ok(self.resolve_locked(&inner, rel)?.meta)
+        Ok(self.resolve_locked(inner, rel)?.meta)
     }
 
     /// setattr through an open file whose name is gone.
@@ -109,7 +128,11 @@ impl Overlay {
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
             self.copy_up_of(&mut inner, rel, true, ctx, None, prepared)?;
-            self.mark_dirty(&mut inner, rel)?;
+            let marked = self.mark_dirty(&mut inner, rel)?;
+            drop(inner);
+            // Marked on disk before the attribute changes (a crash between loses only
+            // that change, of a copy the share has too).
+            self.durable(marked)?;
             return Ok((&self.cache, up(rel)));
         }
         Ok(self.place(found.layer, rel))

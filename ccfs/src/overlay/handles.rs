@@ -19,7 +19,7 @@ impl Overlay {
             };
             let mut inner = self.lock();
             self.copy_up_of(&mut inner, rel, !truncating, ctx, None, prepared)?;
-            return self.open_upper(&mut inner, rel, flags);
+            return self.open_upper(inner, rel, flags);
         }
         if class == PathClass::Passthrough {
             // The kernel has just looked it up: one round trip to the share, not two.
@@ -32,16 +32,25 @@ impl Overlay {
 
     /// Opens the cache's file at the cached path `rel` for writing (`flags` as kept by
     /// [`open_flags`]): marked dirty, and counted as a writer.
+    ///
+    /// Takes the lock's guard: the open is answered after it is let go of and the mark is
+    /// on disk (group commit, see [`Overlay::durable`]). A crash before that loses only
+    /// what this open changed (`O_TRUNC`) of a copy the share has too.
     pub(super) fn open_upper(
         &self,
-        inner: &mut Inner,
+        mut inner: MutexGuard<'_, Inner>,
         rel: &Path,
         flags: i32,
     ) -> FsResult<(File, Option<u64>)> {
-        self.mark_dirty(inner, rel)?;
+        let marked = self.mark_dirty(&mut inner, rel)?;
         let file = self.cache.open_file(&up(rel), flags, 0)?;
         let ino = sys::fstat(&file)?.ino();
         *inner.writers.entry(ino).or_insert(0) += 1;
+        drop(inner);
+        if let Err(e) = self.durable(marked) {
+            self.release_writer(ino);
+            return Err(e);
+        }
         Ok((file, Some(ino)))
     }
 
@@ -78,7 +87,7 @@ impl Overlay {
         if !bound {
             return Ok(None);
         }
-        self.open_upper(&mut inner, rel, kept).map(Some)
+        self.open_upper(inner, rel, kept).map(Some)
     }
 
     /// Whether the cache has no say on `rel` (not in the upper layer, not deleted); when
@@ -213,7 +222,7 @@ impl Overlay {
             "the share's file changed under an open handle (another workstation?): its version is kept in the cache"
         );
         let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-        self.open_upper(&mut inner, rel, flags).map(Some)
+        self.open_upper(inner, rel, flags).map(Some)
     }
 
     /// A copy of the open file `src` (whose attributes are `meta`) at `dst` in the cache:

@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{errno, FsError, FsResult};
 use crate::gate;
-use crate::journal::Journal;
+use crate::journal::{Durability, Journal, Ticket};
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
 use crate::sys::{self, Root, SetTime, Stat};
@@ -168,6 +168,8 @@ pub struct Overlay {
     /// Copy-ups so far: a deferred handle (see [`Overlay::open_deferred`]) that sees it
     /// change checks whether its file moved to the cache.
     copy_ups: AtomicU64,
+    /// The journal's group commit (see [`Overlay::durable`]).
+    durability: std::sync::Arc<Durability>,
     /// How many times [`Overlay::inner`] was taken: every change to the cache's say on a
     /// path (its objects, whiteouts) happens under it, so a reader that sees this count
     /// unchanged since its look knows that nothing changed meanwhile.
@@ -300,6 +302,7 @@ impl Overlay {
             let _ = remove_tree(&cache, &Path::new("work").join(name));
         }
         let (journal, state) = Journal::open(&cache_dir.join("journal"))?;
+        let durability = journal.durability();
         let gate = std::sync::Arc::new(crate::gate::ShareGate::default());
         let share = Root::open_gated(share, gate.clone())?;
         let share_meta = share
@@ -325,6 +328,7 @@ impl Overlay {
             sync_running: AtomicBool::new(false),
             requests: crate::counters::Requests::default(),
             copy_ups: AtomicU64::new(0),
+            durability,
             holds: AtomicU64::new(0),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
@@ -372,7 +376,10 @@ impl Overlay {
         PathBuf::from(format!("work/tmp-{}-{n}", std::process::id()))
     }
 
+    /// Journals `records` durably (write-ahead: on disk before the cache changes), then
+    /// applies them to the state.
     fn record(&self, inner: &mut Inner, records: &[Record]) -> FsResult<()> {
+        self.rewrite_if_needed(inner)?;
         inner.journal.append(records).map_err(FsError::Journal)?;
         for r in records {
             inner.state.apply(r);
@@ -380,13 +387,46 @@ impl Overlay {
         Ok(())
     }
 
-    /// Marks a cached path changed: journaled if it was clean, and noted for the sync.
-    fn mark_dirty(&self, inner: &mut Inner, rel: &Path) -> FsResult<()> {
-        if !inner.state.is_dirty(rel) {
-            self.record(inner, &[Record::Dirty(rel.to_path_buf())])?;
+    /// Journals `records` without waiting for the disk and applies them; the change that
+    /// made them waits with [`Overlay::durable`] for the ticket after it let go of the
+    /// lock, before it answers. Only where a crash before the records are on disk loses
+    /// nothing (see [`Journal::write`]).
+    fn record_deferred(&self, inner: &mut Inner, records: &[Record]) -> FsResult<Ticket> {
+        self.rewrite_if_needed(inner)?;
+        let t = inner.journal.write(records).map_err(FsError::Journal)?;
+        for r in records {
+            inner.state.apply(r);
         }
-        inner.touched.insert(rel.to_path_buf());
+        Ok(t)
+    }
+
+    /// After a failed `fdatasync`: the journal written whole (the state holds every record
+    /// written), before anything else is added.
+    fn rewrite_if_needed(&self, inner: &mut Inner) -> FsResult<()> {
+        if inner.journal.needs_rewrite() {
+            let Inner { state, journal, .. } = inner;
+            journal.compact(state).map_err(FsError::Journal)?;
+        }
         Ok(())
+    }
+
+    /// Waits, without the overlay's lock, until the journal has everything up to `t` on
+    /// disk: one `fdatasync` serves every change waiting (group commit).
+    fn durable(&self, t: Ticket) -> FsResult<()> {
+        self.durability.wait(t).map_err(FsError::Journal)
+    }
+
+    /// Marks a cached path changed: journaled if it was clean, and noted for the sync.
+    /// The ticket covers the mark (this change's, or the one another change wrote and may
+    /// still wait for): the change waits for it before it answers.
+    fn mark_dirty(&self, inner: &mut Inner, rel: &Path) -> FsResult<Ticket> {
+        let t = if inner.state.is_dirty(rel) {
+            inner.journal.written()
+        } else {
+            self.record_deferred(inner, &[Record::Dirty(rel.to_path_buf())])?
+        };
+        inner.touched.insert(rel.to_path_buf());
+        Ok(t)
     }
 
     fn upper_stat(&self, rel: &Path) -> io::Result<Option<Stat>> {

@@ -114,21 +114,28 @@ impl Overlay {
                 let seen = self.free_cached_name(&inner, &rel)?.then_some(None);
                 ensure_dir(&inner)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                // The take-over and the mark, in one journal append (one fdatasync).
+                // The take-over and the mark, in one journal append. On disk before the
+                // answer, not before the cache's new name: a crash between loses an
+                // unanswered create, whose name the journal then does not send.
                 let mut records = self.take_over_seen(&inner, &rel, seen)?;
                 if !inner.state.is_dirty(&rel) {
                     records.push(Record::Dirty(rel.clone()));
                 }
-                if !records.is_empty() {
-                    self.record(&mut inner, &records)?;
-                }
+                let marked = if records.is_empty() {
+                    inner.journal.written()
+                } else {
+                    self.record_deferred(&mut inner, &records)?
+                };
                 inner.touched.insert(rel.clone());
                 let file = match make(&self.cache, &up(&rel)) {
                     Ok(file) => file,
                     Err(e) => return Err(self.undo_new(&mut inner, &rel, was_whiteout, e)),
                 };
                 self.chown_made(&self.cache, &up(&rel), ctx, Some(&dir.meta), file.as_ref())?;
-                self.made(Layer::Upper, &rel, file)
+                let made = self.made(Layer::Upper, &rel, file);
+                drop(inner);
+                self.durable(marked)?;
+                made
             }
         }
     }
@@ -273,6 +280,7 @@ impl Overlay {
                 }
             }
         }
+        let mut marked = None;
         match class {
             PathClass::Passthrough => self.share.link(src, &rel)?,
             PathClass::LocalOnly => {
@@ -285,13 +293,14 @@ impl Overlay {
                 }
                 self.copy_up(&mut inner, src, true, ctx)?;
                 self.ensure_upper_dir(&inner, parent, ctx)?;
-                self.mark_dirty(&mut inner, src)?;
+                let _ = self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 let bases = self.take_over(&inner, &rel)?;
                 if !bases.is_empty() {
                     self.record(&mut inner, &bases)?;
                 }
-                self.mark_dirty(&mut inner, &rel)?;
+                // Covers the source's mark too (written before it).
+                marked = Some(self.mark_dirty(&mut inner, &rel)?);
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
                 }
@@ -301,7 +310,12 @@ impl Overlay {
                 }
             }
         }
-        self.resolve_locked(&inner, &rel)
+        let found = self.resolve_locked(&inner, &rel);
+        drop(inner);
+        if let Some(t) = marked {
+            self.durable(t)?;
+        }
+        found
     }
 
     /// Whether a deleted cached path needs a whiteout: the share has it, or a sync running
@@ -373,7 +387,17 @@ impl Overlay {
             let seen = share_now.as_ref().map(Some);
             records.extend(self.take_over_seen(&inner, &rel, seen)?);
         }
-        self.record(&mut inner, &records)?;
+        // Write-ahead where a crash between the cache's removal and the record would show
+        // the share's older copy in place of changes made here (neither the file as it
+        // was nor deleted). Elsewhere it is enough that the record is on disk before the
+        // answer: the crash then leaves the name gone, or showing what the share and the
+        // cache both hold.
+        let removed = if whiteout && inner.state.is_dirty(&rel) {
+            self.record(&mut inner, &records)?;
+            None
+        } else {
+            Some(self.record_deferred(&mut inner, &records)?)
+        };
         let in_cache = match found.layer {
             Layer::Upper if !dir => true,
             _ => self.upper_stat(&rel)?.is_some(),
@@ -385,7 +409,11 @@ impl Overlay {
                 self.cache.unlink(&up(&rel))?;
             }
         }
-        Ok(())
+        drop(inner);
+        match removed {
+            Some(t) => self.durable(t),
+            None => Ok(()),
+        }
     }
 
     /// Renames within one class. Directories that exist on the share cannot be renamed
@@ -501,13 +529,25 @@ impl Overlay {
             records.extend(self.take_over(&inner, p)?);
         }
         // Write-ahead: the target and what moves below it are dirty before the cache
-        // changes, so a crash in between leaves a journal that sends them.
+        // changes, so a crash in between leaves a journal that sends them. A target
+        // already dirty (a config saved again) needs no new record, only the one that
+        // made it so on disk.
         let dirty: Vec<Record> = std::iter::once(to.clone())
             .chain(moved)
             .map(Record::Dirty)
             .collect();
-        records.extend(dirty.iter().cloned());
-        self.record(&mut inner, &records)?;
+        records.extend(
+            dirty
+                .iter()
+                .filter(|r| !matches!(r, Record::Dirty(p) if inner.state.is_dirty(p)))
+                .cloned(),
+        );
+        if records.is_empty() {
+            let pending = inner.journal.written();
+            self.durable(pending)?;
+        } else {
+            self.record(&mut inner, &records)?;
+        }
         self.cache.rename(&up(&from), &up(&to), 0)?;
         let mut records = vec![Record::Rename {
             from: from.clone(),
@@ -524,9 +564,12 @@ impl Overlay {
             whiteout: true,
         }));
         records.extend(dirty);
-        self.record(&mut inner, &records)?;
+        // On disk before the answer; the cache's rename may come first: a crash between
+        // leaves the write-ahead records, which send the new name.
+        let renamed = self.record_deferred(&mut inner, &records)?;
         inner.touched.insert(to);
-        Ok(())
+        drop(inner);
+        self.durable(renamed)
     }
 
     /// Every path the cache holds strictly below `rel` (nothing for a file).
