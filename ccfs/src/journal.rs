@@ -240,6 +240,10 @@ struct Durable {
     written: u64,
     /// Everything written up to here is on disk.
     durable: u64,
+    /// Where in the file the records written so far end, and the durable ones (what a
+    /// power cut would leave of the journal: see the crash tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    end: (u64, u64),
     /// An `fdatasync` is under way (by one of the waiters, for all of them).
     syncing: bool,
     /// An `fdatasync` failed (its errno): what was written cannot be known on disk, and
@@ -259,6 +263,7 @@ impl Durability {
                 file,
                 written,
                 durable: written,
+                end: (written, written),
                 syncing: false,
                 failed: None,
             }),
@@ -286,7 +291,7 @@ impl Durability {
                 continue;
             }
             d.syncing = true;
-            let target = d.written;
+            let (target, end) = (d.written, d.end.0);
             let file = d.file.clone();
             drop(d);
             let synced = file.sync_data();
@@ -294,7 +299,11 @@ impl Durability {
             d.syncing = false;
             match synced {
                 // A compaction meanwhile may have made more durable already.
-                Ok(()) => d.durable = d.durable.max(target),
+                Ok(()) if target > d.durable => {
+                    d.durable = target;
+                    d.end.1 = end;
+                }
+                Ok(()) => {}
                 Err(e) => {
                     tracing::error!("the journal's fdatasync failed: {e}");
                     d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
@@ -310,13 +319,21 @@ impl Durability {
         lock_durable(&self.state).failed = Some(errno);
     }
 
-    /// Everything written so far is on disk (the writer synced it, or wrote a new file).
-    fn all_durable(&self, file: Option<Arc<File>>) {
+    /// Where the durable records end in the journal's file.
+    #[cfg(test)]
+    pub fn durable_end(&self) -> u64 {
+        lock_durable(&self.state).end.1
+    }
+
+    /// Everything written so far is on disk (the writer synced it, or wrote a new file);
+    /// the file ends at `end`.
+    fn all_durable(&self, file: Option<Arc<File>>, end: u64) {
         let mut d = lock_durable(&self.state);
         if let Some(f) = file {
             d.file = f;
         }
         d.durable = d.written;
+        d.end = (end, end);
         d.failed = None;
         self.done.notify_all();
     }
@@ -386,7 +403,7 @@ impl Journal {
         self.write_at_end(records)?;
         match self.file.sync_data() {
             Ok(()) => {
-                self.durability.all_durable(None);
+                self.durability.all_durable(None, self.good_len);
                 Ok(())
             }
             Err(e) => {
@@ -395,6 +412,7 @@ impl Journal {
                 // What earlier writes put there may not be on disk either, and a second
                 // fdatasync may not say so again: the journal is rewritten whole first.
                 let mut d = lock_durable(&self.durability.state);
+                d.end.0 = at;
                 d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
                 self.durability.done.notify_all();
                 Err(e)
@@ -425,7 +443,9 @@ impl Journal {
         match self.file.write_all_at(buf.as_bytes(), self.good_len) {
             Ok(()) => {
                 self.good_len += buf.len() as u64;
-                lock_durable(&self.durability.state).written += buf.len() as u64;
+                let mut d = lock_durable(&self.durability.state);
+                d.written += buf.len() as u64;
+                d.end.0 = self.good_len;
                 Ok(())
             }
             Err(e) => {
@@ -452,7 +472,8 @@ impl Journal {
         self.good_len = text.len() as u64;
         self.needs_trim = false;
         // The new file holds the whole state, on disk: every record written so far.
-        self.durability.all_durable(Some(self.file.clone()));
+        self.durability
+            .all_durable(Some(self.file.clone()), self.good_len);
         Ok(())
     }
 }

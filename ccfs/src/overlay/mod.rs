@@ -126,6 +126,9 @@ mod lookup;
 mod namespace;
 mod session;
 
+#[cfg(test)]
+mod crash_tests;
+
 use lookup::{spawn_root_look, RootAsk};
 
 /// Mutable state behind the lock.
@@ -413,6 +416,8 @@ impl Overlay {
     /// Waits, without the overlay's lock, until the journal has everything up to `t` on
     /// disk: one `fdatasync` serves every change waiting (group commit).
     fn durable(&self, t: Ticket) -> FsResult<()> {
+        #[cfg(test)]
+        crash_tests::at_crash_point(self);
         self.durability.wait(t).map_err(FsError::Journal)
     }
 

@@ -1,0 +1,221 @@
+//! Power cuts at every point where a change waits for its journal records (see
+//! [`Overlay::durable`]): the cache as the change left it (every change to it reached the
+//! disk, the worst case for a write-ahead order), the journal only up to what an
+//! `fdatasync` made durable. The recovery that follows puts on the share each file as it
+//! was before the change or after it: never a third version, and nothing answered before
+//! the change is lost.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::Command;
+use std::rc::Rc;
+
+use super::*;
+use crate::sync::{run_sync, RsyncOptions, SyncMode};
+
+type CutHook = Box<dyn FnMut(&Overlay)>;
+
+thread_local! {
+    static CUT: RefCell<Option<CutHook>> = const { RefCell::new(None) };
+}
+
+/// Called where a change waits for its records: the test's power cut, if one is set.
+pub(super) fn at_crash_point(o: &Overlay) {
+    CUT.with(|c| {
+        if let Some(cut) = c.borrow_mut().as_mut() {
+            cut(o)
+        }
+    });
+}
+
+/// What a power cut leaves of the cache: a copy, with the journal cut where its durable
+/// records end. (The share is not copied: a copy would have other inode numbers and
+/// times, and the recovery would take it for another workstation's change.)
+fn power_cut(o: &Overlay, to: &Path) {
+    let cache = o.upper().parent().expect("cache dir");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(cache)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(st.success(), "copy of {}", cache.display());
+    let journal = std::fs::OpenOptions::new()
+        .write(true)
+        .open(to.join("journal"))
+        .expect("journal copy");
+    journal
+        .set_len(o.durability.durable_end())
+        .expect("cut the journal");
+}
+
+const NAMES: [&str; 6] = [".a", ".t", ".s", ".k", ".m", ".l"];
+
+type Files = BTreeMap<&'static str, Option<Vec<u8>>>;
+
+fn ctx() -> Ctx {
+    Ctx {
+        uid: sys::geteuid(),
+        gid: 0,
+        umask: 0o022,
+    }
+}
+
+/// The files as the user sees them through the overlay.
+fn view(o: &Overlay) -> Files {
+    NAMES
+        .iter()
+        .map(|n| {
+            let content = o
+                .open(&ctx(), Path::new(n), libc::O_RDONLY)
+                .ok()
+                .map(|(mut f, _)| {
+                    let mut v = Vec::new();
+                    f.read_to_end(&mut v).expect("read");
+                    v
+                });
+            (*n, content)
+        })
+        .collect()
+}
+
+/// The files on `share` after the recovery of the cache `cut` left.
+fn recovered(share: &Path, cut: &Path) -> Files {
+    let o = Overlay::new(share, cut, Policy::default_policy())
+        .expect("the overlay opens after the cut");
+    let opts = RsyncOptions {
+        binary: crate::sync::find_program("rsync").expect("rsync is installed"),
+        extra_args: vec![],
+        timeout: std::time::Duration::from_secs(60),
+        caps: crate::sync::probe_share(share),
+        fsync: false,
+        hold_fd: None,
+    };
+    let report = run_sync(&o, &opts, SyncMode::Recover).expect("recovery");
+    assert!(report.ok, "{}: {report:?}", cut.display());
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    NAMES
+        .iter()
+        .map(|n| (*n, std::fs::read(share.join(n)).ok()))
+        .collect()
+}
+
+fn shown(f: &Files) -> String {
+    f.iter()
+        .map(|(n, c)| match c {
+            Some(c) => format!("{n}={:?} ", String::from_utf8_lossy(c)),
+            None => format!("{n}=none "),
+        })
+        .collect()
+}
+
+/// One session's changes, each followed by `step` with what it was.
+fn session(o: &Overlay, step: &mut dyn FnMut(&str, &Overlay)) {
+    let open_w = |o: &Overlay, n: &str, flags: i32| {
+        o.open(&ctx(), Path::new(n), libc::O_WRONLY | flags)
+            .expect("open for writing")
+            .0
+    };
+    let root = Path::new("");
+    o.create(&ctx(), root, OsStr::new(".a"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    step("a create", o);
+    let mut f = open_w(o, ".a", 0);
+    step("an open for writing of a new file", o);
+    f.write_all(b"a1").expect("write");
+    drop(f);
+    step("a write", o);
+    for (round, text) in ["new-s", "newer-s"].iter().enumerate() {
+        let (_, mut f, _) = o
+            .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
+            .expect("create");
+        step("a create of a temporary file", o);
+        f.write_all(text.as_bytes()).expect("write");
+        drop(f);
+        step("a write", o);
+        o.rename(&ctx(), root, OsStr::new(".t"), root, OsStr::new(".s"), 0)
+            .expect("rename");
+        step(&format!("a save by rename ({})", round + 1), o);
+    }
+    o.unlink(root, OsStr::new(".a")).expect("unlink");
+    step("an unlink of a file made here", o);
+    let mut f = open_w(o, ".k", libc::O_TRUNC);
+    step("an open that truncates a share's file", o);
+    f.write_all(b"k2").expect("write");
+    drop(f);
+    step("a write", o);
+    let size = SetAttr {
+        size: Some(3),
+        ..Default::default()
+    };
+    o.setattr(&ctx(), Path::new(".s"), size, None)
+        .expect("truncate");
+    step("a truncate", o);
+    let mut f = open_w(o, ".m", 0);
+    step("an open for writing of a share's file", o);
+    f.write_all(b"M").expect("write");
+    drop(f);
+    step("a write", o);
+    o.unlink(root, OsStr::new(".m")).expect("unlink");
+    step("an unlink of a share's file changed here", o);
+    o.link(&ctx(), Path::new(".s"), root, OsStr::new(".l"))
+        .expect("link");
+    step("a hard link", o);
+}
+
+/// The session played once per point where a change waits for its records, with a power
+/// cut at that point; the cut's cache recovered to the session's share (which the session
+/// never changed: its changes are all to cached paths).
+#[test]
+fn a_power_cut_while_a_change_waits_for_its_records_leaves_it_done_or_undone() {
+    let mut point = 0;
+    loop {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+        std::fs::create_dir_all(&share).expect("share");
+        std::fs::create_dir_all(&cache).expect("cache");
+        for n in [".s", ".k", ".m"] {
+            std::fs::write(share.join(n), format!("share{n}\n")).expect("share file");
+        }
+        let cut = tmp.path().join("cut");
+        let reached = Rc::new(RefCell::new(0));
+        {
+            let (reached, cut) = (reached.clone(), cut.clone());
+            CUT.with(|c| {
+                *c.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+                    if *reached.borrow() == point {
+                        power_cut(o, &cut);
+                    }
+                    *reached.borrow_mut() += 1;
+                }))
+            });
+        }
+        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+        let mut before = view(&o);
+        let mut during = None;
+        session(&o, &mut |what, o| {
+            let after = view(o);
+            if during.is_none() && *reached.borrow() > point {
+                during = Some((what.to_string(), before.clone(), after.clone()));
+            }
+            before = after;
+        });
+        CUT.with(|c| *c.borrow_mut() = None);
+        drop(o);
+        let Some((what, before, after)) = during else {
+            break;
+        };
+        let got = recovered(&share, &cut);
+        assert!(
+            got == before || got == after,
+            "a power cut during {what}: the share got {}; before it {}; after it {}",
+            shown(&got),
+            shown(&before),
+            shown(&after)
+        );
+        point += 1;
+    }
+    // Every change above that waits for its records was cut at least once.
+    assert!(point >= 10, "only {point} power cuts");
+}
