@@ -10,6 +10,8 @@
 //! metaops write FILE --bytes B --target T --repeat R   sequential write, fsync at the end
 //! metaops read FILE --target T --repeat R              sequential read (drop caches first)
 //! metaops loadgen JSON --target T --repeat R           loadgen's create and read-compiled
+//! metaops saves DIR --threads T --files N [--same yes] --target T --repeat R
+//!                                                      saves by rename from T threads
 //! metaops report RAW --out DIR [--bare T] [--peers T,T] [--subject PREFIX] [--meta K=V]...
 //! ```
 
@@ -573,10 +575,69 @@ fn report(raw_path: &Path, flags: &Flags) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Saves by rename from `threads` threads at once, each in a directory of its own below
+/// `dir`: `files` times a temporary file of 4 KiB made and renamed over its name (a new
+/// name each time, or with `same` always the same one, as a program saving its settings
+/// again), then the names unlinked. One line: saves per second, all threads together.
+fn saves(dir: &Path, threads: usize, files: usize, same: bool, tag: &Tag) -> Result<(), Failure> {
+    let data = vec![0x5au8; FILE_SIZE];
+    let mut dirs = Vec::new();
+    for t in 0..threads {
+        let d = dir.join(format!("t{t}"));
+        at(fs::create_dir(&d), || format!("mkdir {}", d.display()))?;
+        dirs.push(d);
+    }
+    let start = Instant::now();
+    let outcomes: Vec<Result<(), Failure>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                let data = &data;
+                scope.spawn(move || -> Result<(), Failure> {
+                    let tmp = d.join("save.tmp");
+                    for i in 0..files {
+                        let name = file_name(d, if same { 0 } else { i });
+                        let mut f = at(fs::File::create(&tmp), || {
+                            format!("create {}", tmp.display())
+                        })?;
+                        at(f.write_all(data), || format!("write {}", tmp.display()))?;
+                        drop(f);
+                        at(fs::rename(&tmp, &name), || {
+                            format!("rename {} over {}", tmp.display(), name.display())
+                        })?;
+                    }
+                    for i in 0..if same { 1 } else { files } {
+                        let name = file_name(d, i);
+                        at(fs::remove_file(&name), || {
+                            format!("unlink {}", name.display())
+                        })?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(Failure("a saving thread panicked".into())))
+            })
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    outcomes.into_iter().collect::<Result<Vec<()>, Failure>>()?;
+    for d in &dirs {
+        at(fs::remove_dir(d), || format!("rmdir {}", d.display()))?;
+    }
+    let op = format!("saves-{threads}t{}", if same { "-same" } else { "" });
+    println!("{}", tag.line(&op, rate(threads * files, secs), "saves/s"));
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<(), Failure> {
     let (Some(cmd), Some(path)) = (args.first(), args.get(1)) else {
         return Err(Failure(
-            "usage: metaops files|write|read|loadgen|report PATH [--flag value]...".into(),
+            "usage: metaops files|write|read|loadgen|saves|report PATH [--flag value]...".into(),
         ));
     };
     let path = Path::new(path);
@@ -601,8 +662,24 @@ fn run(args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         "report" => report(path, &flags),
+        "saves" => {
+            let same = match flags.get("same") {
+                None | Some("no") => false,
+                Some("yes") => true,
+                Some(other) => {
+                    return Err(Failure(format!("--same {other}: say yes or no")));
+                }
+            };
+            saves(
+                path,
+                flags.number("threads")? as usize,
+                flags.number("files")? as usize,
+                same,
+                &Tag::from(&flags)?,
+            )
+        }
         other => Err(Failure(format!(
-            "unknown command {other} (files, write, read, loadgen, report)"
+            "unknown command {other} (files, write, read, loadgen, saves, report)"
         ))),
     }
 }
