@@ -250,6 +250,9 @@ struct Durable {
     /// the journal is rewritten whole before the next record (see
     /// [`Journal::needs_rewrite`]).
     failed: Option<i32>,
+    /// Counts the files the journal was rewritten to: an `fdatasync` of an older one
+    /// says nothing of the file now.
+    generation: u64,
 }
 
 fn lock_durable(m: &Mutex<Durable>) -> MutexGuard<'_, Durable> {
@@ -266,6 +269,7 @@ impl Durability {
                 end: (written, written),
                 syncing: false,
                 failed: None,
+                generation: 0,
             }),
             done: Condvar::new(),
         }
@@ -273,7 +277,7 @@ impl Durability {
 
     /// Returns once everything written up to `t` is on disk: at once if it is; else after
     /// the `fdatasync` under way, or one this caller runs for every waiter. An error when
-    /// the `fdatasync` that covered `t` failed.
+    /// an `fdatasync` failed since the journal was last written whole.
     pub fn wait(&self, t: Ticket) -> io::Result<()> {
         let mut d = lock_durable(&self.state);
         loop {
@@ -290,16 +294,40 @@ impl Durability {
                 d = self.done.wait(d).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            d.syncing = true;
-            let (target, end) = (d.written, d.end.0);
-            let file = d.file.clone();
-            drop(d);
-            let synced = file.sync_data();
-            d = lock_durable(&self.state);
-            d.syncing = false;
+            d = self.sync_locked(d);
+        }
+    }
+
+    /// One `fdatasync` covering everything written so far, after the one under way if any
+    /// (never two at once: the kernel reports a failed write-back to one `fdatasync` of a
+    /// file only, and a second one at the same time could then count that write-back as
+    /// done). For a writer that must have its record on disk before it goes on.
+    fn sync_now(&self) -> io::Result<()> {
+        let mut d = lock_durable(&self.state);
+        while d.syncing {
+            d = self.done.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+        d = self.sync_locked(d);
+        match d.failed {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the `fdatasync` (no other under way) without holding the lock, and records what
+    /// it came to: more on disk, or a failure that stands until the journal is rewritten.
+    /// A result for a file a compaction replaced meanwhile counts for nothing.
+    fn sync_locked<'a>(&'a self, mut d: MutexGuard<'a, Durable>) -> MutexGuard<'a, Durable> {
+        d.syncing = true;
+        let (target, end, generation) = (d.written, d.end.0, d.generation);
+        let file = d.file.clone();
+        drop(d);
+        let synced = file.sync_data();
+        let mut d = lock_durable(&self.state);
+        d.syncing = false;
+        if d.generation == generation {
             match synced {
-                // A compaction meanwhile may have made more durable already.
-                Ok(()) if target > d.durable => {
+                Ok(()) if d.failed.is_none() && target > d.durable => {
                     d.durable = target;
                     d.end.1 = end;
                 }
@@ -309,8 +337,9 @@ impl Durability {
                     d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
                 }
             }
-            self.done.notify_all();
         }
+        self.done.notify_all();
+        d
     }
 
     /// Plays an `fdatasync` that failed (what [`Durability::wait`] records then).
@@ -325,13 +354,12 @@ impl Durability {
         lock_durable(&self.state).end.1
     }
 
-    /// Everything written so far is on disk (the writer synced it, or wrote a new file);
-    /// the file ends at `end`.
-    fn all_durable(&self, file: Option<Arc<File>>, end: u64) {
+    /// The journal was written whole to `file` (on disk, `end` bytes): everything written
+    /// so far is durable, and a failure before no longer stands.
+    fn rewritten(&self, file: Arc<File>, end: u64) {
         let mut d = lock_durable(&self.state);
-        if let Some(f) = file {
-            d.file = f;
-        }
+        d.file = file;
+        d.generation += 1;
         d.durable = d.written;
         d.end = (end, end);
         d.failed = None;
@@ -401,23 +429,13 @@ impl Journal {
     pub fn append(&mut self, records: &[Record]) -> io::Result<()> {
         let at = self.good_len;
         self.write_at_end(records)?;
-        match self.file.sync_data() {
-            Ok(()) => {
-                self.durability.all_durable(None, self.good_len);
-                Ok(())
-            }
-            Err(e) => {
-                self.cut(at);
-                self.good_len = at;
-                // What earlier writes put there may not be on disk either, and a second
-                // fdatasync may not say so again: the journal is rewritten whole first.
-                let mut d = lock_durable(&self.durability.state);
-                d.end.0 = at;
-                d.failed = Some(e.raw_os_error().unwrap_or(libc::EIO));
-                self.durability.done.notify_all();
-                Err(e)
-            }
-        }
+        // A failure stands until the journal is rewritten whole (what earlier writes put
+        // there may not be on disk either): these records do not count.
+        self.durability.sync_now().inspect_err(|_| {
+            self.cut(at);
+            self.good_len = at;
+            lock_durable(&self.durability.state).end.0 = at;
+        })
     }
 
     /// Writes records at the end without waiting for the disk: they count in the state
@@ -464,17 +482,48 @@ impl Journal {
         }
     }
 
-    /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename).
+    /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename). The
+    /// new file is opened before it is renamed into place: once the rename is done it is
+    /// the journal this writes to, whatever fails after (a journal reopened after the
+    /// rename could fail to open, and records would go on into the old file, which no name
+    /// leads to any longer).
     pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
         let text: String = state.snapshot().iter().map(encode).collect();
-        write_atomic(&self.path, text.as_bytes())?;
-        self.file = Arc::new(open_rw(&self.path, false)?);
+        let tmp = self.path.with_extension("tmp");
+        let made = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(text.as_bytes())?;
+                f.sync_all()?;
+                Ok(f)
+            })
+            .and_then(|f| std::fs::rename(&tmp, &self.path).map(|()| f));
+        let file = match made {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                // The old journal is still the journal, unchanged.
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        self.file = file.clone();
         self.good_len = text.len() as u64;
         self.needs_trim = false;
-        // The new file holds the whole state, on disk: every record written so far.
-        self.durability
-            .all_durable(Some(self.file.clone()), self.good_len);
-        Ok(())
+        self.durability.rewritten(file, self.good_len);
+        // Until the directory is synced the rename may not survive a power cut: a failure
+        // stands as a failed fdatasync does (the next record rewrites the journal again).
+        let synced = self.path.parent().map_or(Ok(()), fsync_dir);
+        if let Err(e) = &synced {
+            lock_durable(&self.durability.state).failed =
+                Some(e.raw_os_error().unwrap_or(libc::EIO));
+        }
+        synced
     }
 }
 
@@ -596,6 +645,10 @@ mod tests {
         let after = j
             .write(&[Record::Dirty(PathBuf::from(".b"))])
             .expect("write");
+        // A durable append after the failure (its own fdatasync may report nothing: the
+        // kernel told the failed one) is refused, and clears nothing.
+        let appended = j.append(&[Record::Dirty(PathBuf::from(".c"))]);
+        assert_eq!(appended.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)));
         for t in [before, after] {
             let e = durability.wait(t).expect_err("not known on disk");
             assert_eq!(e.raw_os_error(), Some(libc::EIO));

@@ -1429,3 +1429,59 @@ fn programs_at_once_and_syncs_meanwhile_agree_with_the_model() {
         }
     }
 }
+
+/// A crash between an unlink's journal record and the removal in the cache (the record of
+/// a name the share holds is written first): the next session finishes the removal. The
+/// share's older copy does not come back, as it did when the cache's newer copy kept the
+/// sync from deleting it and was then dropped unsent.
+#[test]
+fn an_unlink_cut_short_by_a_crash_is_finished_and_the_shares_older_copy_goes() {
+    let env = Env::new();
+    fs::write(env.share.join(".x"), "v1\n").expect("share file");
+    {
+        let o = env.overlay();
+        let (mut f, writer) = o
+            .open(&ctx(), Path::new(".x"), libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open");
+        f.write_all(b"v2\n").expect("write");
+        drop(f);
+        if let Some(ino) = writer {
+            o.release_writer(ino);
+        }
+        o.unlink(Path::new(""), OsStr::new(".x")).expect("unlink");
+    }
+    // What the crash left: the deletion journaled, the cache's file not removed yet.
+    fs::write(env.cache.join("upper/.x"), "v2\n").expect("the cache's file");
+    let o = env.overlay();
+    assert!(
+        o.resolve(Path::new(".x")).is_err(),
+        "the deleted name shows nothing in the next session"
+    );
+    env.sync(&o, SyncMode::Recover);
+    assert!(
+        !env.share.join(".x").exists(),
+        "the unlink is finished on the share: {:?}",
+        fs::read_to_string(env.share.join(".x"))
+    );
+}
+
+/// Regression (from the sessions model): a file in a directory another workstation made,
+/// written again on this one while the share does not answer (the cache has the file from
+/// the first write, which the sync sent).
+#[test]
+fn sessions_regression_a_write_during_an_outage_after_a_sync() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Mkdir(1, 2),
+            Write(0, 2, 0, 0),
+            Logout(1),
+            Sync(0),
+            ShareDown(0),
+            Write(0, 2, 0, 0),
+        ],
+    )
+    .expect("model");
+}

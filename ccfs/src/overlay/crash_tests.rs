@@ -50,7 +50,7 @@ fn power_cut(o: &Overlay, to: &Path) {
         .expect("cut the journal");
 }
 
-const NAMES: [&str; 6] = [".a", ".t", ".s", ".k", ".m", ".l"];
+const NAMES: [&str; 8] = [".a", ".t", ".s", ".k", ".m", ".l", ".h", ".hl"];
 
 type Files = BTreeMap<&'static str, Option<Vec<u8>>>;
 
@@ -84,15 +84,7 @@ fn view(o: &Overlay) -> Files {
 fn recovered(share: &Path, cut: &Path) -> Files {
     let o = Overlay::new(share, cut, Policy::default_policy())
         .expect("the overlay opens after the cut");
-    let opts = RsyncOptions {
-        binary: crate::sync::find_program("rsync").expect("rsync is installed"),
-        extra_args: vec![],
-        timeout: std::time::Duration::from_secs(60),
-        caps: crate::sync::probe_share(share),
-        fsync: false,
-        hold_fd: None,
-    };
-    let report = run_sync(&o, &opts, SyncMode::Recover).expect("recovery");
+    let report = run_sync(&o, &rsync(share), SyncMode::Recover).expect("recovery");
     assert!(report.ok, "{}: {report:?}", cut.display());
     assert!(report.conflicts.is_empty(), "{report:?}");
     NAMES
@@ -108,6 +100,35 @@ fn shown(f: &Files) -> String {
             None => format!("{n}=none "),
         })
         .collect()
+}
+
+/// Before the cuts: two names of one file, sent to the share by a sync (a sync after a
+/// cut would change the share the cut's recovery is compared on).
+fn prepare(o: &Overlay, share: &Path) {
+    let root = Path::new("");
+    let (_, mut f, writer) = o
+        .create(&ctx(), root, OsStr::new(".h"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    f.write_all(b"h1").expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    o.link(&ctx(), Path::new(".h"), root, OsStr::new(".hl"))
+        .expect("link");
+    let report = run_sync(o, &rsync(share), SyncMode::Session).expect("sync");
+    assert!(report.ok && report.remaining_dirty == 0, "{report:?}");
+}
+
+fn rsync(share: &Path) -> RsyncOptions {
+    RsyncOptions {
+        binary: crate::sync::find_program("rsync").expect("rsync is installed"),
+        extra_args: vec![],
+        timeout: std::time::Duration::from_secs(60),
+        caps: crate::sync::probe_share(share),
+        fsync: false,
+        hold_fd: None,
+    }
 }
 
 /// One session's changes, each followed by `step` with what it was.
@@ -162,6 +183,13 @@ fn session(o: &Overlay, step: &mut dyn FnMut(&str, &Overlay)) {
     o.link(&ctx(), Path::new(".s"), root, OsStr::new(".l"))
         .expect("link");
     step("a hard link", o);
+    let mut f = open_w(o, ".h", libc::O_APPEND);
+    step("an open for writing of a synced hard link", o);
+    f.write_all(b"h2").expect("write");
+    drop(f);
+    step("a write", o);
+    o.unlink(root, OsStr::new(".hl")).expect("unlink");
+    step("an unlink of the other name of a file changed here", o);
 }
 
 /// The session played once per point where a change waits for its records, with a power
@@ -179,6 +207,8 @@ fn a_power_cut_while_a_change_waits_for_its_records_leaves_it_done_or_undone() {
             std::fs::write(share.join(n), format!("share{n}\n")).expect("share file");
         }
         let cut = tmp.path().join("cut");
+        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+        prepare(&o, &share);
         let reached = Rc::new(RefCell::new(0));
         {
             let (reached, cut) = (reached.clone(), cut.clone());
@@ -191,7 +221,6 @@ fn a_power_cut_while_a_change_waits_for_its_records_leaves_it_done_or_undone() {
                 }))
             });
         }
-        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
         let mut before = view(&o);
         let mut during = None;
         session(&o, &mut |what, o| {

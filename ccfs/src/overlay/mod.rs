@@ -73,6 +73,25 @@ pub struct Deferral {
     pub taken_at_open: bool,
 }
 
+/// What the share held at a name, asked without the overlay's lock (see
+/// [`Overlay::look_before_lock`]), and how many syncs had started then.
+#[derive(Debug)]
+pub(super) struct ShareLook {
+    syncs: u64,
+    /// None: not asked, or the share did not answer.
+    seen: Option<Option<Stat>>,
+}
+
+impl ShareLook {
+    /// Nothing asked: the change asks the share under the lock.
+    fn none() -> Self {
+        ShareLook {
+            syncs: 0,
+            seen: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Found {
     pub layer: Layer,
@@ -128,6 +147,8 @@ mod session;
 
 #[cfg(test)]
 mod crash_tests;
+#[cfg(test)]
+mod interleave_tests;
 
 use lookup::{spawn_root_look, RootAsk};
 
@@ -166,6 +187,9 @@ pub struct Overlay {
     root_look: std::sync::mpsc::Sender<RootAsk>,
     as_root: bool,
     sync_running: AtomicBool,
+    /// Syncs started so far: a share look made without the lock stands only if none
+    /// started since (see [`Overlay::look_before_lock`]).
+    syncs_started: AtomicU64,
     /// The FUSE requests this mount served (see [`crate::counters`]).
     pub requests: crate::counters::Requests,
     /// Copy-ups so far: a deferred handle (see [`Overlay::open_deferred`]) that sees it
@@ -329,6 +353,7 @@ impl Overlay {
             root_look,
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
+            syncs_started: AtomicU64::new(0),
             requests: crate::counters::Requests::default(),
             copy_ups: AtomicU64::new(0),
             durability,
@@ -342,7 +367,42 @@ impl Overlay {
             &share_meta,
             Path::new("upper"),
         )?;
+        overlay.finish_interrupted_removals()?;
         Ok(overlay)
+    }
+
+    /// A crash between a removal's journal record and the removal in the cache (see
+    /// `namespace::remove`) leaves the cache's object under a name the journal deleted. The
+    /// removal is finished now: the cache's copy is no longer marked changed, and left there
+    /// it would keep the sync from deleting the share's copy, then be dropped unsent, so
+    /// that the share's older version came back (neither the file as it was nor deleted).
+    fn finish_interrupted_removals(&self) -> io::Result<()> {
+        let inner = self.lock();
+        let deleted: Vec<PathBuf> = inner
+            .state
+            .whiteouts()
+            .filter(|p| !inner.state.is_dirty(p))
+            .cloned()
+            .collect();
+        for p in deleted {
+            let Some(meta) = self.upper_stat(&p)? else {
+                continue;
+            };
+            tracing::info!(path = %session::shown(&p), "finishing a removal a crash interrupted");
+            if !meta.is_dir() {
+                self.cache.unlink(&up(&p))?;
+                continue;
+            }
+            match self.cache.rmdir(&up(&p)) {
+                Ok(()) => {}
+                // Not what a removal leaves (an rmdir is of an empty directory): kept.
+                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                    tracing::warn!(path = %session::shown(&p), "a deleted directory still holds files in the cache; kept");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     pub fn share(&self) -> &Path {

@@ -44,18 +44,54 @@ impl Overlay {
         }
     }
 
+    /// What the share holds at the cached path `rel`, asked before the overlay's lock is
+    /// taken (a slow share then holds up only the change that asks it). Not asked where the
+    /// cache hides the share's name (a deletion made here), or while a sync of this mount
+    /// runs (it may change the share there).
+    pub(super) fn look_before_lock(&self, rel: &Path) -> ShareLook {
+        let syncs = self.syncs_started.load(Ordering::SeqCst);
+        let seen = if self.sync_running.load(Ordering::SeqCst) || self.lock().state.hidden(rel) {
+            None
+        } else {
+            self.share.stat(rel).ok()
+        };
+        #[cfg(test)]
+        super::interleave_tests::after_share_look(self);
+        ShareLook { syncs, seen }
+    }
+
+    /// [`ShareLook`]'s answer, if it still stands (under the lock): no sync of this mount
+    /// started since it was asked, and none runs. Another workstation's change meanwhile
+    /// is a change after the look, as it would be after a look under the lock: the sync
+    /// finds the share changed from the base it recorded.
+    fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
+        let unchanged = !self.sync_running.load(Ordering::SeqCst)
+            && self.syncs_started.load(Ordering::SeqCst) == look.syncs;
+        look.seen.filter(|_| unchanged)
+    }
+
     /// Whether the cached path `rel` is free for a new object: the cache has nothing there
     /// and the share's object, if any, is hidden by a deletion made here. EEXIST if not.
     /// True when the share was seen to hold nothing there (the take-over record needs no
-    /// second look); false when it was not asked (a hidden name) or did not answer.
-    pub(super) fn free_cached_name(&self, inner: &Inner, rel: &Path) -> FsResult<bool> {
+    /// second look); false when it was not asked (a hidden name) or did not answer. The
+    /// share is asked now unless `look` (see [`Overlay::look_before_lock`]) still stands.
+    pub(super) fn free_cached_name(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        look: ShareLook,
+    ) -> FsResult<bool> {
         if self.upper_lookup(rel)?.is_some() {
             return Err(errno(libc::EEXIST));
         }
         if inner.state.hidden(rel) {
             return Ok(false);
         }
-        match self.share.stat(rel) {
+        let share_now = match self.still_stands(look) {
+            Some(seen) => Ok(seen),
+            None => self.share.stat(rel),
+        };
+        match share_now {
             Ok(Some(_)) => Err(errno(libc::EEXIST)),
             Ok(None) => Ok(true),
             // The share does not answer: the name is free only where this session took
@@ -91,6 +127,10 @@ impl Overlay {
             self.chown_made(&self.share, &rel, ctx, Some(&dir.meta), file.as_ref())?;
             return self.made(Layer::Share, &rel, file);
         }
+        let look = match self.policy.classify(&rel) {
+            PathClass::Cached => self.look_before_lock(&rel),
+            _ => ShareLook::none(),
+        };
         let mut inner = self.lock();
         let dir = self.check_parent(&inner, parent)?;
         // The parent's cache copy, made if it has none yet (with the share's attributes).
@@ -111,7 +151,7 @@ impl Overlay {
                 self.made(Layer::Upper, &rel, file)
             }
             PathClass::Cached => {
-                let seen = self.free_cached_name(&inner, &rel)?.then_some(None);
+                let seen = self.free_cached_name(&inner, &rel, look)?.then_some(None);
                 ensure_dir(&inner)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
                 // The take-over and the mark, in one journal append. On disk before the
@@ -268,11 +308,15 @@ impl Overlay {
         if class != self.policy.classify(&rel) {
             return Err(errno(libc::EXDEV));
         }
+        let look = match class {
+            PathClass::Cached => self.look_before_lock(&rel),
+            _ => ShareLook::none(),
+        };
         let mut inner = self.lock();
         self.check_parent(&inner, parent)?;
         match class {
             PathClass::Cached => {
-                self.free_cached_name(&inner, &rel)?;
+                self.free_cached_name(&inner, &rel, look)?;
             }
             _ => {
                 if self.resolve_locked(&inner, &rel).is_ok() {
@@ -387,12 +431,12 @@ impl Overlay {
             let seen = share_now.as_ref().map(Some);
             records.extend(self.take_over_seen(&inner, &rel, seen)?);
         }
-        // Write-ahead where a crash between the cache's removal and the record would show
-        // the share's older copy in place of changes made here (neither the file as it
-        // was nor deleted). Elsewhere it is enough that the record is on disk before the
-        // answer: the crash then leaves the name gone, or showing what the share and the
-        // cache both hold.
-        let removed = if whiteout && inner.state.is_dirty(&rel) {
+        // Write-ahead where the share holds the name: a crash between the cache's removal
+        // and the record would show the share's copy again, which may be older than the
+        // cache's (a change made here, also through another name of a hard link). Where
+        // the share has nothing there, it is enough that the record is on disk before the
+        // answer: the crash then leaves the name as it was, or gone.
+        let removed = if whiteout {
             self.record(&mut inner, &records)?;
             None
         } else {

@@ -260,7 +260,10 @@ impl Overlay {
     /// the share's), and journals what is about to be sent. A path whose check fails is held
     /// back and reported; the others go on.
     pub fn begin_sync(&self, host: &str, stamp: &str) -> FsResult<SyncSession<'_>> {
-        self.sync_running.store(true, Ordering::Release);
+        // Counted before anything of the sync happens (a share look made without the
+        // lock before this no longer stands).
+        self.syncs_started.fetch_add(1, Ordering::SeqCst);
+        self.sync_running.store(true, Ordering::SeqCst);
         let mut session = SyncSession {
             overlay: self,
             files: Vec::new(),

@@ -608,8 +608,18 @@ impl World {
                 .create(&ctx(), parent, file, 0o644, libc::O_WRONLY)
                 .map(|(_, f, wr)| (f, wr)),
         };
-        let Ok((mut f, writer)) = opened else {
-            return false;
+        let (mut f, writer) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                if std::env::var_os("CCFS_MODEL_DEBUG").is_some() {
+                    eprintln!(
+                        "write {} on {w}: {e:?} (resolve: {:?})",
+                        p.display(),
+                        o.resolve(p).map(|f| f.layer)
+                    );
+                }
+                return false;
+            }
         };
         f.write_all(data).expect("write");
         drop(f);

@@ -407,10 +407,10 @@ impl Model {
         }
         let stamp = self.stamp();
         let found = if self.ws[w].share_down {
-            // Without the share: the cache's file, or a new one where the session took the
-            // name over before (its base is known).
+            // Without the share: the cache's file, or a new one where the cache can tell
+            // the name is free.
             match self.ws[w].upper.get(p) {
-                None if !self.ws[w].bases.contains_key(p) => return false,
+                None if !self.free_without_share(w, p) => return false,
                 other => other.cloned(),
             }
         } else {
@@ -502,6 +502,13 @@ impl Model {
         }
     }
 
+    /// Without the share a new object is made only where the cache can tell the name is
+    /// free: a deletion made here hides the share's side, or the session took the name
+    /// over when the share had nothing there (a base that is a file may still be there).
+    fn free_without_share(&self, w: usize, p: &Path) -> bool {
+        self.hidden(w, p) || matches!(self.ws[w].bases.get(p), Some(None))
+    }
+
     /// Without the share a removal cannot tell whether there is something to delete
     /// there: it fails (unless a deletion above hides the share's side).
     fn removal_needs_share(&self, w: usize, p: &Path) -> bool {
@@ -521,7 +528,7 @@ impl Model {
 
     pub fn mkdir(&mut self, w: usize, p: &Path) -> bool {
         let exists = if self.ws[w].share_down {
-            self.ws[w].upper.contains_key(p) || !self.ws[w].bases.contains_key(p)
+            self.ws[w].upper.contains_key(p) || !self.free_without_share(w, p)
         } else {
             self.lookup(w, p).is_some()
         };
