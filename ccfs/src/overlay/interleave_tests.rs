@@ -1,10 +1,10 @@
 //! Changes of the same mount that come in between the steps of another, at chosen points.
 
 use std::cell::RefCell;
-use std::time::Duration;
 
+use super::test_support::{ctx, rsync};
 use super::*;
-use crate::sync::{run_sync, RsyncOptions, SyncMode};
+use crate::sync::{run_sync, SyncMode};
 
 type Hook = Box<dyn FnMut(&Overlay)>;
 
@@ -17,25 +17,6 @@ thread_local! {
 pub(super) fn after_share_look(o: &Overlay) {
     if let Some(mut between) = AFTER_LOOK.with(|h| h.borrow_mut().take()) {
         between(o);
-    }
-}
-
-fn ctx() -> Ctx {
-    Ctx {
-        uid: sys::geteuid(),
-        gid: 0,
-        umask: 0o022,
-    }
-}
-
-fn rsync(share: &Path) -> RsyncOptions {
-    RsyncOptions {
-        binary: crate::sync::find_program("rsync").expect("rsync is installed"),
-        extra_args: vec![],
-        timeout: Duration::from_secs(60),
-        caps: crate::sync::probe_share(share),
-        fsync: false,
-        hold_fd: None,
     }
 }
 

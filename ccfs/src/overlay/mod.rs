@@ -149,6 +149,8 @@ mod session;
 mod crash_tests;
 #[cfg(test)]
 mod interleave_tests;
+#[cfg(test)]
+mod test_support;
 
 use lookup::{spawn_root_look, RootAsk};
 
