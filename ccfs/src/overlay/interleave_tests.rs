@@ -1,6 +1,7 @@
 //! Changes of the same mount that come in between the steps of another, at chosen points.
 
 use std::cell::RefCell;
+use std::time::Duration;
 
 use super::test_support::{ctx, rsync};
 use super::*;
@@ -10,6 +11,15 @@ type Hook = Box<dyn FnMut(&Overlay)>;
 
 thread_local! {
     static AFTER_LOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_SYNC_LOOKS: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once a sync looked at the files it hands over (the overlay's lock held: the
+/// test's change must not take it), if a change is set (taken, so it runs once).
+pub(super) fn after_sync_looks(o: &Overlay) {
+    if let Some(mut between) = AFTER_SYNC_LOOKS.with(|h| h.borrow_mut().take()) {
+        between(o);
+    }
 }
 
 /// Called once a change asked the share without the overlay's lock, before it takes the
@@ -56,5 +66,67 @@ fn a_sync_between_a_creates_share_look_and_its_lock_does_not_make_the_look_stand
     assert_eq!(
         std::fs::read_to_string(share.join(".x")).expect("on the share"),
         "new\n"
+    );
+}
+
+/// A sync cut short (rsync failed or the daemon died) settles by what rsync sent. A version
+/// written through an open file just after the sync looked at it (kernel passthrough
+/// writes without the daemon), which rsync then sent, then a later version in the cache:
+/// the share's copy is our own transfer, not another workstation's change. The next sync
+/// sends the later version, with no conflict.
+#[test]
+fn a_version_written_after_the_syncs_look_and_sent_by_a_sync_cut_short_is_ours() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(&share).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let root = Path::new("");
+    let write = |o: &Overlay, data: &[u8]| {
+        let (mut f, writer) = o
+            .open(&ctx(), Path::new(".f"), libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open");
+        std::io::Write::write_all(&mut f, data).expect("write");
+        drop(f);
+        if let Some(ino) = writer {
+            o.release_writer(ino);
+        }
+    };
+    let (_, f, writer) = o
+        .create(&ctx(), root, OsStr::new(".f"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    write(&o, b"v1");
+    let upper = cache.join("upper/.f");
+    AFTER_SYNC_LOOKS.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+            // A program's write through its open file, then the rest of the hand-over
+            // takes a while (many files): longer than the clock's lag.
+            std::fs::write(&upper, b"v2, written after the look").expect("write v2");
+            std::thread::sleep(Duration::from_millis(60));
+        }))
+    });
+    let session = o.begin_sync("here", "20261124T000000Z").expect("begin");
+    AFTER_SYNC_LOOKS.with(|h| *h.borrow_mut() = None);
+    let (transfer, _) =
+        crate::sync::run_rsync(&rsync(&share), o.upper(), o.share(), &session.files)
+            .expect("rsync");
+    assert!(matches!(transfer, Transfer::Complete));
+    // The program writes again, and the sync ends as if rsync had failed.
+    std::thread::sleep(Duration::from_millis(30));
+    write(&o, b"v3");
+    let settled = session.finish(Transfer::Incomplete).expect("finish");
+    assert!(settled.conflicts.is_empty(), "{settled:?}");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    assert!(
+        r.ok && r.conflicts.is_empty(),
+        "our own transfer taken for another's: {r:?}"
+    );
+    assert_eq!(
+        std::fs::read(share.join(".f")).expect("on the share"),
+        b"v3"
     );
 }

@@ -302,6 +302,16 @@ impl Overlay {
             .cloned()
             .collect();
         files.sort();
+        // The hand-over begins before any file is looked at: a version written through an
+        // open file after its look (kernel passthrough writes without the daemon) is then
+        // one written since the hand-over, which a sync cut short counts as its own
+        // transfer. (Read after the looks, the hand-over time could come later than such
+        // a version by more than the clock's lag, and our own transfer looked like another
+        // workstation's: a conflict on one workstation.)
+        let handed_over = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())))
+            .unwrap_or((0, 0));
         let mut present = Vec::new();
         for p in files {
             match self.upper_stat(&p) {
@@ -310,11 +320,9 @@ impl Overlay {
                 Err(e) => session.errors.push(io_err("cannot look at", &p, &e)),
             }
         }
+        #[cfg(test)]
+        super::interleave_tests::after_sync_looks(self);
         self.add_hard_link_names(&inner.state, &mut present, &mut session.conflicts)?;
-        let handed_over = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())))
-            .unwrap_or((0, 0));
         session.sent = present
             .iter()
             .map(|(_, m)| {
