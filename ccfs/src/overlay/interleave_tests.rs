@@ -130,3 +130,40 @@ fn a_version_written_after_the_syncs_look_and_sent_by_a_sync_cut_short_is_ours()
         b"v3"
     );
 }
+
+/// After a failed fdatasync of the journal, the next change rewrites the journal whole
+/// and goes on: also one that writes no record (an open for writing of a file already
+/// marked changed), which otherwise failed until another change wrote one.
+#[test]
+fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_succeeds() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(&share).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let (_, f, writer) = o
+        .create(
+            &ctx(),
+            Path::new(""),
+            OsStr::new(".x"),
+            0o644,
+            libc::O_WRONLY,
+        )
+        .expect("create");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    o.durability.fail_for_test(libc::EIO);
+    let (f, writer) = o
+        .open(&ctx(), Path::new(".x"), libc::O_WRONLY)
+        .expect("the open rewrites the journal and succeeds");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    assert!(!o.lock().journal.needs_rewrite());
+    drop(o);
+    let reopened = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
+    assert!(reopened.lock().state.is_dirty(Path::new(".x")));
+}

@@ -465,6 +465,14 @@ impl Overlay {
         Ok(t)
     }
 
+    /// Where the records written so far end, for a change that relies on them without
+    /// writing one (a path already dirty). After a failed `fdatasync` the journal is
+    /// rewritten first, so that such a change does not fail until another one writes.
+    fn written(&self, inner: &mut Inner) -> FsResult<Ticket> {
+        self.rewrite_if_needed(inner)?;
+        Ok(inner.journal.written())
+    }
+
     /// After a failed `fdatasync`: the journal written whole (the state holds every record
     /// written), before anything else is added.
     fn rewrite_if_needed(&self, inner: &mut Inner) -> FsResult<()> {
@@ -488,7 +496,7 @@ impl Overlay {
     /// still wait for): the change waits for it before it answers.
     fn mark_dirty(&self, inner: &mut Inner, rel: &Path) -> FsResult<Ticket> {
         let t = if inner.state.is_dirty(rel) {
-            inner.journal.written()
+            self.written(inner)?
         } else {
             self.record_deferred(inner, &[Record::Dirty(rel.to_path_buf())])?
         };

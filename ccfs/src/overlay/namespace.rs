@@ -162,7 +162,7 @@ impl Overlay {
                     records.push(Record::Dirty(rel.clone()));
                 }
                 let marked = if records.is_empty() {
-                    inner.journal.written()
+                    self.written(&mut inner)?
                 } else {
                     self.record_deferred(&mut inner, &records)?
                 };
@@ -587,7 +587,7 @@ impl Overlay {
                 .cloned(),
         );
         if records.is_empty() {
-            let pending = inner.journal.written();
+            let pending = self.written(&mut inner)?;
             self.durable(pending)?;
         } else {
             self.record(&mut inner, &records)?;
