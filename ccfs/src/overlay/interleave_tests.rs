@@ -154,7 +154,15 @@ fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_su
     if let Some(ino) = writer {
         o.release_writer(ino);
     }
+    // A record written and not yet durable (another change's, waiting for its fdatasync),
+    // which then fails.
+    let pending = o
+        .lock()
+        .journal
+        .write(&[Record::Dirty(PathBuf::from(".x"))])
+        .expect("write");
     o.durability.fail_for_test(libc::EIO);
+    assert!(o.durability.wait(pending).is_err());
     let (f, writer) = o
         .open(&ctx(), Path::new(".x"), libc::O_WRONLY)
         .expect("the open rewrites the journal and succeeds");
