@@ -468,14 +468,10 @@ pub fn run_sync(
         conflicts: session.conflicts.clone(),
         ..Default::default()
     };
-    // What each file is as it is handed over: one that is not so afterwards was written
+    // What each file was as it was handed over: one that is not so afterwards was written
     // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
     // without the daemon, see `Overlay::drop_clean_cache`).
-    let handed: std::collections::HashMap<PathBuf, crate::sys::Version> = session
-        .files
-        .iter()
-        .filter_map(|p| overlay.upper_version(p).map(|v| (p.clone(), v)))
-        .collect();
+    let handed = session.handed();
     let (transfer, why) = if session.files.is_empty() {
         (Transfer::Complete, None)
     } else {

@@ -515,15 +515,6 @@ impl Overlay {
         self.cache.stat_through(&up(rel))
     }
 
-    /// What the cache's regular file at `rel` is now ([`Stat::version`]), if it has one.
-    pub fn upper_version(&self, rel: &Path) -> Option<sys::Version> {
-        self.upper_stat(rel)
-            .ok()
-            .flatten()
-            .filter(Stat::is_file)
-            .map(|m| m.version())
-    }
-
     /// The records of the cache taking `rel` over: what the share holds there now (none
     /// when the cache took it over before in this session: the first base stands until
     /// our own sync settles the path), and for a database's journal or WAL, the

@@ -1223,6 +1223,16 @@ impl Overlay {
 }
 
 impl SyncSession<'_> {
+    /// Each file handed over, with its [`Stat::version`] then: one that is not so
+    /// afterwards was written meanwhile (see [`Overlay::drop_clean_cache`]).
+    pub fn handed(&self) -> HashMap<PathBuf, Version> {
+        self.files
+            .iter()
+            .cloned()
+            .zip(self.versions.iter().copied())
+            .collect()
+    }
+
     /// Settles what rsync did: paths that reached the share are marked clean (unless they
     /// changed meanwhile) and get their new base; the others stay dirty and are named. The
     /// deletions are applied only when every file is on the share (a renamed file's old
