@@ -175,3 +175,50 @@ fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_su
     let reopened = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
     assert!(reopened.lock().state.is_dirty(Path::new(".x")));
 }
+
+/// A rename asks the share about its source before it takes the lock. A sync that runs in
+/// between and sends the source (a file made here) must not leave the rename with the
+/// share's old answer (nothing there): the source's name is hidden after the rename, and
+/// the next sync deletes the copy the first one sent.
+#[test]
+fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(&share).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let root = Path::new("");
+    let (_, mut f, writer) = o
+        .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"saved\n").expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    let opts = rsync(&share);
+    {
+        let opts = opts.clone();
+        AFTER_LOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+                let r = run_sync(o, &opts, SyncMode::Session).expect("sync");
+                assert!(r.ok && r.sent == 1, "{r:?}");
+            }))
+        });
+    }
+    let renamed = o.rename(&ctx(), root, OsStr::new(".t"), root, OsStr::new(".s"), 0);
+    AFTER_LOOK.with(|h| *h.borrow_mut() = None);
+    renamed.expect("rename");
+    assert!(
+        share.join(".t").exists(),
+        "the sync in between sent the source"
+    );
+    assert!(
+        o.resolve(Path::new(".t")).is_err(),
+        "the source's name shows nothing"
+    );
+    let r = run_sync(&o, &opts, SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+    assert!(!share.join(".t").exists(), "the sent source is deleted");
+    assert_eq!(std::fs::read(share.join(".s")).expect(".s"), b"saved\n");
+}

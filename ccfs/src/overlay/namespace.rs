@@ -49,8 +49,22 @@ impl Overlay {
     /// cache hides the share's name (a deletion made here), or while a sync of this mount
     /// runs (it may change the share there).
     pub(super) fn look_before_lock(&self, rel: &Path) -> ShareLook {
+        self.look_before_lock_unless(rel, |_| false)
+    }
+
+    /// [`Overlay::look_before_lock`], not asked either where `needless` says (under the
+    /// lock) that the change will not need the answer.
+    pub(super) fn look_before_lock_unless(
+        &self,
+        rel: &Path,
+        needless: impl FnOnce(&OverlayState) -> bool,
+    ) -> ShareLook {
         let syncs = self.syncs_started.load(Ordering::SeqCst);
-        let seen = if self.sync_running.load(Ordering::SeqCst) || self.lock().state.hidden(rel) {
+        let skip = self.sync_running.load(Ordering::SeqCst) || {
+            let inner = self.lock();
+            inner.state.hidden(rel) || needless(&inner.state)
+        };
+        let seen = if skip {
             None
         } else {
             self.share.stat(rel).ok()
@@ -68,6 +82,24 @@ impl Overlay {
         let unchanged = !self.sync_running.load(Ordering::SeqCst)
             && self.syncs_started.load(Ordering::SeqCst) == look.syncs;
         look.seen.filter(|_| unchanged)
+    }
+
+    /// What the share holds at the cached path `rel` for the merged view (nothing where a
+    /// deletion made here hides it): `look`'s answer if it still stands, else the share's
+    /// now (see [`Overlay::lower_meta`]).
+    fn lower_meta_looked(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        look: ShareLook,
+    ) -> io::Result<Option<Stat>> {
+        if inner.state.hidden(rel) {
+            return Ok(None);
+        }
+        match self.still_stands(look) {
+            Some(seen) => Ok(seen),
+            None => self.lower_meta(inner, rel),
+        }
     }
 
     /// Whether the cached path `rel` is free for a new object: the cache has nothing there
@@ -362,13 +394,6 @@ impl Overlay {
         found
     }
 
-    /// Whether a deleted cached path needs a whiteout: the share has it, or a sync running
-    /// now may put it there.
-    pub(super) fn needs_whiteout(&self, inner: &Inner, rel: &Path) -> io::Result<bool> {
-        Ok(self.lower_meta(inner, rel)?.is_some()
-            || (self.sync_running.load(Ordering::Acquire) && inner.state.is_dirty(rel)))
-    }
-
     pub fn unlink(&self, parent: &Path, name: &OsStr) -> FsResult<()> {
         self.remove(parent, name, false)
     }
@@ -389,6 +414,11 @@ impl Overlay {
             }
             return Ok(());
         }
+        // What the share holds there, asked before the lock (a cached path only).
+        let look = match self.policy.classify(&rel) {
+            PathClass::Cached => self.look_before_lock(&rel),
+            _ => ShareLook::none(),
+        };
         let mut inner = self.lock();
         let found = self.resolve_locked(&inner, &rel)?;
         if dir && !found.meta.is_dir() {
@@ -417,7 +447,7 @@ impl Overlay {
         // What the share holds there: seen already when the name was found only there.
         let share_now = match found.layer {
             Layer::Lower if !dir => Some(found.meta),
-            _ => self.lower_meta(&inner, &rel)?,
+            _ => self.lower_meta_looked(&inner, &rel, look)?,
         };
         let whiteout = share_now.is_some()
             || (self.sync_running.load(Ordering::Acquire) && inner.state.is_dirty(&rel));
@@ -493,6 +523,10 @@ impl Overlay {
             inner.touched.insert(to);
             return Ok(());
         }
+        // What the share holds at both names, asked before the lock: the source (is there
+        // a share copy to hide?), the target unless the cache took it over already.
+        let look_from = self.look_before_lock(&from);
+        let look_to = self.look_before_lock_unless(&to, |state| state.taken_over(&to));
         let mut inner = self.lock();
         let src = self.resolve_locked(&inner, &from)?;
         self.check_parent(&inner, to_parent)?;
@@ -529,7 +563,7 @@ impl Overlay {
                 (false, false) => {}
             }
         }
-        let src_on_share = self.lower_meta(&inner, &from)?;
+        let src_on_share = self.lower_meta_looked(&inner, &from, look_from)?;
         if src.meta.is_dir() && src_on_share.as_ref().is_some_and(|m| m.is_dir()) {
             return Err(errno(libc::EXDEV));
         }
@@ -537,7 +571,11 @@ impl Overlay {
             self.copy_up(&mut inner, &from, true, ctx)?;
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
-        let whiteout_from = self.needs_whiteout(&inner, &from)?;
+        // A whiteout where the share has the source, or a sync running now may put it
+        // there; from the look above (a copy-up changes neither the share nor what hides
+        // it).
+        let whiteout_from = src_on_share.is_some()
+            || (self.sync_running.load(Ordering::Acquire) && inner.state.is_dirty(&from));
         let below = self.upper_below(&from)?;
         // A directory moved while a sync runs may be on its way to the share, with what
         // was below it: the old names stay hidden each on its own, so that a directory
@@ -562,7 +600,8 @@ impl Overlay {
         // Take-overs first: the target (what the user replaces there), and every path that
         // moves below it.
         let mut records: Vec<Record> = Vec::new();
-        records.extend(self.take_over(&inner, &to)?);
+        let seen_to = self.still_stands(look_to);
+        records.extend(self.take_over_seen(&inner, &to, seen_to.as_ref().map(Option::as_ref))?);
         for there in &moved {
             records.extend(self.take_over(&inner, there)?);
         }
