@@ -52,6 +52,31 @@ impl Overlay {
         }
     }
 
+    /// [`Overlay::resolve_locked`], with what the share held at `rel` when asked before
+    /// the lock (see [`Overlay::look_before_lock`]): used for a cached path that only the
+    /// share has, if it still stands.
+    pub(super) fn resolve_looked(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        look: ShareLook,
+    ) -> FsResult<Found> {
+        if self.policy.classify(rel) != PathClass::Cached {
+            return self.resolve_locked(inner, rel);
+        }
+        if let Some(meta) = self.upper_lookup(rel)? {
+            return Ok(self.found(rel, Layer::Upper, meta));
+        }
+        if inner.state.hidden(rel) || is_sync_holding(rel) {
+            return Err(FsError::enoent());
+        }
+        let meta = match self.still_stands(look) {
+            Some(seen) => seen,
+            None => self.share.stat(rel)?,
+        };
+        Ok(self.found(rel, Layer::Lower, meta.ok_or_else(FsError::enoent)?))
+    }
+
     /// Checks that `parent` is a directory in the merged view (a stale node may not be).
     /// Gives what it found (its attributes serve a new object's group, its layer whether
     /// the cache has a copy of it).

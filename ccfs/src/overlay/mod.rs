@@ -75,7 +75,7 @@ pub struct Deferral {
 
 /// What the share held at a name, asked without the overlay's lock (see
 /// [`Overlay::look_before_lock`]), and how many syncs had started then.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct ShareLook {
     syncs: u64,
     /// None: not asked, or the share did not answer.

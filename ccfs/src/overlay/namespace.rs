@@ -78,7 +78,7 @@ impl Overlay {
     /// started since it was asked, and none runs. Another workstation's change meanwhile
     /// is a change after the look, as it would be after a look under the lock: the sync
     /// finds the share changed from the base it recorded.
-    fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
+    pub(super) fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
         let unchanged = !self.sync_running.load(Ordering::SeqCst)
             && self.syncs_started.load(Ordering::SeqCst) == look.syncs;
         look.seen.filter(|_| unchanged)
@@ -420,7 +420,7 @@ impl Overlay {
             _ => ShareLook::none(),
         };
         let mut inner = self.lock();
-        let found = self.resolve_locked(&inner, &rel)?;
+        let found = self.resolve_looked(&inner, &rel, look.clone())?;
         if dir && !found.meta.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
@@ -528,9 +528,9 @@ impl Overlay {
         let look_from = self.look_before_lock(&from);
         let look_to = self.look_before_lock_unless(&to, |state| state.taken_over(&to));
         let mut inner = self.lock();
-        let src = self.resolve_locked(&inner, &from)?;
+        let src = self.resolve_looked(&inner, &from, look_from.clone())?;
         self.check_parent(&inner, to_parent)?;
-        let dst = self.resolve_locked(&inner, &to).ok();
+        let dst = self.resolve_looked(&inner, &to, look_to.clone()).ok();
         if from == to {
             return Ok(());
         }
