@@ -1311,10 +1311,17 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     );
     *live = true;
     report_ready();
-    session.run()?;
-    if let Some(m) = user_mount.as_mut() {
-        // The session ended with the unmount: nothing is left to detach.
-        m.attached = false;
+    // A session that ended with an error (a request the FUSE library could not read, a
+    // failed read of the device) ends the mount all the same: what the cache holds is
+    // synced as at any logout, not left for the next login's recovery.
+    match session.run() {
+        Ok(()) => {
+            if let Some(m) = user_mount.as_mut() {
+                // The session ended with the unmount: nothing is left to detach.
+                m.attached = false;
+            }
+        }
+        Err(e) => tracing::error!("the FUSE session ended with an error: {e}"),
     }
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");

@@ -1235,15 +1235,22 @@ fn a_dotfile_closed_after_a_lazy_unmount_is_synced_and_the_logout_succeeds() {
         drop(f);
         wait_until("the daemon's exit", Duration::from_secs(60), || !alive(pid));
         m.abandon();
+        let log = || fs::read_to_string(fx.cache.join("ccfs.log")).unwrap_or_default();
         // The logout's own account first: what it says is the failure's explanation.
-        let last = read_json(&fx.cache.join("last-sync.json"));
+        let report = fx.cache.join("last-sync.json");
+        assert!(
+            report.exists(),
+            "round {round}: the daemon ended without a logout report; its log:\n{}",
+            log()
+        );
+        let last = read_json(&report);
         let cached = fs::read_to_string(fx.cache.join("upper").join(&name)).ok();
         assert_eq!(
             fs::read_to_string(fx.s(&name)).ok().as_deref(),
             Some("before the unmount\nafter it\n"),
             "round {round}: the share's {name}; the cache holds {cached:?}; the logout said \
              {last}; the daemon's log:\n{}",
-            fs::read_to_string(fx.cache.join("ccfs.log")).unwrap_or_default()
+            log()
         );
         assert_eq!(last["ok"], true, "round {round}: {last}");
         assert_eq!(
