@@ -39,16 +39,7 @@ impl Overlay {
                 let meta = self.upper_stat(rel)?.ok_or_else(FsError::enoent)?;
                 Ok(self.found(rel, Layer::Upper, meta))
             }
-            PathClass::Cached => {
-                if let Some(meta) = self.upper_lookup(rel)? {
-                    return Ok(self.found(rel, Layer::Upper, meta));
-                }
-                if inner.state.hidden(rel) || is_sync_holding(rel) {
-                    return Err(FsError::enoent());
-                }
-                let meta = self.share.stat(rel)?.ok_or_else(FsError::enoent)?;
-                Ok(self.found(rel, Layer::Lower, meta))
-            }
+            PathClass::Cached => self.resolve_looked(inner, rel, ShareLook::none()),
         }
     }
 
@@ -70,10 +61,7 @@ impl Overlay {
         if inner.state.hidden(rel) || is_sync_holding(rel) {
             return Err(FsError::enoent());
         }
-        let meta = match self.still_stands(look) {
-            Some(seen) => seen,
-            None => self.share.stat(rel)?,
-        };
+        let meta = self.share_stat_looked(rel, look)?;
         Ok(self.found(rel, Layer::Lower, meta.ok_or_else(FsError::enoent)?))
     }
 

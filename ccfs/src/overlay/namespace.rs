@@ -78,10 +78,23 @@ impl Overlay {
     /// started since it was asked, and none runs. Another workstation's change meanwhile
     /// is a change after the look, as it would be after a look under the lock: the sync
     /// finds the share changed from the base it recorded.
-    pub(super) fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
+    fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
         let unchanged = !self.sync_running.load(Ordering::SeqCst)
             && self.syncs_started.load(Ordering::SeqCst) == look.syncs;
         look.seen.filter(|_| unchanged)
+    }
+
+    /// What the share holds at `rel`: `look`'s answer if it still stands, else the
+    /// share's now.
+    pub(super) fn share_stat_looked(
+        &self,
+        rel: &Path,
+        look: ShareLook,
+    ) -> io::Result<Option<Stat>> {
+        match self.still_stands(look) {
+            Some(seen) => Ok(seen),
+            None => self.share.stat(rel),
+        }
     }
 
     /// What the share holds at the cached path `rel` for the merged view (nothing where a
@@ -96,10 +109,7 @@ impl Overlay {
         if inner.state.hidden(rel) {
             return Ok(None);
         }
-        match self.still_stands(look) {
-            Some(seen) => Ok(seen),
-            None => self.lower_meta(inner, rel),
-        }
+        self.share_stat_looked(rel, look)
     }
 
     /// Whether the cached path `rel` is free for a new object: the cache has nothing there
@@ -119,11 +129,7 @@ impl Overlay {
         if inner.state.hidden(rel) {
             return Ok(false);
         }
-        let share_now = match self.still_stands(look) {
-            Some(seen) => Ok(seen),
-            None => self.share.stat(rel),
-        };
-        match share_now {
+        match self.share_stat_looked(rel, look) {
             Ok(Some(_)) => Err(errno(libc::EEXIST)),
             Ok(None) => Ok(true),
             // The share does not answer: the name is free only where this session took
