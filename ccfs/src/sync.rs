@@ -2,7 +2,7 @@
 //! paths to the share, then applies the recorded deletions.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -437,6 +437,24 @@ pub fn run_rsync(
         return Ok((partial, Some(format!("rsync was killed by signal {sig}"))));
     }
     let code = out.status.code().unwrap_or(-1);
+    if code == 23 && fed.is_ok() {
+        if let Some(names) = default_acl_misses(&out.stderr) {
+            if names
+                .iter()
+                .all(|n| files.contains(n) && source_is_not_a_directory(upper, n))
+            {
+                // rsync 3.5 asks for the default ACL of a directory it found on the share
+                // after it replaced it by a hard link to a file it sent: only directories
+                // have one, and a file sent in its place has none to lose. The settle
+                // still checks every file against rsync's report.
+                tracing::warn!(
+                    "rsync exit 23 for the default ACL of what is no longer a directory: {}",
+                    tail(&out.stderr, 4)
+                );
+                return Ok((partial, None));
+            }
+        }
+    }
     if code != 0 {
         return Ok((
             partial,
@@ -450,6 +468,33 @@ pub fn run_rsync(
         ));
     }
     Ok((Transfer::Complete, None))
+}
+
+/// The paths named when every error line rsync wrote (beside its exit-23 summary) is its
+/// failure to read the default ACL of a path on the share that is no longer a directory
+/// (`sys_acl_get_file` answers EACCES for a non-directory); None when any other line is.
+fn default_acl_misses(stderr: &[u8]) -> Option<Vec<PathBuf>> {
+    const MISS: (&[u8], &[u8]) = (
+        b"rsync: [generator] get_acl: sys_acl_get_file(",
+        b", ACL_TYPE_DEFAULT): Permission denied (13)",
+    );
+    const SUMMARY: &[u8] = b"rsync error: some files/attrs were not transferred ";
+    let mut names = Vec::new();
+    for line in stderr.split(|b| *b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) || line.starts_with(SUMMARY) {
+            continue;
+        }
+        let name = line.strip_prefix(MISS.0)?.strip_suffix(MISS.1)?;
+        names.push(PathBuf::from(OsStr::from_bytes(name)));
+    }
+    (!names.is_empty()).then_some(names)
+}
+
+/// Is the cache's `rel`, which rsync read as its source, something other than a directory
+/// (so rsync had no default ACL to set there)? No when it cannot be told.
+fn source_is_not_a_directory(upper: &Path, rel: &Path) -> bool {
+    // A type check only: nothing is opened or changed, whatever the user made the path.
+    std::fs::symlink_metadata(upper.join(rel)).is_ok_and(|m| !m.is_dir())
 }
 
 /// Sends what the journal says the cache has and the share lacks, after checking each path
@@ -739,6 +784,30 @@ mod tests {
         let (t, why) = run_rsync(&o, &upper, &share, &files).expect("rsync");
         assert!(why.is_some_and(|w| w.contains("exit 23")));
         assert_eq!(t, Transfer::Reported(want));
+    }
+
+    #[test]
+    fn only_default_acl_misses_on_their_own_pass() {
+        let miss = |n: &str| {
+            format!("rsync: [generator] get_acl: sys_acl_get_file({n}, ACL_TYPE_DEFAULT): Permission denied (13)\n")
+        };
+        let summary = "rsync error: some files/attrs were not transferred (see previous errors) (code 23) at main.c(1394) [sender=3.5.0]\n";
+        let both = format!("{}{}{summary}", miss(".c/e"), miss(".d/x y"));
+        assert_eq!(
+            default_acl_misses(both.as_bytes()),
+            Some(vec![PathBuf::from(".c/e"), PathBuf::from(".d/x y")])
+        );
+        // Any other error, or an access ACL, or another errno: not this case.
+        let other = format!(
+            "{}rsync: [receiver] mkstemp \".c/f\" failed: No space left on device (28)\n{summary}",
+            miss(".c/e")
+        );
+        assert_eq!(default_acl_misses(other.as_bytes()), None);
+        let access = miss(".c/e").replace("DEFAULT", "ACCESS");
+        assert_eq!(default_acl_misses(access.as_bytes()), None);
+        let errno = miss(".c/e").replace("Permission denied (13)", "Input/output error (5)");
+        assert_eq!(default_acl_misses(errno.as_bytes()), None);
+        assert_eq!(default_acl_misses(summary.as_bytes()), None);
     }
 
     #[test]

@@ -321,6 +321,11 @@ struct World {
     host: String,
     /// A different old mtime for each backdated file.
     backdates: i64,
+    /// Every mtime a write gave a file so far. The model tells versions apart by a stamp
+    /// of its own, and ccfs (like rsync) by size and mtime: two writes within one tick of
+    /// the kernel's coarse clock would share an mtime that the model's stamps tell apart,
+    /// so a write that gets an mtime already given has it moved on by a microsecond.
+    mtimes: std::cell::RefCell<BTreeSet<(i64, i64)>>,
     tmp: tempfile::TempDir,
 }
 
@@ -361,6 +366,7 @@ impl World {
             skew,
             host: ccfs::sync::hostname(),
             backdates: 0,
+            mtimes: Default::default(),
             tmp,
         }
     }
@@ -641,7 +647,35 @@ impl World {
             o.setattr(&ctx(), p, set, None)
                 .expect("set this clock's mtime");
         }
+        let meta = o.resolve(p).expect("the file just written").meta;
+        if let Some((secs, nsecs)) = self.unused_mtime(meta.mtime()) {
+            let t = SetTime::At { secs, nsecs };
+            let set = SetAttr {
+                mtime: Some(t),
+                ..Default::default()
+            };
+            o.setattr(&ctx(), p, set, None)
+                .expect("set an unused mtime");
+        }
         true
+    }
+
+    /// None when no write gave `t` yet (it is taken now), else the first mtime after it
+    /// that none did (taken now).
+    fn unused_mtime(&self, t: (i64, i64)) -> Option<(i64, i64)> {
+        let mut used = self.mtimes.borrow_mut();
+        if used.insert(t) {
+            return None;
+        }
+        let mut next = t;
+        while used.contains(&next) {
+            next.1 += 1000;
+            if next.1 >= 1_000_000_000 {
+                next = (next.0 + 1, next.1 - 1_000_000_000);
+            }
+        }
+        used.insert(next);
+        Some(next)
     }
 
     fn remove(&self, w: usize, p: &Path, dir: bool) -> bool {
@@ -886,6 +920,12 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             let data = vec![b % 3; usize::from(b % 4)];
             fs::write(&at, &data).expect("write on the share");
             fs::set_permissions(&at, fs::Permissions::from_mode(0o644)).expect("chmod");
+            let m = fs::symlink_metadata(&at).expect("stat on the share");
+            if let Some(t) = world.unused_mtime((m.mtime(), m.mtime_nsec())) {
+                let f = fs::File::options().write(true).open(&at).expect("open");
+                f.set_modified(UNIX_EPOCH + Duration::new(t.0 as u64, t.1 as u32))
+                    .expect("set the mtime");
+            }
             let stamp = model.stamp();
             model.put_on_share(
                 p,
