@@ -8,7 +8,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use ccfs::overlay::{Ctx, Layer, Overlay, SetAttr};
 use ccfs::policy::Policy;
@@ -470,6 +470,41 @@ fn a_failed_rsync_clears_nothing() {
     assert!(!env.share.join(".f").exists());
     env.sync(&o, SyncMode::Session);
     assert_eq!(fs::read(env.share.join(".f")).expect("r"), b"data");
+}
+
+/// Two share files of one size with one mtime (written in one tick of the kernel's coarse
+/// clock, or copied with their times), one renamed over the other here, then a sync whose
+/// rsync fails before it sends anything or reports: the share's old file there is not
+/// taken for the transfer (it would be marked sent and the source deleted on the share,
+/// and the renamed file's content lost).
+#[test]
+fn a_failed_sync_takes_no_same_size_same_mtime_file_for_its_transfer() {
+    let env = Env::new();
+    fs::create_dir(env.share.join(".c")).expect("mkdir");
+    let t = fs::FileTimes::new()
+        .set_accessed(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        .set_modified(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+    for (name, data) in [(".c/b", b"old"), (".c/e", b"new")] {
+        fs::write(env.share.join(name), data).expect("write");
+        let f = fs::File::options()
+            .write(true)
+            .open(env.share.join(name))
+            .expect("open");
+        f.set_times(t).expect("times");
+    }
+    let o = env.overlay();
+    rename_path(&o, Path::new(".c/e"), Path::new(".c/b")).expect("rename");
+    let mut opts = env.rsync();
+    opts.extra_args = vec!["--no-such-rsync-option".into()];
+    let r = run_sync(&o, &opts, SyncMode::Session).expect("the sync runs");
+    assert!(!r.ok, "{r:?}");
+    assert_eq!(r.not_sent, vec![PathBuf::from(".c/b")], "{r:?}");
+    assert_eq!(r.remaining_deletions, 1, "{r:?}");
+    assert_eq!(fs::read(env.share.join(".c/e")).expect("r"), b"new");
+    assert_eq!(read_file(&o, ".c/b"), b"new");
+    env.sync(&o, SyncMode::Session);
+    assert_eq!(fs::read(env.share.join(".c/b")).expect("r"), b"new");
+    assert!(!env.share.join(".c/e").exists());
 }
 
 #[test]

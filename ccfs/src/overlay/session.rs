@@ -1077,7 +1077,14 @@ impl Overlay {
                 Transfer::Reported(listed) => {
                     is_reported_transfer(t, ours.as_ref(), base, listed.get(p).copied())
                 }
-                Transfer::Incomplete => is_our_transfer(t, ours.as_ref(), *s),
+                // The share's file still the very object the conflict check found there
+                // (rsync puts a new file in place; a directory it changes in place): not
+                // ours, whatever its size and mtime (a file of the same size written in
+                // the same tick as the one renamed over it here).
+                Transfer::Incomplete => {
+                    !(t.is_file() && base == Some(share_id_of(t)))
+                        && is_our_transfer(t, ours.as_ref(), *s)
+                }
             });
             if ok {
                 records.push(Record::Base(p.clone(), theirs.as_ref().map(share_id_of)));
