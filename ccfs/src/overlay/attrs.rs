@@ -18,7 +18,7 @@ impl Overlay {
         } else {
             None
         };
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[rel]);
         let mut found = match (self.resolve_locked(&inner, rel), file) {
             (Ok(f), _) => f,
             (Err(e), Some(f)) if e.errno() == libc::ENOENT => {
@@ -124,7 +124,7 @@ impl Overlay {
             return Ok(self.place(Layer::Share, rel));
         }
         let prepared = self.prepare_copy_up(rel);
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[rel]);
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
             self.copy_up_of(&mut inner, rel, true, ctx, None, prepared)?;

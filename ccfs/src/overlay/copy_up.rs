@@ -235,7 +235,7 @@ impl Overlay {
             return None;
         }
         {
-            let inner = self.lock();
+            let inner = self.lock_for(&[rel]);
             if inner.state.hidden(rel) || !matches!(self.upper_stat(rel), Ok(None)) {
                 return None;
             }

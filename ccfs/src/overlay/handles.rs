@@ -17,7 +17,7 @@ impl Overlay {
             } else {
                 self.prepare_copy_up(rel)
             };
-            let mut inner = self.lock();
+            let mut inner = self.lock_for(&[rel]);
             self.copy_up_of(&mut inner, rel, !truncating, ctx, None, prepared)?;
             return self.open_upper(inner, rel, flags);
         }
@@ -75,7 +75,7 @@ impl Overlay {
         } else {
             self.prepare_copy_up(rel)
         };
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[rel]);
         let bound = if self.upper_stat(rel)?.is_some() {
             inner
                 .state
@@ -93,7 +93,7 @@ impl Overlay {
     /// Whether the cache has no say on `rel` (not in the upper layer, not deleted); when
     /// it has none, whether the cache took `rel` over in this session.
     pub(super) fn share_only(&self, rel: &Path) -> FsResult<Option<bool>> {
-        let inner = self.lock();
+        let inner = self.lock_for(&[rel]);
         let say = self.upper_stat(rel)?.is_some() || inner.state.hidden(rel);
         Ok((!say).then(|| inner.state.taken_over(rel)))
     }
@@ -152,7 +152,7 @@ impl Overlay {
             Err(e) if matches!(e.errno(), libc::ENOENT | libc::ENOTDIR) => None,
             Err(e) => return Err(e),
         };
-        let inner = self.lock();
+        let inner = self.lock_for(&[rel]);
         let same = |f: &Found| (f.meta.dev(), f.meta.ino()) == d.object;
         Ok(match found {
             Some(f) if f.layer == Layer::Lower && same(&f) => Binding::Share,
@@ -194,7 +194,7 @@ impl Overlay {
         d: Deferral,
         flags: i32,
     ) -> FsResult<Option<(File, Option<u64>)>> {
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[rel]);
         if self.upper_stat(rel)?.is_some()
             || inner.state.hidden(rel)
             || self.replaced_here(&inner, rel, d)?
@@ -254,7 +254,8 @@ impl Overlay {
 
     /// A writable handle on a cache file was closed.
     pub fn release_writer(&self, ino: u64) {
-        let mut inner = self.lock();
+        // Counts per inode, no name: nothing under way needs to end first.
+        let mut inner = self.lock_any();
         if let Some(n) = inner.writers.get_mut(&ino) {
             *n -= 1;
             if *n == 0 {

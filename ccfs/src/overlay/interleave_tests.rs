@@ -12,6 +12,15 @@ type Hook = Box<dyn FnMut(&Overlay)>;
 thread_local! {
     static AFTER_LOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_SYNC_LOOKS: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AT_DURABLE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called where a change waits for its journal records, without the overlay's lock: the
+/// test's wait there, if one is set (taken, so it runs once).
+pub(super) fn at_durable(o: &Overlay) {
+    if let Some(mut waiting) = AT_DURABLE.with(|h| h.borrow_mut().take()) {
+        waiting(o);
+    }
 }
 
 /// Called once a sync looked at the files it hands over (the overlay's lock held: the
@@ -221,4 +230,78 @@ fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand
     assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
     assert!(!share.join(".t").exists(), "the sent source is deleted");
     assert_eq!(std::fs::read(share.join(".s")).expect(".s"), b"saved\n");
+}
+
+/// A save by rename whose write-ahead record waits for the disk holds up only what
+/// concerns its two names: a create in another directory goes on meanwhile, while a look
+/// at the target and a sync wait for the rename to end, and then see the new file there
+/// (never the state and the cache disagreeing on the name).
+#[test]
+fn a_rename_waiting_for_its_records_holds_up_its_names_only() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(share.join(".d1")).expect("share");
+    std::fs::create_dir_all(share.join(".d2")).expect("share");
+    std::fs::write(share.join(".d1/.s"), "old\n").expect("share file");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let d1 = Path::new(".d1");
+    let (_, mut f, _) = o
+        .create(&ctx(), d1, OsStr::new(".t"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"new\n").expect("write");
+    drop(f);
+    let new_ino = o.resolve(&d1.join(".t")).expect("the new file").meta.ino();
+    let opts = rsync(&share);
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let o = &o;
+        let renaming = s.spawn(move || {
+            AT_DURABLE.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                    reached_tx.send(()).expect("reached");
+                    release_rx.recv().expect("released");
+                }))
+            });
+            o.rename(&ctx(), d1, OsStr::new(".t"), d1, OsStr::new(".s"), 0)
+        });
+        reached
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the rename waits for its record");
+        // Meanwhile: a create elsewhere is answered.
+        let (made_tx, made) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let r = o.create(
+                &ctx(),
+                Path::new(".d2"),
+                OsStr::new(".x"),
+                0o644,
+                libc::O_WRONLY,
+            );
+            made_tx.send(r.map(|_| ())).expect("made");
+        });
+        let created = made.recv_timeout(Duration::from_secs(60));
+        // A look at the target, and a sync, started now.
+        let looking = s.spawn(move || o.resolve(&d1.join(".s")).map(|f| f.meta.ino()));
+        let syncing = s.spawn(|| run_sync(o, &opts, SyncMode::Session));
+        std::thread::sleep(Duration::from_millis(200));
+        let held_up = (!looking.is_finished(), !syncing.is_finished());
+        release.send(()).expect("release");
+        renaming.join().expect("rename thread").expect("rename");
+        assert!(
+            matches!(created, Ok(Ok(()))),
+            "a create in another directory waited for the rename: {created:?}"
+        );
+        assert_eq!(held_up, (true, true), "(look, sync) held up by the rename");
+        let seen = looking.join().expect("look thread").expect("look");
+        assert_eq!(seen, new_ino, "the look saw the target before the rename");
+        let r = syncing.join().expect("sync thread").expect("sync");
+        assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+    });
+    assert_eq!(
+        std::fs::read_to_string(share.join(".d1/.s")).expect("on the share"),
+        "new\n"
+    );
+    assert!(!share.join(".d1/.t").exists());
 }

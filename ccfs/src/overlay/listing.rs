@@ -16,7 +16,7 @@ impl Overlay {
         let share_visible = match class {
             PathClass::LocalOnly => false,
             PathClass::Passthrough => true,
-            PathClass::Cached => !self.lock().state.hidden(rel),
+            PathClass::Cached => !self.lock_for(&[rel]).state.hidden(rel),
         };
         let share_names = if share_visible {
             match self.list_share(rel) {
@@ -28,7 +28,7 @@ impl Overlay {
             Vec::new()
         };
         let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
-        let inner = self.lock();
+        let inner = self.lock_for(&[rel]);
         let visible = share_names.into_iter().filter(|(name, _)| {
             let child = rel.join(name);
             match self.policy.classify(&child) {
@@ -85,7 +85,7 @@ impl Overlay {
         let share_visible = match class {
             PathClass::LocalOnly => false,
             PathClass::Passthrough => true,
-            PathClass::Cached => !self.lock().state.hidden(rel),
+            PathClass::Cached => !self.lock_for(&[rel]).state.hidden(rel),
         };
         let share = if share_visible {
             self.share.stat(rel)?.map(|m| m.version())

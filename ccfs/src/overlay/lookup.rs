@@ -83,7 +83,7 @@ impl Overlay {
             // No overlay state is involved: no lock held while the share answers.
             PathClass::Passthrough => self.resolve_share(rel),
             PathClass::LocalOnly => {
-                let inner = self.lock();
+                let inner = self.lock_for(&[rel]);
                 self.resolve_locked(&inner, rel)
             }
             PathClass::Cached => {
@@ -98,7 +98,7 @@ impl Overlay {
                     Ok(None)
                 };
                 let looked = {
-                    let inner = self.lock();
+                    let inner = self.lock_for(&[rel]);
                     if let Some(found) = said(&inner)? {
                         return Ok(found);
                     }
@@ -110,7 +110,7 @@ impl Overlay {
                 // took the lock since the look.
                 let meta = self.share.stat(rel)?;
                 if self.holds_now() != looked {
-                    if let Some(found) = said(&self.lock())? {
+                    if let Some(found) = said(&self.lock_for(&[rel]))? {
                         return Ok(found);
                     }
                 }

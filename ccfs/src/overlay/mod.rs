@@ -165,6 +165,11 @@ pub struct Inner {
     writers: HashMap<u64, usize>,
     /// Cache inodes whose writable handle was closed since the last sync snapshot.
     released: HashSet<u64>,
+    /// Names whose change is under way without the lock (see [`InFlight`]).
+    in_flight: Vec<PathBuf>,
+    /// Takers of [`Overlay::lock`] waiting for every change under way to end: no new
+    /// change starts meanwhile (a sync is not starved by changes that overlap).
+    draining: usize,
 }
 
 impl Inner {
@@ -183,6 +188,8 @@ pub struct Overlay {
     upper_abs: PathBuf,
     policy: Policy,
     inner: Mutex<Inner>,
+    /// Signalled when a change under way lets go of its names (see [`InFlight`]).
+    settled: std::sync::Condvar,
     tmp_seq: AtomicU64,
     /// Asks the share for its root's attributes on a thread of its own (see
     /// [`Overlay::share_root`]).
@@ -203,6 +210,48 @@ pub struct Overlay {
     /// path (its objects, whiteouts) happens under it, so a reader that sees this count
     /// unchanged since its look knows that nothing changed meanwhile.
     holds: AtomicU64,
+}
+
+/// A change whose write-ahead records wait for the disk, and whose change to the cache
+/// follows, without the overlay's lock: other changes go on meanwhile (one `fdatasync`
+/// serves them all, see [`Overlay::durable`]). Its names are reserved until it ends: the
+/// state has its records and the cache is not changed yet, so whoever needs the two to
+/// agree on one of the names, a directory above them or a name below them waits
+/// ([`Overlay::lock_for`]); a sync, a listing of the root, and every other use of
+/// [`Overlay::lock`] wait for all. Lock order: a change reserves its names under the lock
+/// and waits for nothing else while it holds them.
+pub(super) struct InFlight<'a> {
+    overlay: &'a Overlay,
+    names: Vec<PathBuf>,
+}
+
+impl InFlight<'_> {
+    /// The change is done: its names are free again (under the lock it finishes with).
+    pub(super) fn end(mut self, inner: &mut Inner) {
+        Self::free(inner, std::mem::take(&mut self.names));
+        self.overlay.settled.notify_all();
+    }
+
+    fn free(inner: &mut Inner, names: Vec<PathBuf>) {
+        for n in names {
+            if let Some(i) = inner.in_flight.iter().position(|r| *r == n) {
+                inner.in_flight.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    /// A change that failed on its way: its names are freed all the same.
+    fn drop(&mut self) {
+        if self.names.is_empty() {
+            return;
+        }
+        let mut inner = self.overlay.lock_any();
+        Self::free(&mut inner, std::mem::take(&mut self.names));
+        drop(inner);
+        self.overlay.settled.notify_all();
+    }
 }
 
 fn is_not_supported(e: &io::Error) -> bool {
@@ -350,7 +399,10 @@ impl Overlay {
                 touched: HashSet::new(),
                 writers: HashMap::new(),
                 released: HashSet::new(),
+                in_flight: Vec::new(),
+                draining: 0,
             }),
+            settled: std::sync::Condvar::new(),
             tmp_seq: AtomicU64::new(0),
             root_look,
             as_root: sys::geteuid() == 0,
@@ -424,10 +476,57 @@ impl Overlay {
         &self.policy
     }
 
+    /// The lock, once no change is under way without it (see [`InFlight`]): the state and
+    /// the cache then agree on every name.
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.lock_for(&[Path::new("")])
+    }
+
+    /// The lock, once no change under way without it (see [`InFlight`]) is of one of
+    /// `names`, of a directory above one, or of a name below one: the state and the cache
+    /// then agree on all of them, while changes to other names go on.
+    pub(super) fn lock_for(&self, names: &[&Path]) -> MutexGuard<'_, Inner> {
+        let all = names.iter().any(|n| n.as_os_str().is_empty());
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let busy = |inner: &Inner| {
+            inner
+                .in_flight
+                .iter()
+                .any(|r| names.iter().any(|n| r.starts_with(n) || n.starts_with(r)))
+        };
+        if all && busy(&inner) {
+            inner.draining += 1;
+            while busy(&inner) {
+                inner = self.settled.wait(inner).unwrap_or_else(|e| e.into_inner());
+            }
+            inner.draining -= 1;
+            // Those that waited for this one to get through may go on.
+            self.settled.notify_all();
+        } else {
+            while busy(&inner) || (!all && inner.draining > 0) {
+                inner = self.settled.wait(inner).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        inner
+    }
+
+    /// The lock whatever is under way: for what concerns no name (writers' accounting),
+    /// and for the change under way itself (see [`InFlight`]).
+    pub(super) fn lock_any(&self) -> MutexGuard<'_, Inner> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         self.holds.fetch_add(1, Ordering::SeqCst);
         inner
+    }
+
+    /// Reserves `names` for a change that goes on without the lock (see [`InFlight`]).
+    /// The caller took the lock with [`Overlay::lock_for`] on the same names.
+    pub(super) fn in_flight(&self, inner: &mut Inner, names: Vec<PathBuf>) -> InFlight<'_> {
+        inner.in_flight.extend(names.iter().cloned());
+        InFlight {
+            overlay: self,
+            names,
+        }
     }
 
     /// The count of holds of the lock so far (see [`Overlay::holds`]): read while holding
@@ -488,6 +587,8 @@ impl Overlay {
     fn durable(&self, t: Ticket) -> FsResult<()> {
         #[cfg(test)]
         crash_tests::at_crash_point(self);
+        #[cfg(test)]
+        interleave_tests::at_durable(self);
         self.durability.wait(t).map_err(FsError::Journal)
     }
 

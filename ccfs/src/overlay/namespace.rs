@@ -61,7 +61,7 @@ impl Overlay {
     ) -> ShareLook {
         let syncs = self.syncs_started.load(Ordering::SeqCst);
         let skip = self.sync_running.load(Ordering::SeqCst) || {
-            let inner = self.lock();
+            let inner = self.lock_for(&[rel]);
             inner.state.hidden(rel) || needless(&inner.state)
         };
         let seen = if skip {
@@ -169,7 +169,7 @@ impl Overlay {
             PathClass::Cached => self.look_before_lock(&rel),
             _ => ShareLook::none(),
         };
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[&rel]);
         let dir = self.check_parent(&inner, parent)?;
         // The parent's cache copy, made if it has none yet (with the share's attributes).
         let ensure_dir = |inner: &Inner| match dir.layer {
@@ -285,7 +285,7 @@ impl Overlay {
         let writer =
             if found.layer == Layer::Upper && self.policy.classify(&rel) == PathClass::Cached {
                 let ino = found.meta.ino();
-                *self.lock().writers.entry(ino).or_insert(0) += 1;
+                *self.lock_any().writers.entry(ino).or_insert(0) += 1;
                 Some(ino)
             } else {
                 None
@@ -350,7 +350,7 @@ impl Overlay {
             PathClass::Cached => self.look_before_lock(&rel),
             _ => ShareLook::none(),
         };
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[src, &rel]);
         self.check_parent(&inner, parent)?;
         match class {
             PathClass::Cached => {
@@ -425,7 +425,7 @@ impl Overlay {
             PathClass::Cached => self.look_before_lock(&rel),
             _ => ShareLook::none(),
         };
-        let mut inner = self.lock();
+        let mut inner = self.lock_for(&[&rel]);
         let found = self.resolve_looked(&inner, &rel, look.clone())?;
         if dir && !found.meta.is_dir() {
             return Err(errno(libc::ENOTDIR));
@@ -448,7 +448,7 @@ impl Overlay {
             if !self.readdir(&rel)?.is_empty() {
                 return Err(errno(libc::ENOTEMPTY));
             }
-            inner = self.lock();
+            inner = self.lock_for(&[&rel]);
         }
         // What the share holds there: seen already when the name was found only there.
         let share_now = match found.layer {
@@ -472,28 +472,33 @@ impl Overlay {
         // cache's (a change made here, also through another name of a hard link). Where
         // the share has nothing there, it is enough that the record is on disk before the
         // answer: the crash then leaves the name as it was, or gone.
-        let removed = if whiteout {
-            self.record(&mut inner, &records)?;
-            None
-        } else {
-            Some(self.record_deferred(&mut inner, &records)?)
-        };
         let in_cache = match found.layer {
             Layer::Upper if !dir => true,
             _ => self.upper_stat(&rel)?.is_some(),
         };
-        if in_cache {
-            if dir {
-                self.cache.rmdir(&up(&rel))?;
-            } else {
-                self.cache.unlink(&up(&rel))?;
+        let remove_cached = || -> FsResult<()> {
+            if in_cache {
+                if dir {
+                    self.cache.rmdir(&up(&rel))?;
+                } else {
+                    self.cache.unlink(&up(&rel))?;
+                }
             }
+            Ok(())
+        };
+        let removed = self.record_deferred(&mut inner, &records)?;
+        if !whiteout {
+            remove_cached()?;
+            drop(inner);
+            return self.durable(removed);
         }
+        // The record reaches the disk, and the cache changes, without the lock.
+        let flight = self.in_flight(&mut inner, vec![rel.clone()]);
         drop(inner);
-        match removed {
-            Some(t) => self.durable(t),
-            None => Ok(()),
-        }
+        self.durable(removed)?;
+        remove_cached()?;
+        flight.end(&mut self.lock_any());
+        Ok(())
     }
 
     /// Renames within one class. Directories that exist on the share cannot be renamed
@@ -523,7 +528,7 @@ impl Overlay {
             return Ok(());
         }
         if class == PathClass::LocalOnly {
-            let mut inner = self.lock();
+            let mut inner = self.lock_for(&[&from, &to]);
             self.ensure_upper_dir(&inner, to_parent, ctx)?;
             self.cache.rename(&up(&from), &up(&to), flags)?;
             inner.touched.insert(to);
@@ -533,7 +538,8 @@ impl Overlay {
         // a share copy to hide?), the target unless the cache took it over already.
         let look_from = self.look_before_lock(&from);
         let look_to = self.look_before_lock_unless(&to, |state| state.taken_over(&to));
-        let mut inner = self.lock();
+        let names = [from.as_path(), to.as_path()];
+        let mut inner = self.lock_for(&names);
         let src = self.resolve_looked(&inner, &from, look_from.clone())?;
         self.check_parent(&inner, to_parent)?;
         let dst = self.resolve_looked(&inner, &to, look_to.clone()).ok();
@@ -564,7 +570,7 @@ impl Overlay {
                     if !self.readdir(&to)?.is_empty() {
                         return Err(errno(libc::ENOTEMPTY));
                     }
-                    inner = self.lock();
+                    inner = self.lock_for(&names);
                 }
                 (false, false) => {}
             }
@@ -631,13 +637,20 @@ impl Overlay {
                 .filter(|r| !matches!(r, Record::Dirty(p) if inner.state.is_dirty(p)))
                 .cloned(),
         );
-        if records.is_empty() {
-            let pending = self.written(&mut inner)?;
-            self.durable(pending)?;
+        let ahead = if records.is_empty() {
+            self.written(&mut inner)?
         } else {
-            self.record(&mut inner, &records)?;
-        }
+            self.record_deferred(&mut inner, &records)?
+        };
+        // Noted for a sync now, while the names are reserved: a sync that ends before the
+        // cache's rename (it waits for it) must not take the target for what it sent.
+        inner.touched.insert(to.clone());
+        // The records reach the disk, and the cache changes, without the lock.
+        let flight = self.in_flight(&mut inner, vec![from.clone(), to.clone()]);
+        drop(inner);
+        self.durable(ahead)?;
         self.cache.rename(&up(&from), &up(&to), 0)?;
+        let mut inner = self.lock_any();
         let mut records = vec![Record::Rename {
             from: from.clone(),
             to: to.clone(),
@@ -655,10 +668,10 @@ impl Overlay {
         records.extend(dirty);
         // On disk before the answer; the cache's rename may come first: a crash between
         // leaves the write-ahead records, which send the new name.
-        let renamed = self.record_deferred(&mut inner, &records)?;
-        inner.touched.insert(to);
+        let renamed = self.record_deferred(&mut inner, &records);
+        flight.end(&mut inner);
         drop(inner);
-        self.durable(renamed)
+        self.durable(renamed?)
     }
 
     /// Every path the cache holds strictly below `rel` (nothing for a file).
