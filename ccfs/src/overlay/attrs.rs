@@ -29,7 +29,9 @@ impl Overlay {
         };
         let mut marked = None;
         if self.policy.classify(rel) == PathClass::Cached {
-            self.copy_up_of(&mut inner, rel, keep_data, ctx, None, prepared)?;
+            inner = self
+                .copy_up_of(inner, &[rel], rel, keep_data, ctx, None, prepared)?
+                .0;
             marked = Some(self.mark_dirty(&mut inner, rel)?);
             found = self.resolve_locked(&inner, rel)?;
         }
@@ -124,10 +126,10 @@ impl Overlay {
             return Ok(self.place(Layer::Share, rel));
         }
         let prepared = self.prepare_copy_up(rel);
-        let mut inner = self.lock_for(&[rel]);
+        let inner = self.lock_for(&[rel]);
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
-            self.copy_up_of(&mut inner, rel, true, ctx, None, prepared)?;
+            let (mut inner, _) = self.copy_up_of(inner, &[rel], rel, true, ctx, None, prepared)?;
             let marked = self.mark_dirty(&mut inner, rel)?;
             drop(inner);
             // Marked on disk before the attribute changes (a crash between loses only

@@ -135,12 +135,18 @@ impl Overlay {
     /// The cache copy of a read-only directory has the mode the user gave it (it is what the
     /// sync sends), and the daemon, which is the user without privileges, may not write
     /// there: the owner's write bit is added for the moment of `f` and the mode put back.
-    /// Nobody else can use the moment: the cache is the user's, 0700.
+    /// Nobody else can use the moment: the cache is the user's, 0700. A copy-up puts its
+    /// copy in place without the overlay's lock: the moments are taken one at a time (two
+    /// in one directory would each put back the mode the other changed).
     pub(super) fn with_write_access<T>(
         &self,
         dir: &Path,
         f: impl FnOnce() -> io::Result<T>,
     ) -> io::Result<T> {
+        if self.as_root {
+            return f();
+        }
+        let _moment = self.write_access.lock().unwrap_or_else(|e| e.into_inner());
         let locked = match self.cache.stat(dir)? {
             Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
                 Some(m.mode() & 0o7777)
@@ -191,6 +197,14 @@ impl Overlay {
         rel: &Path,
         meta: &Stat,
     ) -> FsResult<()> {
+        let records = self.copy_up_records(inner, rel, meta)?;
+        self.record(inner, &records)?;
+        self.copied_up(inner, rel);
+        Ok(())
+    }
+
+    /// The records of [`Overlay::journal_copy_up`].
+    fn copy_up_records(&self, inner: &Inner, rel: &Path, meta: &Stat) -> FsResult<Vec<Record>> {
         let mut records = vec![Record::Origin(
             rel.to_path_buf(),
             Origin {
@@ -206,22 +220,27 @@ impl Overlay {
         }
         records.extend(self.database_base(inner, rel)?);
         records.push(Record::Dirty(rel.to_path_buf()));
-        self.record(inner, &records)?;
-        inner.touched.insert(rel.to_path_buf());
-        self.copy_ups.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        Ok(records)
     }
 
-    /// Copies one cached path up from the share, if it is not in the cache yet.
-    pub(super) fn copy_up(
-        &self,
-        inner: &mut Inner,
+    /// Noted once a copy-up's records are written: for the sync, and for deferred handles.
+    fn copied_up(&self, inner: &mut Inner, rel: &Path) {
+        inner.touched.insert(rel.to_path_buf());
+        self.copy_ups.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Copies one cached path up from the share, if it is not in the cache yet (see
+    /// [`Overlay::copy_up_of`]).
+    pub(super) fn copy_up<'a>(
+        &'a self,
+        inner: MutexGuard<'a, Inner>,
+        held: &[&Path],
         rel: &Path,
         with_data: bool,
         ctx: &Ctx,
-    ) -> FsResult<()> {
-        self.copy_up_of(inner, rel, with_data, ctx, None, None)
-            .map(|_| ())
+    ) -> FsResult<MutexGuard<'a, Inner>> {
+        self.copy_up_of(inner, held, rel, with_data, ctx, None, None)
+            .map(|(inner, _)| inner)
     }
 
     /// The copy of the share's regular file at cached path `rel`, with its data, made in
@@ -269,45 +288,60 @@ impl Overlay {
     ///
     /// With `prepared` (see [`Overlay::prepare_copy_up`]): that copy is put in place when
     /// the share still has the version it was made from, and dropped otherwise.
-    pub(super) fn copy_up_of(
-        &self,
-        inner: &mut Inner,
+    ///
+    /// `inner` was taken with [`Overlay::lock_for`] on `held` (which includes `rel`): the
+    /// records reach the disk and the copy is made and put in place without the lock, the
+    /// names reserved meanwhile (see [`InFlight`]); the lock is given back taken again.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_up_of<'a>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner>,
+        held: &[&Path],
         rel: &Path,
         with_data: bool,
         ctx: &Ctx,
         object: Option<(u64, u64)>,
         prepared: Option<Prepared<'_>>,
-    ) -> FsResult<bool> {
+    ) -> FsResult<(MutexGuard<'a, Inner>, bool)> {
         if self.upper_stat(rel)?.is_some() {
-            return Ok(true);
+            return Ok((inner, true));
         }
-        let meta = match (self.lower_meta(inner, rel)?, object) {
-            (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok(false),
+        let meta = match (self.lower_meta(&inner, rel)?, object) {
+            (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok((inner, false)),
             (Some(m), _) => m,
-            (None, Some(_)) => return Ok(false),
+            (None, Some(_)) => return Ok((inner, false)),
             (None, None) => return Err(FsError::enoent()),
         };
         if let Some(parent) = rel.parent() {
-            self.ensure_upper_dir(inner, parent, ctx)?;
+            self.ensure_upper_dir(&inner, parent, ctx)?;
         }
         let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
-        self.journal_copy_up(inner, rel, &meta)?;
+        // Write-ahead: the records on disk before the copy is in place.
+        let records = self.copy_up_records(&inner, rel, &meta)?;
+        let ahead = self.record_deferred(&mut inner, &records)?;
+        self.copied_up(&mut inner, rel);
+        let flight = self.in_flight(&mut inner, held.iter().map(|p| p.to_path_buf()).collect());
+        drop(inner);
+        self.durable(ahead)?;
         let dst = up(rel);
-        if let Some(p) = ready {
-            p.install(self, &dst)?;
-            tracing::debug!(path = %rel.display(), "copied up (prepared)");
-            return Ok(true);
-        }
-        let tmp = self.tmp_rel();
-        let result = self
-            .copy_object(rel, &meta, &tmp, with_data)
-            .and_then(|()| self.install_synced(&tmp, &dst));
-        if let Err(e) = result {
-            let _ = remove_tree(&self.cache, &tmp);
-            return Err(e.into());
-        }
+        let placed = match ready {
+            Some(p) => p.install(self, &dst),
+            None => {
+                let tmp = self.tmp_rel();
+                let result = self
+                    .copy_object(rel, &meta, &tmp, with_data)
+                    .and_then(|()| self.install_synced(&tmp, &dst));
+                if result.is_err() {
+                    let _ = remove_tree(&self.cache, &tmp);
+                }
+                result
+            }
+        };
+        let mut inner = self.lock_any();
+        flight.end(&mut inner);
+        placed?;
         tracing::debug!(path = %rel.display(), "copied up");
-        Ok(true)
+        Ok((inner, true))
     }
 
     /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.

@@ -17,8 +17,9 @@ impl Overlay {
             } else {
                 self.prepare_copy_up(rel)
             };
-            let mut inner = self.lock_for(&[rel]);
-            self.copy_up_of(&mut inner, rel, !truncating, ctx, None, prepared)?;
+            let inner = self.lock_for(&[rel]);
+            let (inner, _) =
+                self.copy_up_of(inner, &[rel], rel, !truncating, ctx, None, prepared)?;
             return self.open_upper(inner, rel, flags);
         }
         if class == PathClass::Passthrough {
@@ -82,7 +83,17 @@ impl Overlay {
                 .origin(rel)
                 .is_some_and(|o| (o.dev, o.ino) == d.object)
         } else {
-            self.copy_up_of(&mut inner, rel, !truncating, ctx, Some(d.object), prepared)?
+            let copied = self.copy_up_of(
+                inner,
+                &[rel],
+                rel,
+                !truncating,
+                ctx,
+                Some(d.object),
+                prepared,
+            )?;
+            inner = copied.0;
+            copied.1
         };
         if !bound {
             return Ok(None);

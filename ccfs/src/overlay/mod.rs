@@ -190,6 +190,8 @@ pub struct Overlay {
     inner: Mutex<Inner>,
     /// Signalled when a change under way lets go of its names (see [`InFlight`]).
     settled: std::sync::Condvar,
+    /// See [`Overlay::with_write_access`].
+    write_access: Mutex<()>,
     tmp_seq: AtomicU64,
     /// Asks the share for its root's attributes on a thread of its own (see
     /// [`Overlay::share_root`]).
@@ -403,6 +405,7 @@ impl Overlay {
                 draining: 0,
             }),
             settled: std::sync::Condvar::new(),
+            write_access: Mutex::new(()),
             tmp_seq: AtomicU64::new(0),
             root_look,
             as_root: sys::geteuid() == 0,

@@ -373,7 +373,7 @@ impl Overlay {
                 if self.resolve_locked(&inner, src)?.meta.is_dir() {
                     return Err(errno(libc::EPERM));
                 }
-                self.copy_up(&mut inner, src, true, ctx)?;
+                inner = self.copy_up(inner, &[src, &rel], src, true, ctx)?;
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let _ = self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
@@ -580,7 +580,7 @@ impl Overlay {
             return Err(errno(libc::EXDEV));
         }
         if src.layer == Layer::Lower {
-            self.copy_up(&mut inner, &from, true, ctx)?;
+            inner = self.copy_up(inner, &names, &from, true, ctx)?;
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
         // A whiteout where the share has the source, or a sync running now may put it
