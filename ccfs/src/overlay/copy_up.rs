@@ -11,6 +11,10 @@ pub(super) struct Prepared<'a> {
     cache: &'a Root,
     tmp: PathBuf,
     meta: Stat,
+    /// Syncs of this mount started before the share's file was opened: its attributes
+    /// serve as the copy-up's look at the share if none started since (see
+    /// [`Overlay::look_before_lock`]).
+    syncs: u64,
 }
 
 impl Prepared<'_> {
@@ -259,6 +263,7 @@ impl Overlay {
                 return None;
             }
         }
+        let syncs = self.syncs_started.load(Ordering::SeqCst);
         let input = self.share.open_file(rel, libc::O_RDONLY, 0).ok()?;
         let meta = sys::fstat(&input).ok()?;
         if !meta.is_file() {
@@ -278,6 +283,7 @@ impl Overlay {
             cache: &self.cache,
             tmp,
             meta,
+            syncs,
         };
         // Not whole: dropped (and removed).
         matches!(made, Ok(true)).then_some(prepared)
@@ -306,7 +312,23 @@ impl Overlay {
         if self.upper_stat(rel)?.is_some() {
             return Ok((inner, true));
         }
-        let meta = match (self.lower_meta(&inner, rel)?, object) {
+        // The share's version: the prepared copy's if that look still stands (no share
+        // look under the lock), else asked now.
+        let looked = prepared
+            .as_ref()
+            .filter(|_| with_data && !inner.state.hidden(rel))
+            .and_then(|p| {
+                self.still_stands(ShareLook {
+                    syncs: p.syncs,
+                    seen: Some(Some(p.meta)),
+                })
+            })
+            .flatten();
+        let share_now = match looked {
+            Some(m) => Some(m),
+            None => self.lower_meta(&inner, rel)?,
+        };
+        let meta = match (share_now, object) {
             (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok((inner, false)),
             (Some(m), _) => m,
             (None, Some(_)) => return Ok((inner, false)),
@@ -318,11 +340,11 @@ impl Overlay {
         let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
         // Write-ahead: the records on disk before the copy is in place.
         let records = self.copy_up_records(&inner, rel, &meta)?;
-        let ahead = self.record_deferred(&mut inner, &records)?;
+        let names = held.iter().map(|p| p.to_path_buf()).collect();
+        let flight = self.in_flight(&mut inner, names, records)?;
         self.copied_up(&mut inner, rel);
-        let flight = self.in_flight(&mut inner, held.iter().map(|p| p.to_path_buf()).collect());
         drop(inner);
-        self.durable(ahead)?;
+        let flight = flight.durable()?;
         let dst = up(rel);
         let placed = match ready {
             Some(p) => p.install(self, &dst),

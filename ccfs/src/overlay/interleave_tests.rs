@@ -305,3 +305,133 @@ fn a_rename_waiting_for_its_records_holds_up_its_names_only() {
     );
     assert!(!share.join(".d1/.t").exists());
 }
+
+/// The content of `rel` through the overlay, if it opens.
+fn view_of(o: &Overlay, rel: &str) -> Option<Vec<u8>> {
+    o.open(&ctx(), Path::new(rel), libc::O_RDONLY)
+        .ok()
+        .map(|(mut f, _)| {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut v).expect("read");
+            v
+        })
+}
+
+/// Runs `change` with the journal's next `fdatasync` failing (EIO) on this thread.
+fn with_failing_fdatasync<T>(change: impl FnOnce() -> T) -> T {
+    AT_DURABLE.with(|h| {
+        *h.borrow_mut() = Some(Box::new(|o: &Overlay| {
+            o.durability.fail_for_test(libc::EIO);
+        }))
+    });
+    let out = change();
+    AT_DURABLE.with(|h| *h.borrow_mut() = None);
+    out
+}
+
+/// A share file edited here, then an unlink whose write-ahead record cannot be made
+/// durable (the journal's fdatasync fails): the unlink fails and changes nothing. The
+/// file keeps the edit in the view, at logout on the share, and at the next login; and
+/// after a crash (another change rewrote the journal meanwhile) the recovery sends it.
+#[test]
+fn an_unlink_whose_record_fails_to_reach_the_disk_changes_nothing() {
+    for crash in [false, true] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+        std::fs::create_dir_all(&share).expect("share");
+        std::fs::create_dir_all(&cache).expect("cache");
+        std::fs::write(share.join(".x"), "old\n").expect("share file");
+        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+        let root = Path::new("");
+        let (mut f, writer) = o
+            .open(&ctx(), Path::new(".x"), libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open");
+        std::io::Write::write_all(&mut f, b"edit\n").expect("write");
+        drop(f);
+        if let Some(ino) = writer {
+            o.release_writer(ino);
+        }
+        let r = with_failing_fdatasync(|| o.unlink(root, OsStr::new(".x")));
+        assert!(r.is_err(), "crash {crash}: the unlink fails");
+        assert_eq!(view_of(&o, ".x").as_deref(), Some(&b"edit\n"[..]));
+        {
+            let inner = o.lock();
+            assert!(!inner.state.is_whiteout(Path::new(".x")), "crash {crash}");
+            assert!(inner.state.is_dirty(Path::new(".x")), "crash {crash}");
+        }
+        let mode = if crash {
+            // A later change rewrites the journal; then the daemon dies.
+            let (_, f, w) = o
+                .create(&ctx(), root, OsStr::new(".other"), 0o644, libc::O_WRONLY)
+                .expect("a create after the failure");
+            drop(f);
+            if let Some(ino) = w {
+                o.release_writer(ino);
+            }
+            drop(o);
+            SyncMode::Recover
+        } else {
+            let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+            assert!(r.ok && r.deleted == 0, "{r:?}");
+            drop(o);
+            SyncMode::Logout
+        };
+        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
+        assert_eq!(
+            view_of(&o, ".x").as_deref(),
+            Some(&b"edit\n"[..]),
+            "{mode:?}"
+        );
+        let r = run_sync(&o, &rsync(&share), mode).expect("sync");
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            std::fs::read(share.join(".x")).expect("on the share"),
+            b"edit\n"
+        );
+    }
+}
+
+/// A save by rename and a copy-up whose write-ahead records cannot be made durable fail
+/// and change nothing: the names show what they showed, and the logout sends that.
+#[test]
+fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(&share).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    std::fs::write(share.join(".s"), "saved\n").expect("share file");
+    std::fs::write(share.join(".k"), "kept\n").expect("share file");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let root = Path::new("");
+    let (_, mut f, w) = o
+        .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"new\n").expect("write");
+    drop(f);
+    if let Some(ino) = w {
+        o.release_writer(ino);
+    }
+    let r = with_failing_fdatasync(|| {
+        o.rename(&ctx(), root, OsStr::new(".t"), root, OsStr::new(".s"), 0)
+    });
+    assert!(r.is_err(), "the rename fails");
+    assert_eq!(view_of(&o, ".t").as_deref(), Some(&b"new\n"[..]));
+    assert_eq!(view_of(&o, ".s").as_deref(), Some(&b"saved\n"[..]));
+    let r = with_failing_fdatasync(|| o.open(&ctx(), Path::new(".k"), libc::O_WRONLY));
+    assert!(r.is_err(), "the open that copies up fails");
+    {
+        let inner = o.lock();
+        assert!(!inner.state.taken_over(Path::new(".s")));
+        assert!(!inner.state.is_dirty(Path::new(".k")));
+        assert!(!inner.state.taken_over(Path::new(".k")));
+    }
+    assert!(o.upper_stat(Path::new(".k")).expect("stat").is_none());
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+    for (name, data) in [(".t", "new\n"), (".s", "saved\n"), (".k", "kept\n")] {
+        assert_eq!(
+            std::fs::read_to_string(share.join(name)).expect("on the share"),
+            data
+        );
+    }
+}

@@ -167,6 +167,11 @@ pub struct Inner {
     released: HashSet<u64>,
     /// Names whose change is under way without the lock (see [`InFlight`]).
     in_flight: Vec<PathBuf>,
+    /// The write-ahead records of changes under way, written to the journal and not yet
+    /// in the state (they join it once on disk), by change.
+    ahead: HashMap<u64, Vec<Record>>,
+    /// Numbers the changes under way.
+    flights: u64,
     /// Takers of [`Overlay::lock`] waiting for every change under way to end: no new
     /// change starts meanwhile (a sync is not starved by changes that overlap).
     draining: usize,
@@ -216,20 +221,57 @@ pub struct Overlay {
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
 /// follows, without the overlay's lock: other changes go on meanwhile (one `fdatasync`
-/// serves them all, see [`Overlay::durable`]). Its names are reserved until it ends: the
-/// state has its records and the cache is not changed yet, so whoever needs the two to
-/// agree on one of the names, a directory above them or a name below them waits
-/// ([`Overlay::lock_for`]); a sync, a listing of the root, and every other use of
-/// [`Overlay::lock`] wait for all. Lock order: a change reserves its names under the lock
-/// and waits for nothing else while it holds them.
+/// serves them all, see [`Overlay::durable`]). Its records are in the journal, not yet in
+/// the state (they join it once on disk: a change whose records did not reach the disk
+/// did not happen), and its names are reserved until it ends: whoever needs the state
+/// and the cache to agree on one of the names, a directory above them or a name below
+/// them waits ([`Overlay::lock_for`]); a sync, a listing of the root, and every other use
+/// of [`Overlay::lock`] wait for all. Lock order: a change reserves its names under the
+/// lock and waits for nothing else while it holds them.
 pub(super) struct InFlight<'a> {
     overlay: &'a Overlay,
     names: Vec<PathBuf>,
+    /// Its records waiting for the disk (in [`Inner::ahead`]), and the journal's ticket.
+    id: u64,
+    ticket: Option<Ticket>,
+    /// Ended, or given up.
+    done: bool,
 }
 
 impl InFlight<'_> {
-    /// The change is done: its names are free again (under the lock it finishes with).
+    /// Waits without the lock until the change's records are on disk. When they cannot
+    /// be, the change is given up: its records never join the state (the journal, which
+    /// must be rewritten whole after a failed `fdatasync`, is rewritten now from the
+    /// state without them) and its names are freed.
+    pub(super) fn durable(mut self) -> FsResult<Self> {
+        let Some(t) = self.ticket.take() else {
+            return Ok(self);
+        };
+        match self.overlay.durable(t) {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                let mut inner = self.overlay.lock_any();
+                inner.ahead.remove(&self.id);
+                let _ = self.overlay.rewrite_if_needed(&mut inner);
+                self.finish(&mut inner);
+                Err(e)
+            }
+        }
+    }
+
+    /// The change is done (or failed after its records were on disk): the records join
+    /// the state, and the names are free again (under the lock it finishes with).
     pub(super) fn end(mut self, inner: &mut Inner) {
+        self.finish(inner);
+    }
+
+    fn finish(&mut self, inner: &mut Inner) {
+        self.done = true;
+        if let Some(records) = inner.ahead.remove(&self.id) {
+            for r in &records {
+                inner.state.apply(r);
+            }
+        }
         Self::free(inner, std::mem::take(&mut self.names));
         self.overlay.settled.notify_all();
     }
@@ -244,15 +286,13 @@ impl InFlight<'_> {
 }
 
 impl Drop for InFlight<'_> {
-    /// A change that failed on its way: its names are freed all the same.
+    /// A change that failed on its way after its records reached the disk: they join the
+    /// state all the same (the cache may be behind them: as after a crash there).
     fn drop(&mut self) {
-        if self.names.is_empty() {
-            return;
+        if !self.done {
+            let mut inner = self.overlay.lock_any();
+            self.finish(&mut inner);
         }
-        let mut inner = self.overlay.lock_any();
-        Self::free(&mut inner, std::mem::take(&mut self.names));
-        drop(inner);
-        self.overlay.settled.notify_all();
     }
 }
 
@@ -402,6 +442,8 @@ impl Overlay {
                 writers: HashMap::new(),
                 released: HashSet::new(),
                 in_flight: Vec::new(),
+                ahead: HashMap::new(),
+                flights: 0,
                 draining: 0,
             }),
             settled: std::sync::Condvar::new(),
@@ -522,14 +564,35 @@ impl Overlay {
         inner
     }
 
-    /// Reserves `names` for a change that goes on without the lock (see [`InFlight`]).
-    /// The caller took the lock with [`Overlay::lock_for`] on the same names.
-    pub(super) fn in_flight(&self, inner: &mut Inner, names: Vec<PathBuf>) -> InFlight<'_> {
+    /// Writes `records` (write-ahead: not in the state until they are on disk) and
+    /// reserves `names` for a change that goes on without the lock (see [`InFlight`]).
+    /// The caller took the lock with [`Overlay::lock_for`] on the same names. With no
+    /// records, the change waits for those written so far (a state it relied on).
+    pub(super) fn in_flight(
+        &self,
+        inner: &mut Inner,
+        names: Vec<PathBuf>,
+        records: Vec<Record>,
+    ) -> FsResult<InFlight<'_>> {
+        self.rewrite_if_needed(inner)?;
+        let ticket = if records.is_empty() {
+            inner.journal.written()
+        } else {
+            inner.journal.write(&records).map_err(FsError::Journal)?
+        };
+        inner.flights += 1;
+        let id = inner.flights;
+        if !records.is_empty() {
+            inner.ahead.insert(id, records);
+        }
         inner.in_flight.extend(names.iter().cloned());
-        InFlight {
+        Ok(InFlight {
             overlay: self,
             names,
-        }
+            id,
+            ticket: Some(ticket),
+            done: false,
+        })
     }
 
     /// The count of holds of the lock so far (see [`Overlay::holds`]): read while holding
@@ -579,10 +642,32 @@ impl Overlay {
     /// written), before anything else is added.
     fn rewrite_if_needed(&self, inner: &mut Inner) -> FsResult<()> {
         if inner.journal.needs_rewrite() {
-            let Inner { state, journal, .. } = inner;
-            journal.compact(state).map_err(FsError::Journal)?;
+            self.rewrite(inner)?;
         }
         Ok(())
+    }
+
+    /// The journal written whole: the state, and the write-ahead records of the changes
+    /// under way (written before, and counted on disk once the rewrite is).
+    fn rewrite(&self, inner: &mut Inner) -> FsResult<()> {
+        let Inner {
+            state,
+            journal,
+            ahead,
+            ..
+        } = inner;
+        let written = if ahead.is_empty() {
+            journal.compact(state)
+        } else {
+            let mut whole = state.clone();
+            let mut ids: Vec<&u64> = ahead.keys().collect();
+            ids.sort();
+            for r in ids.into_iter().flat_map(|id| &ahead[id]) {
+                whole.apply(r);
+            }
+            journal.compact(&whole)
+        };
+        written.map_err(FsError::Journal)
     }
 
     /// Waits, without the overlay's lock, until the journal has everything up to `t` on

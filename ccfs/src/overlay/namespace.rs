@@ -78,7 +78,7 @@ impl Overlay {
     /// started since it was asked, and none runs. Another workstation's change meanwhile
     /// is a change after the look, as it would be after a look under the lock: the sync
     /// finds the share changed from the base it recorded.
-    fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
+    pub(super) fn still_stands(&self, look: ShareLook) -> Option<Option<Stat>> {
         let unchanged = !self.sync_running.load(Ordering::SeqCst)
             && self.syncs_started.load(Ordering::SeqCst) == look.syncs;
         look.seen.filter(|_| unchanged)
@@ -486,16 +486,16 @@ impl Overlay {
             }
             Ok(())
         };
-        let removed = self.record_deferred(&mut inner, &records)?;
         if !whiteout {
+            let removed = self.record_deferred(&mut inner, &records)?;
             remove_cached()?;
             drop(inner);
             return self.durable(removed);
         }
-        // The record reaches the disk, and the cache changes, without the lock.
-        let flight = self.in_flight(&mut inner, vec![rel.clone()]);
+        // The records reach the disk, and the cache changes, without the lock.
+        let flight = self.in_flight(&mut inner, vec![rel.clone()], records)?;
         drop(inner);
-        self.durable(removed)?;
+        let flight = flight.durable()?;
         remove_cached()?;
         flight.end(&mut self.lock_any());
         Ok(())
@@ -637,20 +637,13 @@ impl Overlay {
                 .filter(|r| !matches!(r, Record::Dirty(p) if inner.state.is_dirty(p)))
                 .cloned(),
         );
-        let ahead = if records.is_empty() {
-            self.written(&mut inner)?
-        } else {
-            self.record_deferred(&mut inner, &records)?
-        };
-        // Noted for a sync now, while the names are reserved: a sync that ends before the
-        // cache's rename (it waits for it) must not take the target for what it sent.
-        inner.touched.insert(to.clone());
         // The records reach the disk, and the cache changes, without the lock.
-        let flight = self.in_flight(&mut inner, vec![from.clone(), to.clone()]);
+        let flight = self.in_flight(&mut inner, vec![from.clone(), to.clone()], records)?;
         drop(inner);
-        self.durable(ahead)?;
+        let flight = flight.durable()?;
         self.cache.rename(&up(&from), &up(&to), 0)?;
         let mut inner = self.lock_any();
+        flight.end(&mut inner);
         let mut records = vec![Record::Rename {
             from: from.clone(),
             to: to.clone(),
@@ -668,10 +661,10 @@ impl Overlay {
         records.extend(dirty);
         // On disk before the answer; the cache's rename may come first: a crash between
         // leaves the write-ahead records, which send the new name.
-        let renamed = self.record_deferred(&mut inner, &records);
-        flight.end(&mut inner);
+        let renamed = self.record_deferred(&mut inner, &records)?;
+        inner.touched.insert(to);
         drop(inner);
-        self.durable(renamed?)
+        self.durable(renamed)
     }
 
     /// Every path the cache holds strictly below `rel` (nothing for a file).

@@ -1196,8 +1196,7 @@ impl Overlay {
         for r in &keep {
             inner.state.apply(r);
         }
-        let super::Inner { state, journal, .. } = &mut *inner;
-        journal.compact(state).map_err(FsError::Journal)?;
+        self.rewrite(&mut inner)?;
         Ok(Emptied {
             dropped: kept.is_empty(),
             kept_open: kept,
@@ -1217,8 +1216,7 @@ impl Overlay {
     /// Rewrites the journal as a snapshot of the current state.
     pub fn compact(&self) -> FsResult<()> {
         let mut inner = self.lock();
-        let super::Inner { state, journal, .. } = &mut *inner;
-        journal.compact(state).map_err(FsError::Journal)
+        self.rewrite(&mut inner)
     }
 
     /// True when the journal holds work a sync must finish (dirty paths, deletions, or a
