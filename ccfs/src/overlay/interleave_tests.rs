@@ -435,3 +435,57 @@ fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
         );
     }
 }
+
+/// rsync writes each file it sends into a temporary `.NAME.XXXXXX` beside it first: while
+/// the sync runs, a cached directory's listing and lookups do not show the temporary files
+/// of the files this sync handed over (an `rm -rf` of the directory found it not empty);
+/// the same name for a file not handed over, or after the sync, is an ordinary name.
+#[test]
+fn rsyncs_temporary_files_are_not_shown_while_it_sends() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(share.join(".d")).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let d = Path::new(".d");
+    let (_, f, w) = o
+        .create(&ctx(), d, OsStr::new("x"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    drop(f);
+    if let Some(ino) = w {
+        o.release_writer(ino);
+    }
+    let names = |o: &Overlay| -> Vec<String> {
+        let mut v: Vec<String> = o
+            .readdir(d)
+            .expect("list")
+            .into_iter()
+            .map(|e| e.name.to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let session = o.begin_sync("host", "20261125T000000Z").expect("sync");
+    assert_eq!(session.files, vec![d.join("x")]);
+    // What rsync makes while it sends .d/x; and a user's file of the same shape.
+    std::fs::write(share.join(".d/.x.Ab3dE9"), "half").expect("temp");
+    std::fs::write(share.join(".d/.y.Ab3dE9"), "mine").expect("other");
+    assert_eq!(names(&o), vec![".y.Ab3dE9", "x"]);
+    assert!(o.resolve(&d.join(".x.Ab3dE9")).is_err());
+    assert!(o.resolve(&d.join(".y.Ab3dE9")).is_ok());
+    drop(session);
+    assert_eq!(names(&o), vec![".x.Ab3dE9", ".y.Ab3dE9", "x"]);
+    assert!(o.resolve(&d.join(".x.Ab3dE9")).is_ok());
+}
+
+#[test]
+fn rsync_temporary_names_are_told_by_shape() {
+    let of = |p: &str| rsync_temp_of(Path::new(p)).map(|p| p.display().to_string());
+    assert_eq!(of(".d/.x.Ab3dE9").as_deref(), Some(".d/x"));
+    assert_eq!(of("..bashrc.q1W2e3").as_deref(), Some(".bashrc"));
+    assert_eq!(of(".d/.x.Ab3d-9"), None);
+    assert_eq!(of(".d/x.Ab3dE9"), None);
+    assert_eq!(of(".d/..Ab3dE9"), None);
+    assert_eq!(of(".d/.x.Ab3dE"), None);
+    assert_eq!(of(".Ab3dE9"), None);
+}

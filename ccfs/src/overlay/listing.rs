@@ -33,7 +33,7 @@ impl Overlay {
             let child = rel.join(name);
             match self.policy.classify(&child) {
                 PathClass::LocalOnly => false,
-                PathClass::Cached => !(inner.state.hidden(&child) || is_sync_holding(&child)),
+                PathClass::Cached => !(inner.state.hidden(&child) || sync_holds(&inner, &child)),
                 PathClass::Passthrough => true,
             }
         });

@@ -172,6 +172,8 @@ pub struct Inner {
     ahead: HashMap<u64, Vec<Record>>,
     /// Numbers the changes under way.
     flights: u64,
+    /// The files the running sync handed to rsync (see [`sync_holds`]).
+    handed: HashSet<PathBuf>,
     /// Takers of [`Overlay::lock`] waiting for every change under way to end: no new
     /// change starts meanwhile (a sync is not starved by changes that overlap).
     draining: usize,
@@ -312,6 +314,30 @@ fn is_sync_holding(rel: &Path) -> bool {
         .is_some_and(|n| n == OsStr::new(crate::sync::PARTIAL_DIR))
 }
 
+/// Whether `rel` is a name a running sync's rsync holds a file under on the share: its
+/// holding directory, or the temporary file it writes a file this sync handed it into
+/// (`.NAME.XXXXXX` beside `NAME`, renamed into the holding directory once whole). Neither
+/// is the user's: a listing or a lookup of a cached directory does not show them (a
+/// program would see a file half written, an rmdir of a directory emptied here fail).
+fn sync_holds(inner: &Inner, rel: &Path) -> bool {
+    is_sync_holding(rel)
+        || (!inner.handed.is_empty()
+            && rsync_temp_of(rel).is_some_and(|of| inner.handed.contains(&of)))
+}
+
+/// The file `rel` would be rsync's temporary file of, by its name (`.NAME.XXXXXX`).
+fn rsync_temp_of(rel: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = rel.file_name()?.as_bytes();
+    let (head, tail) = name.split_at(name.len().checked_sub(7)?);
+    let of = head.strip_prefix(b".")?;
+    let random = tail.strip_prefix(b".")?;
+    if of.is_empty() || !random.iter().all(u8::is_ascii_alphanumeric) {
+        return None;
+    }
+    Some(rel.with_file_name(OsStr::from_bytes(of)))
+}
+
 /// `rel` inside the cache's upper layer, relative to the cache root.
 fn up(rel: &Path) -> PathBuf {
     if rel.as_os_str().is_empty() {
@@ -444,6 +470,7 @@ impl Overlay {
                 in_flight: Vec::new(),
                 ahead: HashMap::new(),
                 flights: 0,
+                handed: HashSet::new(),
                 draining: 0,
             }),
             settled: std::sync::Condvar::new(),

@@ -335,6 +335,7 @@ impl Overlay {
             .collect();
         session.versions = present.iter().map(|(_, m)| m.version()).collect();
         session.files = present.into_iter().map(|(p, _)| p).collect();
+        inner.handed = session.files.iter().cloned().collect();
         let mut deletions: Vec<PathBuf> = inner
             .state
             .whiteouts()
@@ -1333,6 +1334,7 @@ impl Drop for SyncSession<'_> {
                 tracing::warn!("cannot settle an unfinished sync: {e}");
             }
         }
+        self.overlay.lock_any().handed.clear();
         self.overlay.sync_running.store(false, Ordering::Release);
     }
 }
