@@ -1133,11 +1133,9 @@ proptest! {
 
 /// Regression (from the sessions model): a file chmod-ed after it was synced has the size
 /// and mtime the share already has; a sync whose rsync then fails before sending it must
-/// not take the share's copy for its own transfer and mark the chmod clean. (While the
-/// settle step does not compare permission bits, the reference accepts the limit too:
-/// `reference::Model::is_ours` and the promise check; both go with the rework.)
+/// not take the share's copy for its own transfer and mark the chmod clean: the share's
+/// copy is still the object the sync took as the base.
 #[test]
-#[ignore = "the mode check it needs made safety.rs kill -9 test flaky; being reworked"]
 fn model_regression_a_chmod_alone_is_not_marked_sent_by_a_failed_sync() {
     use model::Op::*;
     model::run_sessions(

@@ -770,8 +770,8 @@ impl World {
     }
 }
 
-/// A version the session holds to send: path, content, mode, and size and mtime.
-type Version = (PathBuf, Vec<u8>, u32, (u64, (i64, i64)));
+/// A version the session holds to send: path, content, mode.
+type Version = (PathBuf, Vec<u8>, u32);
 
 /// The design's promises around one sync, checked from what ccfs itself records (its
 /// journal's dirty paths and deletions, the cache's files), not from the model.
@@ -794,8 +794,7 @@ impl Promises {
             if let Ok(m) = fs::symlink_metadata(&at) {
                 if m.is_file() {
                     let data = fs::read(&at).expect("read the cache");
-                    let id = (m.len(), (m.mtime(), m.mtime_nsec()));
-                    versions.push((p.clone(), data, m.mode() & 0o7777, id));
+                    versions.push((p.clone(), data, m.mode() & 0o7777));
                 }
             }
         }
@@ -827,16 +826,9 @@ impl Promises {
             inner.state().is_dirty(p) && fs::read(o.upper().join(p)).is_ok_and(|d| d == data)
         };
         let cached = upper_files(o.upper());
-        for (p, data, mode, id) in &self.versions {
+        for (p, data, mode) in &self.versions {
             let want = Node::File(data.clone(), *mode);
-            // Known limit: after a failed rsync that reported no file, a chmod alone passes
-            // for sent when the share's copy has the content, size and mtime (see
-            // doc/SEMANTICS.md).
-            let chmod_taken_for_sent = matches!(after.get(p), Some(Node::File(d, _)) if d == data)
-                && fs::symlink_metadata(world.share.join(p))
-                    .is_ok_and(|m| (m.len(), (m.mtime(), m.mtime_nsec())) == *id);
             let on_share = after.get(p) == Some(&want)
-                || chmod_taken_for_sent
                 || after
                     .iter()
                     .any(|(c, n)| n == &want && is_set_aside(p, c, &world.host));

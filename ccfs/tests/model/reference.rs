@@ -649,14 +649,20 @@ impl Model {
     }
 
     /// Without rsync's report of what it sent: is the share's `theirs` our own transfer of
-    /// `ours`, handed over as `sent`? It has the size and mtime handed over, or the cache
-    /// copy's now (so a chmod alone, which changes neither, passes for sent: a known limit,
-    /// see doc/SEMANTICS.md).
-    fn is_ours(theirs: &Obj, ours: Option<&Obj>, sent: Option<(usize, u64)>) -> bool {
-        let Some(t) = theirs.tag() else {
-            return ours.is_some_and(|o| o.same_type(theirs));
+    /// `ours`, handed over as `sent`? Not while it is the very version taken as the base
+    /// (rsync puts a new file in place: a chmod alone, which changes neither size nor
+    /// mtime, is not taken for sent); else when it has the size and mtime handed over, or
+    /// the cache copy's now.
+    fn is_ours(
+        theirs: &ShareEntry,
+        base: Option<Ver>,
+        ours: Option<&Obj>,
+        sent: Option<(usize, u64)>,
+    ) -> bool {
+        let Some(t) = theirs.obj.tag() else {
+            return ours.is_some_and(|o| o.same_type(&theirs.obj));
         };
-        Some(t) == sent || ours.and_then(Obj::tag) == Some(t)
+        base != Some(theirs.ver) && (Some(t) == sent || ours.and_then(Obj::tag) == Some(t))
     }
 
     /// Moves our `p` (with all it holds) out of the way for a conflict copy; the share's
@@ -765,7 +771,8 @@ impl Model {
             let theirs = self.share.get(&p).cloned();
             let ours = self.ws[w].upper.get(&p).cloned();
             if let Some(t) = theirs {
-                if Self::is_ours(&t.obj, ours.as_ref(), sent) {
+                let base = self.ws[w].bases.get(&p).copied().flatten();
+                if Self::is_ours(&t, base, ours.as_ref(), sent) {
                     self.ws[w].bases.insert(p, Some(t.ver));
                 }
             }
@@ -982,7 +989,10 @@ impl Model {
                 (Some(t), _) if !reported.is_empty() && t.obj.tag().is_some() => {
                     reported.contains(p)
                 }
-                (Some(t), _) => Self::is_ours(&t.obj, self.ws[w].upper.get(p), *s),
+                (Some(t), _) => {
+                    let base = self.ws[w].bases.get(p).copied().flatten();
+                    Self::is_ours(t, base, self.ws[w].upper.get(p), *s)
+                }
                 (None, _) => false,
             };
             if landed {
