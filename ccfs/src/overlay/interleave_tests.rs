@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use super::test_support::{ctx, rsync};
+use super::test_support::{ctx, fresh, rsync, Fresh};
 use super::*;
 use crate::sync::{run_sync, SyncMode};
 
@@ -46,12 +46,12 @@ pub(super) fn after_share_look(o: &Overlay) {
 /// sent, no conflict.
 #[test]
 fn a_sync_between_a_creates_share_look_and_its_lock_does_not_make_the_look_stand() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(&share).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    std::fs::write(share.join(".x"), "the share's\n").expect("share file");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".x", "the share's\n")]);
     let root = Path::new("");
     let opts = rsync(&share);
     {
@@ -85,11 +85,12 @@ fn a_sync_between_a_creates_share_look_and_its_lock_does_not_make_the_look_stand
 /// sends the later version, with no conflict.
 #[test]
 fn a_version_written_after_the_syncs_look_and_sent_by_a_sync_cut_short_is_ours() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(&share).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = fresh(&[]);
     let root = Path::new("");
     let write = |o: &Overlay, data: &[u8]| {
         let (mut f, writer) = o
@@ -145,11 +146,12 @@ fn a_version_written_after_the_syncs_look_and_sent_by_a_sync_cut_short_is_ours()
 /// marked changed), which otherwise failed until another change wrote one.
 #[test]
 fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_succeeds() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(&share).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = fresh(&[]);
     let (_, f, writer) = o
         .create(
             &ctx(),
@@ -191,11 +193,12 @@ fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_su
 /// the next sync deletes the copy the first one sent.
 #[test]
 fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(&share).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[]);
     let root = Path::new("");
     let (_, mut f, writer) = o
         .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
@@ -238,13 +241,12 @@ fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand
 /// (never the state and the cache disagreeing on the name).
 #[test]
 fn a_rename_waiting_for_its_records_holds_up_its_names_only() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(share.join(".d1")).expect("share");
-    std::fs::create_dir_all(share.join(".d2")).expect("share");
-    std::fs::write(share.join(".d1/.s"), "old\n").expect("share file");
-    std::fs::create_dir_all(&cache).expect("cache");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".d1/", ""), (".d2/", ""), (".d1/.s", "old\n")]);
     let d1 = Path::new(".d1");
     let (_, mut f, _) = o
         .create(&ctx(), d1, OsStr::new(".t"), 0o644, libc::O_WRONLY)
@@ -336,12 +338,12 @@ fn with_failing_fdatasync<T>(change: impl FnOnce() -> T) -> T {
 #[test]
 fn an_unlink_whose_record_fails_to_reach_the_disk_changes_nothing() {
     for crash in [false, true] {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-        std::fs::create_dir_all(&share).expect("share");
-        std::fs::create_dir_all(&cache).expect("cache");
-        std::fs::write(share.join(".x"), "old\n").expect("share file");
-        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+        let Fresh {
+            _tmp,
+            share,
+            cache,
+            o,
+        } = fresh(&[(".x", "old\n")]);
         let root = Path::new("");
         let (mut f, writer) = o
             .open(&ctx(), Path::new(".x"), libc::O_WRONLY | libc::O_TRUNC)
@@ -395,13 +397,12 @@ fn an_unlink_whose_record_fails_to_reach_the_disk_changes_nothing() {
 /// and change nothing: the names show what they showed, and the logout sends that.
 #[test]
 fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(&share).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    std::fs::write(share.join(".s"), "saved\n").expect("share file");
-    std::fs::write(share.join(".k"), "kept\n").expect("share file");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".s", "saved\n"), (".k", "kept\n")]);
     let root = Path::new("");
     let (_, mut f, w) = o
         .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
@@ -442,11 +443,12 @@ fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
 /// the same name for a file not handed over, or after the sync, is an ordinary name.
 #[test]
 fn rsyncs_temporary_files_are_not_shown_while_it_sends() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
-    std::fs::create_dir_all(share.join(".d")).expect("share");
-    std::fs::create_dir_all(&cache).expect("cache");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".d/", "")]);
     let d = Path::new(".d");
     let (_, f, w) = o
         .create(&ctx(), d, OsStr::new("x"), 0o644, libc::O_WRONLY)

@@ -25,3 +25,32 @@ pub(super) fn rsync(share: &Path) -> RsyncOptions {
         hold_fd: None,
     }
 }
+
+/// A share holding `files` (path and content; a path ending in `/` is a directory) and an
+/// empty cache, in a temporary directory kept as long as this is; and their overlay.
+pub(super) struct Fresh {
+    pub _tmp: tempfile::TempDir,
+    pub share: PathBuf,
+    pub cache: PathBuf,
+    pub o: Overlay,
+}
+
+pub(super) fn fresh(files: &[(&str, &str)]) -> Fresh {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+    std::fs::create_dir_all(&share).expect("share");
+    std::fs::create_dir_all(&cache).expect("cache");
+    for (path, content) in files {
+        match path.strip_suffix('/') {
+            Some(dir) => std::fs::create_dir_all(share.join(dir)).expect("share directory"),
+            None => std::fs::write(share.join(path), content).expect("share file"),
+        }
+    }
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+    Fresh {
+        _tmp: tmp,
+        share,
+        cache,
+        o,
+    }
+}
