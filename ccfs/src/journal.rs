@@ -342,6 +342,11 @@ impl Durability {
         d
     }
 
+    /// Whether everything written up to `t` is on disk now (without waiting or syncing).
+    pub fn is_durable(&self, t: Ticket) -> bool {
+        lock_durable(&self.state).durable >= t.0
+    }
+
     /// Plays an `fdatasync` that failed (what [`Durability::wait`] records then).
     #[cfg(test)]
     pub fn fail_for_test(&self, errno: i32) {

@@ -33,7 +33,7 @@ pub(super) fn at_crash_point(o: &Overlay) {
 /// What a power cut leaves of the cache: a copy, with the journal cut where its durable
 /// records end. (The share is not copied: a copy would have other inode numbers and
 /// times, and the recovery would take it for another workstation's change.)
-fn power_cut(o: &Overlay, to: &Path) {
+pub(super) fn power_cut(o: &Overlay, to: &Path) {
     let cache = o.upper().parent().expect("cache dir");
     let st = Command::new("cp")
         .arg("-a")

@@ -13,6 +13,15 @@ thread_local! {
     static AFTER_LOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_SYNC_LOOKS: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AT_DURABLE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_CONFLICT_MOVE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once a sync moved our version of a conflict to its conflict name in the cache,
+/// before its last records: the test's power cut, if one is set (taken, so it runs once).
+pub(super) fn after_conflict_move(o: &Overlay) {
+    if let Some(mut cut) = AFTER_CONFLICT_MOVE.with(|h| h.borrow_mut().take()) {
+        cut(o);
+    }
 }
 
 /// Called where a change waits for its journal records, without the overlay's lock: the
@@ -490,4 +499,197 @@ fn rsync_temporary_names_are_told_by_shape() {
     assert_eq!(of(".d/..Ab3dE9"), None);
     assert_eq!(of(".d/.x.Ab3dE"), None);
     assert_eq!(of(".Ab3dE9"), None);
+}
+
+/// Writes `data` over the cached file `rel` through the overlay.
+fn write_over(o: &Overlay, rel: &str, data: &[u8]) {
+    let (mut f, writer) = o
+        .open(&ctx(), Path::new(rel), libc::O_WRONLY | libc::O_TRUNC)
+        .expect("open");
+    std::io::Write::write_all(&mut f, data).expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+}
+
+/// Two unlinks of share files edited here wait for one `fdatasync`, which fails. Whatever
+/// each answered holds after a crash: a file whose unlink failed keeps its edit, in the
+/// view and on the share after the recovery; one whose unlink succeeded stays deleted.
+/// (The journal is rewritten after the failure; a change whose records that rewrite
+/// wrote goes on, one whose records it left out fails.)
+#[test]
+fn two_changes_that_share_a_failed_fdatasync_each_hold_what_they_answered() {
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = fresh(&[(".x", "old x\n"), (".y", "old y\n")]);
+    let root = Path::new("");
+    write_over(&o, ".x", b"edit x\n");
+    write_over(&o, ".y", b"edit y\n");
+    let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
+    let (go_x, go_x_rx) = std::sync::mpsc::channel::<()>();
+    let (go_y, go_y_rx) = std::sync::mpsc::channel::<()>();
+    let answers = std::thread::scope(|s| {
+        let o = &o;
+        let unlink = |name: &'static str, go: std::sync::mpsc::Receiver<()>| {
+            let reached = reached_tx.clone();
+            s.spawn(move || {
+                AT_DURABLE.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                        reached.send(()).expect("reached");
+                        go.recv().expect("go");
+                    }))
+                });
+                o.unlink(root, OsStr::new(name)).is_ok()
+            })
+        };
+        let x = unlink(".x", go_x_rx);
+        let y = unlink(".y", go_y_rx);
+        reached.recv().expect("x or y");
+        reached.recv().expect("y or x");
+        // The fdatasync that serves both fails; both see it before either goes on.
+        let held = o.lock_any();
+        o.durability.fail_for_test(libc::EIO);
+        go_x.send(()).expect("go x");
+        go_y.send(()).expect("go y");
+        std::thread::sleep(Duration::from_millis(200));
+        drop(held);
+        [
+            (".x", x.join().expect("x"), "edit x\n"),
+            (".y", y.join().expect("y"), "edit y\n"),
+        ]
+    });
+    drop(o); // the daemon dies
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
+    let seen: Vec<Option<Vec<u8>>> = answers.iter().map(|(n, _, _)| view_of(&o, n)).collect();
+    let r = run_sync(&o, &rsync(&share), SyncMode::Recover).expect("recover");
+    assert!(r.ok, "{r:?}");
+    for ((name, removed, edit), seen) in answers.iter().zip(seen) {
+        let on_share = std::fs::read_to_string(share.join(name)).ok();
+        if *removed {
+            assert_eq!((seen, on_share), (None, None), "{name} was removed");
+        } else {
+            assert_eq!(
+                seen.as_deref(),
+                Some(edit.as_bytes()),
+                "{name}: its unlink failed"
+            );
+            assert_eq!(
+                on_share.as_deref(),
+                Some(*edit),
+                "{name}: its unlink failed"
+            );
+        }
+    }
+}
+
+/// A database's journal removed here waits for its records (which hold the database's
+/// base, the share's version then); meanwhile another workstation saves the database and
+/// a program here writes it. The write waits for the removal to end, so the database's
+/// base is the one taken first, in the state and in the journal alike: the sync finds the
+/// other workstation's save (a conflict, never an overwrite), also after a crash.
+#[test]
+fn a_database_written_while_its_journals_removal_waits_keeps_the_first_base() {
+    for crash in [false, true] {
+        let Fresh {
+            _tmp,
+            share,
+            cache,
+            o,
+        } = fresh(&[(".m/", ""), (".m/db", "db v1\n"), (".m/db-journal", "j\n")]);
+        let m = Path::new(".m");
+        let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let o = &o;
+            let removing = s.spawn(move || {
+                AT_DURABLE.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                        reached_tx.send(()).expect("reached");
+                        release_rx.recv().expect("released");
+                    }))
+                });
+                o.unlink(m, OsStr::new("db-journal"))
+            });
+            reached.recv().expect("the removal waits for its records");
+            std::fs::write(share.join(".m/db.tmp"), "db v2 from elsewhere\n").expect("save");
+            std::fs::rename(share.join(".m/db.tmp"), share.join(".m/db")).expect("save");
+            let writing = s.spawn(move || write_over(o, ".m/db", b"db ours\n"));
+            std::thread::sleep(Duration::from_millis(200));
+            let held_up = !writing.is_finished();
+            release.send(()).expect("release");
+            removing.join().expect("removal").expect("unlink");
+            writing.join().expect("write");
+            assert!(held_up, "the database's write waits for the removal");
+        });
+        let o = if crash {
+            drop(o);
+            Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen")
+        } else {
+            o
+        };
+        let mode = if crash {
+            SyncMode::Recover
+        } else {
+            SyncMode::Logout
+        };
+        let r = run_sync(&o, &rsync(&share), mode).expect("sync");
+        assert!(!r.conflicts.is_empty(), "crash {crash}: {r:?}");
+        assert_eq!(
+            std::fs::read_to_string(share.join(".m/db")).expect("db"),
+            "db v2 from elsewhere\n",
+            "crash {crash}: the other workstation's database was overwritten"
+        );
+    }
+}
+
+/// A sync that finds a conflict moves our version to a conflict name in the cache; a
+/// power cut just after the cache's rename, before the move's last records: the recovery
+/// still puts our version on the share, beside the other workstation's.
+#[test]
+fn a_power_cut_inside_a_conflict_move_keeps_our_version() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".c", "old\n")]);
+    write_over(&o, ".c", b"our edit\n");
+    std::fs::write(share.join(".c.tmp"), "theirs, longer\n").expect("theirs");
+    std::fs::rename(share.join(".c.tmp"), share.join(".c")).expect("theirs");
+    let cut = _tmp.path().join("cut");
+    {
+        let cut = cut.clone();
+        AFTER_CONFLICT_MOVE.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+                super::crash_tests::power_cut(o, &cut);
+            }))
+        });
+    }
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    AFTER_CONFLICT_MOVE.with(|h| *h.borrow_mut() = None);
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    drop(o);
+    // The share as before that logout: theirs at .c only.
+    for e in std::fs::read_dir(&share).expect("ls").flatten() {
+        if e.file_name() != ".c" {
+            std::fs::remove_file(e.path()).expect("undo the logout's copy");
+        }
+    }
+    let o = Overlay::new(&share, &cut, Policy::default_policy()).expect("the cut's cache");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Recover).expect("recover");
+    assert!(r.ok, "{r:?}");
+    let contents: Vec<String> = std::fs::read_dir(&share)
+        .expect("ls")
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert!(contents.iter().any(|c| c == "our edit\n"), "{contents:?}");
+    assert!(
+        contents.iter().any(|c| c == "theirs, longer\n"),
+        "{contents:?}"
+    );
 }

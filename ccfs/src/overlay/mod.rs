@@ -252,7 +252,13 @@ impl InFlight<'_> {
         match self.overlay.durable(t) {
             Ok(()) => Ok(self),
             Err(e) => {
+                // Under the lock, which every rewrite of the journal holds: a rewrite made
+                // since the failure (by another change it failed for too) wrote these
+                // records with the rest, and they are on disk: the change goes on.
                 let mut inner = self.overlay.lock_any();
+                if self.overlay.durability.is_durable(t) {
+                    return Ok(self);
+                }
                 inner.ahead.remove(&self.id);
                 let _ = self.overlay.rewrite_if_needed(&mut inner);
                 self.finish(&mut inner);
@@ -559,12 +565,20 @@ impl Overlay {
     /// then agree on all of them, while changes to other names go on.
     pub(super) fn lock_for(&self, names: &[&Path]) -> MutexGuard<'_, Inner> {
         let all = names.iter().any(|n| n.as_os_str().is_empty());
+        // A database's journal or WAL records the database's base too: its name goes with.
+        let databases: Vec<PathBuf> = names
+            .iter()
+            .filter_map(|n| session::database_of(n).map(|(db, _)| db))
+            .collect();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let busy = |inner: &Inner| {
-            inner
-                .in_flight
-                .iter()
-                .any(|r| names.iter().any(|n| r.starts_with(n) || n.starts_with(r)))
+            inner.in_flight.iter().any(|r| {
+                names
+                    .iter()
+                    .copied()
+                    .chain(databases.iter().map(PathBuf::as_path))
+                    .any(|n| r.starts_with(n) || n.starts_with(r))
+            })
         };
         if all && busy(&inner) {
             inner.draining += 1;
@@ -598,9 +612,16 @@ impl Overlay {
     pub(super) fn in_flight(
         &self,
         inner: &mut Inner,
-        names: Vec<PathBuf>,
+        mut names: Vec<PathBuf>,
         records: Vec<Record>,
     ) -> FsResult<InFlight<'_>> {
+        // With a journal or WAL, its database: the records may hold its base (see
+        // [`Overlay::lock_for`], which waited for it).
+        let databases: Vec<PathBuf> = names
+            .iter()
+            .filter_map(|n| session::database_of(n).map(|(db, _)| db))
+            .collect();
+        names.extend(databases);
         self.rewrite_if_needed(inner)?;
         let ticket = if records.is_empty() {
             inner.journal.written()

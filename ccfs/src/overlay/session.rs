@@ -869,12 +869,27 @@ impl Overlay {
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
         // A directory goes with all it holds: everything is new under the new name.
         let below = self.upper_below(p)?;
+        let moved: Vec<Record> = below
+            .iter()
+            .map(|b| Record::Dirty(crate::state::reroot(b, p, &name)))
+            .collect();
+        // Write-ahead: the new name is marked before the cache's rename (a crash between
+        // them leaves our version under one of the two names, each marked changed: never
+        // under a name the journal does not send).
+        let mut ahead = vec![
+            Record::Dirty(name.clone()),
+            Record::Base(name.clone(), base_there),
+        ];
+        ahead.extend(moved.iter().cloned());
+        self.record(inner, &ahead)?;
         // The directory may be a read-only one's copy (see `with_write_access`).
         let dir = up(p.parent().unwrap_or(Path::new("")));
         self.with_write_access(&dir, || {
             self.cache
                 .rename(&up(p), &up(&name), libc::RENAME_NOREPLACE)
         })?;
+        #[cfg(test)]
+        super::interleave_tests::after_conflict_move(self);
         let mut records = vec![
             Record::Rename {
                 from: p.to_path_buf(),
@@ -884,11 +899,7 @@ impl Overlay {
             Record::Base(name.clone(), base_there),
             Record::Base(p.to_path_buf(), cur),
         ];
-        records.extend(
-            below
-                .iter()
-                .map(|b| Record::Dirty(crate::state::reroot(b, p, &name))),
-        );
+        records.extend(moved);
         self.record(inner, &records)?;
         Ok(())
     }
