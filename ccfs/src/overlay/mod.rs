@@ -235,7 +235,7 @@ pub(super) struct InFlight<'a> {
     names: Vec<PathBuf>,
     /// Its records waiting for the disk (in [`Inner::ahead`]), and the journal's ticket.
     id: u64,
-    ticket: Option<Ticket>,
+    ticket: Ticket,
     /// Ended, or given up.
     done: bool,
 }
@@ -246,9 +246,7 @@ impl InFlight<'_> {
     /// must be rewritten whole after a failed `fdatasync`, is rewritten now from the
     /// state without them) and its names are freed.
     pub(super) fn durable(mut self) -> FsResult<Self> {
-        let Some(t) = self.ticket.take() else {
-            return Ok(self);
-        };
+        let t = self.ticket;
         match self.overlay.durable(t) {
             Ok(()) => Ok(self),
             Err(e) => {
@@ -329,6 +327,15 @@ fn sync_holds(inner: &Inner, rel: &Path) -> bool {
     is_sync_holding(rel)
         || (!inner.handed.is_empty()
             && rsync_temp_of(rel).is_some_and(|of| inner.handed.contains(&of)))
+}
+
+/// The databases of those of `names` that are a database's journal or WAL: a change of
+/// one may record the database's base, so the database's name goes with it (see
+/// [`Overlay::lock_for`], [`Overlay::in_flight`]).
+fn databases_of<'a>(names: impl Iterator<Item = &'a Path>) -> Vec<PathBuf> {
+    names
+        .filter_map(|n| session::database_of(n).map(|(db, _)| db))
+        .collect()
 }
 
 /// The file `rel` would be rsync's temporary file of, by its name (`.NAME.XXXXXX`).
@@ -565,11 +572,7 @@ impl Overlay {
     /// then agree on all of them, while changes to other names go on.
     pub(super) fn lock_for(&self, names: &[&Path]) -> MutexGuard<'_, Inner> {
         let all = names.iter().any(|n| n.as_os_str().is_empty());
-        // A database's journal or WAL records the database's base too: its name goes with.
-        let databases: Vec<PathBuf> = names
-            .iter()
-            .filter_map(|n| session::database_of(n).map(|(db, _)| db))
-            .collect();
+        let databases = databases_of(names.iter().copied());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let busy = |inner: &Inner| {
             inner.in_flight.iter().any(|r| {
@@ -615,13 +618,8 @@ impl Overlay {
         mut names: Vec<PathBuf>,
         records: Vec<Record>,
     ) -> FsResult<InFlight<'_>> {
-        // With a journal or WAL, its database: the records may hold its base (see
-        // [`Overlay::lock_for`], which waited for it).
-        let databases: Vec<PathBuf> = names
-            .iter()
-            .filter_map(|n| session::database_of(n).map(|(db, _)| db))
-            .collect();
-        names.extend(databases);
+        // With a journal or WAL, its database ([`Overlay::lock_for`] waited for it too).
+        names.extend(databases_of(names.iter().map(PathBuf::as_path)));
         self.rewrite_if_needed(inner)?;
         let ticket = if records.is_empty() {
             inner.journal.written()
@@ -638,7 +636,7 @@ impl Overlay {
             overlay: self,
             names,
             id,
-            ticket: Some(ticket),
+            ticket,
             done: false,
         })
     }
