@@ -45,6 +45,18 @@ up() {
   echo "$MNT"
 }
 
+# The FUSE client mounted afresh (a cold client: no cached inodes, pages or attributes),
+# as loadgen login-storm --remount asks before every run; prints the mount point.
+remount() {
+  mountpoint -q "$MNT" || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
+  umount "$MNT" 2>/dev/null || { echo "testbed: $MNT is busy; cannot remount" >&2; exit 1; }
+  glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" --log-file="$STATE/log/client.log" \
+    -p "$STATE/client.pid" "$MNT"
+  wait_for 30 mountpoint -q "$MNT" || { echo "testbed: the client did not mount again; see $STATE/log/client.log" >&2; exit 1; }
+  record "$(cat "$STATE/client.pid")"
+  echo "$MNT"
+}
+
 down() {
   [ -d "$STATE" ] || return 0
   if mountpoint -q "$MNT" 2>/dev/null; then

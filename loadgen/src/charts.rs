@@ -407,10 +407,12 @@ pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> St
     h
 }
 
-/// login-storm charts: every user's time to login (sorted, the distribution), its
-/// percentiles, and the writes that reached the share.
-pub fn storm_charts(storms: &[StormReport]) -> Vec<(String, Bars)> {
-    if storms.is_empty() {
+/// login-storm charts: every user's time to login (sorted, the distribution) and its
+/// percentiles in the timed runs, and the writes that reached the share in the metered.
+pub fn storm_charts(all: &[StormReport]) -> Vec<(String, Bars)> {
+    let storms: Vec<&StormReport> = all.iter().filter(|s| !s.metered).collect();
+    let metered: Vec<&StormReport> = all.iter().filter(|s| s.metered).collect();
+    if all.is_empty() {
         return Vec::new();
     }
     let users = storms.iter().map(|s| s.per_user.len()).max().unwrap_or(0);
@@ -445,8 +447,8 @@ pub fn storm_charts(storms: &[StormReport]) -> Vec<(String, Bars)> {
     let writes = Bars {
         title: "Changing requests that reached the share".into(),
         y_label: "requests (log; 0 drawn at 0.5)".into(),
-        groups: vec!["login + session".into(), "logout".into()],
-        series: storms
+        groups: vec!["login".into(), "session".into(), "logout".into()],
+        series: metered
             .iter()
             .map(|s| {
                 let m = |c: &Option<crate::storm::ShareCounts>| {
@@ -454,7 +456,7 @@ pub fn storm_charts(storms: &[StormReport]) -> Vec<(String, Bars)> {
                 };
                 (
                     s.name(),
-                    vec![m(&s.share_login_session), m(&s.share_logout)],
+                    vec![m(&s.share_login), m(&s.share_session), m(&s.share_logout)],
                 )
             })
             .collect(),
@@ -471,7 +473,7 @@ fn storm_table_html(storms: &[StormReport]) -> String {
     let mut h = String::from(
         "<h2>Login storms</h2><table><tr><th>run</th><th>share</th><th>users</th>\
          <th>session s</th><th>login p50 s</th><th>p95 s</th><th>max s</th><th>logout p50 s</th>\
-         <th>share writes (login+session)</th><th>share bytes written (login+session)</th>\
+         <th>share writes (whole run)</th><th>share bytes written (whole run)</th>\
          <th>share writes (logout)</th><th>server CPU s</th><th>complete</th></tr>",
     );
     let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
@@ -489,8 +491,8 @@ fn storm_table_html(storms: &[StormReport]) -> String {
             s.time_to_login.p95_s,
             s.time_to_login.max_s,
             s.logout.p50_s,
-            opt(s.share_login_session.as_ref().map(|c| c.mutating)),
-            opt(s.share_login_session.as_ref().map(|c| c.write_bytes)),
+            opt(s.share_whole().map(|c| c.mutating)),
+            opt(s.share_whole().map(|c| c.write_bytes)),
             opt(s.share_logout.as_ref().map(|c| c.mutating)),
             s.server_cpu_s
                 .map(|c| format!("{c:.1}"))

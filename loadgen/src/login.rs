@@ -5,12 +5,13 @@
 //! sources in `SOURCE.md` beside it); [`Actor`] plays its actions on one home with
 //! per-operation latencies.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::{Latencies, Op};
@@ -191,6 +192,32 @@ impl Profile {
             .collect()
     }
 
+    /// Every file the `[home]` section makes, with its size (a `many` file's is the middle
+    /// of its range): what a program rebuilds when it finds its file missing.
+    pub fn home_files(&self) -> BTreeMap<String, u64> {
+        let mut files = BTreeMap::new();
+        for a in &self.home {
+            match a {
+                Action::File { path, size } => {
+                    files.insert(path.clone(), *size);
+                }
+                Action::Many {
+                    pattern,
+                    n,
+                    min,
+                    max,
+                } => {
+                    for i in 0..*n {
+                        let rel = pattern.replace("{i}", &i.to_string()).replace("{r}", "0");
+                        files.insert(rel, (min + max) / 2);
+                    }
+                }
+                _ => {}
+            }
+        }
+        files
+    }
+
     /// Files and bytes the `[home]` section makes.
     pub fn home_size(&self) -> (u64, u64) {
         self.home.iter().fold((0, 0), |(f, b), a| match a {
@@ -308,9 +335,12 @@ pub struct Tally {
     pub files_written: u64,
     pub bytes_written: u64,
     pub bytes_read: u64,
-    /// Reads and scans of paths that were not there (with ccfs, `.cache` is local-only
-    /// and starts empty: the programs rebuild what they miss).
+    /// Reads and scans of paths that were not there (`.cache` on a workstation's local
+    /// disk, or local-only with ccfs, starts empty on a workstation never used).
     pub missing: u64,
+    /// Home files rebuilt because they were missing (a program regenerates its cache):
+    /// each written at its home size, timed with the action that missed it.
+    pub rebuilt: u64,
 }
 
 /// Plays actions on one home.
@@ -322,6 +352,11 @@ pub struct Actor {
     buf: Vec<u8>,
     /// Where reads land (kept: no allocation a file).
     rbuf: Vec<u8>,
+    /// Paths under this first component live in this local directory instead of the home
+    /// (`.cache` with XDG_CACHE_HOME on the workstation's disk).
+    local: Option<(String, PathBuf)>,
+    /// The home's files and sizes, rebuilt when a read or a scan misses them.
+    rebuild: Arc<BTreeMap<String, u64>>,
 }
 
 fn timed<T>(lat: &mut Latencies, op: Op, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
@@ -340,6 +375,8 @@ impl Actor {
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             buf: Vec::new(),
             rbuf: vec![0; 128 * 1024],
+            local: None,
+            rebuild: Arc::default(),
         };
         a.buf = (0..256 * 1024).map(|_| a.next() as u8).collect();
         a
@@ -356,8 +393,49 @@ impl Actor {
         min + self.next() % (max - min + 1)
     }
 
+    /// Paths whose first component is `first` (e.g. `.cache`) are in `dir` instead: a
+    /// cache directory on the workstation's local disk (XDG_CACHE_HOME).
+    pub fn keep_local(mut self, first: &str, dir: PathBuf) -> Self {
+        self.local = Some((first.to_string(), dir));
+        self
+    }
+
+    /// A read or a scan that misses a file of the home rebuilds it (programs regenerate
+    /// their caches): `files` from [`Profile::home_files`].
+    pub fn rebuilding(mut self, files: Arc<BTreeMap<String, u64>>) -> Self {
+        self.rebuild = files;
+        self
+    }
+
     fn at(&self, rel: &str) -> PathBuf {
+        if let Some((first, dir)) = &self.local {
+            let rest = rel.strip_prefix(first.as_str());
+            match rest {
+                Some("") => return dir.clone(),
+                Some(r) if r.starts_with('/') => return dir.join(&r[1..]),
+                _ => {}
+            }
+        }
         self.home.join(rel)
+    }
+
+    /// Rebuilds the home's files at `rel` (a file) or below it (a directory); how many.
+    fn rebuild_missing(&mut self, rel: &str) -> io::Result<u64> {
+        let files = Arc::clone(&self.rebuild);
+        let below = format!("{rel}/");
+        let mut made = 0;
+        for (path, size) in files.range(rel.to_string()..) {
+            if path != rel && !path.starts_with(&below) {
+                if path.as_str() > below.as_str() {
+                    break;
+                }
+                continue;
+            }
+            self.write_file(&self.at(path), *size, false)?;
+            made += 1;
+        }
+        self.tally.rebuilt += made;
+        Ok(made)
     }
 
     /// Opens `p` with `o` (which creates it); a missing parent directory is made then, as
@@ -552,7 +630,7 @@ impl Actor {
                 match r {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         self.tally.missing += 1;
-                        Ok(())
+                        self.rebuild_missing(p).map(|_| ())
                     }
                     other => other,
                 }
@@ -600,17 +678,28 @@ impl Actor {
     /// Makes the `[home]` files: real data where a timed section reads them or they are
     /// small, sparse (same size) otherwise.
     pub fn prepare(&mut self, profile: &Profile) -> io::Result<()> {
-        self.prepare_files(profile, false).map(|_| ())
+        self.prepare_files(profile, false, None).map(|_| ())
+    }
+
+    /// As [`Actor::prepare`], without the files whose first path component is `first`
+    /// (`.cache` where the share never holds it).
+    pub fn prepare_except(&mut self, profile: &Profile, first: &str) -> io::Result<()> {
+        self.prepare_files(profile, false, Some(first)).map(|_| ())
     }
 
     /// Makes the `[home]` files this home does not show; returns how many. Through ccfs
     /// these are the local-only ones (`.cache` by default), which then stay in the
     /// workstation's cache: a returning user's.
     pub fn prepare_missing(&mut self, profile: &Profile) -> io::Result<u64> {
-        self.prepare_files(profile, true)
+        self.prepare_files(profile, true, None)
     }
 
-    fn prepare_files(&mut self, profile: &Profile, only_missing: bool) -> io::Result<u64> {
+    fn prepare_files(
+        &mut self,
+        profile: &Profile,
+        only_missing: bool,
+        except: Option<&str>,
+    ) -> io::Result<u64> {
         let read = profile.read_paths();
         let mut made = 0;
         for a in &profile.home {
@@ -634,6 +723,9 @@ impl Actor {
                 }
             };
             for (rel, size) in files {
+                if except.is_some_and(|first| rel.split('/').next() == Some(first)) {
+                    continue;
+                }
                 let p = self.at(&rel);
                 if only_missing && fs::symlink_metadata(&p).is_ok() {
                     continue;
@@ -706,6 +798,44 @@ mod tests {
             let e = Profile::parse(text).expect_err(text);
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_local_cache_is_kept_apart_and_what_is_missed_is_rebuilt() {
+        let home = tempfile::tempdir().expect("home");
+        let local = tempfile::tempdir().expect("local");
+        let text = "[home]\nfile .cache/f/a 10\nmany .cache/t/{i} 3 20 40\nfile .cachex 5\n\
+                    file .config/c 7\n\
+                    [login]\nread .cache/f/a\nscan .cache/t\nread .config/c\nread .cachex\n";
+        let p = Profile::parse(text).expect("parse");
+        // The home as the share holds it where `.cache` is kept local: no `.cache`.
+        Actor::new(home.path().to_path_buf(), 1)
+            .prepare_except(&p, ".cache")
+            .expect("prepare");
+        assert!(!home.path().join(".cache").exists());
+        assert!(
+            home.path().join(".cachex").is_file(),
+            "only the component itself"
+        );
+        let mut a = Actor::new(home.path().to_path_buf(), 2)
+            .keep_local(".cache", local.path().to_path_buf())
+            .rebuilding(Arc::new(p.home_files()));
+        a.play(&p.login, 0).expect("login");
+        // The two misses (a file, a directory) rebuilt the four files, locally.
+        assert_eq!((a.tally.missing, a.tally.rebuilt), (2, 4));
+        let len = |p: &Path| fs::metadata(p).map(|m| m.len()).ok();
+        assert_eq!(len(&local.path().join("f/a")), Some(10));
+        for i in 0..3 {
+            assert_eq!(
+                len(&local.path().join(format!("t/{i}"))),
+                Some(30),
+                "middle size"
+            );
+        }
+        assert!(!home.path().join(".cache").exists(), "nothing on the share");
+        // Found now: nothing more is rebuilt.
+        a.play(&p.login, 0).expect("again");
+        assert_eq!((a.tally.missing, a.tally.rebuilt), (2, 4));
     }
 
     #[test]

@@ -95,10 +95,21 @@ struct StormArgs {
     /// Mount every home through its own ccfs (cache and mount point of its own).
     #[arg(long)]
     with_ccfs: bool,
-    /// Run twice on homes prepared once, without then with ccfs, and print both with
-    /// their ratio.
+    /// Without and with ccfs, each on homes of its own, and print both with their ratio.
     #[arg(long, conflicts_with = "with_ccfs")]
     compare: bool,
+    /// Timed runs a mode; with --compare the order alternates (ABBA...). The table shows
+    /// the median and the spread.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Without ccfs, where `.cache` is: `fair` puts it on the workstation's local disk
+    /// (XDG_CACHE_HOME), as ccfs keeps it local-only; `share-cache` leaves it on the share.
+    #[arg(long, value_enum, default_value_t = BaselineArg::Fair)]
+    baseline: BaselineArg,
+    /// A shell command that mounts the share's client afresh, run before every run (after
+    /// the sync and the dropped caches); e.g. `deploy/testbed/gluster.sh remount`.
+    #[arg(long)]
+    remount: Option<String>,
     /// Seconds of session after the login (the profile's periodic actions run meanwhile).
     #[arg(long, default_value_t = 30)]
     session: u64,
@@ -112,8 +123,8 @@ struct StormArgs {
     /// local or passed through; see ccfs's README).
     #[arg(long)]
     ccfs_config: Option<PathBuf>,
-    /// With ccfs, users return to their workstations: each cache already holds the
-    /// local-only files (`.cache`) of an earlier session (default: a first login).
+    /// Users return to their workstations: each holds what an earlier session left (the
+    /// local `.cache`; with ccfs, its cache) (default: a first login).
     #[arg(long)]
     returning_users: bool,
     /// Local scratch space for mount points and the workstations' caches.
@@ -128,7 +139,16 @@ struct StormArgs {
     /// A file listing server process ids, one a line (first word), as deploy/testbed keeps.
     #[arg(long)]
     server_pids_file: Option<PathBuf>,
-    /// Write the results as JSON (schema loadgen-login-storm/1; a list with --compare).
+    /// A file listing the client side's process ids (the share's FUSE client), read again
+    /// before every run (a remount starts a new client).
+    #[arg(long)]
+    client_pids_file: Option<PathBuf>,
+    /// Seconds from the start of each timed run over which server and client CPU are
+    /// measured, the same for every run (longer for a run that lasts longer; default: the
+    /// session plus 60 s when process ids are given).
+    #[arg(long)]
+    cpu_window: Option<u64>,
+    /// Write the results as JSON (a list of every run, schema loadgen-login-storm/2).
     #[arg(long)]
     json: Option<PathBuf>,
     /// A name for the share under test (charts and tables).
@@ -137,6 +157,12 @@ struct StormArgs {
     /// Keep the homes on the share at the end.
     #[arg(long)]
     keep: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BaselineArg {
+    Fair,
+    ShareCache,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -606,6 +632,19 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     if a.session > 86_400 {
         return Err(user("--session is in seconds, at most 86400 (one day)"));
     }
+    if a.repeat == 0 || a.repeat > 50 {
+        return Err(user("--repeat must be between 1 and 50"));
+    }
+    if a.cpu_window.is_some_and(|w| w == 0 || w > 86_400 * 2) {
+        return Err(user(
+            "--cpu-window is in seconds, between 1 and 172800 (two days)",
+        ));
+    }
+    if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        return Err(user(
+            "--remount is empty; give the command that mounts the share's client again",
+        ));
+    }
     let share = a.share.canonicalize().map_err(|e| {
         user(format!(
             "--share {} is not usable: {e}; give an existing directory on the share",
@@ -666,25 +705,29 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     };
     let mut pids = a.server_pids.clone();
     if let Some(f) = &a.server_pids_file {
-        let text = std::fs::read_to_string(f).map_err(|e| {
-            user(format!(
-                "cannot read --server-pids-file {}: {e}",
-                f.display()
-            ))
-        })?;
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let pid = line
-                .split_whitespace()
-                .next()
-                .and_then(|w| w.parse::<u32>().ok());
-            pids.push(pid.ok_or_else(|| {
-                user(format!(
-                    "{}: {line:?} does not start with a process id",
-                    f.display()
-                ))
-            })?);
-        }
+        pids.extend(
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--server-pids-file: {e}")))?,
+        );
     }
+    let client_pids_file = match &a.client_pids_file {
+        None => None,
+        Some(f) => {
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
+            Some(
+                f.canonicalize()
+                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
+            )
+        }
+    };
+    let cpu_window = match a.cpu_window {
+        Some(w) => Some(Duration::from_secs(w)),
+        None if !pids.is_empty() || client_pids_file.is_some() => {
+            Some(Duration::from_secs(a.session + 60))
+        }
+        None => None,
+    };
     // Made last: bad input changes nothing.
     std::fs::create_dir_all(&a.work)
         .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
@@ -698,7 +741,6 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     Ok(loadgen::storm::StormConfig {
         share,
         users: a.users,
-        with_ccfs: a.with_ccfs,
         session: Duration::from_secs(a.session),
         profile: Arc::new(profile),
         profile_name,
@@ -707,6 +749,14 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         meter: !a.no_meter,
         ccfs_config,
         returning_users: a.returning_users,
+        baseline: match a.baseline {
+            BaselineArg::Fair => loadgen::storm::Baseline::Fair,
+            BaselineArg::ShareCache => loadgen::storm::Baseline::ShareCache,
+        },
+        repeat: a.repeat,
+        remount: a.remount.clone(),
+        client_pids_file,
+        cpu_window,
         server_pids: pids,
         keep: a.keep,
         label: a.label.clone(),
@@ -722,24 +772,27 @@ fn login_storm(a: &StormArgs) -> Result<(), Error> {
         vec![a.with_ccfs]
     };
     eprintln!(
-        "loadgen login-storm: preparing {} homes, then {}",
+        "loadgen login-storm: {} users, {} timed run(s) {}{}; each run on homes of its own",
         cfg.users,
+        cfg.repeat,
         if a.compare {
-            "straight on the share, then through ccfs"
+            "without and with ccfs"
         } else if a.with_ccfs {
             "through ccfs"
         } else {
             "straight on the share"
+        },
+        if cfg.meter {
+            ", then a metered run for the counts"
+        } else {
+            ""
         }
     );
     let mut write_error = None;
-    let runs = loadgen::storm::run(&cfg, &modes, |runs| {
+    let schedule = loadgen::storm::schedule(&modes, cfg.repeat, cfg.meter);
+    let runs = loadgen::storm::run(&cfg, &schedule, |runs| {
         if let Some(j) = &a.json {
-            let v = if a.compare {
-                serde_json::to_vec_pretty(runs)
-            } else {
-                serde_json::to_vec_pretty(&runs[0])
-            };
+            let v = serde_json::to_vec_pretty(runs);
             if let Err(e) = write_out(j, &v.unwrap_or_default()) {
                 write_error = Some(format!("cannot write {}: {e}", j.display()));
             }

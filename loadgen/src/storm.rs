@@ -1,11 +1,23 @@
 //! `loadgen login-storm`: a class logs in at once, with or without ccfs.
 //!
-//! N homes are prepared on the share (untimed). Every user then starts together behind a
-//! barrier: with ccfs, the home is first mounted through its own ccfs (own cache and mount
-//! point, as on separate workstations); then the login burst, the session (the model's
-//! periodic actions), and the logout (with ccfs: `ccfs umount`, which syncs the cache
-//! back). What reaches the share is counted at the share side by a meter: a ccfs mount in
-//! front of the share that caches nothing and counts every request it serves.
+//! Every run gets homes of its own, prepared on the share (untimed); with
+//! `--returning-users` each workstation then gets what an earlier session left on it. Then
+//! the machine settles (a sync until no dirty data is left, dropped caches, the share's
+//! client mounted afresh when a command for it is given) and every user starts together
+//! behind a barrier: with ccfs, the home is first mounted through its own ccfs (own cache
+//! and mount point, as on separate workstations); then the login burst, the session (the
+//! model's periodic actions), and the logout (with ccfs: `ccfs umount`, which syncs the
+//! cache back).
+//!
+//! The baseline is fair by default: without ccfs, `.cache` is on the workstation's local
+//! disk (XDG_CACHE_HOME), as an admin can set it without ccfs; with ccfs it is local-only.
+//! Either way a workstation never used starts with it empty, and a program that misses a
+//! file rebuilds it (charged to the login). `--baseline share-cache` keeps `.cache` on the
+//! share without ccfs.
+//!
+//! Times come from runs without the meter, `--repeat N` of them a mode in ABBA order; the
+//! counts of what reached the share from one more run a mode with the meter in front of
+//! the share (a ccfs mount that caches nothing and counts every request it serves).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,14 +31,36 @@ use crate::engine::Latencies;
 use crate::login::{Actor, Profile};
 use crate::report::{latency_report, Environment, LatencyReport};
 
-pub const SCHEMA: &str = "loadgen-login-storm/1";
+pub const SCHEMA: &str = "loadgen-login-storm/2";
 
-/// How to run one storm.
+/// The first path component a workstation keeps local: XDG_CACHE_HOME's default place,
+/// and ccfs's default local-only class.
+pub const LOCAL_CACHE: &str = ".cache";
+
+/// What the run without ccfs does with `.cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// `.cache` on the workstation's local disk (XDG_CACHE_HOME), as with ccfs.
+    Fair,
+    /// `.cache` on the share, as a home without any tuning has it.
+    ShareCache,
+}
+
+impl Baseline {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Baseline::Fair => "fair (without ccfs, .cache on the workstation's disk)",
+            Baseline::ShareCache => "share-cache (without ccfs, .cache on the share)",
+        }
+    }
+}
+
+/// How to run the storms.
 #[derive(Debug, Clone)]
 pub struct StormConfig {
     pub share: PathBuf,
     pub users: usize,
-    pub with_ccfs: bool,
     pub session: Duration,
     pub profile: Arc<Profile>,
     pub profile_name: String,
@@ -34,17 +68,59 @@ pub struct StormConfig {
     pub ccfs: PathBuf,
     /// Scratch space for mount points and the workstations' caches (local disk).
     pub work: PathBuf,
-    /// Count at the share side through a metering ccfs mount.
+    /// One more run a mode through the metering mount, for the counts.
     pub meter: bool,
     /// A ccfs configuration file for the users' mounts (default: ccfs's defaults).
     pub ccfs_config: Option<PathBuf>,
-    /// With ccfs: each workstation's cache already holds the user's local-only files from
-    /// an earlier session (else: a first login on every workstation).
+    /// Each workstation holds what an earlier session of its user left (else: a first
+    /// login on every workstation).
     pub returning_users: bool,
+    pub baseline: Baseline,
+    /// Timed runs a mode.
+    pub repeat: usize,
+    /// A shell command that mounts the share's client afresh, run before every run.
+    pub remount: Option<String>,
     /// Server processes whose CPU time is measured.
     pub server_pids: Vec<u32>,
+    /// A file listing the client side's processes (the FUSE client of the share), read
+    /// again before every run (a remount starts a new one).
+    pub client_pids_file: Option<PathBuf>,
+    /// CPU is measured over this window from the start of a timed run (the same for every
+    /// run; longer when a run is); none: from the start to the end of the logouts.
+    pub cpu_window: Option<Duration>,
     pub keep: bool,
     pub label: Option<String>,
+}
+
+/// One run of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSpec {
+    pub with_ccfs: bool,
+    /// Through the meter: its counts are kept, its times are not compared.
+    pub metered: bool,
+}
+
+/// The runs for `modes` (false: without ccfs): `repeat` timed runs a mode, the order
+/// alternating (AB, BA, AB, ...: ABBA for two), then one metered run a mode.
+pub fn schedule(modes: &[bool], repeat: usize, meter: bool) -> Vec<RunSpec> {
+    let mut runs = Vec::new();
+    for i in 0..repeat {
+        let mut order = modes.to_vec();
+        if !i.is_multiple_of(2) {
+            order.reverse();
+        }
+        runs.extend(order.into_iter().map(|with_ccfs| RunSpec {
+            with_ccfs,
+            metered: false,
+        }));
+    }
+    if meter {
+        runs.extend(modes.iter().map(|&with_ccfs| RunSpec {
+            with_ccfs,
+            metered: true,
+        }));
+    }
+    runs
 }
 
 /// Requests that reached the share (from the meter).
@@ -58,6 +134,16 @@ pub struct ShareCounts {
 }
 
 impl ShareCounts {
+    fn add(&mut self, other: &ShareCounts) {
+        self.total += other.total;
+        self.mutating += other.mutating;
+        self.read_bytes += other.read_bytes;
+        self.write_bytes += other.write_bytes;
+        for (k, v) in &other.by_op {
+            *self.by_op.entry(k.clone()).or_insert(0) += v;
+        }
+    }
+
     fn minus(&self, before: &ShareCounts) -> ShareCounts {
         let mut by_op = BTreeMap::new();
         for (k, v) in &self.by_op {
@@ -89,8 +175,11 @@ pub struct UserResult {
     pub bytes_written: u64,
     /// Profile files the user's programs looked for and did not find.
     pub missing_files: u64,
+    /// Of those, home files rebuilt (written at their home size during the login).
+    pub rebuilt_files: u64,
+    /// CPU seconds of this user's ccfs daemon (and the rsync it ran), mount to exit.
+    pub ccfs_cpu_s: Option<f64>,
     /// This user's operation latencies during the session.
-    #[serde(default)]
     pub session_latency: BTreeMap<String, LatencyReport>,
     pub error: Option<String>,
 }
@@ -121,7 +210,19 @@ impl Summary {
     }
 }
 
-/// One storm's results (JSON schema `loadgen-login-storm/1`).
+/// How the machine was left before a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Settled {
+    /// Dirty and writeback bytes left after syncing (the sync stops at 1 MiB or 60 s).
+    pub dirty_left_bytes: u64,
+    /// The page cache was dropped (root only).
+    pub caches_dropped: bool,
+    /// The share's client was mounted afresh (`--remount`).
+    pub remounted: bool,
+}
+
+/// One storm's results (JSON schema `loadgen-login-storm/2`; `--json` writes a list of
+/// every run).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StormReport {
     pub schema: String,
@@ -133,37 +234,69 @@ pub struct StormReport {
     pub environment: Environment,
     pub users: usize,
     pub with_ccfs: bool,
+    /// Through the meter: counts kept, times not compared.
+    pub metered: bool,
+    /// This run's place in the schedule (0 first).
+    pub run_index: usize,
+    pub baseline: Baseline,
     pub session_s: f64,
     pub profile: String,
-    /// With ccfs: the workstations' caches held the users' local-only files already.
-    #[serde(default)]
+    /// The workstations held what an earlier session of their users left.
     pub returning_users: bool,
+    pub settled: Settled,
     pub time_to_login: Summary,
     pub logout: Summary,
+    /// Each user's login plus logout time.
+    pub login_plus_logout: Summary,
     pub per_user: Vec<UserResult>,
     pub latency_login: BTreeMap<String, LatencyReport>,
     pub latency_session: BTreeMap<String, LatencyReport>,
-    /// What reached the share from the barrier to the end of the sessions.
-    pub share_login_session: Option<ShareCounts>,
-    /// What reached the share during the logouts.
+    /// What reached the share from the start to the end of the logins (metered runs).
+    pub share_login: Option<ShareCounts>,
+    /// ... from the end of the logins to the end of the sessions.
+    pub share_session: Option<ShareCounts>,
+    /// ... during the logouts.
     pub share_logout: Option<ShareCounts>,
-    /// CPU seconds of the given server processes, login to end of logout.
+    /// CPU seconds of the given server processes over `cpu_window_s`.
     pub server_cpu_s: Option<f64>,
+    /// CPU seconds of the client side's given processes (the share's FUSE client) over
+    /// `cpu_window_s`.
+    pub client_cpu_s: Option<f64>,
+    /// CPU seconds of the users' ccfs daemons, mount to exit (with ccfs).
+    pub ccfs_cpu_s: Option<f64>,
+    pub cpu_window_s: Option<f64>,
     pub complete: bool,
     pub error: Option<String>,
 }
 
 impl StormReport {
-    pub fn name(&self) -> String {
-        let mode = if self.with_ccfs {
+    pub fn mode(&self) -> &'static str {
+        if self.with_ccfs {
             "with ccfs"
         } else {
             "without ccfs"
+        }
+    }
+
+    pub fn name(&self) -> String {
+        let run = if self.metered {
+            format!("{}, metered", self.mode())
+        } else {
+            format!("{} #{}", self.mode(), self.run_index + 1)
         };
         match &self.label {
-            Some(l) => format!("{l}, {mode}"),
-            None => mode.to_string(),
+            Some(l) => format!("{l}, {run}"),
+            None => run,
         }
+    }
+
+    /// What reached the share over the whole run (login + session + logout).
+    pub fn share_whole(&self) -> Option<ShareCounts> {
+        let mut all = ShareCounts::default();
+        for c in [&self.share_login, &self.share_session, &self.share_logout] {
+            all.add(c.as_ref()?);
+        }
+        Some(all)
     }
 }
 
@@ -179,6 +312,10 @@ struct CcfsMount {
     ccfs: PathBuf,
     mnt: PathBuf,
     mounted: bool,
+    /// The daemon's process id, as `ccfs mount` printed it.
+    pid: Option<u32>,
+    /// The daemon's CPU seconds, once it exited and was reaped.
+    cpu_s: Option<f64>,
 }
 
 impl CcfsMount {
@@ -216,12 +353,15 @@ impl CcfsMount {
             ccfs: ccfs.to_path_buf(),
             mnt: mnt.to_path_buf(),
             mounted: true,
+            pid: daemon_pid(&String::from_utf8_lossy(&out.stdout)),
+            cpu_s: None,
         })
     }
 
     /// `ccfs umount` (which syncs). The other users' threads start processes all the time,
     /// and a child between fork and exec briefly holds this user's open files: a busy
-    /// mount is tried again. The mount counts as gone only once it is.
+    /// mount is tried again. The mount counts as gone only once it is. The daemon, ours
+    /// once `ccfs mount` exited (this process is a subreaper), is then reaped for its CPU.
     fn umount(&mut self) -> Result<(), String> {
         let mut tries = 0;
         while self.mounted {
@@ -244,6 +384,9 @@ impl CcfsMount {
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(pid) = self.pid.take() {
+            self.cpu_s = reap_cpu(pid, Duration::from_secs(30));
         }
         Ok(())
     }
@@ -268,6 +411,42 @@ impl Drop for CcfsMount {
     }
 }
 
+/// The daemon's pid in `ccfs mount`'s line "ccfs: mounted ... (cache ..., pid N)".
+fn daemon_pid(stdout: &str) -> Option<u32> {
+    let line = stdout.lines().find(|l| l.starts_with("ccfs: mounted"))?;
+    let at = line.rfind("pid ")?;
+    line[at + 4..].trim_end_matches(')').trim().parse().ok()
+}
+
+/// Waits (at most `limit`) for our child `pid` to exit and returns its CPU seconds, user
+/// and system, its reaped children's included; None when it is not ours or did not exit.
+fn reap_cpu(pid: u32, limit: Duration) -> Option<f64> {
+    let t = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: rusage is plain data, filled by the kernel.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on one pid with valid pointers.
+        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid as libc::pid_t {
+            let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+            return Some(secs(ru.ru_utime) + secs(ru.ru_stime));
+        }
+        if r != 0 || t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Makes this process the reaper of its orphaned descendants: the ccfs daemons, whose
+/// `ccfs mount` exits once they are up, become its children, and their CPU time is read
+/// when they are reaped.
+fn become_subreaper() {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
 /// CPU seconds (user + system) of the processes, those still alive.
 pub fn cpu_seconds(pids: &[u32]) -> f64 {
     // SAFETY: sysconf has no preconditions.
@@ -285,6 +464,26 @@ pub fn cpu_seconds(pids: &[u32]) -> f64 {
         .sum()
 }
 
+/// Process ids from a file, one a line (its first word), as deploy/testbed keeps them.
+pub fn read_pids_file(path: &Path) -> Result<Vec<u32>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            line.split_whitespace()
+                .next()
+                .and_then(|w| w.parse::<u32>().ok())
+                .ok_or_else(|| {
+                    format!(
+                        "{}: {line:?} does not start with a process id",
+                        path.display()
+                    )
+                })
+        })
+        .collect()
+}
+
 /// The meter's configuration: nothing cached, one FUSE thread a user (so that it never
 /// queues the users' requests behind each other).
 fn relay_config(users: usize) -> String {
@@ -297,16 +496,15 @@ fn relay_config(users: usize) -> String {
     )
 }
 
-/// Runs one storm per entry of `modes` (with ccfs or not), in order, on homes prepared
-/// once: a later storm finds the homes as the earlier one's logout left them (the class
-/// logging in again the next day). `on_run` gets the reports so far after each storm.
-/// Errors before the users start are returned; a user's failure is in its result and in
-/// the report's `error`.
+/// Runs the storms of `runs` in order, each on homes of its own. `on_run` gets the
+/// reports so far after each storm. Errors before a run's users start are returned; a
+/// user's failure is in its result and in the report's `error`.
 pub fn run(
     cfg: &StormConfig,
-    modes: &[bool],
+    runs: &[RunSpec],
     mut on_run: impl FnMut(&[StormReport]),
 ) -> Result<Vec<StormReport>, String> {
+    become_subreaper();
     let stamp = format!("{}-{}", now_unix(), std::process::id());
     let run_name = format!("loadgen-storm-{stamp}");
     let run_on_share = cfg.share.join(&run_name);
@@ -318,48 +516,49 @@ pub fn run(
     )
     .map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
     let mut reports = Vec::new();
-    let mut result = prepare(cfg, &run_on_share);
-    if result.is_ok() {
-        for (i, &with_ccfs) in modes.iter().enumerate() {
-            if interrupted() {
-                break;
-            }
-            let work = cfg.work.join(format!("storm-{stamp}-{i}"));
-            if let Err(e) = std::fs::create_dir_all(&work) {
-                result = Err(format!("mkdir {}: {e}", work.display()));
-                break;
-            }
-            let c = StormConfig {
-                with_ccfs,
-                ..cfg.clone()
-            };
-            match run_in(&c, &run_on_share, &run_name, &work) {
-                Ok(mut r) => {
-                    match r.error.as_mut() {
-                        // A user's failed logout leaves its unsynced changes in its cache,
-                        // and the caches hold the daemons' logs: they stay (but after
-                        // Ctrl-C, which asks for everything to go).
-                        Some(e) if !interrupted() => e.push_str(&format!(
-                            " (the run's mount points and caches are kept in {})",
-                            work.display()
-                        )),
-                        _ => {
-                            let _ = std::fs::remove_dir_all(&work);
-                        }
-                    }
-                    reports.push(r);
-                    on_run(&reports);
-                }
-                Err(e) => {
-                    // What a failed logout left unsynced (and the caches' logs) stays
-                    // where the error says.
-                    result = Err(format!(
-                        "{e} (the run's mount points and caches are kept in {})",
+    let mut result = Ok(());
+    for (i, &spec) in runs.iter().enumerate() {
+        if interrupted() {
+            break;
+        }
+        let work = cfg.work.join(format!("storm-{stamp}-{i}"));
+        let homes = format!("{run_name}/run-{i}");
+        let outcome = std::fs::create_dir_all(&work)
+            .map_err(|e| format!("mkdir {}: {e}", work.display()))
+            .and_then(|()| one_run(cfg, spec, i, &homes, &work));
+        match outcome {
+            Ok(mut r) => {
+                match r.error.as_mut() {
+                    // A user's failed logout leaves its unsynced changes in its cache,
+                    // and the caches hold the daemons' logs: they stay (but after
+                    // Ctrl-C, which asks for everything to go).
+                    Some(e) if !interrupted() => e.push_str(&format!(
+                        " (the run's mount points and caches are kept in {})",
                         work.display()
-                    ));
+                    )),
+                    _ => {
+                        let _ = std::fs::remove_dir_all(&work);
+                    }
+                }
+                let failed = r.error.is_some();
+                reports.push(r);
+                on_run(&reports);
+                if failed {
                     break;
                 }
             }
+            Err(e) => {
+                // What a failed logout left unsynced (and the caches' logs) stays
+                // where the error says.
+                result = Err(format!(
+                    "{e} (the run's mount points and caches are kept in {})",
+                    work.display()
+                ));
+                break;
+            }
+        }
+        if !cfg.keep {
+            let _ = std::fs::remove_dir_all(cfg.share.join(&homes));
         }
     }
     if !cfg.keep {
@@ -368,17 +567,149 @@ pub fn run(
     result.map(|()| reports)
 }
 
-/// The homes, straight on the share (untimed, not metered).
-fn prepare(cfg: &StormConfig, run_on_share: &Path) -> Result<(), String> {
+/// A user's workstation: its ccfs mount point and cache, and its local `.cache` directory
+/// (XDG_CACHE_HOME) for the runs without ccfs.
+struct Workstation {
+    mnt: PathBuf,
+    cache: PathBuf,
+    local: PathBuf,
+}
+
+impl Workstation {
+    fn of(work: &Path, u: usize) -> Self {
+        Self {
+            mnt: work.join(format!("home/user{u:03}")),
+            cache: work.join(format!("cache/user{u:03}")),
+            local: work.join(format!("local-cache/user{u:03}")),
+        }
+    }
+}
+
+/// An actor on `home` with the run's view of `.cache`: on the workstation's disk in the
+/// fair baseline without ccfs.
+fn actor(cfg: &StormConfig, with_ccfs: bool, home: PathBuf, ws: &Workstation, seed: u64) -> Actor {
+    let a = Actor::new(home, seed).rebuilding(Arc::new(cfg.profile.home_files()));
+    if !with_ccfs && cfg.baseline == Baseline::Fair {
+        a.keep_local(LOCAL_CACHE, ws.local.clone())
+    } else {
+        a
+    }
+}
+
+/// A user's home on the share, and (returning users) what an earlier session left on
+/// the workstation. Untimed, not metered.
+fn prepare_user(
+    cfg: &StormConfig,
+    with_ccfs: bool,
+    u: usize,
+    home: &Path,
+    ws: &Workstation,
+) -> Result<(), String> {
+    std::fs::create_dir(home).map_err(|e| format!("mkdir {}: {e}", home.display()))?;
+    // Where `.cache` is not on the share (the fair baseline, and ccfs's local-only class),
+    // the share has none: an admin's XDG_CACHE_HOME, or ccfs, never put it there.
+    let mut a = Actor::new(home.to_path_buf(), u as u64 + 1);
+    let on_share = cfg.baseline == Baseline::ShareCache;
+    if on_share {
+        a.prepare(&cfg.profile)
+    } else {
+        a.prepare_except(&cfg.profile, LOCAL_CACHE)
+    }
+    .map_err(|e| format!("preparing user{u:03}: {e}"))?;
+    if !cfg.returning_users {
+        return Ok(());
+    }
+    // The workstation's `.cache` as earlier sessions left it.
+    let seed = 5000 + u as u64;
+    if !with_ccfs {
+        if !on_share {
+            actor(cfg, false, home.to_path_buf(), ws, seed)
+                .prepare_missing(&cfg.profile)
+                .map_err(|e| format!("warming user{u:03}'s local cache: {e}"))?;
+        }
+        return Ok(());
+    }
+    let mut m = CcfsMount::mount(
+        &cfg.ccfs,
+        home,
+        &ws.mnt,
+        &ws.cache,
+        cfg.ccfs_config.as_deref(),
+    )?;
+    let made = Actor::new(ws.mnt.clone(), seed)
+        .prepare_missing(&cfg.profile)
+        .map_err(|e| format!("warming user{u:03}'s cache: {e}"));
+    let unmounted = m.umount();
+    made.map(|_| ())?;
+    unmounted
+}
+
+/// Syncs until (almost) no dirty data is left, drops the page cache, and mounts the
+/// share's client afresh when asked.
+fn settle(cfg: &StormConfig) -> Result<Settled, String> {
+    let t = Instant::now();
+    let dirty_left_bytes = loop {
+        // SAFETY: sync has no arguments.
+        unsafe { libc::sync() };
+        let left = dirty_bytes();
+        if left < 1 << 20 || t.elapsed() > Duration::from_secs(60) {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let caches_dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+    let remounted = match &cfg.remount {
+        None => false,
+        Some(cmd) => {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .output()
+                .map_err(|e| format!("cannot run --remount {cmd:?}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "--remount {cmd:?} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            true
+        }
+    };
+    Ok(Settled {
+        dirty_left_bytes,
+        caches_dropped,
+        remounted,
+    })
+}
+
+/// Dirty and writeback bytes of the whole machine (/proc/meminfo).
+fn dirty_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("Dirty:") || l.starts_with("Writeback:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}
+
+fn one_run(
+    cfg: &StormConfig,
+    spec: RunSpec,
+    index: usize,
+    homes: &str,
+    work: &Path,
+) -> Result<StormReport, String> {
+    let n = cfg.users;
+    let homes_on_share = cfg.share.join(homes);
+    std::fs::create_dir(&homes_on_share)
+        .map_err(|e| format!("cannot create {}: {e}", homes_on_share.display()))?;
     let prep: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..cfg.users)
+        let hs: Vec<_> = (0..n)
             .map(|u| {
+                let home = homes_on_share.join(format!("user{u:03}"));
                 s.spawn(move || {
-                    let home = run_on_share.join(format!("user{u:03}"));
-                    std::fs::create_dir(&home).map_err(|e| e.to_string())?;
-                    Actor::new(home, u as u64 + 1)
-                        .prepare(&cfg.profile)
-                        .map_err(|e| format!("preparing user{u:03}: {e}"))
+                    prepare_user(cfg, spec.with_ccfs, u, &home, &Workstation::of(work, u))
                 })
             })
             .collect();
@@ -389,20 +720,15 @@ fn prepare(cfg: &StormConfig, run_on_share: &Path) -> Result<(), String> {
     if let Some(e) = prep.into_iter().find_map(Result::err) {
         return Err(e);
     }
-    sync_path(run_on_share);
-    Ok(())
-}
-
-fn run_in(
-    cfg: &StormConfig,
-    run_on_share: &Path,
-    run_name: &str,
-    work: &Path,
-) -> Result<StormReport, String> {
+    let settled = settle(cfg)?;
+    let client_pids = match &cfg.client_pids_file {
+        Some(f) => read_pids_file(f)?,
+        None => Vec::new(),
+    };
     // The meter in front of the share.
-    let relay = if cfg.meter {
+    let relay = if spec.metered {
         let conf = work.join("meter.toml");
-        std::fs::write(&conf, relay_config(cfg.users)).map_err(|e| e.to_string())?;
+        std::fs::write(&conf, relay_config(n)).map_err(|e| e.to_string())?;
         Some(CcfsMount::mount(
             &cfg.ccfs,
             &cfg.share,
@@ -414,51 +740,61 @@ fn run_in(
         None
     };
     let share_view = match &relay {
-        Some(r) => r.mnt.join(run_name),
-        None => run_on_share.to_path_buf(),
+        Some(r) => r.mnt.join(homes),
+        None => homes_on_share.clone(),
     };
-    let n = cfg.users;
-    let ready = Barrier::new(n + 1);
     let start = Barrier::new(n + 1);
+    let logins_done = Barrier::new(n + 1);
     let sessions_done = Barrier::new(n + 1);
     let logouts_done = Barrier::new(n + 1);
     let results: Mutex<Vec<(UserResult, Latencies, Latencies)>> = Mutex::new(Vec::new());
     let counts = |r: &Option<CcfsMount>| r.as_ref().map(CcfsMount::counts).transpose();
-    let mut c0 = None;
-    let mut c1 = None;
-    let mut c2 = None;
-    let mut cpu = (0.0, 0.0);
+    let mut snaps: [Option<ShareCounts>; 4] = Default::default();
+    let mut cpu = [(0.0, 0.0); 2];
+    let mut window = None;
     let mut meter_err = None;
+    let any_pids = !cfg.server_pids.is_empty() || !client_pids.is_empty();
+    let measure_cpu = !spec.metered && any_pids;
     std::thread::scope(|s| {
         for u in 0..n {
             let gates = Gates {
-                ready: &ready,
                 start: &start,
+                logins_done: spec.metered.then_some(&logins_done),
                 sessions_done: &sessions_done,
                 logouts_done: &logouts_done,
             };
             let results = &results;
             let share_home = share_view.join(format!("user{u:03}"));
             s.spawn(move || {
-                let r = user(cfg, u, &share_home, work, &gates);
+                let r = user(cfg, spec.with_ccfs, u, &share_home, work, &gates);
                 if let Ok(mut g) = results.lock() {
                     g.push(r);
                 }
             });
         }
-        let mut snap = |slot: &mut Option<ShareCounts>| match counts(&relay) {
-            Ok(c) => *slot = c,
+        let mut snap = |i: usize| match counts(&relay) {
+            Ok(c) => snaps[i] = c,
             Err(e) => meter_err = Some(e),
         };
-        ready.wait();
-        snap(&mut c0);
-        cpu.0 = cpu_seconds(&cfg.server_pids);
+        snap(0);
+        cpu[0] = (cpu_seconds(&cfg.server_pids), cpu_seconds(&client_pids));
         start.wait();
+        let t0 = Instant::now();
+        if spec.metered {
+            logins_done.wait();
+            snap(1);
+        }
         sessions_done.wait();
-        snap(&mut c1);
+        snap(2);
         logouts_done.wait();
-        snap(&mut c2);
-        cpu.1 = cpu_seconds(&cfg.server_pids);
+        snap(3);
+        if measure_cpu {
+            if let Some(w) = cfg.cpu_window {
+                sleep_until(t0 + w);
+            }
+            cpu[1] = (cpu_seconds(&cfg.server_pids), cpu_seconds(&client_pids));
+            window = Some(t0.elapsed().as_secs_f64());
+        }
     });
     drop(relay);
     let mut rs = results.into_inner().unwrap_or_default();
@@ -474,12 +810,12 @@ fn run_in(
         .iter()
         .find_map(|u| u.error.as_ref().map(|e| format!("user{:03}: {e}", u.user)))
         .or(meter_err);
-    let logins: Vec<f64> = per_user.iter().map(|u| u.login_s).collect();
-    let logouts: Vec<f64> = per_user.iter().map(|u| u.logout_s).collect();
+    let of = |f: fn(&UserResult) -> f64| Summary::of(&per_user.iter().map(f).collect::<Vec<_>>());
     let delta = |a: &Option<ShareCounts>, b: &Option<ShareCounts>| match (a, b) {
         (Some(a), Some(b)) => Some(b.minus(a)),
         _ => None,
     };
+    let ccfs_cpu: Vec<f64> = per_user.iter().filter_map(|u| u.ccfs_cpu_s).collect();
     Ok(StormReport {
         schema: SCHEMA.into(),
         tool: "loadgen".into(),
@@ -489,67 +825,46 @@ fn run_in(
         share: cfg.share.display().to_string(),
         environment: Environment::probe(&crate::store::Target::Local(cfg.share.clone())),
         users: n,
-        with_ccfs: cfg.with_ccfs,
+        with_ccfs: spec.with_ccfs,
+        metered: spec.metered,
+        run_index: index,
+        baseline: cfg.baseline,
         session_s: cfg.session.as_secs_f64(),
         profile: cfg.profile_name.clone(),
-        returning_users: cfg.with_ccfs && cfg.returning_users,
-        time_to_login: Summary::of(&logins),
-        logout: Summary::of(&logouts),
+        returning_users: cfg.returning_users,
+        settled,
+        time_to_login: of(|u| u.login_s),
+        logout: of(|u| u.logout_s),
+        login_plus_logout: of(|u| u.login_s + u.logout_s),
         complete: error.is_none() && per_user.len() == n,
         error,
-        per_user,
         latency_login: latency_report(&lat_login),
         latency_session: latency_report(&lat_session),
-        share_login_session: delta(&c0, &c1),
-        share_logout: delta(&c1, &c2),
-        server_cpu_s: (!cfg.server_pids.is_empty()).then_some(cpu.1 - cpu.0),
+        share_login: delta(&snaps[0], &snaps[1]),
+        share_session: delta(&snaps[1], &snaps[2]),
+        share_logout: delta(&snaps[2], &snaps[3]),
+        server_cpu_s: (measure_cpu && !cfg.server_pids.is_empty()).then_some(cpu[1].0 - cpu[0].0),
+        client_cpu_s: (measure_cpu && !client_pids.is_empty()).then_some(cpu[1].1 - cpu[0].1),
+        ccfs_cpu_s: (spec.with_ccfs && ccfs_cpu.len() == per_user.len() && !per_user.is_empty())
+            .then(|| ccfs_cpu.iter().sum()),
+        cpu_window_s: window,
+        per_user,
     })
-}
-
-fn sync_path(p: &Path) {
-    use std::os::fd::AsRawFd;
-    if let Ok(d) = std::fs::File::open(p) {
-        // SAFETY: syncfs on an open descriptor.
-        unsafe { libc::syncfs(d.as_raw_fd()) };
-    }
 }
 
 /// The barriers every user passes, in this order.
 struct Gates<'a> {
-    /// Untimed preparation done (the share counters are read after it).
-    ready: &'a Barrier,
     start: &'a Barrier,
+    /// Metered runs only: the counts are read between the logins and the sessions.
+    logins_done: Option<&'a Barrier>,
     sessions_done: &'a Barrier,
     logouts_done: &'a Barrier,
-}
-
-/// A returning user: the local-only files of an earlier session on this workstation are
-/// made through a ccfs mount with this user's cache, which keeps them after unmounting.
-fn warm_up(
-    cfg: &StormConfig,
-    u: usize,
-    share_home: &Path,
-    mnt: &Path,
-    cache: &Path,
-) -> Result<(), String> {
-    let mut m = CcfsMount::mount(
-        &cfg.ccfs,
-        share_home,
-        mnt,
-        cache,
-        cfg.ccfs_config.as_deref(),
-    )?;
-    let made = Actor::new(mnt.to_path_buf(), 5000 + u as u64)
-        .prepare_missing(&cfg.profile)
-        .map_err(|e| format!("warming the cache: {e}"));
-    let unmounted = m.umount();
-    made?;
-    unmounted
 }
 
 /// One user's login, session and logout. Always passes every barrier.
 fn user(
     cfg: &StormConfig,
+    with_ccfs: bool,
     u: usize,
     share_home: &Path,
     work: &Path,
@@ -563,40 +878,36 @@ fn user(
         logout_s: 0.0,
         bytes_written: 0,
         missing_files: 0,
+        rebuilt_files: 0,
+        ccfs_cpu_s: None,
         session_latency: BTreeMap::new(),
         error: None,
     };
     let mut session_lat = Latencies::new();
-    let mnt = work.join(format!("home/user{u:03}"));
-    let cache = work.join(format!("cache/user{u:03}"));
-    if cfg.with_ccfs && cfg.returning_users {
-        if let Err(e) = warm_up(cfg, u, share_home, &mnt, &cache) {
-            r.error = Some(e);
-        }
-    }
-    gates.ready.wait();
+    let ws = Workstation::of(work, u);
     gates.start.wait();
     let t0 = Instant::now();
     let mut mount = None;
     let failed = |r: UserResult, session_lat| {
+        if let Some(b) = gates.logins_done {
+            b.wait();
+        }
         gates.sessions_done.wait();
         gates.logouts_done.wait();
         (r, Latencies::new(), session_lat)
     };
-    if r.error.is_some() {
-        return failed(r, session_lat);
-    }
-    let home = if cfg.with_ccfs {
+    let home = if with_ccfs {
         match CcfsMount::mount(
             &cfg.ccfs,
             share_home,
-            &mnt,
-            &cache,
+            &ws.mnt,
+            &ws.cache,
             cfg.ccfs_config.as_deref(),
         ) {
             Ok(m) => {
                 mount = Some(m);
-                mnt
+                r.mount_s = t0.elapsed().as_secs_f64();
+                ws.mnt.clone()
             }
             Err(e) => {
                 r.error = Some(e);
@@ -606,15 +917,15 @@ fn user(
     } else {
         share_home.to_path_buf()
     };
-    if cfg.with_ccfs {
-        r.mount_s = t0.elapsed().as_secs_f64();
-    }
-    let mut actor = Actor::new(home, 1000 + u as u64);
+    let mut actor = actor(cfg, with_ccfs, home, &ws, 1000 + u as u64);
     let login = actor.play(&cfg.profile.login, 0);
     r.login_s = t0.elapsed().as_secs_f64();
     let login_lat = std::mem::take(&mut actor.lat);
     if let Err(e) = login {
         r.error = Some(format!("login: {e}"));
+    }
+    if let Some(b) = gates.logins_done {
+        b.wait();
     }
     // The session: the periodic actions, every period, until its end.
     let every = cfg.profile.session_every;
@@ -646,10 +957,12 @@ fn user(
         if let Err(e) = m.umount() {
             r.error.get_or_insert(e);
         }
+        r.ccfs_cpu_s = m.cpu_s;
     }
     r.logout_s = t1.elapsed().as_secs_f64();
     r.bytes_written = actor.tally.bytes_written;
     r.missing_files = actor.tally.missing;
+    r.rebuilt_files = actor.tally.rebuilt;
     gates.logouts_done.wait();
     (r, login_lat, session_lat)
 }
@@ -691,112 +1004,250 @@ fn mb(b: u64) -> String {
     format!("{:.1} MB", b as f64 / 1e6)
 }
 
-/// The comparison table (one column per storm, a ratio column for two).
+/// The median of `v` (the mean of the middle two for an even count) and its spread.
+pub fn median_spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    let median = if s.len().is_multiple_of(2) {
+        (s[m - 1] + s[m]) / 2.0
+    } else {
+        s[m]
+    };
+    Some((median, s[0], s[s.len() - 1]))
+}
+
+/// The mean over the users of `f`.
+fn per_user(r: &StormReport, f: fn(&UserResult) -> u64) -> Option<f64> {
+    let n = r.per_user.len().max(1) as f64;
+    Some(r.per_user.iter().map(f).sum::<u64>() as f64 / n)
+}
+
+/// Where a table row takes its value from.
+enum From {
+    /// The runs without the meter: median and spread.
+    Timed(fn(&StormReport) -> Option<f64>),
+    /// The metered run.
+    Metered(fn(&StormReport) -> Option<f64>),
+}
+
+/// The comparison: one column a mode (median and spread of the timed runs; counts from
+/// the metered run), and the ratio with/without when both ran.
 pub fn table(runs: &[StormReport]) -> String {
     let mut out = String::new();
-    if let Some(r) = runs.first() {
+    let Some(first) = runs.first() else {
+        return out;
+    };
+    let modes: Vec<bool> = [false, true]
+        .into_iter()
+        .filter(|m| runs.iter().any(|r| r.with_ccfs == *m))
+        .collect();
+    let timed = |m: bool| runs.iter().filter(move |r| r.with_ccfs == m && !r.metered);
+    let metered = |m: bool| runs.iter().find(|r| r.with_ccfs == m && r.metered);
+    let order: String = runs
+        .iter()
+        .filter(|r| !r.metered)
+        .map(|r| if r.with_ccfs { 'B' } else { 'A' })
+        .collect();
+    out.push_str(&format!(
+        "loadgen login-storm: {} users on {} ({}), session {} s, profile {}\n\
+         baseline: {}; {}\n\
+         times: median (min-max) of {} timed run(s) a mode, order {} (A without ccfs, B with); \
+         counts: {}\n\n",
+        first.users,
+        first.share,
+        first.environment.fs_type,
+        first.session_s,
+        first.profile,
+        first.baseline.describe(),
+        if first.returning_users {
+            "returning users (each workstation as an earlier session left it)"
+        } else {
+            "first logins (workstations never used)"
+        },
+        timed(modes[0]).count(),
+        if order.is_empty() { "-" } else { &order },
+        if runs.iter().any(|r| r.metered) {
+            "one more run a mode through the share meter"
+        } else {
+            "none (--no-meter)"
+        }
+    ));
+    out.push_str(&format!("{:<38}", ""));
+    for m in &modes {
         out.push_str(&format!(
-            "loadgen login-storm: {} users on {} ({}), session {} s, profile {}\n\n",
-            r.users, r.share, r.environment.fs_type, r.session_s, r.profile
+            "{:>22}",
+            if *m { "with ccfs" } else { "without ccfs" }
         ));
     }
-    let names: Vec<String> = runs
-        .iter()
-        .map(|r| {
-            if r.with_ccfs {
-                "with ccfs"
-            } else {
-                "without ccfs"
-            }
-            .to_string()
-        })
-        .collect();
-    out.push_str(&format!("{:<34}", ""));
-    for n in &names {
-        out.push_str(&format!("{n:>14}"));
-    }
-    if runs.len() == 2 {
-        out.push_str(&format!("{:>10}", "ratio"));
+    if modes.len() == 2 {
+        out.push_str(&format!("{:>9}", "ratio"));
     }
     out.push('\n');
-    type Row = (
-        &'static str,
-        fn(&StormReport) -> Option<f64>,
-        fn(f64) -> String,
-    );
+    type Row = (&'static str, From, fn(f64) -> String);
     let secs = |v: f64| format!("{v:.2}");
     let count = |v: f64| format!("{v:.0}");
     let bytes = |v: f64| mb(v as u64);
-    let rows: [Row; 13] = [
+    let rows: Vec<Row> = vec![
         (
             "time to login p50 (s)",
-            |r| Some(r.time_to_login.p50_s),
+            From::Timed(|r| Some(r.time_to_login.p50_s)),
             secs,
         ),
         (
             "time to login p95 (s)",
-            |r| Some(r.time_to_login.p95_s),
+            From::Timed(|r| Some(r.time_to_login.p95_s)),
             secs,
         ),
         (
             "time to login max (s)",
-            |r| Some(r.time_to_login.max_s),
+            From::Timed(|r| Some(r.time_to_login.max_s)),
             secs,
         ),
         (
             "  of which ccfs mount p50 (s)",
-            |r| Some(Summary::of(&r.per_user.iter().map(|u| u.mount_s).collect::<Vec<_>>()).p50_s),
+            From::Timed(|r| {
+                r.with_ccfs.then(|| {
+                    Summary::of(&r.per_user.iter().map(|u| u.mount_s).collect::<Vec<_>>()).p50_s
+                })
+            }),
             secs,
         ),
-        ("logout p50 (s)", |r| Some(r.logout.p50_s), secs),
-        ("logout max (s)", |r| Some(r.logout.max_s), secs),
         (
-            "share requests, login+session",
-            |r| r.share_login_session.as_ref().map(|c| c.total as f64),
+            "logout p50 (s)",
+            From::Timed(|r| Some(r.logout.p50_s)),
+            secs,
+        ),
+        (
+            "logout max (s)",
+            From::Timed(|r| Some(r.logout.max_s)),
+            secs,
+        ),
+        (
+            "login + logout p50 (s)",
+            From::Timed(|r| Some(r.login_plus_logout.p50_s)),
+            secs,
+        ),
+        (
+            "server CPU, whole run (s)",
+            From::Timed(|r| r.server_cpu_s),
+            secs,
+        ),
+        (
+            "client CPU: share client (s)",
+            From::Timed(|r| r.client_cpu_s),
+            secs,
+        ),
+        (
+            "client CPU: ccfs daemons (s)",
+            From::Timed(|r| r.ccfs_cpu_s),
+            secs,
+        ),
+        ("  CPU window (s)", From::Timed(|r| r.cpu_window_s), secs),
+        (
+            "share requests, login",
+            From::Metered(|r| r.share_login.as_ref().map(|c| c.total as f64)),
             count,
         ),
         (
-            "share writes, login+session",
-            |r| r.share_login_session.as_ref().map(|c| c.mutating as f64),
+            "share requests, session",
+            From::Metered(|r| r.share_session.as_ref().map(|c| c.total as f64)),
             count,
         ),
         (
-            "share bytes written, login+session",
-            |r| r.share_login_session.as_ref().map(|c| c.write_bytes as f64),
-            bytes,
+            "share requests, logout",
+            From::Metered(|r| r.share_logout.as_ref().map(|c| c.total as f64)),
+            count,
+        ),
+        (
+            "share writes, login",
+            From::Metered(|r| r.share_login.as_ref().map(|c| c.mutating as f64)),
+            count,
+        ),
+        (
+            "share writes, session",
+            From::Metered(|r| r.share_session.as_ref().map(|c| c.mutating as f64)),
+            count,
         ),
         (
             "share writes, logout",
-            |r| r.share_logout.as_ref().map(|c| c.mutating as f64),
+            From::Metered(|r| r.share_logout.as_ref().map(|c| c.mutating as f64)),
             count,
+        ),
+        (
+            "share bytes written, login",
+            From::Metered(|r| r.share_login.as_ref().map(|c| c.write_bytes as f64)),
+            bytes,
+        ),
+        (
+            "share bytes written, session",
+            From::Metered(|r| r.share_session.as_ref().map(|c| c.write_bytes as f64)),
+            bytes,
         ),
         (
             "share bytes written, logout",
-            |r| r.share_logout.as_ref().map(|c| c.write_bytes as f64),
+            From::Metered(|r| r.share_logout.as_ref().map(|c| c.write_bytes as f64)),
             bytes,
         ),
-        ("server CPU (s)", |r| r.server_cpu_s, secs),
+        (
+            "share requests, whole run",
+            From::Metered(|r| r.share_whole().map(|c| c.total as f64)),
+            count,
+        ),
+        (
+            "share writes, whole run",
+            From::Metered(|r| r.share_whole().map(|c| c.mutating as f64)),
+            count,
+        ),
+        (
+            "share bytes written, whole run",
+            From::Metered(|r| r.share_whole().map(|c| c.write_bytes as f64)),
+            bytes,
+        ),
+        (
+            "share bytes read, whole run",
+            From::Metered(|r| r.share_whole().map(|c| c.read_bytes as f64)),
+            bytes,
+        ),
         (
             "files not found (per user)",
-            |r| {
-                let n = r.per_user.len().max(1) as f64;
-                Some(r.per_user.iter().map(|u| u.missing_files).sum::<u64>() as f64 / n)
-            },
+            From::Timed(|r| per_user(r, |u| u.missing_files)),
+            count,
+        ),
+        (
+            "  of which rebuilt (per user)",
+            From::Timed(|r| per_user(r, |u| u.rebuilt_files)),
             count,
         ),
     ];
-    for (name, get, fmt) in rows {
-        let vals: Vec<Option<f64>> = runs.iter().map(get).collect();
-        if vals.iter().all(Option::is_none) {
+    for (name, from, fmt) in rows {
+        let cells: Vec<Option<(f64, f64, f64)>> = modes
+            .iter()
+            .map(|&m| match &from {
+                From::Timed(get) => median_spread(&timed(m).filter_map(get).collect::<Vec<_>>()),
+                From::Metered(get) => metered(m).and_then(get).map(|v| (v, v, v)),
+            })
+            .collect();
+        if cells.iter().all(Option::is_none) {
             continue;
         }
-        out.push_str(&format!("{name:<34}"));
-        for v in &vals {
-            out.push_str(&format!("{:>14}", v.map(fmt).unwrap_or_else(|| "-".into())));
+        out.push_str(&format!("{name:<38}"));
+        for c in &cells {
+            let cell = match c {
+                None => "-".to_string(),
+                Some((m, lo, hi)) if lo < hi => {
+                    format!("{} ({}-{})", fmt(*m), fmt(*lo), fmt(*hi))
+                }
+                Some((m, _, _)) => fmt(*m),
+            };
+            out.push_str(&format!("{cell:>22}"));
         }
-        if let [Some(a), Some(b)] = vals[..] {
+        if let [Some((a, ..)), Some((b, ..))] = cells[..] {
             if a > 0.0 {
-                out.push_str(&format!("{:>10.3}", b / a));
+                out.push_str(&format!("{:>9.3}", b / a));
             }
         }
         out.push('\n');
@@ -808,7 +1259,9 @@ pub fn table(runs: &[StormReport]) -> String {
         ),
         ("session", |r: &StormReport| &r.latency_session),
     ] {
-        if runs.iter().all(|r| pick(r).is_empty()) {
+        // The first timed run of each mode.
+        let shown: Vec<&StormReport> = modes.iter().filter_map(|&m| timed(m).next()).collect();
+        if shown.iter().all(|r| pick(r).is_empty()) {
             continue;
         }
         out.push_str(&format!(
@@ -820,10 +1273,11 @@ pub fn table(runs: &[StormReport]) -> String {
             "p99",
             "max"
         ));
-        for (name, r) in names.iter().zip(runs) {
+        for r in shown {
             for (op, l) in pick(r) {
                 out.push_str(&format!(
-                    "  {name:<28}{op:<8}{:>7}{:>8.2}{:>8.2}{:>8.1}\n",
+                    "  {:<28}{op:<8}{:>7}{:>8.2}{:>8.2}{:>8.1}\n",
+                    r.name(),
                     l.count,
                     l.p50_us / 1000.0,
                     l.p99_us / 1000.0,
@@ -873,6 +1327,57 @@ mod tests {
             (5, 2, 30, 0)
         );
         assert_eq!(d.by_op, [("write".to_string(), 2)].into());
+    }
+
+    #[test]
+    fn the_schedule_alternates_the_order_and_meters_last() {
+        let spec = |with_ccfs, metered| RunSpec { with_ccfs, metered };
+        assert_eq!(
+            schedule(&[false, true], 2, true),
+            vec![
+                spec(false, false),
+                spec(true, false),
+                spec(true, false),
+                spec(false, false),
+                spec(false, true),
+                spec(true, true),
+            ]
+        );
+        assert_eq!(
+            schedule(&[true], 3, false),
+            vec![spec(true, false); 3],
+            "one mode: its runs, no meter"
+        );
+    }
+
+    #[test]
+    fn medians_and_spreads() {
+        assert_eq!(median_spread(&[]), None);
+        assert_eq!(median_spread(&[3.0, 1.0, 2.0]), Some((2.0, 1.0, 3.0)));
+        assert_eq!(median_spread(&[4.0, 1.0, 2.0, 3.0]), Some((2.5, 1.0, 4.0)));
+    }
+
+    #[test]
+    fn the_daemon_pid_comes_from_ccfs_mount_s_line() {
+        assert_eq!(
+            daemon_pid("ccfs: mounted /s at /m (cache /var/tmp/c (1), pid 4242)\n"),
+            Some(4242)
+        );
+        assert_eq!(daemon_pid("something else\n"), None);
+    }
+
+    #[test]
+    fn pid_files_are_read_or_refused_by_line() {
+        let d = tempfile::tempdir().expect("tmp");
+        let f = d.path().join("pids");
+        std::fs::write(&f, "12 345 glusterd\n\n67\n").expect("write");
+        assert_eq!(read_pids_file(&f), Ok(vec![12, 67]));
+        std::fs::write(&f, "12\nglusterd 3\n").expect("write");
+        let e = read_pids_file(&f).expect_err("refused");
+        assert!(
+            e.contains("\"glusterd 3\" does not start with a process id"),
+            "{e}"
+        );
     }
 
     #[test]

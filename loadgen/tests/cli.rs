@@ -641,14 +641,15 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
 }
 
 /// login-storm without ccfs needs no ccfs at all (--no-meter): its JSON follows
-/// schema/login-storm-v1.schema.json, and every user's home was written.
+/// schema/login-storm-v2.schema.json, and every user's home was written.
 #[test]
 fn login_storm_json_matches_its_schema() {
     let share = tempfile::tempdir().expect("share");
     let work = tempfile::tempdir().expect("work");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("s.json");
-    // This test process stands in for a server (lines as deploy/testbed keeps them).
+    // This test process stands in for a server and for the share's client (lines as
+    // deploy/testbed keeps them).
     let pids = out.path().join("pids");
     std::fs::write(
         &pids,
@@ -659,6 +660,10 @@ fn login_storm_json_matches_its_schema() {
         "login-storm",
         "--server-pids-file",
         pids.to_str().expect("utf8"),
+        "--client-pids-file",
+        pids.to_str().expect("utf8"),
+        "--cpu-window",
+        "1",
         "--share",
         share.path().to_str().expect("utf8"),
         "--work",
@@ -672,19 +677,25 @@ fn login_storm_json_matches_its_schema() {
         json.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v = read_json(&json);
-    validate_against("login-storm-v1.schema.json", &v);
+    let all = read_json(&json);
+    validate_against("login-storm-v2.schema.json", &all);
+    let runs = all.as_array().expect("a list of runs");
+    assert_eq!(runs.len(), 1, "one timed run, no metered one");
+    let v = &runs[0];
     assert_eq!(v["complete"], true);
     assert_eq!(v["per_user"].as_array().expect("users").len(), 3);
     for u in v["per_user"].as_array().expect("users") {
         assert!(u["login_s"].as_f64().expect("login") > 0.0);
         assert!(u["bytes_written"].as_u64().expect("bytes") > 100_000, "{u}");
     }
-    assert!(v["share_login_session"].is_null(), "no meter, no counts");
+    assert!(v["share_login"].is_null(), "no meter, no counts");
+    for k in ["server_cpu_s", "client_cpu_s"] {
+        assert!(v[k].as_f64().is_some_and(|c| c >= 0.0), "{k}: {}", v[k]);
+    }
     assert!(
-        v["server_cpu_s"].as_f64().is_some_and(|c| c >= 0.0),
-        "{}",
-        v["server_cpu_s"]
+        v["cpu_window_s"].as_f64().is_some_and(|w| w >= 1.0),
+        "the window is at least the one asked for: {}",
+        v["cpu_window_s"]
     );
     // A pids file that is not one refuses the run and makes nothing.
     std::fs::write(&pids, "glusterd 12\n").expect("pids");
@@ -714,7 +725,15 @@ fn login_storm_json_matches_its_schema() {
             if f.path().extension().is_some_and(|e| e == "json") {
                 let v: serde_json::Value = read_json(&f.path());
                 for run in v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]) {
-                    validate_against("login-storm-v1.schema.json", &run);
+                    match run["schema"].as_str() {
+                        Some("loadgen-login-storm/1") => {
+                            validate_against("login-storm-v1.schema.json", &run)
+                        }
+                        _ => validate_against(
+                            "login-storm-v2.schema.json",
+                            &serde_json::Value::Array(vec![run]),
+                        ),
+                    }
                     seen += 1;
                 }
             }

@@ -46,14 +46,39 @@ fn setup(profile: &str) -> Setup {
     }
 }
 
-/// User `u`'s home in the one run directory a `--keep` storm left on the share.
-fn kept_home(share: &Path, u: usize) -> PathBuf {
-    let run: Vec<PathBuf> = std::fs::read_dir(share)
+/// The homes of every run a `--keep` storm left on the share (run-0, run-1, ...).
+fn kept_runs(share: &Path) -> Vec<PathBuf> {
+    let top: Vec<PathBuf> = std::fs::read_dir(share)
         .expect("ls")
         .map(|e| e.expect("entry").path())
         .collect();
-    assert_eq!(run.len(), 1, "{run:?}");
-    run[0].join(format!("user{u:03}"))
+    assert_eq!(top.len(), 1, "{top:?}");
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&top[0])
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// The runs of a `--json` list: the timed ones, then the metered ones.
+fn timed_and_metered(json: &Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let all = common::read_json(json);
+    let runs = all.as_array().expect("a list of runs").clone();
+    for r in &runs {
+        assert_eq!(r["schema"], "loadgen-login-storm/2");
+    }
+    runs.into_iter().partition(|r| r["metered"] == false)
+}
+
+fn per_user_sum(r: &serde_json::Value, k: &str) -> u64 {
+    r["per_user"]
+        .as_array()
+        .expect("users")
+        .iter()
+        .map(|u| u[k].as_u64().expect(k))
+        .sum()
 }
 
 fn no_mounts_under(dir: &Path) -> bool {
@@ -66,7 +91,8 @@ fn entries(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
-/// The shipped profile, both ways: with ccfs nothing changing reaches the share until the
+/// The shipped profile, both ways, twice each in ABBA order on homes of their own, then
+/// once each through the meter: with ccfs nothing changing reaches the share until the
 /// logout, without it every config write does; everything is cleaned up after.
 #[test]
 fn compare_counts_share_writes_at_the_share_side() {
@@ -84,43 +110,76 @@ fn compare_counts_share_writes_at_the_share_side() {
             "--session",
             "0",
             "--compare",
+            "--repeat",
+            "2",
             "--json",
             json.to_str().expect("utf8"),
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let runs = common::read_json(&json);
-    let (without, with) = (&runs[0], &runs[1]);
-    assert_eq!(without["schema"], "loadgen-login-storm/1");
-    assert_eq!(
-        (without["with_ccfs"].as_bool(), with["with_ccfs"].as_bool()),
-        (Some(false), Some(true))
-    );
-    for r in [without, with] {
+    let (timed, metered) = timed_and_metered(&json);
+    let modes = |rs: &[serde_json::Value]| -> Vec<bool> {
+        rs.iter()
+            .map(|r| r["with_ccfs"].as_bool().expect("mode"))
+            .collect()
+    };
+    assert_eq!(modes(&timed), [false, true, true, false], "ABBA");
+    assert_eq!(modes(&metered), [false, true]);
+    for r in timed.iter().chain(&metered) {
         assert_eq!(r["complete"], true, "{r}");
+        assert_eq!(r["baseline"], "fair");
         assert_eq!(r["per_user"].as_array().expect("users").len(), 2);
         assert!(r["time_to_login"]["p50_s"].as_f64().expect("p50") > 0.0);
+        // Tests run as root: the page cache was dropped before every run.
+        assert_eq!(r["settled"]["caches_dropped"], true, "{}", r["settled"]);
+        // A first login on a workstation never used: `.cache` is empty either way, and
+        // its files are rebuilt either way.
+        assert!(per_user_sum(r, "rebuilt_files") > 0, "{r}");
     }
+    for r in &timed {
+        assert!(r["share_login"].is_null(), "no meter in a timed run");
+        if r["with_ccfs"] == true {
+            assert!(
+                r["ccfs_cpu_s"].as_f64().is_some_and(|c| c > 0.0),
+                "the daemons' CPU: {}",
+                r["ccfs_cpu_s"]
+            );
+        }
+    }
+    let rebuilt = |r: &serde_json::Value| per_user_sum(r, "rebuilt_files");
+    assert_eq!(
+        rebuilt(&metered[0]),
+        rebuilt(&metered[1]),
+        "both modes rebuild the same cache files"
+    );
+    let (without, with) = (&metered[0], &metered[1]);
     let n = |r: &serde_json::Value, part: &str, k: &str| r[part][k].as_u64().expect(k);
     assert!(
-        n(without, "share_login_session", "mutating") > 100,
+        n(without, "share_login", "mutating") > 100,
         "{}",
-        without["share_login_session"]
+        without["share_login"]
     );
-    assert!(n(without, "share_login_session", "write_bytes") > 1_000_000);
-    assert_eq!(
-        n(with, "share_login_session", "mutating"),
-        0,
-        "with ccfs the login changes nothing on the share: {}",
-        with["share_login_session"]
-    );
+    assert!(n(without, "share_login", "write_bytes") > 1_000_000);
+    for part in ["share_login", "share_session"] {
+        assert_eq!(
+            n(with, part, "mutating"),
+            0,
+            "with ccfs the login and session change nothing on the share: {}",
+            with[part]
+        );
+    }
     assert!(n(with, "share_logout", "mutating") > 0, "the logout syncs");
     assert!(n(with, "share_logout", "write_bytes") > 0);
     let table = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        table.contains("time to login p50") && table.contains("ratio"),
-        "{table}"
-    );
+    for row in [
+        "time to login p50",
+        "ratio",
+        "order ABBA",
+        "share bytes written, whole run",
+        "client CPU: ccfs daemons",
+    ] {
+        assert!(table.contains(row), "{row}: {table}");
+    }
     // Homes removed, scratch removed, nothing left mounted.
     assert_eq!(entries(share.path()), 0, "share left clean");
     assert_eq!(entries(work.path()), 0, "work left clean");
@@ -146,6 +205,108 @@ fn compare_counts_share_writes_at_the_share_side() {
         html.contains("Login storms") && html.contains("with ccfs"),
         "{html}"
     );
+}
+
+/// Where the baseline keeps `.cache`: on the workstation (fair, the default: the share
+/// never sees it, the login rebuilds it locally) or on the share (share-cache). Every run
+/// gets homes of its own, made after the `--remount` command ran.
+#[test]
+fn the_baseline_keeps_cache_local_unless_asked_and_every_run_has_fresh_homes() {
+    let Setup {
+        share,
+        work,
+        scratch,
+        profile,
+    } = setup(
+        "[home]\nfile .cache/fonts/a.cache 5000\nfile .config/app.conf 10\n\
+         [login]\nread .cache/fonts/a.cache\nread .config/app.conf\nappend .config/app.conf 5\n[logout]\n",
+    );
+    let json = scratch.path().join("s.json");
+    let remounts = scratch.path().join("remounts");
+    let remount = format!("echo run >> {}", remounts.display());
+    for (baseline, on_share) in [("fair", false), ("share-cache", true)] {
+        let o = storm(
+            share.path(),
+            work.path(),
+            &[
+                "--users",
+                "2",
+                "--session",
+                "0",
+                "--repeat",
+                "2",
+                "--no-meter",
+                "--keep",
+                "--baseline",
+                baseline,
+                "--remount",
+                &remount,
+                "--profile",
+                profile.to_str().expect("utf8"),
+                "--json",
+                json.to_str().expect("utf8"),
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let (timed, _) = timed_and_metered(&json);
+        assert_eq!(timed.len(), 2);
+        let runs = kept_runs(share.path());
+        assert_eq!(runs.len(), 2, "a home set a run: {runs:?}");
+        for (r, dir) in timed.iter().zip(&runs) {
+            assert_eq!(r["baseline"], baseline);
+            assert_eq!(r["settled"]["remounted"], true);
+            assert_eq!(
+                per_user_sum(r, "rebuilt_files"),
+                if on_share { 0 } else { 2 }
+            );
+            for u in 0..2 {
+                let home = dir.join(format!("user{u:03}"));
+                // Each run's homes start as prepared: one append each, never two.
+                assert_eq!(
+                    std::fs::metadata(home.join(".config/app.conf"))
+                        .map(|m| m.len())
+                        .ok(),
+                    Some(15),
+                    "{}",
+                    home.display()
+                );
+                assert_eq!(
+                    home.join(".cache/fonts/a.cache").exists(),
+                    on_share,
+                    "{baseline}: {}",
+                    home.display()
+                );
+            }
+        }
+        std::fs::remove_dir_all(kept_runs(share.path())[0].parent().expect("run")).expect("rm");
+    }
+    let lines = std::fs::read_to_string(&remounts).expect("remount ran");
+    assert_eq!(lines.lines().count(), 4, "once before every run");
+    // A remount that fails stops the storm before its users start, says why, and leaves
+    // nothing on the share.
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--users",
+            "1",
+            "--session",
+            "0",
+            "--no-meter",
+            "--remount",
+            "echo no client >&2; exit 3",
+            "--profile",
+            profile.to_str().expect("utf8"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--remount") && err.contains("no client"),
+        "{err}"
+    );
+    assert_eq!(entries(share.path()), 0, "nothing left on the share");
+    assert!(no_mounts_under(work.path()));
 }
 
 /// What the users wrote during login and session is on the share after the logout.
@@ -177,8 +338,12 @@ fn with_ccfs_every_change_reaches_the_share_at_logout() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
-    for u in 0..3 {
-        let home = kept_home(share.path(), u);
+    let runs = kept_runs(share.path());
+    assert_eq!(runs.len(), 2, "the timed run and the metered one: {runs:?}");
+    for home in runs
+        .iter()
+        .flat_map(|r| (0..3).map(move |u| r.join(format!("user{u:03}"))))
+    {
         let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
         assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
         assert_eq!(len("Documents/a.txt"), Some(50));
@@ -208,6 +373,10 @@ fn bad_storm_input_is_refused_and_changes_nothing() {
             "cannot read --profile",
         ),
         (vec!["--with-ccfs", "--compare"], "cannot be used with"),
+        (vec!["--repeat", "0"], "--repeat"),
+        (vec!["--cpu-window", "0"], "--cpu-window"),
+        (vec!["--remount", " "], "--remount"),
+        (vec!["--baseline", "local"], "--baseline"),
         (
             vec!["--ccfs-config", "/nonexistent/c.toml"],
             "--ccfs-config",
@@ -271,7 +440,7 @@ fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
         }
         a
     };
-    let mut fsyncs = Vec::new();
+    let mut fsyncs: Vec<u64> = Vec::new();
     for cfg in [None, Some(config.as_path())] {
         let a = args(cfg);
         let o = storm(
@@ -280,9 +449,14 @@ fn a_ccfs_config_for_the_users_passes_chosen_paths_through() {
             &a.iter().map(String::as_str).collect::<Vec<_>>(),
         );
         assert!(o.status.success(), "{}", text(&o));
-        let r = common::read_json(&json);
-        let during = &r["share_login_session"]["by_op"];
-        fsyncs.push(during["fsync"].as_u64().unwrap_or(0));
+        let (_, metered) = timed_and_metered(&json);
+        let r = &metered[0];
+        fsyncs.push(
+            ["share_login", "share_session"]
+                .iter()
+                .map(|part| r[part]["by_op"]["fsync"].as_u64().unwrap_or(0))
+                .sum(),
+        );
     }
     assert_eq!(
         fsyncs[0], 0,
@@ -318,7 +492,15 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
         .arg(work.path())
         .arg("--ccfs")
         .arg(common::ccfs_bin())
-        .args(["--users", "2", "--session", "300", "--with-ccfs", "--keep"])
+        .args([
+            "--users",
+            "2",
+            "--session",
+            "300",
+            "--with-ccfs",
+            "--keep",
+            "--no-meter",
+        ])
         .arg("--profile")
         .arg(&profile)
         .stdout(std::process::Stdio::piped())
@@ -333,11 +515,11 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
             .filter(|l| l.contains(&work_name))
             .count()
     };
-    // The meter and both users' mounts.
+    // Both users' mounts (a timed run has no meter).
     common::wait_until(
-        "the meter's and both users' mounts",
+        "both users' mounts",
         std::time::Duration::from_secs(60),
-        || mounts() == 3,
+        || mounts() == 2,
     );
     // Both users are in their session: each has appended to .history (seen through their
     // mount, work/storm-*/home/userNNN) at least once.
@@ -378,16 +560,19 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
     assert_eq!(mounts(), 0, "no mount left");
     assert_eq!(entries(work.path()), 0, "scratch space removed");
     // Kept homes: what the users wrote reached the share at their forced logout.
+    let runs = kept_runs(share.path());
+    assert_eq!(runs.len(), 1, "stopped in the first run: {runs:?}");
     for u in 0..2 {
-        let home = kept_home(share.path(), u);
+        let home = runs[0].join(format!("user{u:03}"));
         let len = |r: &str| std::fs::metadata(home.join(r)).map(|m| m.len()).ok();
         assert_eq!(len(".config/app.conf"), Some(123), "{}", home.display());
         assert!(len(".history").is_some_and(|n| n > 0 && n % 3 == 0));
     }
 }
 
-/// Returning users find their local-only files (`.cache`) in their workstation's cache;
-/// first-time users do not. Making them is preparation: nothing of it is counted.
+/// Returning users find their local `.cache` (with ccfs: local-only, in the workstation's
+/// ccfs cache; without: on the workstation's disk); first-time users do not, and rebuild
+/// it. Making it is preparation: nothing of it is counted.
 #[test]
 fn returning_users_find_their_local_cache() {
     let Setup {
@@ -400,14 +585,13 @@ fn returning_users_find_their_local_cache() {
          [login]\nread .cache/fonts/a.cache\nread .config/app.conf\n[logout]\n",
     );
     let json = scratch.path().join("s.json");
-    let mut found = Vec::new();
     for returning in [false, true] {
         let mut args = vec![
             "--users",
             "2",
             "--session",
             "0",
-            "--with-ccfs",
+            "--compare",
             "--profile",
             profile.to_str().expect("utf8"),
             "--json",
@@ -418,21 +602,21 @@ fn returning_users_find_their_local_cache() {
         }
         let o = storm(share.path(), work.path(), &args);
         assert!(o.status.success(), "{}", text(&o));
-        let r = common::read_json(&json);
-        assert_eq!(r["returning_users"], returning);
-        assert_eq!(r["share_login_session"]["mutating"], 0, "{r}");
-        let missing: u64 = r["per_user"]
-            .as_array()
-            .expect("users")
-            .iter()
-            .map(|u| u["missing_files"].as_u64().expect("missing"))
-            .sum();
-        found.push(missing);
+        let (timed, metered) = timed_and_metered(&json);
+        for r in timed.iter().chain(&metered) {
+            assert_eq!(r["returning_users"], returning);
+            let want = if returning { 0 } else { 2 };
+            assert_eq!(
+                (
+                    per_user_sum(r, "missing_files"),
+                    per_user_sum(r, "rebuilt_files")
+                ),
+                (want, want),
+                "first login: one miss a user, rebuilt; returning: none ({})",
+                r["with_ccfs"]
+            );
+        }
+        assert_eq!(metered[1]["share_login"]["mutating"], 0, "{}", metered[1]);
     }
-    assert_eq!(
-        found,
-        vec![2, 0],
-        "first login: one miss a user; returning: none"
-    );
     assert!(no_mounts_under(work.path()));
 }
