@@ -105,9 +105,7 @@ CFG
 
 down() {
   [ -d "$STATE" ] || return 0
-  if mountpoint -q "$MNT" 2>/dev/null; then
-    umount "$MNT" 2>/dev/null || umount -l "$MNT"
-  fi
+  unmount_dir "$MNT"
   # The MDS may hang on shutdown: stop_recorded escalates to SIGKILL after 5 s.
   stop_recorded
   wait_for 30 port_free || true

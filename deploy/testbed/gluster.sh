@@ -59,9 +59,7 @@ remount() {
 
 down() {
   [ -d "$STATE" ] || return 0
-  if mountpoint -q "$MNT" 2>/dev/null; then
-    umount "$MNT" 2>/dev/null || umount -l "$MNT"
-  fi
+  unmount_dir "$MNT"
   # Processes glusterd started after `up` recorded (self-heal) are still listed in pid files.
   for f in "$STATE"/run/shd/*/*.pid "$STATE"/run/vols/*/*.pid; do [ -f "$f" ] && record "$(cat "$f")"; done
   stop_recorded

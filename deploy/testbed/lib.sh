@@ -53,3 +53,12 @@ wait_for() { # wait_for SECONDS CMD...
   for _ in $(seq 1 $((t * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
   return 1
 }
+
+# Unmounts DIR if anything is mounted there, a client that died included (its mount point
+# answers "Transport endpoint is not connected", which `mountpoint` does not call a mount).
+unmount_dir() {
+  local dir=$1
+  while awk -v d="$dir" '$5 == d { found = 1 } END { exit !found }' /proc/self/mountinfo; do
+    umount "$dir" 2>/dev/null || umount -l "$dir" || return 1
+  done
+}

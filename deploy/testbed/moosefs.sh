@@ -69,9 +69,7 @@ CFG
 
 down() {
   if [ -d "$STATE" ]; then
-    if mountpoint -q "$MNT" 2>/dev/null; then
-      umount "$MNT" 2>/dev/null || umount -l "$MNT"
-    fi
+    unmount_dir "$MNT"
     stop_recorded
   fi
   if ip netns list 2>/dev/null | grep -qw "$NS"; then

@@ -1246,7 +1246,7 @@ pub fn table(runs: &[StormReport]) -> String {
             out.push_str(&format!("{cell:>22}"));
         }
         if let [Some((a, ..)), Some((b, ..))] = cells[..] {
-            if a > 0.0 {
+            if a > 0.0 && !name.contains("window") {
                 out.push_str(&format!("{:>9.3}", b / a));
             }
         }
@@ -1277,7 +1277,7 @@ pub fn table(runs: &[StormReport]) -> String {
             for (op, l) in pick(r) {
                 out.push_str(&format!(
                     "  {:<28}{op:<8}{:>7}{:>8.2}{:>8.2}{:>8.1}\n",
-                    r.name(),
+                    format!("{} #{}", r.mode(), r.run_index + 1),
                     l.count,
                     l.p50_us / 1000.0,
                     l.p99_us / 1000.0,
