@@ -755,6 +755,7 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
         caps: sync::probe_share(share),
         fsync: sync::rsync_has_fsync(binary),
         hold_fd: None,
+        implied_dirs: false,
     }
 }
 

@@ -65,6 +65,9 @@ pub struct RsyncOptions {
     /// runs: the cache's lock, so that `ccfs recover` cannot start while an rsync of a dead
     /// daemon still writes to the share.
     pub hold_fd: Option<std::os::fd::RawFd>,
+    /// Send the directories above the listed paths (rsync's default): only when one is
+    /// missing on the share (see [`crate::overlay::SyncSession`]'s `carries`).
+    pub implied_dirs: bool,
 }
 
 /// Which sync this is: a logout or a recovery empties the cache once everything is on the
@@ -99,6 +102,12 @@ pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsStri
     }
     if opts.caps.xattrs {
         args.push("--xattrs".into());
+    }
+    if !opts.implied_dirs {
+        // The directories above a listed path are the share's own: their attributes are
+        // not ours to send (a directory of ours that changed is listed itself), and rsync
+        // would otherwise look at each and set its times and ACLs.
+        args.push("--no-implied-dirs".into());
     }
     if opts.fsync {
         args.push("--fsync".into());
@@ -520,7 +529,12 @@ pub fn run_sync(
     let (transfer, why) = if session.files.is_empty() {
         (Transfer::Complete, None)
     } else {
-        run_rsync(opts, overlay.upper(), overlay.share(), &session.files)?
+        // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
+        let mut opts = opts.clone();
+        opts.caps.acls &= session.carries.acls;
+        opts.caps.xattrs &= session.carries.xattrs;
+        opts.implied_dirs |= session.carries.implied_dirs;
+        run_rsync(&opts, overlay.upper(), overlay.share(), &session.files)?
     };
     let settled = session.finish(transfer)?;
     report.cleaned = settled.cleaned;
@@ -564,6 +578,7 @@ mod tests {
             caps,
             fsync: true,
             hold_fd: None,
+            implied_dirs: false,
         }
     }
 
@@ -588,6 +603,7 @@ mod tests {
             "--fsync",
             "--sparse",
             "--partial-dir=.ccfs-sync-partial~",
+            "--no-implied-dirs",
         ] {
             assert!(a.contains(&want.to_string()), "{want} missing from {a:?}");
         }
@@ -604,6 +620,22 @@ mod tests {
                 "/c/upper/",
                 "/share/alice/"
             ]
+        );
+    }
+
+    #[test]
+    fn implied_directories_are_sent_only_when_asked() {
+        let has = |o: &RsyncOptions| {
+            rsync_args(o, Path::new("/c/upper"), Path::new("/s"))
+                .iter()
+                .any(|a| a == "--no-implied-dirs")
+        };
+        let mut o = opts(ShareCaps::default());
+        assert!(has(&o), "the share's directories are left alone");
+        o.implied_dirs = true;
+        assert!(
+            !has(&o),
+            "a directory missing on the share is made as ours is"
         );
     }
 

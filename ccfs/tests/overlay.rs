@@ -60,6 +60,7 @@ impl Env {
             caps: ccfs::sync::probe_share(&self.share),
             fsync: false,
             hold_fd: None,
+            implied_dirs: false,
         }
     }
 
@@ -1554,4 +1555,38 @@ fn sessions_regression_a_rename_over_a_shares_file_then_a_failed_sync() {
         vec![Rename(1, 5, 1), FailSync(1, 0, false)],
     )
     .expect("model");
+}
+
+/// The directories above a file sent at logout are the share's: rsync does not send them
+/// (another workstation's change of one stays), unless one is gone from the share, which
+/// is then made again as ours is (not with rsync's defaults, which as root are root's).
+#[test]
+fn a_sync_leaves_the_share_s_directories_alone_and_remakes_a_lost_one_as_ours() {
+    let env = Env::new();
+    let dir = env.share.join(".config/app");
+    fs::create_dir_all(&dir).expect("mkdir");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).expect("chmod");
+    fs::write(dir.join("f"), "old").expect("write");
+    let mode = |p: &Path| fs::metadata(p).expect("stat").mode() & 0o7777;
+    // A save copies the directory's attributes into the cache (0750); meanwhile another
+    // workstation closes the directory (0700).
+    let o = env.overlay();
+    write_file(&o, ".config/app/f", b"new");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod");
+    env.sync(&o, SyncMode::Logout);
+    assert_eq!(fs::read(dir.join("f")).expect("sent"), b"new");
+    assert_eq!(mode(&dir), 0o700, "the other workstation's change stays");
+    // The next session saves again, and another workstation removes the directory with
+    // the file (ours is written back, as a change here and a deletion there always is).
+    let o = env.overlay();
+    write_file(&o, ".config/app/f", b"newer");
+    fs::remove_dir_all(&dir).expect("rm");
+    let r = run_sync(&o, &env.rsync(), SyncMode::Logout).expect("sync");
+    assert!(r.ok, "{r:?}");
+    assert_eq!(fs::read(dir.join("f")).expect("written back"), b"newer");
+    assert_eq!(
+        mode(&dir),
+        0o700,
+        "made again as our copy of it is (the share's attributes when we copied it)"
+    );
 }

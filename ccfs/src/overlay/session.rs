@@ -97,7 +97,23 @@ pub struct SyncSession<'a> {
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
     pub errors: Vec<String>,
+    /// Whether the handed files carry ACLs and other extended attributes that rsync must
+    /// carry over (see [`Overlay::carried_attributes`]).
+    pub carries: Carries,
     finished: bool,
+}
+
+/// What a sync must carry to the share besides the listed paths' contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carries {
+    /// ACLs and other extended attributes.
+    pub acls: bool,
+    pub xattrs: bool,
+    /// The directories above the listed paths, with their attributes: only when one of
+    /// them is missing on the share (another workstation removed it), so that rsync makes
+    /// it as ours is, not with its defaults (as root: root's); or when one is read-only
+    /// for its owner, which rsync makes writable only while it sends that directory.
+    pub implied_dirs: bool,
 }
 
 /// A path for a log line: printable ASCII only (a name cannot start a line of its own).
@@ -273,6 +289,11 @@ impl Overlay {
             versions: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
+            carries: Carries {
+                acls: true,
+                xattrs: true,
+                implied_dirs: false,
+            },
             finished: false,
         };
         // A crash (or a failed settle) left Sending marks: settle them before anything
@@ -334,6 +355,9 @@ impl Overlay {
             })
             .collect();
         session.versions = present.iter().map(|(_, m)| m.version()).collect();
+        let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
+        session.carries.acls = acls;
+        session.carries.xattrs = xattrs;
         session.files = present.into_iter().map(|(p, _)| p).collect();
         inner.handed = session.files.iter().cloned().collect();
         let mut deletions: Vec<PathBuf> = inner
@@ -355,6 +379,42 @@ impl Overlay {
         let files = session.files.clone();
         self.clean_partial_transfers(&files, &mut session.errors);
         Ok(session)
+    }
+
+    /// Whether any handed path carries ACLs, or other extended attributes, that the share
+    /// must get. rsync writes every file anew (a temporary file renamed into place), so a
+    /// file without them gives the share nothing to carry or to remove: the share's
+    /// directory then gives the new file its default ACL, as it would to any file made
+    /// there. A directory the share already has is changed in place: one of those
+    /// carries both (what was removed here must be removed there). rsync asks the share
+    /// for both on every path it sends when told to carry them (two requests a path).
+    /// Returns (ACLs, other attributes).
+    fn carried_attributes(
+        &self,
+        state: &crate::state::OverlayState,
+        present: &[(PathBuf, Stat)],
+    ) -> (bool, bool) {
+        let (mut acls, mut xattrs) = (false, false);
+        for (p, m) in present {
+            if m.is_dir() && state.base(p).is_some() {
+                return (true, true);
+            }
+            match self.cache.listxattr(&up(p)) {
+                Ok(names) => {
+                    for n in names {
+                        if n.as_encoded_bytes().starts_with(b"system.posix_acl_") {
+                            acls = true;
+                        } else {
+                            xattrs = true;
+                        }
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => {}
+                // Unknown: carry both, as rsync would be told without this look.
+                Err(_) => return (true, true),
+            }
+        }
+        (acls, xattrs)
     }
 
     /// Compares what the share holds at each dirty or deleted path with its base. Where
@@ -541,7 +601,21 @@ impl Overlay {
                 };
                 let cur = match theirs {
                     Some(m) if !m.is_dir() => Some(share_id_of(&m)),
-                    _ => {
+                    Some(m) => {
+                        // A directory its owner may not write to (`chmod 555 ~/.ssh`): rsync
+                        // opens it for its own writes only while it sends it.
+                        if m.mode() & 0o200 == 0 {
+                            session.carries.implied_dirs = true;
+                        }
+                        fine.insert(dir.to_path_buf());
+                        continue;
+                    }
+                    None => {
+                        // rsync makes it: with our directory's attributes only if it
+                        // sends the directories above a listed path (see `Carries`).
+                        if !self.lock().state.is_dirty(dir) {
+                            session.carries.implied_dirs = true;
+                        }
                         fine.insert(dir.to_path_buf());
                         continue;
                     }

@@ -23,6 +23,7 @@ pub(super) fn rsync(share: &Path) -> RsyncOptions {
         caps: crate::sync::probe_share(share),
         fsync: false,
         hold_fd: None,
+        implied_dirs: false,
     }
 }
 

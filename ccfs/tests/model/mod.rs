@@ -388,6 +388,7 @@ impl World {
             caps: ccfs::sync::probe_share(&self.share),
             fsync: false,
             hold_fd: None,
+            implied_dirs: false,
         }
     }
 
