@@ -73,6 +73,13 @@ pub enum Action {
         path: String,
         size: u64,
     },
+    /// Write a temporary file and rename it over the path, `times` times, without fsync
+    /// (a store that keeps a file safe by renaming, as Firefox's Glean database does).
+    Resave {
+        path: String,
+        size: u64,
+        times: u32,
+    },
     Unlink(String),
     /// Read the header, then transactions: append pages to `DB-wal`, fdatasync each.
     Sqlite {
@@ -306,6 +313,14 @@ fn parse_action(w: &[String]) -> Result<Action, String> {
             Action::Append {
                 path: path(1)?,
                 size: num(2)?,
+            }
+        }
+        "resave" => {
+            arity(4)?;
+            Action::Resave {
+                path: path(1)?,
+                size: num(2)?,
+                times: num(3)? as u32,
             }
         }
         "unlink" => {
@@ -652,6 +667,23 @@ impl Actor {
                 })?;
                 timed(&mut self.lat, Op::Rename, || fs::rename(&tmp, &target))
             }
+            Action::Resave { path, size, times } => {
+                let target = self.at(path);
+                let tmp = PathBuf::from(format!("{}.tmp", target.display()));
+                for _ in 0..*times {
+                    let mut f = self.open_creating(
+                        &tmp,
+                        OpenOptions::new().write(true).create(true).truncate(true),
+                    )?;
+                    self.put(&mut f, *size)?;
+                    timed(&mut self.lat, Op::Close, || {
+                        drop(f);
+                        Ok(())
+                    })?;
+                    timed(&mut self.lat, Op::Rename, || fs::rename(&tmp, &target))?;
+                }
+                Ok(())
+            }
             Action::Unlink(p) => {
                 let p = self.at(p);
                 match timed(&mut self.lat, Op::Unlink, || fs::remove_file(&p)) {
@@ -747,6 +779,7 @@ fn describe(a: &Action) -> String {
         Action::File { path, .. }
         | Action::Write { path, .. }
         | Action::Replace { path, .. }
+        | Action::Resave { path, .. }
         | Action::Append { path, .. } => path.clone(),
         Action::Many { pattern, .. } => pattern.clone(),
         Action::Mkdir(p) | Action::Read(p) | Action::Scan(p) | Action::Unlink(p) => p.clone(),
@@ -842,7 +875,7 @@ mod tests {
     fn actions_do_what_they_say_on_disk() {
         let dir = tempfile::tempdir().expect("tmp");
         let text = "[home]\nfile a.db 65536\nmany c/{i} 3 10 10\nfile big 2000000\n\
-                    [login]\nread c/0\nreplace p.js 100\nsqlite a.db 2 3\nscan c\n\
+                    [login]\nread c/0\nreplace p.js 100\nsqlite a.db 2 3\nscan c\nresave g/s.bin 9 4\n\
                     [session 5]\nmany n/{r}-{i} 2 1 1\nappend h 7\n\
                     [logout]\ncheckpoint a.db\nunlink p.js\nunlink missing\n";
         let p = Profile::parse(text).expect("parse");
@@ -854,7 +887,9 @@ mod tests {
         a.play(&p.login, 0).expect("login");
         assert_eq!(len("p.js"), Some(100));
         assert_eq!(len("a.db-wal"), Some(2 * 3 * PAGE));
-        assert!(a.lat.count(Op::Rename) == 1 && a.lat.count(Op::Fsync) >= 3);
+        assert_eq!(len("g/s.bin"), Some(9));
+        assert!(!dir.path().join("g/s.bin.tmp").exists());
+        assert!(a.lat.count(Op::Rename) == 1 + 4 && a.lat.count(Op::Fsync) >= 3);
         assert!(a.lat.count(Op::Readdir) >= 1 && a.lat.count(Op::Stat) >= 3);
         a.play(&p.session, 4).expect("session");
         assert_eq!(len("n/4-1"), Some(1));

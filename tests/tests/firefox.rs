@@ -1,0 +1,144 @@
+//! Real Firefox (Debian's firefox-esr, headless, in a network namespace of its own with no
+//! route out) through a ccfs mount: a first start that makes the profile, a second start
+//! that finds it, a logout; then every SQLite database on the share must pass SQLite's own
+//! integrity check and hold what each start wrote.
+
+mod common;
+
+use common::{read, text, Fixture};
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Every regular file below `dir` that starts with SQLite's header.
+fn databases(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("ls").flatten() {
+            let p = e.path();
+            let ft = e.file_type().expect("type");
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() {
+                let mut head = [0u8; 16];
+                let n = std::fs::File::open(&p)
+                    .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+                    .unwrap_or(0);
+                if n == 16 && &head == b"SQLite format 3\0" {
+                    found.push(p);
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn sqlite(db: &Path, sql: &str) -> String {
+    let o = Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("sqlite3 (scripts/setup installs it)");
+    assert!(o.status.success(), "{}: {}", db.display(), text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Runs headless Firefox with HOME at `home`, in a network namespace of its own.
+fn firefox(home: &Path, args: &[&str]) {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--net", "env"])
+        .arg(format!("HOME={}", home.display()))
+        .args(["firefox-esr", "--headless"])
+        .args(args);
+    let o = common::run_bounded(&mut cmd).expect("Firefox ended within a minute");
+    assert!(o.status.success(), "firefox {args:?}: {}", text(&o));
+}
+
+#[test]
+fn firefox_starts_twice_through_ccfs_and_every_database_on_the_share_is_intact() {
+    let fx = Fixture::new();
+    let pages = fx.tmp.path().join("pages");
+    std::fs::create_dir(&pages).expect("pages");
+    for (name, key) in [("first.html", "one"), ("second.html", "two")] {
+        std::fs::write(
+            pages.join(name),
+            format!(
+                "<html><title>{key}</title><body>{key}\
+                 <script>localStorage.setItem('{key}', '{key}');</script></body></html>"
+            ),
+        )
+        .expect("page");
+    }
+    let url = |name: &str| format!("file://{}", pages.join(name).display());
+    let rel = ".mozilla/firefox/ccfs.default";
+    let profile = fx.m(rel);
+    let shot = fx.tmp.path().join("shot.png");
+    let m = fx.mount();
+    // A first start: the profile is made, then used; then a returning start.
+    firefox(
+        &fx.mnt,
+        &["-CreateProfile", &format!("ccfs {}", profile.display())],
+    );
+    for page in ["first.html", "second.html"] {
+        firefox(
+            &fx.mnt,
+            &[
+                "--profile",
+                profile.to_str().expect("utf8"),
+                "--screenshot",
+                shot.to_str().expect("utf8"),
+                &url(page),
+            ],
+        );
+        assert!(shot.is_file(), "Firefox rendered {page}");
+        std::fs::remove_file(&shot).expect("rm");
+    }
+    let status = m.status();
+    assert!(
+        status["dirty_files"].as_u64().is_some_and(|n| n > 0),
+        "the profile is cached until the logout: {status}"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    // On the share: the profile, its databases intact, with what both starts wrote.
+    let on_share = fx.s(rel);
+    let dbs = databases(&on_share);
+    let names: Vec<String> = dbs
+        .iter()
+        .map(|p| {
+            p.strip_prefix(&on_share)
+                .expect("below")
+                .display()
+                .to_string()
+        })
+        .collect();
+    for want in ["places.sqlite", "cookies.sqlite", "favicons.sqlite"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    for db in &dbs {
+        assert_eq!(
+            sqlite(db, "pragma integrity_check"),
+            "ok",
+            "{}",
+            db.display()
+        );
+    }
+    let visited = sqlite(
+        &on_share.join("places.sqlite"),
+        "select url from moz_places",
+    );
+    for page in ["first.html", "second.html"] {
+        assert!(
+            visited.lines().any(|u| u == url(page)),
+            "{page} in the history: {visited}"
+        );
+    }
+    assert!(
+        read(&on_share.join("prefs.js")).contains("user_pref("),
+        "prefs.js reached the share"
+    );
+    // What is local-only stayed on the workstation.
+    assert!(!fx.s(".cache").exists(), "no .cache on the share");
+}
