@@ -29,6 +29,9 @@
 //!                                 # root) in, with the usual permission checks; off, only
 //!                                 # the user gets in, so a daemon the user stops can hold
 //!                                 # up nobody else's programs
+//! count_paths = 0                 # `ccfs status` counts requests also by the first N
+//!                                 # components of their path (0: by kind only); for a
+//!                                 # meter in front of a share, as loadgen login-storm's
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -87,6 +90,7 @@ pub struct MountSection {
     pub kernel_passthrough: bool,
     pub readdirplus: bool,
     pub allow_other: bool,
+    pub count_paths: usize,
 }
 
 impl Default for MountSection {
@@ -98,6 +102,7 @@ impl Default for MountSection {
             kernel_passthrough: true,
             readdirplus: true,
             allow_other: false,
+            count_paths: 0,
         }
     }
 }
@@ -151,6 +156,8 @@ pub struct Settings {
     pub readdirplus: bool,
     /// A mount root makes for a user lets other local users in (see the file's doc).
     pub allow_other: bool,
+    /// Requests are counted by the first N components of their path too (0: not).
+    pub count_paths: usize,
 }
 
 impl Default for Settings {
@@ -167,6 +174,7 @@ impl Default for Settings {
             kernel_passthrough: true,
             readdirplus: true,
             allow_other: false,
+            count_paths: 0,
         }
     }
 }
@@ -256,6 +264,11 @@ impl Settings {
             path: path.to_path_buf(),
             message: message.to_string(),
         };
+        if raw.mount.count_paths > 16 {
+            return Err(value_err(
+                "[mount].count_paths must be between 0 (off) and 16 path components",
+            ));
+        }
         if raw.mount.threads == 0 || raw.mount.threads > 256 {
             return Err(value_err("[mount].threads must be between 1 and 256"));
         }
@@ -299,6 +312,7 @@ impl Settings {
             kernel_passthrough: raw.mount.kernel_passthrough,
             readdirplus: raw.mount.readdirplus,
             allow_other: raw.mount.allow_other,
+            count_paths: raw.mount.count_paths,
         })
     }
 }
@@ -346,6 +360,9 @@ mod tests {
         let e =
             Settings::from_toml("[mount]\nthreads = 0\n", Path::new("c.toml")).expect_err("zero");
         assert!(e.to_string().contains("threads"), "{e}");
+        let e = Settings::from_toml("[mount]\ncount_paths = 17\n", Path::new("c.toml"))
+            .expect_err("too deep");
+        assert!(e.to_string().contains("count_paths"), "{e}");
         let e = Settings::from_toml("[paths]\nlocal_only = [\"[\"]\n", Path::new("c.toml"))
             .expect_err("glob");
         assert!(e.to_string().contains("local_only"), "{e}");

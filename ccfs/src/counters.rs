@@ -4,8 +4,10 @@
 //! front of a share counts exactly what reached that share: `loadgen login-storm` uses one
 //! as its share-side meter.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -133,17 +135,41 @@ impl Req {
     }
 }
 
-/// Live counters (lock-free; one increment a request).
+/// Live counters (lock-free by kind; one increment a request), and by path when asked.
 #[derive(Debug, Default)]
 pub struct Requests {
     counts: [AtomicU64; ALL.len()],
     read_bytes: AtomicU64,
     write_bytes: AtomicU64,
+    /// Count by the first this many path components too (0: not).
+    path_depth: AtomicUsize,
+    by_path: Mutex<HashMap<String, u64>>,
 }
 
 impl Requests {
     pub fn count(&self, r: Req) {
         self.counts[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts requests by the first `depth` components of their path as well (0: not).
+    pub fn count_paths(&self, depth: usize) {
+        self.path_depth.store(depth, Ordering::Relaxed);
+    }
+
+    /// Whether requests are counted by path (the caller then finds the path).
+    pub fn by_path_wanted(&self) -> bool {
+        self.path_depth.load(Ordering::Relaxed) > 0
+    }
+
+    /// Counts one request at `path` (relative to the mount root) by its first components.
+    pub fn at_path(&self, path: &Path) {
+        let depth = self.path_depth.load(Ordering::Relaxed);
+        if depth == 0 {
+            return;
+        }
+        let key = path_key(path, depth);
+        let mut m = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(key).or_insert(0) += 1;
     }
 
     pub fn read(&self, bytes: usize) {
@@ -167,13 +193,36 @@ impl Requests {
                 mutating += n;
             }
         }
+        let by_path = self
+            .by_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         RequestCounts {
             total,
             mutating,
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
             by_op,
+            by_path,
         }
+    }
+}
+
+/// The first `depth` components of `path` ("." for the mount root), `/`-separated, each
+/// lossily UTF-8.
+fn path_key(path: &Path, depth: usize) -> String {
+    let parts: Vec<String> = path
+        .components()
+        .take(depth)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.is_empty() {
+        ".".to_string()
+    } else {
+        parts.join("/")
     }
 }
 
@@ -188,6 +237,10 @@ pub struct RequestCounts {
     pub write_bytes: u64,
     /// Requests by kind (kinds never seen are left out).
     pub by_op: BTreeMap<String, u64>,
+    /// Requests by the first components of their path, when the mount counts them
+    /// (`[mount] count_paths`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_path: BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

@@ -1230,6 +1230,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         &plan.cache_dir,
         plan.settings.policy.clone(),
     )?);
+    overlay.requests.count_paths(plan.settings.count_paths);
     let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     if let Some(outcome) = recover_overlay(&overlay, &rsync) {

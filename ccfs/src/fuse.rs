@@ -430,6 +430,20 @@ impl CcfsFs {
         self.nodes().path(ino.0).ok_or(Errno::ESTALE)
     }
 
+    /// Counts a request on node `ino` (and `name` in it, for a request on a name).
+    fn count(&self, r: Req, ino: INodeNo, name: Option<&OsStr>) {
+        let requests = &self.overlay.requests;
+        requests.count(r);
+        if requests.by_path_wanted() {
+            if let Some(p) = self.nodes().path(ino.0) {
+                match name {
+                    Some(n) => requests.at_path(&p.join(n)),
+                    None => requests.at_path(&p),
+                }
+            }
+        }
+    }
+
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
         Ok(self.path(parent)?.join(name))
     }
@@ -717,7 +731,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.overlay.requests.count(Req::Lookup);
+        self.count(Req::Lookup, parent, Some(name));
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
             Ok(found) => reply.entry(
@@ -744,7 +758,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.overlay.requests.count(Req::Getattr);
+        self.count(Req::Getattr, ino, None);
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::File { io, .. } = &*h {
@@ -789,7 +803,7 @@ impl Filesystem for CcfsFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.overlay.requests.count(Req::Setattr);
+        self.count(Req::Setattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         let guard = match handle.as_deref() {
@@ -812,7 +826,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.overlay.requests.count(Req::Readlink);
+        self.count(Req::Readlink, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.readlink(&path) {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
@@ -830,7 +844,7 @@ impl Filesystem for CcfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.overlay.requests.count(Req::Mknod);
+        self.count(Req::Mknod, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self
@@ -855,7 +869,7 @@ impl Filesystem for CcfsFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.overlay.requests.count(Req::Mkdir);
+        self.count(Req::Mkdir, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
@@ -869,12 +883,12 @@ impl Filesystem for CcfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.overlay.requests.count(Req::Unlink);
+        self.count(Req::Unlink, parent, Some(name));
         self.remove(parent, name, false, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.overlay.requests.count(Req::Rmdir);
+        self.count(Req::Rmdir, parent, Some(name));
         self.remove(parent, name, true, reply);
     }
 
@@ -886,7 +900,7 @@ impl Filesystem for CcfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.overlay.requests.count(Req::Symlink);
+        self.count(Req::Symlink, parent, Some(link_name));
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
@@ -909,7 +923,7 @@ impl Filesystem for CcfsFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Rename);
+        self.count(Req::Rename, parent, Some(name));
         let from_dir = try_reply!(reply, self.path(parent));
         let to_dir = try_reply!(reply, self.path(newparent));
         let from = from_dir.join(name);
@@ -945,7 +959,7 @@ impl Filesystem for CcfsFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.overlay.requests.count(Req::Link);
+        self.count(Req::Link, newparent, Some(newname));
         let src = try_reply!(reply, self.path(ino));
         let dir = try_reply!(reply, self.path(newparent));
         let path = dir.join(newname);
@@ -970,7 +984,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.overlay.requests.count(Req::Open);
+        self.count(Req::Open, ino, None);
         let path = try_reply!(reply, self.path(ino));
         // The copy-up count is read before the open: a copy-up meanwhile is looked at.
         let seen = self.overlay.copy_up_count();
@@ -1012,7 +1026,7 @@ impl Filesystem for CcfsFs {
     fn read(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -1020,7 +1034,7 @@ impl Filesystem for CcfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.overlay.requests.count(Req::Read);
+        self.count(Req::Read, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.readable(req, &h));
         let file = &g.file;
@@ -1044,7 +1058,7 @@ impl Filesystem for CcfsFs {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -1053,7 +1067,7 @@ impl Filesystem for CcfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.overlay.requests.count(Req::Write);
+        self.count(Req::Write, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
         let file = &g.file;
@@ -1069,26 +1083,26 @@ impl Filesystem for CcfsFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Flush);
+        self.count(Req::Flush, ino, None);
         reply.ok();
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Release);
+        self.count(Req::Release, ino, None);
         let removed = self.handles().remove(&fh.0);
         if let Some(h) = removed {
             self.let_go(&h);
@@ -1118,12 +1132,12 @@ impl Filesystem for CcfsFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Fsync);
+        self.count(Req::Fsync, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = read_io(match &*h {
             Handle::File { io, .. } => io,
@@ -1150,7 +1164,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.overlay.requests.count(Req::Opendir);
+        self.count(Req::Opendir, ino, None);
         let path = try_reply!(reply, self.path(ino));
         // The kernel keeps the listing it reads through this handle (FOPEN_CACHE_DIR),
         // and keeps the one it has when the directory is as it was when that was listed.
@@ -1190,7 +1204,7 @@ impl Filesystem for CcfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.overlay.requests.count(Req::Readdir);
+        self.count(Req::Readdir, ino, None);
         let h = try_reply!(reply, self.handle(fh));
         let g = try_reply!(reply, self.listing(ino, &h, offset));
         let entries = g.as_deref().unwrap_or_default();
@@ -1213,7 +1227,7 @@ impl Filesystem for CcfsFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.overlay.requests.count(Req::Readdir);
+        self.count(Req::Readdir, ino, None);
         let h = try_reply!(reply, self.handle(fh));
         let dir = try_reply!(reply, self.path(ino));
         let g = try_reply!(reply, self.listing(ino, &h, offset));
@@ -1254,12 +1268,12 @@ impl Filesystem for CcfsFs {
     fn releasedir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Releasedir);
+        self.count(Req::Releasedir, ino, None);
         self.handles().remove(&fh.0);
         reply.ok();
     }
@@ -1267,17 +1281,17 @@ impl Filesystem for CcfsFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Fsyncdir);
+        self.count(Req::Fsyncdir, ino, None);
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.overlay.requests.count(Req::Statfs);
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.count(Req::Statfs, ino, None);
         match self.overlay.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -1303,7 +1317,7 @@ impl Filesystem for CcfsFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Setxattr);
+        self.count(Req::Setxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self
             .overlay
@@ -1315,7 +1329,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.overlay.requests.count(Req::Getxattr);
+        self.count(Req::Getxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         let value = self
             .overlay
@@ -1328,7 +1342,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.overlay.requests.count(Req::Listxattr);
+        self.count(Req::Listxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.listxattr(&path) {
             Ok(names) => {
@@ -1344,7 +1358,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.overlay.requests.count(Req::Removexattr);
+        self.count(Req::Removexattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.removexattr(&ctx(req, 0), &path, name) {
             Ok(()) => reply.ok(),
@@ -1353,7 +1367,7 @@ impl Filesystem for CcfsFs {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        self.overlay.requests.count(Req::Access);
+        self.count(Req::Access, ino, None);
         // Permission bits are checked by the kernel (default_permissions); this only
         // answers whether the object still exists.
         let path = try_reply!(reply, self.path(ino));
@@ -1373,7 +1387,7 @@ impl Filesystem for CcfsFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.overlay.requests.count(Req::Create);
+        self.count(Req::Create, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
         let path = dir.join(name);
         match self
@@ -1423,14 +1437,14 @@ impl Filesystem for CcfsFs {
     fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.overlay.requests.count(Req::Fallocate);
+        self.count(Req::Fallocate, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
         let file = &g.file;

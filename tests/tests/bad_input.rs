@@ -209,6 +209,7 @@ fn invalid_config_files() {
         ("[paths]\ncahced = [\".x\"]\n", "cahced"),
         ("[paths]\nlocal_only = [\"[oops\"]\n", "local_only"),
         ("[mount]\nthreads = 0\n", "threads"),
+        ("[mount]\ncount_paths = 99\n", "count_paths"),
         ("this is = not [ toml", "c.toml"),
     ] {
         write(&cfg, content);

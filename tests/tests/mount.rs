@@ -516,6 +516,46 @@ fn status_counts_the_requests_served_and_the_bytes_written() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// `[mount] count_paths = N` counts each request by the first N components of its path
+/// too (what a share-side meter needs to tell where a login's requests go); without it
+/// there is no count by path at all.
+#[test]
+fn status_counts_requests_by_path_when_asked() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s(".mozilla/firefox/p")).expect("mkdir");
+    fs::create_dir_all(fx.s("Documents")).expect("mkdir");
+    let status = || -> serde_json::Value {
+        let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let conf = fx.config("[mount]\ncount_paths = 2\n");
+    let m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
+    for i in 0..5 {
+        write(&fx.m(&format!(".mozilla/firefox/p/f{i}")), "x");
+    }
+    write(&fx.m("Documents/a.txt"), "y");
+    let by_path = status()["requests"]["by_path"].clone();
+    let n = |k: &str| by_path[k].as_u64().unwrap_or(0);
+    // Each new file: at least its LOOKUP and its CREATE, all below ".mozilla/firefox".
+    assert!(n(".mozilla/firefox") >= 10, "{by_path}");
+    assert!(n("Documents/a.txt") >= 2, "{by_path}");
+    assert!(
+        by_path
+            .as_object()
+            .is_some_and(|o| o.keys().all(|k| k.split('/').count() <= 2)),
+        "keys of at most two components: {by_path}"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    // Off by default: no paths kept.
+    let m = fx.mount();
+    write(&fx.m("Documents/b.txt"), "z");
+    assert!(status()["requests"]["by_path"].is_null(), "{}", status());
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// With kernel passthrough (the default), the data of an open file goes between the
 /// program and the backing file (the share's document, the cache's dotfile) without the
 /// daemon: the bytes are all there, and the daemon saw none of them. An append lands at
