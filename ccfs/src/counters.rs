@@ -135,6 +135,10 @@ impl Req {
     }
 }
 
+/// The path key of requests on a node that no longer has a name (a file removed while
+/// open), so that the counts by path add up to the total.
+pub const UNNAMED: &str = "(unnamed)";
+
 /// Live counters (lock-free by kind; one increment a request), and by path when asked.
 #[derive(Debug, Default)]
 pub struct Requests {

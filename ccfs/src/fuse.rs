@@ -435,11 +435,11 @@ impl CcfsFs {
         let requests = &self.overlay.requests;
         requests.count(r);
         if requests.by_path_wanted() {
-            if let Some(p) = self.nodes().path(ino.0) {
-                match name {
-                    Some(n) => requests.at_path(&p.join(n)),
-                    None => requests.at_path(&p),
-                }
+            match (self.nodes().path(ino.0), name) {
+                (Some(p), Some(n)) => requests.at_path(&p.join(n)),
+                (Some(p), None) => requests.at_path(&p),
+                // A node no longer named (a file removed while open): counted all the same.
+                (None, _) => requests.at_path(Path::new(crate::counters::UNNAMED)),
             }
         }
     }

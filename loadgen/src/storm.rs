@@ -131,6 +131,24 @@ pub struct ShareCounts {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub by_op: BTreeMap<String, u64>,
+    /// Requests by where in the home they went: the first [`PATH_DEPTH`] components of
+    /// their path below the user's home ("." for the home itself), summed over the users.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_path: BTreeMap<String, u64>,
+}
+
+/// How many components of a path below a home the meter's counts by path keep
+/// (`.mozilla/firefox/PROFILE`).
+pub const PATH_DEPTH: usize = 3;
+
+/// What `by` has more than `before` in each key (keys without a change left out).
+fn map_minus(by: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    by.iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
 }
 
 impl ShareCounts {
@@ -142,23 +160,44 @@ impl ShareCounts {
         for (k, v) in &other.by_op {
             *self.by_op.entry(k.clone()).or_insert(0) += v;
         }
+        for (k, v) in &other.by_path {
+            *self.by_path.entry(k.clone()).or_insert(0) += v;
+        }
     }
 
     fn minus(&self, before: &ShareCounts) -> ShareCounts {
-        let mut by_op = BTreeMap::new();
-        for (k, v) in &self.by_op {
-            let d = v.saturating_sub(before.by_op.get(k).copied().unwrap_or(0));
-            if d > 0 {
-                by_op.insert(k.clone(), d);
-            }
-        }
         ShareCounts {
             total: self.total.saturating_sub(before.total),
             mutating: self.mutating.saturating_sub(before.mutating),
             read_bytes: self.read_bytes.saturating_sub(before.read_bytes),
             write_bytes: self.write_bytes.saturating_sub(before.write_bytes),
-            by_op,
+            by_op: map_minus(&self.by_op, &before.by_op),
+            by_path: map_minus(&self.by_path, &before.by_path),
         }
+    }
+
+    /// The meter counts paths from the share's root: keeps those below `homes` (the
+    /// run's homes, `skip` components from the root, then a user's directory), each
+    /// without its first `skip + 1` components, summed over the users; the rest (the
+    /// run's own directories above the homes) under "(above the homes)".
+    fn by_path_in_homes(mut self, homes: &str, skip: usize) -> ShareCounts {
+        let mut by_home = BTreeMap::new();
+        for (k, v) in std::mem::take(&mut self.by_path) {
+            let parts: Vec<&str> = k.split('/').collect();
+            let key = if k.starts_with('(') {
+                k
+            } else if parts.len() > skip && parts[..skip].join("/") == homes {
+                match parts.get(skip + 1..) {
+                    Some(rest) if !rest.is_empty() => rest.join("/"),
+                    _ => ".".to_string(),
+                }
+            } else {
+                "(above the homes)".to_string()
+            };
+            *by_home.entry(key).or_insert(0) += v;
+        }
+        self.by_path = by_home;
+        self
     }
 }
 
@@ -486,12 +525,13 @@ pub fn read_pids_file(path: &Path) -> Result<Vec<u32>, String> {
 
 /// The meter's configuration: nothing cached, one FUSE thread a user (so that it never
 /// queues the users' requests behind each other).
-fn relay_config(users: usize) -> String {
+fn relay_config(users: usize, count_paths: usize) -> String {
     format!(
         "# loadgen login-storm's share meter: caches nothing, counts every request and\n\
-         # every byte (no kernel passthrough: the data goes through the daemon).\n\
+         # every byte (no kernel passthrough: the data goes through the daemon), and\n\
+         # every request by its path too.\n\
          [paths]\ndotfiles_cached = false\nlocal_only = []\n[sync]\ninterval_secs = 0\n\
-         [mount]\nthreads = {}\nkernel_passthrough = false\n",
+         [mount]\nthreads = {}\nkernel_passthrough = false\ncount_paths = {count_paths}\n",
         users.clamp(4, 256)
     )
 }
@@ -728,7 +768,9 @@ fn one_run(
     // The meter in front of the share.
     let relay = if spec.metered {
         let conf = work.join("meter.toml");
-        std::fs::write(&conf, relay_config(n)).map_err(|e| e.to_string())?;
+        // The meter's paths: the homes' components, the user's directory, then those kept.
+        let depth = Path::new(homes).components().count() + 1 + PATH_DEPTH;
+        std::fs::write(&conf, relay_config(n, depth)).map_err(|e| e.to_string())?;
         Some(CcfsMount::mount(
             &cfg.ccfs,
             &cfg.share,
@@ -811,8 +853,9 @@ fn one_run(
         .find_map(|u| u.error.as_ref().map(|e| format!("user{:03}: {e}", u.user)))
         .or(meter_err);
     let of = |f: fn(&UserResult) -> f64| Summary::of(&per_user.iter().map(f).collect::<Vec<_>>());
+    let skip = Path::new(homes).components().count();
     let delta = |a: &Option<ShareCounts>, b: &Option<ShareCounts>| match (a, b) {
-        (Some(a), Some(b)) => Some(b.minus(a)),
+        (Some(a), Some(b)) => Some(b.minus(a).by_path_in_homes(homes, skip)),
         _ => None,
     };
     let ccfs_cpu: Vec<f64> = per_user.iter().filter_map(|u| u.ccfs_cpu_s).collect();
@@ -1252,6 +1295,26 @@ pub fn table(runs: &[StormReport]) -> String {
         }
         out.push('\n');
     }
+    // Where the login's share requests went, from the metered runs.
+    for m in &modes {
+        let Some(c) = metered(*m).and_then(|r| r.share_login.as_ref()) else {
+            continue;
+        };
+        if c.by_path.is_empty() {
+            continue;
+        }
+        let mut top: Vec<(&String, &u64)> = c.by_path.iter().collect();
+        top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        out.push_str(&format!(
+            "\nshare requests of the logins {}, by path in the home (all users; the {} most of {}):\n",
+            if *m { "with ccfs" } else { "without ccfs" },
+            top.len().min(10),
+            top.len()
+        ));
+        for (k, v) in top.into_iter().take(10) {
+            out.push_str(&format!("  {v:>9}  {k}\n"));
+        }
+    }
     for (title, pick) in [
         (
             "login",
@@ -1315,6 +1378,7 @@ mod tests {
             read_bytes: 100,
             write_bytes: 50,
             by_op: [("write".to_string(), 4), ("lookup".to_string(), 6)].into(),
+            by_path: BTreeMap::new(),
         };
         let mut b = a.clone();
         b.total = 15;
@@ -1327,6 +1391,34 @@ mod tests {
             (5, 2, 30, 0)
         );
         assert_eq!(d.by_op, [("write".to_string(), 2)].into());
+    }
+
+    #[test]
+    fn counts_by_path_are_taken_relative_to_each_home_and_summed_over_users() {
+        let c = |pairs: &[(&str, u64)]| ShareCounts {
+            by_path: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..ShareCounts::default()
+        };
+        let before = c(&[("s/run-1/user000/.mozilla/firefox/p", 5)]);
+        let after = c(&[
+            ("s/run-1/user000/.mozilla/firefox/p", 8),
+            ("s/run-1/user001/.mozilla/firefox/p", 4),
+            ("s/run-1/user001", 2),
+            ("s/run-1", 1),
+            (".", 1),
+            ("(unnamed)", 2),
+        ]);
+        let d = after.minus(&before).by_path_in_homes("s/run-1", 2);
+        assert_eq!(
+            d.by_path,
+            [
+                (".mozilla/firefox/p".to_string(), 7),
+                (".".to_string(), 2),
+                ("(above the homes)".to_string(), 2),
+                ("(unnamed)".to_string(), 2),
+            ]
+            .into()
+        );
     }
 
     #[test]

@@ -170,6 +170,41 @@ fn compare_counts_share_writes_at_the_share_side() {
     }
     assert!(n(with, "share_logout", "mutating") > 0, "the logout syncs");
     assert!(n(with, "share_logout", "write_bytes") > 0);
+    // Where the requests went, by path below the homes: every request of a part is
+    // counted at one path, the paths are relative to a home (the profile's dot-directories),
+    // and the logout with ccfs asks the share mostly about dotfiles.
+    for r in [without, with] {
+        for part in ["share_login", "share_logout"] {
+            let by_path = r[part]["by_path"].as_object().expect("by_path");
+            let sum: u64 = by_path.values().map(|v| v.as_u64().expect("count")).sum();
+            assert_eq!(sum, n(r, part, "total"), "{part}: {by_path:?}");
+            assert!(
+                by_path.keys().all(|k| k.split('/').count() <= 3
+                    && !k.starts_with("user")
+                    && !k.starts_with("loadgen-storm")),
+                "{part}: {by_path:?}"
+            );
+        }
+    }
+    let mozilla = |r: &serde_json::Value, part: &str| -> u64 {
+        r[part]["by_path"]
+            .as_object()
+            .expect("by_path")
+            .iter()
+            .filter(|(k, _)| k.starts_with(".mozilla"))
+            .map(|(_, v)| v.as_u64().expect("count"))
+            .sum()
+    };
+    assert!(
+        mozilla(without, "share_login") > 0,
+        "{}",
+        without["share_login"]
+    );
+    assert!(
+        mozilla(with, "share_logout") > 0,
+        "{}",
+        with["share_logout"]
+    );
     let table = String::from_utf8_lossy(&o.stdout);
     for row in [
         "time to login p50",
@@ -177,6 +212,7 @@ fn compare_counts_share_writes_at_the_share_side() {
         "order ABBA",
         "share bytes written, whole run",
         "client CPU: ccfs daemons",
+        "share requests of the logins without ccfs, by path in the home",
     ] {
         assert!(table.contains(row), "{row}: {table}");
     }
