@@ -1151,3 +1151,83 @@ fn a_handle_let_go_of_during_a_sync_leaves_its_unchanged_file_synced() {
     }
     ok(&m.umount());
 }
+
+/// Another workstation's `chmod 700` of a directory stands through our logout, also when
+/// the sync must send the directories above its files (one of them was removed there, or
+/// one is read-only for its owner): rsync then sets each one's mode to our copy's, which
+/// takes the share's mode first unless we changed it ourselves (a directory we chmod here
+/// is ours to send).
+#[test]
+fn another_workstations_chmod_of_a_directory_stands_when_the_sync_sends_directories() {
+    for trigger in ["removed", "read-only"] {
+        let fx = Fixture::new();
+        for d in [".gnupg", ".foo", ".ssh", ".mine"] {
+            fs::create_dir(fx.s(d)).expect("mkdir");
+        }
+        write(&fx.s(".gnupg/k"), "k\n");
+        write(&fx.s(".foo/x"), "x\n");
+        write(&fx.s(".ssh/authorized_keys"), "key1\n");
+        write(&fx.s(".mine/m"), "m\n");
+        fs::set_permissions(fx.s(".ssh"), fs::Permissions::from_mode(0o555)).expect("chmod");
+        let (mnt_a, cache_a) = fx.workstation("a");
+        let (mnt_b, cache_b) = fx.workstation("b");
+        let a = fx.mount_at(&mnt_a, &cache_a, &[]);
+        write(&mnt_a.join(".gnupg/pubring.kbx"), "ring\n");
+        write(&mnt_a.join(".mine/n"), "n\n");
+        fs::set_permissions(mnt_a.join(".mine"), fs::Permissions::from_mode(0o750))
+            .expect("chmod on a");
+        match trigger {
+            "removed" => write(&mnt_a.join(".foo/y"), "y\n"),
+            _ => {
+                let mut f = fs::OpenOptions::new()
+                    .append(true)
+                    .open(mnt_a.join(".ssh/authorized_keys"))
+                    .expect("open");
+                f.write_all(b"key2\n").expect("append");
+            }
+        }
+        let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+        fs::set_permissions(mnt_b.join(".gnupg"), fs::Permissions::from_mode(0o700))
+            .expect("chmod on b");
+        if trigger == "removed" {
+            fs::remove_dir_all(mnt_b.join(".foo")).expect("rm on b");
+        }
+        ok(&b.umount());
+        assert_eq!(
+            mode_of(&fx.s(".gnupg")),
+            0o700,
+            "{trigger}: B's chmod reached the share"
+        );
+        ok(&a.umount());
+        assert_eq!(
+            mode_of(&fx.s(".gnupg")),
+            0o700,
+            "{trigger}: A's logout put back the mode B changed"
+        );
+        assert_eq!(read(&fx.s(".gnupg/pubring.kbx")), "ring\n", "{trigger}");
+        assert_eq!(
+            mode_of(&fx.s(".mine")),
+            0o750,
+            "{trigger}: A's own chmod is sent"
+        );
+        match trigger {
+            "removed" => assert_eq!(read(&fx.s(".foo/y")), "y\n"),
+            _ => {
+                assert_eq!(read(&fx.s(".ssh/authorized_keys")), "key1\nkey2\n");
+                assert_eq!(
+                    mode_of(&fx.s(".ssh")),
+                    0o555,
+                    "the read-only directory stays so"
+                );
+            }
+        }
+    }
+}
+
+fn mode_of(p: &Path) -> u32 {
+    fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}

@@ -446,10 +446,13 @@ fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
     }
 }
 
-/// rsync writes each file it sends into a temporary `.NAME.XXXXXX` beside it first: while
-/// the sync runs, a cached directory's listing and lookups do not show the temporary files
-/// of the files this sync handed over (an `rm -rf` of the directory found it not empty);
-/// the same name for a file not handed over, or after the sync, is an ordinary name.
+/// rsync writes each file it sends into a temporary `.NAME.XXXXXX` (mode 0600 until it is
+/// whole) beside it first: while the sync runs, a cached directory's listing does not show
+/// the temporary files of the files this sync handed over (an `rm -rf` of the directory
+/// found it not empty). The same name for a file not handed over, of another mode (a
+/// user's `.x.backup` beside `x`), or after the sync, is an ordinary name; and a lookup by
+/// name always finds what the share has (a program that found the user's file missing
+/// would write it anew, and the sync's share copy would take its place).
 #[test]
 fn rsyncs_temporary_files_are_not_shown_while_it_sends() {
     let Fresh {
@@ -478,14 +481,28 @@ fn rsyncs_temporary_files_are_not_shown_while_it_sends() {
     };
     let session = o.begin_sync("host", "20261125T000000Z").expect("sync");
     assert_eq!(session.files, vec![d.join("x")]);
-    // What rsync makes while it sends .d/x; and a user's file of the same shape.
+    // What rsync makes while it sends .d/x; a user's file of the same shape beside
+    // another file; and a user's backup of x (not of mode 0600).
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |name: &str, m: u32| {
+        std::fs::set_permissions(
+            share.join(".d").join(name),
+            std::fs::Permissions::from_mode(m),
+        )
+        .expect("chmod")
+    };
     std::fs::write(share.join(".d/.x.Ab3dE9"), "half").expect("temp");
+    mode(".x.Ab3dE9", 0o600);
     std::fs::write(share.join(".d/.y.Ab3dE9"), "mine").expect("other");
-    assert_eq!(names(&o), vec![".y.Ab3dE9", "x"]);
-    assert!(o.resolve(&d.join(".x.Ab3dE9")).is_err());
-    assert!(o.resolve(&d.join(".y.Ab3dE9")).is_ok());
+    mode(".y.Ab3dE9", 0o600);
+    std::fs::write(share.join(".d/.x.backup"), "precious").expect("backup");
+    mode(".x.backup", 0o644);
+    assert_eq!(names(&o), vec![".x.backup", ".y.Ab3dE9", "x"]);
+    for name in [".x.Ab3dE9", ".y.Ab3dE9", ".x.backup"] {
+        assert!(o.resolve(&d.join(name)).is_ok(), "{name}");
+    }
     drop(session);
-    assert_eq!(names(&o), vec![".x.Ab3dE9", ".y.Ab3dE9", "x"]);
+    assert_eq!(names(&o), vec![".x.Ab3dE9", ".x.backup", ".y.Ab3dE9", "x"]);
     assert!(o.resolve(&d.join(".x.Ab3dE9")).is_ok());
 }
 

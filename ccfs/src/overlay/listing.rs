@@ -28,12 +28,32 @@ impl Overlay {
             Vec::new()
         };
         let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
+        // Names that may be rsync's temporary files (`.NAME.XXXXXX`, a regular file of mode
+        // 0600 on the share): looked at before the lock, and rare.
+        let rsync_temps: HashSet<OsString> = if class == PathClass::Cached {
+            share_names
+                .iter()
+                .filter(|(name, kind)| {
+                    *kind == libc::S_IFREG && rsync_temp_of(&rel.join(name)).is_some()
+                })
+                .filter(|(name, _)| {
+                    matches!(self.share.stat(&rel.join(name)),
+                        Ok(Some(m)) if m.is_file() && m.mode() & 0o7777 == 0o600)
+                })
+                .map(|(name, _)| name.clone())
+                .collect()
+        } else {
+            HashSet::new()
+        };
         let inner = self.lock_for(&[rel]);
         let visible = share_names.into_iter().filter(|(name, _)| {
             let child = rel.join(name);
             match self.policy.classify(&child) {
                 PathClass::LocalOnly => false,
-                PathClass::Cached => !(inner.state.hidden(&child) || sync_holds(&inner, &child)),
+                PathClass::Cached => {
+                    !(inner.state.hidden(&child)
+                        || sync_holds(&inner, &child, rsync_temps.contains(name)))
+                }
                 PathClass::Passthrough => true,
             }
         });

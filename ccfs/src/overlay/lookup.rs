@@ -58,7 +58,7 @@ impl Overlay {
         if let Some(meta) = self.upper_lookup(rel)? {
             return Ok(self.found(rel, Layer::Upper, meta));
         }
-        if inner.state.hidden(rel) || sync_holds(inner, rel) {
+        if inner.state.hidden(rel) || is_sync_holding(rel) {
             return Err(FsError::enoent());
         }
         let meta = self.share_stat_looked(rel, look)?;
@@ -92,7 +92,7 @@ impl Overlay {
                     if let Some(meta) = self.upper_lookup(rel)? {
                         return Ok(Some(self.found(rel, Layer::Upper, meta)));
                     }
-                    if inner.state.hidden(rel) || sync_holds(inner, rel) {
+                    if inner.state.hidden(rel) || is_sync_holding(rel) {
                         return Err(FsError::enoent());
                     }
                     Ok(None)

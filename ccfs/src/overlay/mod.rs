@@ -318,14 +318,19 @@ fn is_sync_holding(rel: &Path) -> bool {
         .is_some_and(|n| n == OsStr::new(crate::sync::PARTIAL_DIR))
 }
 
-/// Whether `rel` is a name a running sync's rsync holds a file under on the share: its
-/// holding directory, or the temporary file it writes a file this sync handed it into
-/// (`.NAME.XXXXXX` beside `NAME`, renamed into the holding directory once whole). Neither
-/// is the user's: a listing or a lookup of a cached directory does not show them (a
-/// program would see a file half written, an rmdir of a directory emptied here fail).
-fn sync_holds(inner: &Inner, rel: &Path) -> bool {
+/// Whether a listing of a cached directory leaves out `rel`: the running sync's holding
+/// directory, or the temporary file rsync writes a file this sync handed it into
+/// (`.NAME.XXXXXX` beside `NAME`, renamed into the holding directory once whole), which
+/// `rsync_temp` says the share's object looks like (a regular file of mode 0600, as rsync
+/// makes it until it is whole). Neither is the user's: a listing during a sync would show
+/// a file half written, and an `rm -r` of a directory emptied here would fail. A lookup by
+/// name shows whatever the share has: a name is never hidden by its look alone (a user's
+/// own `.app.backup` beside `app` is no temporary file, and a program that found it
+/// missing would write it anew).
+fn sync_holds(inner: &Inner, rel: &Path, rsync_temp: bool) -> bool {
     is_sync_holding(rel)
-        || (!inner.handed.is_empty()
+        || (rsync_temp
+            && !inner.handed.is_empty()
             && rsync_temp_of(rel).is_some_and(|of| inner.handed.contains(&of)))
 }
 
@@ -339,7 +344,7 @@ fn databases_of<'a>(names: impl Iterator<Item = &'a Path>) -> Vec<PathBuf> {
 }
 
 /// The file `rel` would be rsync's temporary file of, by its name (`.NAME.XXXXXX`).
-fn rsync_temp_of(rel: &Path) -> Option<PathBuf> {
+pub(super) fn rsync_temp_of(rel: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let name = rel.file_name()?.as_bytes();
     let (head, tail) = name.split_at(name.len().checked_sub(7)?);

@@ -607,6 +607,17 @@ impl Overlay {
                         if m.mode() & 0o200 == 0 {
                             session.carries.implied_dirs = true;
                         }
+                        // When rsync sends the directories above the listed paths, it sets
+                        // each one's mode to our copy's: a copy we did not change takes the
+                        // share's mode first (another workstation's `chmod 700 ~/.gnupg`
+                        // stands).
+                        if let Err(e) = self.take_shares_dir_mode(dir, m.mode()) {
+                            session
+                                .errors
+                                .push(io_err("cannot set the mode of", dir, &e));
+                            self.hold_below(dir, held);
+                            break;
+                        }
                         fine.insert(dir.to_path_buf());
                         continue;
                     }
@@ -655,6 +666,21 @@ impl Overlay {
             }
         }
         Ok(())
+    }
+
+    /// Gives the cache's copy of directory `dir` the share's permission bits `share_mode`,
+    /// unless we changed the directory ourselves (then ours are what the sync sends).
+    fn take_shares_dir_mode(&self, dir: &Path, share_mode: u32) -> io::Result<()> {
+        let inner = self.lock();
+        if inner.state.is_dirty(dir) {
+            return Ok(());
+        }
+        match self.upper_stat(dir)? {
+            Some(m) if m.is_dir() && m.mode() & 0o7777 != share_mode & 0o7777 => {
+                self.cache.chmod(&up(dir), share_mode & 0o7777)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Holds back `dir` and every dirty path below it.
