@@ -1132,11 +1132,26 @@ impl Overlay {
     /// ever removed there.
     fn clean_partial_transfers(&self, files: &[PathBuf], errors: &mut Vec<String>) {
         let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+        // The share is asked once a directory whether it has a holding directory at all
+        // (mostly not: rsync removes it when it is done), then once a file in those that do.
+        let mut holding_dirs: HashMap<PathBuf, bool> = HashMap::new();
         for p in files {
             let (Some(name), parent) = (p.file_name(), p.parent().unwrap_or(Path::new(""))) else {
                 continue;
             };
             let holding = parent.join(crate::sync::PARTIAL_DIR);
+            let is_dir = *holding_dirs.entry(holding.clone()).or_insert_with(|| {
+                match self.share.stat(&holding) {
+                    Ok(Some(m)) => m.is_dir(),
+                    Ok(None) => false,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => false,
+                    // Asked again below, where the error is reported.
+                    Err(_) => true,
+                }
+            });
+            if !is_dir {
+                continue;
+            }
             let partial = holding.join(name);
             match self.share.stat(&partial) {
                 Ok(Some(m)) if !m.is_dir() => {
@@ -1363,8 +1378,11 @@ impl SyncSession<'_> {
         };
         let landed = o.settle(&self.files, &self.sent, &transfer, &mut out.errors)?;
         // What a failed rsync left in its holding directories (a file that changed under it
-        // and failed its check, or turned into a directory): resent whole next time.
-        o.clean_partial_transfers(&self.files, &mut out.errors);
+        // and failed its check, or turned into a directory): resent whole next time. One
+        // that exited 0 put every file in place.
+        if transfer != Transfer::Complete {
+            o.clean_partial_transfers(&self.files, &mut out.errors);
+        }
         {
             let mut inner = o.lock();
             let mut clean = Vec::new();
