@@ -165,14 +165,18 @@ impl Requests {
         self.path_depth.load(Ordering::Relaxed) > 0
     }
 
-    /// Counts one request at `path` (relative to the mount root) by its first components.
-    pub fn at_path(&self, path: &Path) {
+    /// Counts one request of kind `r` at `path` (relative to the mount root), by its kind
+    /// and by the first components of its path. Both counts change under the paths' lock,
+    /// which a snapshot takes too: the counts by path always add up to the total.
+    pub fn count_at(&self, r: Req, path: &Path) {
         let depth = self.path_depth.load(Ordering::Relaxed);
         if depth == 0 {
+            self.count(r);
             return;
         }
         let key = path_key(path, depth);
         let mut m = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        self.count(r);
         *m.entry(key).or_insert(0) += 1;
     }
 
@@ -185,6 +189,8 @@ impl Requests {
     }
 
     pub fn snapshot(&self) -> RequestCounts {
+        // Held while the kinds are read: no request counted by path is half counted.
+        let paths = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
         let mut by_op = BTreeMap::new();
         let (mut total, mut mutating) = (0, 0);
         for r in ALL {
@@ -197,13 +203,7 @@ impl Requests {
                 mutating += n;
             }
         }
-        let by_path = self
-            .by_path
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+        let by_path = paths.iter().map(|(k, v)| (k.clone(), *v)).collect();
         RequestCounts {
             total,
             mutating,
@@ -272,5 +272,31 @@ mod tests {
         let names: std::collections::BTreeSet<_> = ALL.iter().map(|r| r.name()).collect();
         assert_eq!(names.len(), ALL.len());
         assert!(ALL.iter().enumerate().all(|(i, r)| *r as usize == i));
+    }
+
+    /// Snapshots taken while requests are counted by path on other threads: the counts by
+    /// path add up to the total in every one, and keys keep the first two components.
+    #[test]
+    fn counts_by_path_add_up_to_the_total_while_counting() {
+        let r = Requests::default();
+        r.count_paths(2);
+        std::thread::scope(|s| {
+            for t in 0..3 {
+                let r = &r;
+                s.spawn(move || {
+                    for i in 0..20_000 {
+                        let p = format!(".mozilla/firefox/p{t}/f{i}");
+                        r.count_at(Req::Lookup, Path::new(&p));
+                    }
+                });
+            }
+            for _ in 0..200 {
+                let snap = r.snapshot();
+                assert_eq!(snap.by_path.values().sum::<u64>(), snap.total);
+            }
+        });
+        let snap = r.snapshot();
+        assert_eq!(snap.total, 60_000);
+        assert_eq!(snap.by_path.get(".mozilla/firefox"), Some(&60_000));
     }
 }

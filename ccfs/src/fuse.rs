@@ -433,14 +433,15 @@ impl CcfsFs {
     /// Counts a request on node `ino` (and `name` in it, for a request on a name).
     fn count(&self, r: Req, ino: INodeNo, name: Option<&OsStr>) {
         let requests = &self.overlay.requests;
-        requests.count(r);
-        if requests.by_path_wanted() {
-            match (self.nodes().path(ino.0), name) {
-                (Some(p), Some(n)) => requests.at_path(&p.join(n)),
-                (Some(p), None) => requests.at_path(&p),
-                // A node no longer named (a file removed while open): counted all the same.
-                (None, _) => requests.at_path(Path::new(crate::counters::UNNAMED)),
-            }
+        if !requests.by_path_wanted() {
+            requests.count(r);
+            return;
+        }
+        match (self.nodes().path(ino.0), name) {
+            (Some(p), Some(n)) => requests.count_at(r, &p.join(n)),
+            (Some(p), None) => requests.count_at(r, &p),
+            // A node no longer named (a file removed while open): counted all the same.
+            (None, _) => requests.count_at(r, Path::new(crate::counters::UNNAMED)),
         }
     }
 
