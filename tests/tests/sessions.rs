@@ -1231,3 +1231,44 @@ fn mode_of(p: &Path) -> u32 {
         .mode()
         & 0o7777
 }
+
+/// The deletion of a file is applied after rsync, which may take minutes, while the
+/// conflict check ran before it: another workstation's save of that file meanwhile is
+/// kept (a conflict, named), not deleted. (The deletion went ahead unchecked and the
+/// logout said all changes were on the share. Found by the second attack review.)
+#[test]
+fn a_save_on_the_share_during_our_sync_is_not_deleted_by_it() {
+    let fx = Fixture::new();
+    write(&fx.s(".settings"), "old\n");
+    let gates = fx.tmp.path().join("gates");
+    let config = gated_rsync_config(&gates);
+    let m = fx.mount_with(&["--config", config.to_str().expect("utf8")]);
+    fs::remove_file(fx.m(".settings")).expect("rm .settings");
+    write(&fx.m(".other"), "sent\n");
+    write(&gates.join("hold"), "");
+    let mnt = fx.mnt.clone();
+    let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
+    wait_until("the hand-over", Duration::from_secs(60), || {
+        gates.join("handed-over").exists()
+    });
+    // Another workstation saves .settings (temp file, rename) while our rsync runs.
+    write(&fx.s(".settings.tmp"), "saved elsewhere\n");
+    fs::rename(fx.s(".settings.tmp"), fx.s(".settings")).expect("rename on the share");
+    write(&gates.join("go"), "");
+    wait_until("rsync to finish", Duration::from_secs(60), || {
+        gates.join("sent").exists()
+    });
+    fs::remove_file(gates.join("hold")).expect("rm hold");
+    write(&gates.join("settle"), "");
+    let out = syncer.join().expect("sync thread");
+    let said = text(&out);
+    assert!(said.contains("conflict"), "{said}");
+    assert_eq!(read(&fx.s(".settings")), "saved elsewhere\n", "{said}");
+    assert_eq!(read(&fx.s(".other")), "sent\n");
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".settings")), "saved elsewhere\n");
+    // The next login shows it.
+    let m = fx.mount();
+    assert_eq!(read(&fx.m(".settings")), "saved elsewhere\n");
+    ok(&m.umount());
+}

@@ -1233,6 +1233,24 @@ impl Overlay {
         let mut conflict = None;
         if self.upper_stat(rel)?.is_none() {
             if let Some(meta) = self.share.stat(rel)? {
+                // The check was made before rsync ran, which may take minutes: a file
+                // another workstation saved there since is not ours to delete.
+                if !meta.is_dir() && Some(share_id_of(&meta)) != inner.state.base(rel) {
+                    tracing::warn!(path = %shown(rel), "conflict: deleted here, changed on the share during the sync; kept");
+                    let now = Some(share_id_of(&meta));
+                    self.record(
+                        &mut inner,
+                        &[
+                            Record::Deleted(rel.to_path_buf()),
+                            Record::Base(rel.to_path_buf(), now),
+                        ],
+                    )?;
+                    return Ok(Some(Conflict {
+                        path: rel.to_path_buf(),
+                        kind: ConflictKind::DeletedHereModifiedThere,
+                        kept: "the share's version".into(),
+                    }));
+                }
                 let r = if meta.is_dir() {
                     self.share.rmdir(rel)
                 } else {
