@@ -991,12 +991,25 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
     );
     assert!(asked.status.success(), "{}", text(&asked));
     assert_eq!(String::from_utf8_lossy(&asked.stdout), "20\n");
-    assert!(wrote.status.success(), "{}", text(&wrote));
+    // The stuck write either goes on once the share answers, or, when one of its share
+    // accesses came after the probe had closed the gate (the write-back and the msync's
+    // FSYNC reach the daemon at the kernel's pace), fails at once with ENOTCONN: the
+    // program is told. Never a hang, never a write answered and then dropped.
+    let written = wrote.status.success();
+    assert!(
+        written || text(&wrote).contains("Errno 107"),
+        "the write either went on or was told of the outage: {}",
+        text(&wrote)
+    );
     let out = ccfs_within(&["umount".as_ref(), s.mnt.as_os_str()]);
     assert!(out.status.success(), "umount: {}", text(&out));
-    assert_eq!(
-        read(&s.home.join(".places.sqlite")),
-        "The share's version\n"
+    // Written: the new version. Told of the outage: the page may have gone before the
+    // msync's FSYNC failed, so either whole version.
+    let on_share = read(&s.home.join(".places.sqlite"));
+    assert!(
+        on_share == "The share's version\n" || (!written && on_share == "the share's version\n"),
+        "{on_share:?}: {}",
+        text(&wrote)
     );
     assert_eq!(
         read(&s.home.join(".newrc")),
