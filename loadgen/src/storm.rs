@@ -177,10 +177,11 @@ impl ShareCounts {
     }
 
     /// The meter counts paths from the share's root: keeps those below `homes` (the
-    /// run's homes, `skip` components from the root, then a user's directory), each
-    /// without its first `skip + 1` components, summed over the users; the rest (the
-    /// run's own directories above the homes) under "(above the homes)".
-    fn by_path_in_homes(mut self, homes: &str, skip: usize) -> ShareCounts {
+    /// run's homes, relative to the share's root, then a user's directory), each without
+    /// those components, summed over the users; the rest (the run's own directories above
+    /// the homes) under "(above the homes)".
+    fn by_path_in_homes(mut self, homes: &str) -> ShareCounts {
+        let skip = Path::new(homes).components().count();
         let mut by_home = BTreeMap::new();
         for (k, v) in std::mem::take(&mut self.by_path) {
             let parts: Vec<&str> = k.split('/').collect();
@@ -853,9 +854,8 @@ fn one_run(
         .find_map(|u| u.error.as_ref().map(|e| format!("user{:03}: {e}", u.user)))
         .or(meter_err);
     let of = |f: fn(&UserResult) -> f64| Summary::of(&per_user.iter().map(f).collect::<Vec<_>>());
-    let skip = Path::new(homes).components().count();
     let delta = |a: &Option<ShareCounts>, b: &Option<ShareCounts>| match (a, b) {
-        (Some(a), Some(b)) => Some(b.minus(a).by_path_in_homes(homes, skip)),
+        (Some(a), Some(b)) => Some(b.minus(a).by_path_in_homes(homes)),
         _ => None,
     };
     let ccfs_cpu: Vec<f64> = per_user.iter().filter_map(|u| u.ccfs_cpu_s).collect();
@@ -1408,7 +1408,7 @@ mod tests {
             (".", 1),
             ("(unnamed)", 2),
         ]);
-        let d = after.minus(&before).by_path_in_homes("s/run-1", 2);
+        let d = after.minus(&before).by_path_in_homes("s/run-1");
         assert_eq!(
             d.by_path,
             [

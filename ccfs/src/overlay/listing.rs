@@ -28,19 +28,30 @@ impl Overlay {
             Vec::new()
         };
         let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
-        // Names that may be rsync's temporary files (`.NAME.XXXXXX`, a regular file of mode
-        // 0600 on the share): looked at before the lock, and rare.
+        // Names that may be rsync's temporary files of files a running sync handed it
+        // (`.NAME.XXXXXX`, a regular file of mode 0600 on the share): looked at on the share
+        // before the lock is taken to list; none when no sync runs.
         let rsync_temps: HashSet<OsString> = if class == PathClass::Cached {
-            share_names
-                .iter()
-                .filter(|(name, kind)| {
-                    *kind == libc::S_IFREG && rsync_temp_of(&rel.join(name)).is_some()
-                })
-                .filter(|(name, _)| {
+            let candidates: Vec<&OsString> = {
+                let inner = self.lock_any();
+                share_names
+                    .iter()
+                    .filter(|(name, kind)| {
+                        *kind == libc::S_IFREG
+                            && !inner.handed.is_empty()
+                            && rsync_temp_of(&rel.join(name))
+                                .is_some_and(|of| inner.handed.contains(&of))
+                    })
+                    .map(|(name, _)| name)
+                    .collect()
+            };
+            candidates
+                .into_iter()
+                .filter(|name| {
                     matches!(self.share.stat(&rel.join(name)),
                         Ok(Some(m)) if m.is_file() && m.mode() & 0o7777 == 0o600)
                 })
-                .map(|(name, _)| name.clone())
+                .cloned()
                 .collect()
         } else {
             HashSet::new()

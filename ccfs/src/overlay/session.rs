@@ -675,6 +675,9 @@ impl Overlay {
         if inner.state.is_dirty(dir) {
             return Ok(());
         }
+        // Not in the middle of a copy-up's moment of write access to this directory (its
+        // mode is the user's plus the owner's write bit then, and is put back after).
+        let _moment = self.write_access.lock().unwrap_or_else(|e| e.into_inner());
         match self.upper_stat(dir)? {
             Some(m) if m.is_dir() && m.mode() & 0o7777 != share_mode & 0o7777 => {
                 self.cache.chmod(&up(dir), share_mode & 0o7777)
@@ -1223,8 +1226,9 @@ impl Overlay {
     }
 
     /// Deletes `rel` on the share if it is still a whiteout and the cache has nothing
-    /// there, then records the whiteout done. A directory someone filled meanwhile is kept
-    /// (a conflict).
+    /// there, then records the whiteout done. A directory someone filled meanwhile, or a
+    /// file someone saved there since the conflict check (not its base), is kept (a
+    /// conflict).
     fn apply_deletion(&self, rel: &Path) -> FsResult<Option<Conflict>> {
         let mut inner = self.lock();
         if !inner.state.is_whiteout(rel) {
@@ -1235,24 +1239,16 @@ impl Overlay {
             if let Some(meta) = self.share.stat(rel)? {
                 // The check was made before rsync ran, which may take minutes: a file
                 // another workstation saved there since is not ours to delete.
-                if !meta.is_dir() && Some(share_id_of(&meta)) != inner.state.base(rel) {
+                let r = if meta.is_dir() {
+                    self.share.rmdir(rel)
+                } else if Some(share_id_of(&meta)) != inner.state.base(rel) {
                     tracing::warn!(path = %shown(rel), "conflict: deleted here, changed on the share during the sync; kept");
-                    let now = Some(share_id_of(&meta));
-                    self.record(
-                        &mut inner,
-                        &[
-                            Record::Deleted(rel.to_path_buf()),
-                            Record::Base(rel.to_path_buf(), now),
-                        ],
-                    )?;
-                    return Ok(Some(Conflict {
+                    conflict = Some(Conflict {
                         path: rel.to_path_buf(),
                         kind: ConflictKind::DeletedHereModifiedThere,
                         kept: "the share's version".into(),
-                    }));
-                }
-                let r = if meta.is_dir() {
-                    self.share.rmdir(rel)
+                    });
+                    Ok(())
                 } else {
                     self.share.unlink(rel)
                 };
