@@ -1540,6 +1540,25 @@ fn model_regression_a_hard_link_at_a_removed_synced_directory() {
     .expect("model");
 }
 
+/// Regression (from the model, in a clean CI run): two names of one file sent by a sync,
+/// one renamed, the other rewritten. The final sync's rsync replaced the share's second
+/// name, which dropped the link count, and so the ctime, of the first name's file there:
+/// the deletion of the first name took that for another workstation's save and kept it.
+#[test]
+fn model_regression_a_deleted_hard_link_whose_twin_rsync_replaced() {
+    run_model(
+        vec![],
+        vec![
+            Op::Write(1, 0, 0),
+            Op::Link(1, 0),
+            Op::Sync,
+            Op::Rename(0, 2),
+            Op::Write(1, 0, 0),
+        ],
+    )
+    .expect("model");
+}
+
 /// Regression (from the sessions model): a rename over a share's file, then a sync whose
 /// rsync sends nothing and fails. The two share files were written within one tick of the
 /// kernel's coarse clock, so the share's old file had the size and mtime of the renamed

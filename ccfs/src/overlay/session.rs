@@ -145,6 +145,15 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
+/// Is the share file `now` the save `base` was taken of, its ctime aside (a change of
+/// mode, owner or link count alone is no new save)?
+fn same_save(now: Option<ShareId>, base: Option<ShareId>) -> bool {
+    match (now, base) {
+        (Some(n), Some(b)) => (n.ino, n.size, n.mtime) == (b.ino, b.size, b.mtime),
+        _ => false,
+    }
+}
+
 /// Without rsync's report of what it sent (a sync cut short by a crash, settled by the next
 /// one; an rsync that named no file): is the share object `theirs` our own transfer of the
 /// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and
@@ -1238,10 +1247,12 @@ impl Overlay {
         if self.upper_stat(rel)?.is_none() {
             if let Some(meta) = self.share.stat(rel)? {
                 // The check was made before rsync ran, which may take minutes: a file
-                // another workstation saved there since is not ours to delete.
+                // another workstation saved there since is not ours to delete. Its ctime
+                // is no sign of that here: rsync replacing another name of the same file
+                // (a hard link we sent) changes the link count, and so the ctime.
                 let r = if meta.is_dir() {
                     self.share.rmdir(rel)
-                } else if Some(share_id_of(&meta)) != inner.state.base(rel) {
+                } else if !same_save(Some(share_id_of(&meta)), inner.state.base(rel)) {
                     tracing::warn!(path = %shown(rel), "conflict: deleted here, changed on the share during the sync; kept");
                     conflict = Some(Conflict {
                         path: rel.to_path_buf(),
