@@ -4,7 +4,10 @@
 //! [paths]
 //! dotfiles_cached = true          # paths whose first component starts with "." are cached
 //! cached = []                     # more globs to cache, relative to the mount root
-//! passthrough = []                # globs forced straight to the share (wins over cached)
+//! passthrough = ["**/*.sqlite", "**/*.sqlite-wal", "**/*.sqlite-shm", "**/*.sqlite-journal"]
+//!                                 # globs forced straight to the share (wins over cached);
+//!                                 # the default passes SQLite databases through (a list
+//!                                 # given here replaces it; [] caches them too)
 //! local_only = [".cache/**"]      # kept in the cache only, never synced (wins over all)
 //!
 //! [sync]
@@ -55,7 +58,10 @@ impl Default for PathsSection {
         Self {
             dotfiles_cached: true,
             cached: Vec::new(),
-            passthrough: Vec::new(),
+            passthrough: crate::policy::SQLITE_DATABASES
+                .iter()
+                .map(|g| g.to_string())
+                .collect(),
             local_only: vec![".cache/**".to_string()],
         }
     }
@@ -331,6 +337,39 @@ mod tests {
             PathClass::LocalOnly
         );
         assert_eq!(s.policy.classify(Path::new(".bashrc")), PathClass::Cached);
+        for db in [
+            ".mozilla/firefox/x.default/places.sqlite",
+            ".mozilla/firefox/x.default/places.sqlite-wal",
+            ".mozilla/firefox/x.default/storage/default/a/idb/1.sqlite",
+            ".app.sqlite-journal",
+        ] {
+            assert_eq!(
+                s.policy.classify(Path::new(db)),
+                PathClass::Passthrough,
+                "{db}"
+            );
+        }
+        assert_eq!(
+            s.policy
+                .classify(Path::new(".mozilla/firefox/x.default/places.sqlite.bak")),
+            PathClass::Cached
+        );
+        assert_eq!(
+            s.policy.classify(Path::new(".cache/x/y.sqlite")),
+            PathClass::LocalOnly
+        );
+        // A list given replaces the default: [] caches databases like any dotfile.
+        let cached =
+            Settings::from_toml("[paths]\npassthrough = []\n", Path::new("c.toml")).expect("valid");
+        assert_eq!(
+            cached.policy.classify(Path::new(".mozilla/places.sqlite")),
+            PathClass::Cached
+        );
+        let d = Policy::default_policy();
+        assert_eq!(
+            d.classify(Path::new(".mozilla/places.sqlite")),
+            PathClass::Passthrough
+        );
     }
 
     #[test]

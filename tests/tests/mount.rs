@@ -86,10 +86,28 @@ fn local_only_cache_content_never_reaches_the_share() {
     drop(m);
 }
 
+/// By default a database goes straight to the share: every commit is there during the
+/// session, and the cache holds none of it.
 #[test]
 fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
+    sqlite_with_a_second_reader(false);
+}
+
+/// Databases cached (`passthrough = []`): the database stays in the cache during the
+/// session and reaches the share whole at logout.
+#[test]
+fn a_cached_sqlite_database_with_a_second_reader() {
+    sqlite_with_a_second_reader(true);
+}
+
+fn sqlite_with_a_second_reader(cached: bool) {
     let fx = Fixture::new();
-    let m = fx.mount();
+    let cfg = fx.cached_databases();
+    let m = if cached {
+        fx.mount_with(&["--config", &cfg])
+    } else {
+        fx.mount()
+    };
     let dir = fx.m(".mozilla/firefox/test.default");
     fs::create_dir_all(&dir).expect("mkdir");
     let db = dir.join("places.sqlite");
@@ -132,14 +150,35 @@ fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
         vec!["501", "ok"],
         "{answer}"
     );
-    assert!(
-        !fx.s(".mozilla").exists(),
-        "the database stays in the cache during the session"
-    );
+    let on_share = fx.s(".mozilla/firefox/test.default/places.sqlite");
+    if cached {
+        assert!(
+            !fx.s(".mozilla").exists(),
+            "the database stays in the cache during the session"
+        );
+    } else {
+        let out = Command::new("sqlite3")
+            .arg(&on_share)
+            .arg("SELECT count(*) FROM visits;")
+            .output()
+            .expect("sqlite3");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "501",
+            "every commit is on the share during the session: {}",
+            text(&out)
+        );
+        assert!(
+            !fx.cache
+                .join("upper/.mozilla/firefox/test.default/places.sqlite")
+                .exists(),
+            "the cache holds no copy"
+        );
+    }
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
     let out = Command::new("sqlite3")
-        .arg(fx.s(".mozilla/firefox/test.default/places.sqlite"))
+        .arg(&on_share)
         .arg("SELECT count(*) FROM visits; PRAGMA integrity_check;")
         .output()
         .expect("sqlite3");
@@ -233,7 +272,10 @@ fn a_reader_of_a_share_database_sees_another_process_write_it() {
     }
     seed.push_str("COMMIT; PRAGMA wal_checkpoint(TRUNCATE);");
     sql_at(&fx.s(".mozilla/p.sqlite"), &seed);
-    let m = fx.mount();
+    // Databases cached: the checkpoint copies the database up (the default passes it
+    // through).
+    let cfg = fx.cached_databases();
+    let m = fx.mount_with(&["--config", &cfg]);
     let db = fx.m(".mozilla/p.sqlite");
     // The readers open first (read-write, as sqlite3 does; and read-only), and read.
     let open_reader = |args: &[&str]| {

@@ -826,18 +826,16 @@ fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
         CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\nkernel_passthrough = false\n");
     let s = Session::start(&server);
     let big: Vec<u8> = (0..4 << 20).map(|i| (i % 253) as u8).collect();
-    std::fs::write(s.home.join(".places.sqlite"), &big).expect("big dotfile");
+    std::fs::write(s.home.join(".places.db"), &big).expect("big dotfile");
     write(&s.m(".newrc"), "made in the session\n");
     assert_eq!(
-        std::fs::metadata(s.m(".places.sqlite"))
-            .expect("stat")
-            .len(),
+        std::fs::metadata(s.m(".places.db")).expect("stat").len(),
         big.len() as u64
     );
     server.fail(Outage::Hangs);
     let chmod = Command::new("chmod")
         .arg("0600")
-        .arg(s.m(".places.sqlite"))
+        .arg(s.m(".places.db"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -869,7 +867,7 @@ fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
     assert!(done.status.success(), "{}", text(&done));
     let out = ccfs_within(&["umount".as_ref(), s.mnt.as_os_str()]);
     assert!(out.status.success(), "umount: {}", text(&out));
-    let sent = s.home.join(".places.sqlite");
+    let sent = s.home.join(".places.db");
     assert!(std::fs::read(&sent).expect("share") == big);
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(
@@ -895,9 +893,9 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
     let mut server =
         CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\nkernel_passthrough = false\n");
     let s = Session::start(&server);
-    std::fs::write(s.home.join(".places.sqlite"), "the share's version\n").expect("dotfile");
+    std::fs::write(s.home.join(".places.db"), "the share's version\n").expect("dotfile");
     write(&s.m(".newrc"), "made in the session\n");
-    assert_eq!(read(&s.m(".places.sqlite")), "the share's version\n");
+    assert_eq!(read(&s.m(".places.db")), "the share's version\n");
     let mut writer = Command::new("/usr/bin/python3")
         .args([
             "-c",
@@ -915,7 +913,7 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
              m.close()\n\
              os.close(fd)\n",
         ])
-        .arg(s.m(".places.sqlite"))
+        .arg(s.m(".places.db"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -937,7 +935,7 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
              sys.stdin.readline()\n\
              print(os.stat(f'/proc/self/fd/{fd}').st_size)\n",
         ])
-        .arg(s.m(".places.sqlite"))
+        .arg(s.m(".places.db"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1005,7 +1003,7 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
     assert!(out.status.success(), "umount: {}", text(&out));
     // Written: the new version. Told of the outage: the page may have gone before the
     // msync's FSYNC failed, so either whole version.
-    let on_share = read(&s.home.join(".places.sqlite"));
+    let on_share = read(&s.home.join(".places.db"));
     assert!(
         on_share == "The share's version\n" || (!written && on_share == "the share's version\n"),
         "{on_share:?}: {}",

@@ -730,8 +730,10 @@ fn a_wal_from_one_workstation_never_lands_on_anothers_database() {
     let db = share_database(&fx);
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
-    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    // Databases cached (the default passes them through).
+    let cfg = fx.cached_databases();
+    let a = fx.mount_at(&mnt_a, &cache_a, &["--config", &cfg]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
     sqlite(&mnt_b.join(".mozilla/places.sqlite"), B_ROWS);
     // A: a browser that commits and is then killed (no checkpoint at close).
     let mut browser = Sqlite::open(&mnt_a.join(".mozilla/places.sqlite"));
@@ -801,8 +803,10 @@ fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
     let db = share_database(&fx);
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    let a = fx.mount_at(&mnt_a, &cache_a, &[]);
-    let b = fx.mount_at(&mnt_b, &cache_b, &[]);
+    // Databases cached (the default passes them through).
+    let cfg = fx.cached_databases();
+    let a = fx.mount_at(&mnt_a, &cache_a, &["--config", &cfg]);
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
     let mut app = Sqlite::open(&mnt_a.join(".mozilla/places.sqlite"));
     app.run("PRAGMA wal_autocheckpoint=0; INSERT INTO h(url) VALUES('a-1');");
     app.child.kill().expect("kill -9 the program");

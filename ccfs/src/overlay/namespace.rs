@@ -161,6 +161,9 @@ impl Overlay {
             if !dir.meta.is_dir() {
                 return Err(errno(libc::ENOTDIR));
             }
+            if dir.layer == Layer::Upper {
+                self.share_dirs_for(ctx, parent)?;
+            }
             let file = make(&self.share, &rel)?;
             self.chown_made(&self.share, &rel, ctx, Some(&dir.meta), file.as_ref())?;
             return self.made(Layer::Share, &rel, file);
@@ -252,7 +255,16 @@ impl Overlay {
             // Straight to the share: made, or found there (the share tells which); its
             // attributes from the open file. No lock held while the share answers.
             let made = creation_flags(flags);
-            let (file, writer) = match self.share.open_file(&rel, made, perm) {
+            let mut opened = self.share.open_file(&rel, made, perm);
+            if opened
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
+                && self.resolve(parent)?.layer == Layer::Upper
+            {
+                self.share_dirs_for(ctx, parent)?;
+                opened = self.share.open_file(&rel, made, perm);
+            }
+            let (file, writer) = match opened {
                 Ok(file) => {
                     self.chown_made(&self.share, &rel, ctx, None, Some(&file))?;
                     (file, None)
@@ -291,6 +303,37 @@ impl Overlay {
                 None
             };
         Ok((found, file, writer))
+    }
+
+    /// The share's copies of the directories above a name passed through to the share,
+    /// where only the cache has them (a program made a new dot directory, then a database
+    /// in it: Firefox's first start makes its profile so). Each is made with the cache
+    /// copy's mode; one that another workstation made meanwhile is taken as it is. The
+    /// cache's copies stay dirty: the sync finds the share's directories there and sends
+    /// only their attributes.
+    fn share_dirs_for(&self, ctx: &Ctx, parent: &Path) -> FsResult<()> {
+        let mut missing = Vec::new();
+        for dir in parent.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+            match self.share.stat(dir)? {
+                Some(m) if m.is_dir() => break,
+                Some(_) => return Err(errno(libc::ENOTDIR)),
+                None => missing.push(dir),
+            }
+        }
+        for dir in missing.into_iter().rev() {
+            let Some(ours) = self.upper_stat(dir)? else {
+                return Err(errno(libc::ENOENT));
+            };
+            match self.share.mkdir(dir, ours.mode() & 0o7777) {
+                Ok(()) => {
+                    self.share.chmod(dir, ours.mode() & 0o7777)?;
+                    self.chown_made(&self.share, dir, ctx, None, None)?;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     pub fn mkdir(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32) -> FsResult<Found> {

@@ -117,6 +117,14 @@ impl Fixture {
         (mnt, self.tmp.path().join(format!("cache-{name}")))
     }
 
+    /// A config that caches SQLite databases like any dotfile (the default passes them
+    /// through): for tests of how the cache treats a database.
+    pub fn cached_databases(&self) -> String {
+        let p = self.tmp.path().join("ccfs-cached-databases.toml");
+        std::fs::write(&p, "[paths]\npassthrough = []\n").expect("config");
+        p.display().to_string()
+    }
+
     /// Writes a config file and returns its path.
     pub fn config(&self, text: &str) -> PathBuf {
         let p = self.tmp.path().join("ccfs.toml");
