@@ -335,6 +335,12 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
                 "ccfs: {what}: sent {} paths, deleted {} on the share in {:.2}s; left unsynced: {} paths, {} deletions",
                 r.sent, r.deleted, r.seconds, r.remaining_dirty, r.remaining_deletions
             );
+            if r.unchanged > 0 {
+                println!(
+                    "ccfs: {what}: {} changed files were on the share as they are: not sent",
+                    r.unchanged
+                );
+            }
             for e in &r.errors {
                 println!("ccfs: {what}: {}", daemon::LogText(e));
             }

@@ -159,6 +159,10 @@ pub struct SyncReport {
     pub sent: usize,
     /// Paths whose dirty mark was cleared.
     pub cleaned: usize,
+    /// Changed files whose bytes, mode and owner the share already had: not sent, clean
+    /// (counted in `cleaned` too).
+    #[serde(default)]
+    pub unchanged: usize,
     /// Deletions applied on the share.
     pub deleted: usize,
     /// Unsynced paths and deletions left after this sync.
@@ -519,6 +523,7 @@ pub fn run_sync(
     let session = overlay.begin_sync(&hostname(), &stamp(SystemTime::now()))?;
     let mut report = SyncReport {
         sent: session.files.len(),
+        unchanged: session.unchanged,
         conflicts: session.conflicts.clone(),
         ..Default::default()
     };
@@ -537,7 +542,7 @@ pub fn run_sync(
         run_rsync(&opts, overlay.upper(), overlay.share(), &session.files)?
     };
     let settled = session.finish(transfer)?;
-    report.cleaned = settled.cleaned;
+    report.cleaned = settled.cleaned + report.unchanged;
     report.deleted = settled.deleted;
     report.conflicts.extend(settled.conflicts);
     report.errors = settled.errors;

@@ -12,6 +12,73 @@ use std::time::Duration;
 
 use common::*;
 
+/// A dotfile saved with the bytes it had (a program that writes back what it read), and
+/// one only touched, are not sent at logout: the share keeps its file (same inode), with
+/// the mtime the session gave it. One saved with other bytes of the same size is sent.
+#[test]
+fn a_dotfile_saved_unchanged_is_not_sent_but_keeps_its_new_mtime() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    for f in ["same.conf", "touched.stamp", "other.conf"] {
+        fs::write(fx.s(&format!(".config/{f}")), "setting = 1\n").expect("seed");
+    }
+    let ino = |f: &str| {
+        fs::metadata(fx.s(&format!(".config/{f}")))
+            .expect("stat")
+            .ino()
+    };
+    let before: Vec<u64> = ["same.conf", "touched.stamp", "other.conf"]
+        .iter()
+        .map(|f| ino(f))
+        .collect();
+    let m = fx.mount();
+    write(&fx.m(".config/same.conf"), "setting = 1\n");
+    write(&fx.m(".config/other.conf"), "setting = 2\n");
+    let t = Command::new("touch")
+        .args(["-d", "2031-05-06 07:08:09"])
+        .arg(fx.m(".config/touched.stamp"))
+        .output()
+        .expect("touch");
+    assert!(t.status.success(), "{}", text(&t));
+    let mtime_here = |f: &str| {
+        fs::metadata(fx.m(&format!(".config/{f}")))
+            .expect("stat")
+            .mtime()
+    };
+    let wanted = [mtime_here("same.conf"), mtime_here("touched.stamp")];
+    assert!(
+        fx.cache.join("upper/.config/same.conf").exists(),
+        "the save went to the cache"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("2 changed files were on the share as they are: not sent"),
+        "{said}"
+    );
+    assert_eq!(ino("same.conf"), before[0], "the share's file stays");
+    assert_eq!(ino("touched.stamp"), before[1], "the share's file stays");
+    assert_ne!(
+        ino("other.conf"),
+        before[2],
+        "a changed file is sent (a new file)"
+    );
+    assert_eq!(read(&fx.s(".config/other.conf")), "setting = 2\n");
+    assert_eq!(read(&fx.s(".config/same.conf")), "setting = 1\n");
+    let mtime_there = |f: &str| {
+        fs::metadata(fx.s(&format!(".config/{f}")))
+            .expect("stat")
+            .mtime()
+    };
+    assert_eq!(
+        [mtime_there("same.conf"), mtime_there("touched.stamp")],
+        wanted,
+        "the mtimes of the session stand on the share"
+    );
+}
+
 #[test]
 fn dotfile_write_stays_local_until_logout_document_goes_through_at_once() {
     let fx = Fixture::new();

@@ -22,7 +22,7 @@ use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Record, Sent, ShareId};
 use crate::sync::Put;
-use crate::sys::{Root, Stat, Version};
+use crate::sys::{self, Root, Stat, Version};
 
 /// How the share and the cache disagreed at sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -100,6 +100,9 @@ pub struct SyncSession<'a> {
     /// Whether the handed files carry ACLs and other extended attributes that rsync must
     /// carry over (see [`Overlay::carried_attributes`]).
     pub carries: Carries,
+    /// Dirty files the share already had as they are (see [`Overlay::settle_unchanged`]):
+    /// clean now, not handed to rsync.
+    pub unchanged: usize,
     finished: bool,
 }
 
@@ -144,6 +147,10 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
         }
     }
 }
+
+/// The largest dirty file a sync compares with the share's copy before sending it (see
+/// [`Overlay::settle_unchanged`]): configuration files are small; a larger file is sent.
+const SAME_BYTES_LIMIT: u64 = 1 << 20;
 
 /// Is the share file `now` the save `base` was taken of, its ctime aside (a change of
 /// mode, owner or link count alone is no new save)?
@@ -303,6 +310,7 @@ impl Overlay {
                 xattrs: true,
                 implied_dirs: false,
             },
+            unchanged: 0,
             finished: false,
         };
         // A crash (or a failed settle) left Sending marks: settle them before anything
@@ -324,6 +332,7 @@ impl Overlay {
             self.clean_partial_transfers(&files, &mut session.errors);
         }
         let held = self.check_conflicts(host, stamp, &mut session)?;
+        session.unchanged = self.settle_unchanged(&held)?;
         let mut inner = self.lock();
         let mut files: Vec<PathBuf> = inner
             .state
@@ -388,6 +397,81 @@ impl Overlay {
         let files = session.files.clone();
         self.clean_partial_transfers(&files, &mut session.errors);
         Ok(session)
+    }
+
+    /// Dirty files whose bytes, mode and owner the share already has at their path, as
+    /// the cache took them over (a program that saved what it had read, a `touch`): none
+    /// is sent. The share's copy gets the cache copy's mtime where they differ (a stamp
+    /// file's time is what it says), and the path is clean with that as its base. Only
+    /// small single-name files without extended attributes are compared (the share's
+    /// copy is read whole: [`SAME_BYTES_LIMIT`]); everything else goes to rsync. No lock
+    /// is held while either side is read; a file written meanwhile (its version changed,
+    /// or a handle writes it) stays dirty and is sent. Returns how many were settled.
+    fn settle_unchanged(&self, held: &HashSet<PathBuf>) -> FsResult<usize> {
+        let candidates: Vec<(PathBuf, ShareId)> = {
+            let inner = self.lock();
+            inner
+                .state
+                .dirty()
+                .filter(|p| self.policy.classify(p) == PathClass::Cached && !held.contains(*p))
+                .filter_map(|p| Some((p.clone(), inner.state.base(p)?)))
+                .filter(|(_, b)| b.size <= SAME_BYTES_LIMIT)
+                .collect()
+        };
+        let mut settled = 0;
+        for (p, base) in candidates {
+            let Ok(Some(ours)) = self.upper_stat(&p) else {
+                continue;
+            };
+            if !ours.is_file() || ours.nlink() != 1 || ours.len() != base.size {
+                continue;
+            }
+            if !self.cache.listxattr(&up(&p)).is_ok_and(|n| n.is_empty()) {
+                continue;
+            }
+            // Not as the cache took it over, or not answering: rsync's part.
+            let theirs = match self.share.stat(&p) {
+                Ok(Some(t)) if t.is_file() && share_id_of(&t) == base => t,
+                _ => continue,
+            };
+            if (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid())
+                || !self.same_content(&p, &ours, &base).unwrap_or(false)
+            {
+                continue;
+            }
+            let now = if theirs.mtime() == ours.mtime() {
+                theirs
+            } else {
+                let (secs, nsecs) = ours.mtime();
+                let set = self
+                    .share
+                    .utimens(&p, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })
+                    .and_then(|()| self.share.stat(&p));
+                match set {
+                    Ok(Some(t)) => t,
+                    // Gone or failed: rsync sends it (and says what is wrong).
+                    _ => continue,
+                }
+            };
+            let mut inner = self.lock();
+            let still = self.upper_stat(&p).ok().flatten();
+            if !inner.state.is_dirty(&p)
+                || inner.touched.contains(&p)
+                || inner.writers.contains_key(&ours.ino())
+                || still.map(|m| m.version()) != Some(ours.version())
+            {
+                continue;
+            }
+            self.record(
+                &mut inner,
+                &[
+                    Record::Base(p.clone(), Some(share_id_of(&now))),
+                    Record::Clean(p.clone()),
+                ],
+            )?;
+            settled += 1;
+        }
+        Ok(settled)
     }
 
     /// Whether any handed path carries ACLs, or other extended attributes, that the share

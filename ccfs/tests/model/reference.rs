@@ -932,7 +932,41 @@ impl Model {
             }
             ws.bases.insert(name, base_there);
         }
-        // (3) The list: dirty paths the cache holds, sorted.
+        // (3) A dirty file the share holds as the session took it over, with the same
+        // bytes and mode, is not sent: the share's copy takes its mtime, and it is clean.
+        let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
+        for p in dirty {
+            let Some(Obj::File { data, mode, stamp }) = self.ws[w].upper.get(&p).cloned() else {
+                continue;
+            };
+            let Some(base) = self.ws[w].bases.get(&p).copied().flatten() else {
+                continue;
+            };
+            let same = self.share.get(&p).is_some_and(|e| {
+                e.ver == base
+                    && matches!(&e.obj, Obj::File { data: d, mode: m, .. } if *d == data && *m == mode)
+            });
+            if !same {
+                continue;
+            }
+            let restamped =
+                matches!(&self.share[&p].obj, Obj::File { stamp: s, .. } if *s != stamp);
+            if restamped {
+                let ver = self.file_ver();
+                self.share.insert(
+                    p.clone(),
+                    ShareEntry {
+                        obj: Obj::File { data, mode, stamp },
+                        ver,
+                    },
+                );
+            }
+            let now = self.share_ver(&p);
+            let ws = &mut self.ws[w];
+            ws.bases.insert(p.clone(), now);
+            ws.dirty.remove(&p);
+        }
+        // The list: dirty paths the cache holds, sorted.
         let stale: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
