@@ -644,3 +644,76 @@ fn the_pam_hook_never_fails_a_login() {
     let out = hook.run("close_session", "ccfs-alice");
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// Databases pass through to the share by default, also where the user made their dot
+/// directory in this session (only the cache has it): ccfs makes the directories on the
+/// share. Such a directory removed or moved (`mv` copies: EXDEV) leaves nothing behind
+/// and no conflict; a read-only directory on the way takes its new subdirectory; a file
+/// deleted and replaced by a directory makes way on the share; a database moved or
+/// linked into a new directory gets it made too.
+#[test]
+fn databases_in_dot_directories_made_in_the_session() {
+    let fx = Fixture::new();
+    alices_share(
+        &fx,
+        &[(".a", 0o755)],
+        &[(".ff", 0o644), (".a/old.sqlite", 0o644)],
+    );
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let sh = |script: &str| {
+        let out = as_user(
+            "ccfs-alice",
+            &format!("cd '{}' && {script}", fx.mnt.display()),
+        );
+        assert!(out.status.success(), "{script}: {}", text(&out));
+    };
+    let db = "sqlite3 {} 'CREATE TABLE t(x); INSERT INTO t VALUES(1);'";
+    let make = |at: &str| sh(&db.replace("{}", at));
+    // Removed, and moved away, in the session.
+    sh("mkdir -p .gone/p && echo a > .gone/p/prefs");
+    make(".gone/p/places.sqlite");
+    sh("rm -rf .gone");
+    sh("mkdir .moved && echo a > .moved/prefs");
+    make(".moved/places.sqlite");
+    sh("mv .moved .renamed");
+    // Below a read-only directory of the user's.
+    sh("mkdir -p .ro/sub && chmod 555 .ro");
+    make(".ro/sub/x.sqlite");
+    // A file replaced by a directory.
+    sh("rm .ff && mkdir .ff");
+    make(".ff/x.sqlite");
+    // Moved and linked into a new directory.
+    sh("mkdir .new && ln .a/old.sqlite .new/linked.sqlite && mv .a/old.sqlite .new/moved.sqlite");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(!said.contains("conflict"), "{said}");
+    assert!(!fx.s(".gone").exists(), "removed in the session: gone");
+    assert!(!fx.s(".moved").exists(), "moved in the session: gone");
+    for at in [".renamed/places.sqlite", ".ro/sub/x.sqlite", ".ff/x.sqlite"] {
+        let o = Command::new("sqlite3")
+            .arg(fx.s(at))
+            .arg("SELECT count(*) FROM t; PRAGMA integrity_check;")
+            .output()
+            .expect("sqlite3");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "1\nok\n",
+            "{at}: {}",
+            text(&o)
+        );
+    }
+    assert_eq!(read(&fx.s(".renamed/prefs")), "a\n");
+    assert_eq!(
+        fs::metadata(fx.s(".ro")).expect("ro").mode() & 0o7777,
+        0o555
+    );
+    assert!(fs::metadata(fx.s(".ff")).expect("ff").is_dir());
+    assert_eq!(read(&fx.s(".new/linked.sqlite")), "old\n");
+    assert_eq!(read(&fx.s(".new/moved.sqlite")), "old\n");
+    assert!(!fx.s(".a/old.sqlite").exists());
+    let alice = account("ccfs-alice");
+    for d in [".renamed", ".ro", ".ro/sub", ".ff", ".new"] {
+        assert_eq!(fs::metadata(fx.s(d)).expect("dir").uid(), alice.uid, "{d}");
+    }
+}

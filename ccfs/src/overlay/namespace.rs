@@ -1,6 +1,7 @@
 //! Changes to names: create, mkdir, mknod, symlink, link, unlink, rmdir and rename, with the
 //! whiteouts that hide the share's objects a cached path deleted.
 
+use super::session::share_id_of;
 use super::*;
 
 impl Overlay {
@@ -256,10 +257,9 @@ impl Overlay {
             // attributes from the open file. No lock held while the share answers.
             let made = creation_flags(flags);
             let mut opened = self.share.open_file(&rel, made, perm);
-            if opened
-                .as_ref()
-                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
-                && self.resolve(parent)?.layer == Layer::Upper
+            if opened.as_ref().is_err_and(|e| {
+                matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+            }) && self.resolve(parent)?.layer == Layer::Upper
             {
                 self.share_dirs_for(ctx, parent)?;
                 opened = self.share.open_file(&rel, made, perm);
@@ -307,32 +307,82 @@ impl Overlay {
 
     /// The share's copies of the directories above a name passed through to the share,
     /// where only the cache has them (a program made a new dot directory, then a database
-    /// in it: Firefox's first start makes its profile so). Each is made with the cache
-    /// copy's mode; one that another workstation made meanwhile is taken as it is. The
-    /// cache's copies stay dirty: the sync finds the share's directories there and sends
-    /// only their attributes.
-    fn share_dirs_for(&self, ctx: &Ctx, parent: &Path) -> FsResult<()> {
+    /// in it: Firefox's first start makes its profile so). Each is made owner-only, then
+    /// given the cache copy's mode once all are made (a read-only directory on the way
+    /// takes its children, as the cache's did). Each is recorded as the share's object
+    /// at its path, so that the sync takes it for ours: removed here, it is removed there
+    /// without a conflict. A file the session deleted and replaced by one of these
+    /// directories is deleted on the share first, if it is still what the session took
+    /// over (else ENOTDIR: another workstation's save stands). One another workstation
+    /// made meanwhile is taken as it is. The cache's copies stay dirty: the sync finds the
+    /// share's directories there and sends only their attributes.
+    pub(super) fn share_dirs_for(&self, ctx: &Ctx, parent: &Path) -> FsResult<()> {
         let mut missing = Vec::new();
         for dir in parent.ancestors().filter(|a| !a.as_os_str().is_empty()) {
             match self.share.stat(dir)? {
                 Some(m) if m.is_dir() => break,
-                Some(_) => return Err(errno(libc::ENOTDIR)),
+                Some(m) => {
+                    self.delete_replaced_on_share(dir, &m)?;
+                    missing.push(dir);
+                    break;
+                }
                 None => missing.push(dir),
             }
         }
+        let mut made = Vec::new();
         for dir in missing.into_iter().rev() {
-            let Some(ours) = self.upper_stat(dir)? else {
-                return Err(errno(libc::ENOENT));
+            let ours = match self.upper_stat(dir)? {
+                Some(m) if m.is_dir() => m,
+                Some(_) => return Err(errno(libc::ENOTDIR)),
+                None => return Err(errno(libc::ENOENT)),
             };
-            match self.share.mkdir(dir, ours.mode() & 0o7777) {
-                Ok(()) => {
-                    self.share.chmod(dir, ours.mode() & 0o7777)?;
-                    self.chown_made(&self.share, dir, ctx, None, None)?;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            match self.share.mkdir(dir, 0o700) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
                 Err(e) => return Err(e.into()),
             }
+            self.chown_made(&self.share, dir, ctx, None, None)?;
+            let Some(theirs) = self.share.stat(dir)? else {
+                return Err(errno(libc::ENOENT));
+            };
+            {
+                let mut inner = self.lock();
+                if inner.state.taken_over(dir) && inner.state.base(dir).is_none() {
+                    self.record(
+                        &mut inner,
+                        &[Record::Base(dir.to_path_buf(), Some(share_id_of(&theirs)))],
+                    )?;
+                }
+            }
+            made.push((
+                dir,
+                (ours.mode() & 0o7777) | (theirs.mode() & libc::S_ISGID),
+            ));
         }
+        for (dir, mode) in made.into_iter().rev() {
+            self.share.chmod(dir, mode)?;
+        }
+        Ok(())
+    }
+
+    /// The share's non-directory `m` at `dir`, where the cache holds a directory: deleted
+    /// on the share when the session took it over as it is (the user deleted it and made
+    /// a directory there, which the sync would send over it); else ENOTDIR.
+    fn delete_replaced_on_share(&self, dir: &Path, m: &Stat) -> FsResult<()> {
+        let ours = {
+            let inner = self.lock();
+            inner.state.taken_over(dir) && inner.state.base(dir) == Some(share_id_of(m))
+        };
+        if !ours || !self.upper_stat(dir)?.is_some_and(|u| u.is_dir()) {
+            return Err(errno(libc::ENOTDIR));
+        }
+        match self.share.unlink(dir) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut inner = self.lock();
+        self.record(&mut inner, &[Record::Base(dir.to_path_buf(), None)])?;
         Ok(())
     }
 
@@ -393,6 +443,12 @@ impl Overlay {
             PathClass::Cached => self.look_before_lock(&rel),
             _ => ShareLook::none(),
         };
+        if class == PathClass::Passthrough && !self.share.stat(parent)?.is_some_and(|m| m.is_dir())
+        {
+            if self.resolve(parent)?.layer == Layer::Upper {
+                self.share_dirs_for(ctx, parent)?;
+            }
+        }
         let mut inner = self.lock_for(&[src, &rel]);
         self.check_parent(&inner, parent)?;
         match class {
@@ -567,7 +623,17 @@ impl Overlay {
         }
         if class == PathClass::Passthrough {
             // No overlay state: no lock held while the share answers.
-            self.share.rename(&from, &to, flags)?;
+            match self.share.rename(&from, &to, flags) {
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+                        && !self.share.stat(to_parent)?.is_some_and(|m| m.is_dir())
+                        && self.resolve(to_parent)?.layer == Layer::Upper =>
+                {
+                    self.share_dirs_for(ctx, to_parent)?;
+                    self.share.rename(&from, &to, flags)?;
+                }
+                r => r?,
+            }
             return Ok(());
         }
         if class == PathClass::LocalOnly {
