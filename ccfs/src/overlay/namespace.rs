@@ -443,11 +443,11 @@ impl Overlay {
             PathClass::Cached => self.look_before_lock(&rel),
             _ => ShareLook::none(),
         };
-        if class == PathClass::Passthrough && !self.share.stat(parent)?.is_some_and(|m| m.is_dir())
+        if class == PathClass::Passthrough
+            && !self.share.stat(parent)?.is_some_and(|m| m.is_dir())
+            && self.resolve(parent)?.layer == Layer::Upper
         {
-            if self.resolve(parent)?.layer == Layer::Upper {
-                self.share_dirs_for(ctx, parent)?;
-            }
+            self.share_dirs_for(ctx, parent)?;
         }
         let mut inner = self.lock_for(&[src, &rel]);
         self.check_parent(&inner, parent)?;
