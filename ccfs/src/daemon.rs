@@ -1231,6 +1231,9 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         plan.settings.policy.clone(),
     )?);
     overlay.requests.count_paths(plan.settings.count_paths);
+    // A clean copy is checked against the share as often as the kernel asks about what
+    // the cache holds.
+    overlay.set_revalidate_after(plan.settings.cache_timeout);
     let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     if let Some(outcome) = recover_overlay(&overlay, &rsync) {

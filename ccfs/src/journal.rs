@@ -101,6 +101,7 @@ fn body(record: &Record) -> String {
         },
         Record::Sending(p, None) => format!("S {}", escape(p)),
         Record::SyncEnd => "E .".to_string(),
+        Record::Forget(p) => format!("F {}", escape(p)),
     }
 }
 
@@ -167,6 +168,7 @@ fn parse_body(b: &str) -> Option<Record> {
             ),
         },
         "E" => Record::SyncEnd,
+        "F" => Record::Forget(path),
         _ => return None,
     };
     if it.next().is_some() {

@@ -61,6 +61,10 @@ pub enum Record {
     Sending(PathBuf, Option<Sent>),
     /// The sync that recorded `Sending` is over and its outcome settled in the bases.
     SyncEnd,
+    /// The cache let go of its clean copy of `path` and all below it (the share's changed
+    /// since): what the session took over there is forgotten, and the next change there
+    /// takes the share's object over afresh.
+    Forget(PathBuf),
 }
 
 /// The record of unsynced work.
@@ -153,6 +157,14 @@ impl OverlayState {
                 self.sending.insert(p.clone(), *sent);
             }
             Record::SyncEnd => self.sending.clear(),
+            Record::Forget(p) => {
+                for k in subtree(&self.bases, p) {
+                    self.bases.remove(&k);
+                }
+                for k in subtree(&self.origins, p) {
+                    self.origins.remove(&k);
+                }
+            }
         }
     }
 

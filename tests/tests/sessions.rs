@@ -1276,3 +1276,50 @@ fn a_save_on_the_share_during_our_sync_is_not_deleted_by_it() {
     assert_eq!(read(&fx.m(".settings")), "saved elsewhere\n");
     ok(&m.umount());
 }
+
+/// A clean copy (what a sync while mounted left in the cache) never hides another
+/// workstation's change: A syncs `.conf` and `.gone` and stays logged in; B changes
+/// `.conf`, deletes `.gone` and logs out. A then reads B's `.conf`, lists no `.gone`, and
+/// its own later edit of `.conf` (made over B's version) is no conflict at its logout,
+/// which brings nothing back.
+#[test]
+fn a_clean_copy_left_by_a_sync_shows_another_workstations_change() {
+    let fx = Fixture::new();
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    // The kernel and ccfs look again after 50 ms.
+    let cfg = fx.config("[mount]\ncache_timeout_ms = 50\nattr_timeout_ms = 50\n");
+    let cfg = cfg.to_str().expect("utf-8");
+    let a = fx.mount_at(&mnt_a, &cache_a, &["--config", cfg]);
+    write(&mnt_a.join(".conf"), "a1\n");
+    write(&mnt_a.join(".gone"), "x\n");
+    ok(&ccfs(&["sync".as_ref(), mnt_a.as_os_str()]));
+    assert!(
+        cache_a.join("upper/.conf").exists(),
+        "the sync leaves its clean copy in the cache"
+    );
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--config", cfg]);
+    assert_eq!(read(&mnt_b.join(".conf")), "a1\n");
+    write(&mnt_b.join(".conf"), "b2\n");
+    fs::remove_file(mnt_b.join(".gone")).expect("rm on b");
+    ok(&b.umount());
+    assert_eq!(read(&fx.s(".conf")), "b2\n");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(read(&mnt_a.join(".conf")), "b2\n", "A shows B's save");
+    let listed: Vec<String> = fs::read_dir(&mnt_a)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !listed.contains(&".gone".to_string()),
+        "A lists no file B deleted: {listed:?}"
+    );
+    assert!(!mnt_a.join(".gone").exists());
+    write(&mnt_a.join(".conf"), "a3\n");
+    let out = a.umount();
+    ok(&out);
+    assert!(!text(&out).contains("conflict"), "{}", text(&out));
+    assert_eq!(read(&fx.s(".conf")), "a3\n");
+    assert!(!fx.s(".gone").exists(), "nothing comes back");
+}

@@ -18,16 +18,26 @@ impl Overlay {
             PathClass::Passthrough => true,
             PathClass::Cached => !self.lock_for(&[rel]).state.hidden(rel),
         };
+        // Whether the share's listing was read (not while it does not answer).
+        let mut share_listed = share_visible;
         let share_names = if share_visible {
             match self.list_share(rel) {
                 Ok(names) => names,
-                Err(e) if class == PathClass::Cached && gate::is_outage(&e) => Vec::new(),
+                Err(e) if class == PathClass::Cached && gate::is_outage(&e) => {
+                    share_listed = false;
+                    Vec::new()
+                }
                 Err(e) => return Err(e.into()),
             }
         } else {
             Vec::new()
         };
         let merge_cache = class != PathClass::Passthrough || rel.as_os_str().is_empty();
+        let on_share: HashSet<OsString> = if share_listed && merge_cache {
+            share_names.iter().map(|(n, _)| n.clone()).collect()
+        } else {
+            HashSet::new()
+        };
         // Names that may be rsync's temporary files of files a running sync handed it
         // (`.NAME.XXXXXX`, a regular file of mode 0600 on the share): looked at on the share
         // before the lock is taken to list; none when no sync runs.
@@ -77,11 +87,22 @@ impl Overlay {
         let mut names: BTreeMap<OsString, DirEntry> = visible
             .map(|(name, file_type)| (name.clone(), DirEntry { name, file_type }))
             .collect();
+        // Clean copies of files the share no longer lists (another workstation removed
+        // or renamed them): looked at once the lock is let go, which lets them go.
+        let mut gone_there = Vec::new();
         if self.upper_stat(rel)?.is_some_and(|m| m.is_dir()) {
             for (name, _, kind) in self.cache.read_dir(&up(rel))? {
                 let child = rel.join(&name);
                 if self.policy.classify(&child) == PathClass::Passthrough {
                     continue; // the share is authoritative for passthrough names
+                }
+                if share_listed
+                    && self.policy.classify(&child) == PathClass::Cached
+                    && !on_share.contains(&name)
+                    && !inner.state.is_dirty(&child)
+                    && inner.state.base(&child).is_some()
+                {
+                    gone_there.push(name.clone());
                 }
                 let kind = if kind == 0 {
                     match self.upper_stat(&child)? {
@@ -98,6 +119,15 @@ impl Overlay {
                         file_type: kind,
                     },
                 );
+            }
+        }
+        drop(inner);
+        for name in gone_there {
+            if self
+                .recheck(&rel.join(&name))
+                .is_err_and(|e| e.errno() == libc::ENOENT)
+            {
+                names.remove(&name);
             }
         }
         Ok(names.into_values().collect())

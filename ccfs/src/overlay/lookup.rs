@@ -1,7 +1,9 @@
 //! Where a path is in the merged view: the cache, the share under a cached path, or the
 //! share itself; the mount root answered while the share does not.
 
+use super::session::{share_id_of, shown};
 use super::*;
+use crate::state::ShareId;
 
 /// How long a request waits for the share's root attributes before the cache's
 /// stand-in answers instead (see [`Overlay::share_root`]).
@@ -65,6 +67,101 @@ impl Overlay {
         Ok(self.found(rel, Layer::Lower, meta.ok_or_else(FsError::enoent)?))
     }
 
+    /// Sets how long a clean copy found to match the share is trusted before the share
+    /// is asked again (see [`Overlay::revalidate`]); zero: at every look.
+    pub fn set_revalidate_after(&self, after: std::time::Duration) {
+        let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        self.revalidate_after_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The share object the cache's `meta` at `rel` is a clean copy of: a single-name
+    /// file that a sync left on the share as it is (its base) and that nothing here
+    /// changed since (not dirty, no handle writes it, no change of it or sync under way).
+    fn clean_copy_of(&self, inner: &Inner, rel: &Path, meta: &Stat) -> Option<ShareId> {
+        if !meta.is_file()
+            || meta.nlink() != 1
+            || inner.state.is_dirty(rel)
+            || self.sync_running.load(Ordering::SeqCst)
+            || inner.writers.contains_key(&meta.ino())
+            || inner.in_flight.iter().any(|n| n == rel)
+        {
+            return None;
+        }
+        inner.state.base(rel)
+    }
+
+    /// [`Overlay::clean_copy_of`], when the copy is due for a look at the share: not
+    /// found to match it within the last [`Overlay::set_revalidate_after`].
+    fn clean_copy_due(&self, inner: &Inner, rel: &Path, found: &Found) -> Option<ShareId> {
+        let base = self.clean_copy_of(inner, rel, &found.meta)?;
+        let after =
+            std::time::Duration::from_millis(self.revalidate_after_ms.load(Ordering::Relaxed));
+        match inner.validated.get(rel) {
+            Some(t) if t.elapsed() < after => None,
+            _ => Some(base),
+        }
+    }
+
+    /// Looks at the share for the clean copy at `rel` now, however recently it was found
+    /// to match (a listing of the share lacks its name); anything else is resolved as it
+    /// is.
+    pub(super) fn recheck(&self, rel: &Path) -> FsResult<Found> {
+        let inner = self.lock_for(&[rel]);
+        let Some(meta) = self.upper_lookup(rel)? else {
+            drop(inner);
+            return self.resolve(rel);
+        };
+        let found = self.found(rel, Layer::Upper, meta);
+        match self.clean_copy_of(&inner, rel, &found.meta) {
+            Some(base) => {
+                drop(inner);
+                self.revalidate(rel, found, base)
+            }
+            None => Ok(found),
+        }
+    }
+
+    /// Looks at the share for a clean copy (see [`Overlay::clean_copy_due`]), without the
+    /// lock. The share still holds the object the copy was taken of: the copy serves, and
+    /// is trusted for a while. The share's file changed, was replaced or is gone (another
+    /// workstation's logout, an edit over SSH): the cache lets go of its copy, which
+    /// holds nothing of this session's, and the path shows what the share has, as for a
+    /// path the cache never held (the next change takes it over afresh). A share that
+    /// does not answer leaves the copy serving.
+    fn revalidate(&self, rel: &Path, found: Found, base: ShareId) -> FsResult<Found> {
+        let Ok(now) = self.share.stat(rel) else {
+            return Ok(found);
+        };
+        let mut inner = self.lock_for(&[rel]);
+        let still = self.upper_stat(rel)?;
+        // Something changed the cache's say meanwhile: look again.
+        let Some(meta) = still.filter(|m| m.version() == found.meta.version()) else {
+            drop(inner);
+            return self.resolve(rel);
+        };
+        if self.clean_copy_of(&inner, rel, &meta) != Some(base) {
+            return Ok(self.found(rel, Layer::Upper, meta));
+        }
+        if now.as_ref().map(share_id_of) == Some(base) {
+            inner
+                .validated
+                .insert(rel.to_path_buf(), std::time::Instant::now());
+            return Ok(found);
+        }
+        // Forgotten first: a crash before the copy goes leaves a clean copy without a
+        // base, which the next login's recovery empties from the cache.
+        self.record(&mut inner, &[Record::Forget(rel.to_path_buf())])?;
+        inner.validated.remove(rel);
+        if let Err(e) = self.cache.unlink(&up(rel)) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e.into());
+            }
+        }
+        tracing::info!(path = %shown(rel), "changed on the share: the cache's clean copy is let go");
+        drop(inner);
+        self.resolve(rel)
+    }
+
     /// Checks that `parent` is a directory in the merged view (a stale node may not be).
     /// Gives what it found (its attributes serve a new object's group, its layer whether
     /// the cache has a copy of it).
@@ -100,7 +197,11 @@ impl Overlay {
                 let looked = {
                     let inner = self.lock_for(&[rel]);
                     if let Some(found) = said(&inner)? {
-                        return Ok(found);
+                        let Some(base) = self.clean_copy_due(&inner, rel, &found) else {
+                            return Ok(found);
+                        };
+                        drop(inner);
+                        return self.revalidate(rel, found, base);
                     }
                     self.holds_now()
                 };

@@ -177,6 +177,9 @@ pub struct Inner {
     /// Takers of [`Overlay::lock`] waiting for every change under way to end: no new
     /// change starts meanwhile (a sync is not starved by changes that overlap).
     draining: usize,
+    /// When each clean copy was last found to be what the share still holds (see
+    /// [`Overlay::revalidate`]).
+    validated: HashMap<PathBuf, std::time::Instant>,
 }
 
 impl Inner {
@@ -219,6 +222,9 @@ pub struct Overlay {
     /// path (its objects, whiteouts) happens under it, so a reader that sees this count
     /// unchanged since its look knows that nothing changed meanwhile.
     holds: AtomicU64,
+    /// How long a clean copy found to match the share is trusted before the share is
+    /// asked again, in milliseconds (see [`Overlay::revalidate`]); 0: at every look.
+    revalidate_after_ms: AtomicU64,
 }
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
@@ -490,6 +496,7 @@ impl Overlay {
                 flights: 0,
                 handed: HashSet::new(),
                 draining: 0,
+                validated: HashMap::new(),
             }),
             settled: std::sync::Condvar::new(),
             write_access: Mutex::new(()),
@@ -498,6 +505,7 @@ impl Overlay {
             as_root: sys::geteuid() == 0,
             sync_running: AtomicBool::new(false),
             syncs_started: AtomicU64::new(0),
+            revalidate_after_ms: AtomicU64::new(0),
             requests: crate::counters::Requests::default(),
             copy_ups: AtomicU64::new(0),
             durability,

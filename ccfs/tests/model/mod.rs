@@ -963,6 +963,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             other => world.apply(&mut model, other),
         }
         .map_err(at)?;
+        model.look_at_clean_copies();
         world.compare(&model).map_err(at)?;
     }
     for w in 0..WORKSTATIONS {
@@ -973,6 +974,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
         world
             .sync(&mut model, w, SyncMode::Logout, None)
             .map_err(at)?;
+        model.look_at_clean_copies();
         world.compare(&model).map_err(at)?;
     }
     Ok(())

@@ -354,6 +354,34 @@ impl Model {
         out
     }
 
+    /// What looking at every clean copy does (ccfs checks each against the share when a
+    /// lookup or a listing reaches it, and every step's comparison reaches them all): a
+    /// file the cache holds as a sync left it on the share, not changed here since, whose
+    /// share object changed, was replaced or is gone, is let go of, and its base
+    /// forgotten. Not while the share does not answer that workstation.
+    pub fn look_at_clean_copies(&mut self) {
+        for w in 0..self.ws.len() {
+            if !self.ws[w].mounted || self.ws[w].share_down {
+                continue;
+            }
+            let ws = &self.ws[w];
+            let stale: Vec<PathBuf> = ws
+                .upper
+                .iter()
+                .filter(|(p, o)| !o.is_dir() && !ws.dirty.contains(*p))
+                .filter_map(|(p, _)| {
+                    let base = ws.bases.get(p).copied().flatten()?;
+                    (self.share_ver(p) != Some(base)).then(|| p.clone())
+                })
+                .collect();
+            let ws = &mut self.ws[w];
+            for p in stale {
+                ws.upper.remove(&p);
+                ws.bases.remove(&p);
+            }
+        }
+    }
+
     /// The kernel walks to a path through its parents: each must be a directory.
     /// (While the share does not answer, only through the cache's own directories.)
     fn parents_ok(&self, w: usize, p: &Path) -> bool {
