@@ -335,11 +335,12 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
                 "ccfs: {what}: sent {} paths, deleted {} on the share in {:.2}s; left unsynced: {} paths, {} deletions",
                 r.sent, r.deleted, r.seconds, r.remaining_dirty, r.remaining_deletions
             );
-            if r.unchanged > 0 {
-                println!(
-                    "ccfs: {what}: {} changed files were on the share as they are: not sent",
-                    r.unchanged
-                );
+            match r.unchanged {
+                0 => {}
+                1 => println!("ccfs: {what}: 1 changed file was on the share as it is: not sent"),
+                n => println!(
+                    "ccfs: {what}: {n} changed files were on the share as they are: not sent"
+                ),
             }
             for e in &r.errors {
                 println!("ccfs: {what}: {}", daemon::LogText(e));

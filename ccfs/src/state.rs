@@ -233,6 +233,25 @@ impl OverlayState {
         self.bases.get(p).copied().flatten()
     }
 
+    /// True when anything at or below `root` is dirty, deleted or being sent.
+    pub fn has_work_below(&self, root: &Path) -> bool {
+        self.dirty
+            .range(root.to_path_buf()..)
+            .next()
+            .is_some_and(|k| k.starts_with(root))
+            || self
+                .whiteouts
+                .range(root.to_path_buf()..)
+                .next()
+                .is_some_and(|k| k.starts_with(root))
+            || !subtree(&self.sending, root).is_empty()
+    }
+
+    /// Every path whose base is recorded, with the base (None: nothing was there).
+    pub fn bases(&self) -> impl Iterator<Item = (&PathBuf, Option<ShareId>)> {
+        self.bases.iter().map(|(p, b)| (p, *b))
+    }
+
     /// The base recorded for `p` as it is (Some(None): the share had nothing there), or
     /// None when `p` was not taken over.
     pub fn base_entry(&self, p: &Path) -> Option<Option<ShareId>> {

@@ -175,7 +175,9 @@ pub struct SyncReport {
     /// Paths handed to rsync that did not reach the share (they stay in the cache).
     #[serde(default)]
     pub not_sent: Vec<PathBuf>,
-    /// The cache was emptied after a logout or recovery that put everything on the share.
+    /// The cache was emptied of unsynced work after a logout or recovery that put
+    /// everything on the share (clean copies stay for the next login, checked against the
+    /// share before they serve).
     #[serde(default)]
     pub cache_dropped: bool,
     /// Files the cache was not emptied of because they were still open for writing (a

@@ -316,6 +316,29 @@ pub fn open_for_writing(file: &File) -> io::Result<bool> {
     Ok(false)
 }
 
+/// Whether the regular file `file` (open read-only here) is open anywhere else, for
+/// reading or writing: by any process, or by the kernel (the backing file of a FUSE
+/// passthrough open). The kernel refuses a write lease (EAGAIN) while any other descriptor
+/// of the inode is open; one granted is given back at once. A kernel that does not count
+/// an inode's readers grants it despite them: then only writers are seen. Errors as for
+/// [`open_for_writing`].
+pub fn open_elsewhere(file: &File) -> io::Result<bool> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl with integer arguments on a descriptor `file` owns.
+    check(unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGURG) })?;
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(true),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) })?;
+    Ok(false)
+}
+
 /// True when `pid` names a live process (a zombie counts as gone).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -436,7 +436,12 @@ fn a_recovery_keeps_files_written_without_the_daemon() {
     assert_eq!(fs::read(env.share.join(".held")).expect("r"), b"one");
     assert_eq!(fs::read(env.share.join(".late")).expect("r"), b"one");
     assert_eq!(fs::read(env.share.join(".done")).expect("r"), b"done");
-    assert!(!upper.join(".done").exists(), "what is on the share goes");
+    assert_eq!(
+        fs::read(upper.join(".done")).expect("a clean copy"),
+        b"done",
+        "what is on the share stays as a clean copy"
+    );
+    assert!(!o.lock().state().is_dirty(Path::new(".done")));
     assert!(o.lock().state().is_dirty(Path::new(".held")));
     assert!(o.lock().state().is_dirty(Path::new(".late")));
     holder
@@ -453,7 +458,15 @@ fn a_recovery_keeps_files_written_without_the_daemon() {
     assert!(r.kept_open.is_empty() && r.cache_dropped, "{r:?}");
     assert_eq!(fs::read(env.share.join(".held")).expect("r"), b"one more");
     assert_eq!(fs::read(env.share.join(".late")).expect("r"), b"one two");
-    assert_eq!(fs::read_dir(&upper).expect("ls").count(), 0);
+    // Only clean copies stay, each as the share has it.
+    for name in [".held", ".late", ".done"] {
+        assert_eq!(
+            fs::read(upper.join(name)).expect("clean copy"),
+            fs::read(env.share.join(name)).expect("share"),
+            "{name}"
+        );
+    }
+    assert!(!o.has_unsynced_work());
 }
 
 #[test]
@@ -777,13 +790,18 @@ fn run_model(initial: Vec<(usize, u8)>, ops: Vec<Op>) -> Result<(), TestCaseErro
                 env.sync(&o, SyncMode::Logout);
                 prop_assert_eq!(&share_tree(&env.share), &model, "after logout");
                 drop(o);
-                let left: Vec<_> = fs::read_dir(env.cache.join("upper"))
-                    .expect("upper")
-                    .collect();
-                prop_assert!(
-                    left.is_empty(),
-                    "a clean logout leaves nothing in the cache"
-                );
+                // A clean logout leaves only clean copies: files as the share has them.
+                let upper = share_tree_at(&env.cache.join("upper"), ".c");
+                for (p, n) in &upper {
+                    if let Node::File(..) = n {
+                        prop_assert_eq!(
+                            Some(n),
+                            model.get(p),
+                            "a clean logout leaves only clean copies in the cache: {:?}",
+                            p
+                        );
+                    }
+                }
                 o = env.overlay();
                 prop_assert!(!o.has_unsynced_work(), "and nothing to recover");
                 links.clear();
@@ -1608,4 +1626,26 @@ fn a_sync_leaves_the_share_s_directories_alone_and_remakes_a_lost_one_as_ours() 
         0o700,
         "made again as our copy of it is (the share's attributes when we copied it)"
     );
+}
+
+/// Regression (from the sessions model, with clean copies kept at logout): a workstation
+/// whose clean copy another workstation's recovery met as a conflict.
+#[test]
+fn sessions_regression_a_kept_copy_after_a_conflict_elsewhere() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(1, 2, 0, 0),
+            CrashInSync(1, 0),
+            ShareUp(1),
+            Write(0, 2, 0, 0),
+            Crash(0),
+            Logout(1),
+            Append(0, 3, 0),
+            Write(1, 2, 0, 0),
+        ],
+    )
+    .expect("model");
 }

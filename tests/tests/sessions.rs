@@ -23,19 +23,6 @@ fn set_mtime(p: &Path, secs: i64) {
     ccfs::sys::utimens(p, t, t).unwrap_or_else(|e| panic!("utimens {}: {e}", p.display()));
 }
 
-/// What the cache holds besides local-only paths after a logout: nothing is left that the
-/// next mount could take for unsynced work.
-fn upper_entries(cache: &Path) -> Vec<String> {
-    match fs::read_dir(cache.join("upper")) {
-        Ok(d) => d
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n != ".cache")
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 fn ok(out: &std::process::Output) {
     assert!(out.status.success(), "{}", text(out));
 }
@@ -63,7 +50,7 @@ fn a_second_login_after_a_clean_logout_resends_nothing() {
     write(&mnt_a.join(".y"), "y from a\n");
     ok(&a.umount());
     assert_eq!(
-        upper_entries(&cache_a),
+        not_clean_copies(&cache_a, &fx.share, ""),
         Vec::<String>::new(),
         "a clean logout leaves nothing to resend"
     );
@@ -427,7 +414,10 @@ fn a_recovery_cut_short_is_finished_by_the_next() {
     }
     let again = recover(&fx.cache);
     ok(&again);
-    assert_eq!(upper_entries(&fx.cache), Vec::<String>::new());
+    assert_eq!(
+        not_clean_copies(&fx.cache, &fx.share, ""),
+        Vec::<String>::new()
+    );
 }
 
 /// Every file or symlink below `dir` (symlinks not followed), relative, with its content
@@ -518,7 +508,7 @@ fn a_directory_made_here_never_deletes_a_file_saved_there_at_its_name() {
     );
     assert!(conflict_copies(&fx.share, ".f").is_empty());
     assert_eq!(
-        upper_entries(&cache_a),
+        not_clean_copies(&cache_a, &fx.share, ""),
         Vec::<String>::new(),
         "the logout finished"
     );
@@ -579,7 +569,7 @@ fn writing_back_a_file_never_deletes_the_file_that_replaced_its_directory() {
             "{replacement}: {says}"
         );
         assert_eq!(
-            upper_entries(&cache_a),
+            not_clean_copies(&cache_a, &fx.share, ""),
             Vec::<String>::new(),
             "{replacement}: the logout finished"
         );
@@ -631,7 +621,7 @@ fn a_file_sent_over_a_directory_never_deletes_what_another_workstation_put_in_it
     );
     assert!(conflict_copies(&fx.share, ".e").is_empty());
     assert_eq!(
-        upper_entries(&cache_a),
+        not_clean_copies(&cache_a, &fx.share, ""),
         Vec::<String>::new(),
         "the logout finished"
     );
@@ -783,7 +773,7 @@ fn a_wal_from_one_workstation_never_lands_on_anothers_database() {
         "{says}"
     );
     assert_eq!(
-        upper_entries(&cache_a),
+        not_clean_copies(&cache_a, &fx.share, ""),
         Vec::<String>::new(),
         "the logout finished"
     );
@@ -1321,5 +1311,71 @@ fn a_clean_copy_left_by_a_sync_shows_another_workstations_change() {
     ok(&out);
     assert!(!text(&out).contains("conflict"), "{}", text(&out));
     assert_eq!(read(&fx.s(".conf")), "a3\n");
+    assert!(!fx.s(".gone").exists(), "nothing comes back");
+}
+
+/// A returning user on the same workstation: the logout keeps clean copies of what it
+/// sent, and the next login reads an unchanged file from them without opening the
+/// share's (watched with inotify), while a file edited on the server in between (over SSH)
+/// shows the server's version; nothing comes back at the next logout.
+#[test]
+fn a_returning_login_reads_unchanged_files_from_the_cache_and_sees_changes_made_elsewhere() {
+    let fx = Fixture::new();
+    write(&fx.s(".gone"), "old\n");
+    let m = fx.mount();
+    write(&fx.m(".conf"), "mine\n");
+    write(&fx.m(".edited"), "mine\n");
+    write(&fx.m(".gone"), "mine\n");
+    ok(&m.umount());
+    assert_eq!(
+        read(&fx.cache.join("upper/.conf")),
+        "mine\n",
+        "the logout keeps a clean copy"
+    );
+    // Edited and deleted on the server while the user is away.
+    write(&fx.s(".edited"), "edited over ssh\n");
+    fs::remove_file(fx.s(".gone")).expect("rm");
+
+    let m = fx.mount();
+    // SAFETY: plain inotify calls on a descriptor this test owns.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(fd >= 0, "inotify_init1");
+    let dir = std::ffi::CString::new(fx.share.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: as above; `dir` is a valid C string.
+    let wd = unsafe { libc::inotify_add_watch(fd, dir.as_ptr(), libc::IN_OPEN) };
+    assert!(wd >= 0, "inotify_add_watch");
+    assert_eq!(read(&fx.m(".conf")), "mine\n");
+    assert_eq!(read(&fx.m(".edited")), "edited over ssh\n");
+    assert!(!fx.m(".gone").exists(), "deleted on the server: gone here");
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: `buf` is valid for its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    let mut opened = Vec::new();
+    let mut at = 0usize;
+    while n > 0 && at < n as usize {
+        // struct inotify_event: wd, mask, cookie, len, then the name.
+        let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().expect("len")) as usize;
+        let name = &buf[at + 16..at + 16 + len];
+        let name = String::from_utf8_lossy(name)
+            .trim_end_matches('\0')
+            .to_string();
+        opened.push(name);
+        at += 16 + len;
+    }
+    assert!(
+        !opened.contains(&".conf".to_string()),
+        "an unchanged file is read from the cache's clean copy: the share opened {opened:?}"
+    );
+    assert!(
+        opened.contains(&".edited".to_string()),
+        "a file changed on the server is read from the share: {opened:?}"
+    );
+    let out = m.umount();
+    ok(&out);
+    assert!(!text(&out).contains("conflict"), "{}", text(&out));
+    assert_eq!(read(&fx.s(".conf")), "mine\n");
+    assert_eq!(read(&fx.s(".edited")), "edited over ssh\n");
     assert!(!fx.s(".gone").exists(), "nothing comes back");
 }

@@ -99,8 +99,7 @@ impl Overlay {
                 if share_listed
                     && self.policy.classify(&child) == PathClass::Cached
                     && !on_share.contains(&name)
-                    && !inner.state.is_dirty(&child)
-                    && inner.state.base(&child).is_some()
+                    && !inner.state.has_work_below(&child)
                 {
                     gone_there.push(name.clone());
                 }

@@ -102,9 +102,101 @@ impl Overlay {
         }
     }
 
-    /// Looks at the share for the clean copy at `rel` now, however recently it was found
-    /// to match (a listing of the share lacks its name); anything else is resolved as it
-    /// is.
+    /// Whether the cache's directory `found` at `rel` holds nothing of this session's
+    /// (nothing at or below it dirty, deleted or being sent, no change under way) and is
+    /// due for a look at the share (see [`Overlay::revalidate_dir`]).
+    fn clean_dir_due(&self, inner: &Inner, rel: &Path, found: &Found) -> bool {
+        if !found.meta.is_dir()
+            || rel.as_os_str().is_empty()
+            || self.sync_running.load(Ordering::SeqCst)
+            || inner.state.has_work_below(rel)
+            || inner.in_flight.iter().any(|n| n.starts_with(rel))
+        {
+            return false;
+        }
+        let after =
+            std::time::Duration::from_millis(self.revalidate_after_ms.load(Ordering::Relaxed));
+        inner
+            .validated
+            .get(rel)
+            .is_none_or(|t| t.elapsed() >= after)
+    }
+
+    /// Looks at the share for a directory of the cache that holds nothing of this
+    /// session's (see [`Overlay::clean_dir_due`]), without the lock. The share has no
+    /// directory there any more (another workstation removed it, or put a file there):
+    /// when all the cache holds below is clean copies (and directories of them), the
+    /// cache lets go of the whole directory and the path shows what the share has.
+    /// Anything else below (a local-only path) keeps it.
+    fn revalidate_dir(&self, rel: &Path, found: Found) -> FsResult<Found> {
+        let Ok(now) = self.share.stat(rel) else {
+            return Ok(found);
+        };
+        let mut inner = self.lock_for(&[rel]);
+        if now.is_some_and(|m| m.is_dir()) {
+            inner
+                .validated
+                .insert(rel.to_path_buf(), std::time::Instant::now());
+            return Ok(found);
+        }
+        let still = self.upper_stat(rel)?;
+        if !still.is_some_and(|m| m.is_dir())
+            || self.sync_running.load(Ordering::SeqCst)
+            || inner.state.has_work_below(rel)
+        {
+            drop(inner);
+            return self.resolve(rel);
+        }
+        if !self.only_clean_copies_below(&inner, rel)? {
+            return Ok(found);
+        }
+        self.record(&mut inner, &[Record::Forget(rel.to_path_buf())])?;
+        inner.validated.retain(|k, _| !k.starts_with(rel));
+        remove_tree_keeping(&self.cache, &up(rel), &HashSet::new())?;
+        tracing::info!(path = %shown(rel), "gone from the share: the cache's clean directory is let go");
+        drop(inner);
+        self.resolve(rel)
+    }
+
+    /// True when everything the cache holds below directory `rel` is a clean copy (see
+    /// [`Overlay::clean_copy_of`]) or a directory of them.
+    fn only_clean_copies_below(&self, inner: &Inner, rel: &Path) -> FsResult<bool> {
+        for (name, _, _) in self.cache.read_dir(&up(rel))? {
+            let child = rel.join(&name);
+            if self.policy.classify(&child) != PathClass::Cached {
+                return Ok(false);
+            }
+            let clean = match self.upper_stat(&child)? {
+                Some(m) if m.is_dir() => self.only_clean_copies_below(inner, &child)?,
+                Some(m) => {
+                    self.clean_copy_of(inner, &child, &m).is_some()
+                        && !self.copy_open_elsewhere(&child)
+                }
+                None => true,
+            };
+            if !clean {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the cache's file at `rel` is open anywhere (see [`sys::open_elsewhere`]);
+    /// yes when that cannot be told.
+    fn copy_open_elsewhere(&self, rel: &Path) -> bool {
+        self.cache
+            .open_file(
+                &up(rel),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                0,
+            )
+            .and_then(|f| sys::open_elsewhere(&f))
+            .unwrap_or(true)
+    }
+
+    /// Looks at the share for the clean copy (or clean directory) at `rel` now, however
+    /// recently it was found to match (a listing of the share lacks its name); anything
+    /// else is resolved as it is.
     pub(super) fn recheck(&self, rel: &Path) -> FsResult<Found> {
         let inner = self.lock_for(&[rel]);
         let Some(meta) = self.upper_lookup(rel)? else {
@@ -112,6 +204,13 @@ impl Overlay {
             return self.resolve(rel);
         };
         let found = self.found(rel, Layer::Upper, meta);
+        if found.meta.is_dir() {
+            if inner.state.has_work_below(rel) || rel.as_os_str().is_empty() {
+                return Ok(found);
+            }
+            drop(inner);
+            return self.revalidate_dir(rel, found);
+        }
         match self.clean_copy_of(&inner, rel, &found.meta) {
             Some(base) => {
                 drop(inner);
@@ -146,6 +245,11 @@ impl Overlay {
             inner
                 .validated
                 .insert(rel.to_path_buf(), std::time::Instant::now());
+            return Ok(found);
+        }
+        // A program holds the copy open (`tail -f`, an editor, a daemon): it serves, as
+        // before, until nothing does (a file replaced under an open handle answers ESTALE).
+        if self.copy_open_elsewhere(rel) {
             return Ok(found);
         }
         // Forgotten first: a crash before the copy goes leaves a clean copy without a
@@ -197,11 +301,15 @@ impl Overlay {
                 let looked = {
                     let inner = self.lock_for(&[rel]);
                     if let Some(found) = said(&inner)? {
-                        let Some(base) = self.clean_copy_due(&inner, rel, &found) else {
-                            return Ok(found);
-                        };
-                        drop(inner);
-                        return self.revalidate(rel, found, base);
+                        if let Some(base) = self.clean_copy_due(&inner, rel, &found) {
+                            drop(inner);
+                            return self.revalidate(rel, found, base);
+                        }
+                        if self.clean_dir_due(&inner, rel, &found) {
+                            drop(inner);
+                            return self.revalidate_dir(rel, found);
+                        }
+                        return Ok(found);
                     }
                     self.holds_now()
                 };

@@ -420,58 +420,102 @@ impl Overlay {
         };
         let mut settled = 0;
         for (p, base) in candidates {
-            let Ok(Some(ours)) = self.upper_stat(&p) else {
-                continue;
-            };
-            if !ours.is_file() || ours.nlink() != 1 || ours.len() != base.size {
-                continue;
+            match self.unchanged_on_share(&p, base) {
+                Ok(true) => settled += 1,
+                Ok(false) => {}
+                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                // Whatever failed, rsync sends the file (and says what is wrong).
+                Err(_) => {}
             }
-            if !self.cache.listxattr(&up(&p)).is_ok_and(|n| n.is_empty()) {
-                continue;
-            }
-            // Not as the cache took it over, or not answering: rsync's part.
-            let theirs = match self.share.stat(&p) {
-                Ok(Some(t)) if t.is_file() && share_id_of(&t) == base => t,
-                _ => continue,
-            };
-            if (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid())
-                || !self.same_content(&p, &ours, &base).unwrap_or(false)
-            {
-                continue;
-            }
-            let now = if theirs.mtime() == ours.mtime() {
-                theirs
-            } else {
-                let (secs, nsecs) = ours.mtime();
-                let set = self
-                    .share
-                    .utimens(&p, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })
-                    .and_then(|()| self.share.stat(&p));
-                match set {
-                    Ok(Some(t)) => t,
-                    // Gone or failed: rsync sends it (and says what is wrong).
-                    _ => continue,
-                }
-            };
-            let mut inner = self.lock();
-            let still = self.upper_stat(&p).ok().flatten();
-            if !inner.state.is_dirty(&p)
-                || inner.touched.contains(&p)
-                || inner.writers.contains_key(&ours.ino())
-                || still.map(|m| m.version()) != Some(ours.version())
-            {
-                continue;
-            }
-            self.record(
-                &mut inner,
-                &[
-                    Record::Base(p.clone(), Some(share_id_of(&now))),
-                    Record::Clean(p.clone()),
-                ],
-            )?;
-            settled += 1;
         }
         Ok(settled)
+    }
+
+    /// One file of [`Overlay::settle_unchanged`]: true when it is settled. The share's
+    /// file is looked at, read, stamped and recorded through one descriptor, so that all
+    /// of it concerns one object: one another workstation put there meanwhile is never
+    /// stamped or taken for the base. The stamp is journaled first as a transfer of ours
+    /// (a crash before the base is recorded leaves a share file the next sync takes for
+    /// our own, not a conflict). After the stamp the bytes are read again: a write made
+    /// there in place meanwhile leaves the path dirty with its old base, and the next
+    /// sync meets it as a conflict.
+    fn unchanged_on_share(&self, p: &Path, base: ShareId) -> FsResult<bool> {
+        let Some(ours) = self.upper_stat(p)? else {
+            return Ok(false);
+        };
+        if !ours.is_file() || ours.nlink() != 1 || ours.len() != base.size {
+            return Ok(false);
+        }
+        // Extended attributes (ACLs too) on either side: rsync's part (a removal here
+        // must reach the share).
+        let none = |names: io::Result<Vec<OsString>>| names.is_ok_and(|n| n.is_empty());
+        if !none(self.cache.listxattr(&up(p))) || !none(self.share.listxattr(p)) {
+            return Ok(false);
+        }
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let theirs_file = self.share.open_file(p, flags, 0)?;
+        let theirs = sys::fstat(&theirs_file)?;
+        if !theirs.is_file()
+            || share_id_of(&theirs) != base
+            || (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid())
+        {
+            return Ok(false);
+        }
+        let read_all = |f: &std::fs::File| -> io::Result<Vec<u8>> {
+            let mut v = Vec::new();
+            let mut r = f;
+            io::Seek::seek(&mut r, io::SeekFrom::Start(0))?;
+            io::Read::read_to_end(&mut r, &mut v)?;
+            Ok(v)
+        };
+        let mine = read_all(&self.cache.open_file(&up(p), flags, 0)?)?;
+        if mine.len() as u64 != ours.len() || read_all(&theirs_file)? != mine {
+            return Ok(false);
+        }
+        if theirs.mtime() != ours.mtime() {
+            let sent = Sent {
+                size: ours.len(),
+                mtime: ours.mtime(),
+                since: None,
+            };
+            self.record(
+                &mut self.lock(),
+                &[Record::Sending(p.to_path_buf(), Some(sent))],
+            )?;
+            let (secs, nsecs) = ours.mtime();
+            sys::futimens(
+                &theirs_file,
+                sys::SetTime::Omit,
+                sys::SetTime::At { secs, nsecs },
+            )?;
+        }
+        let stamped = sys::fstat(&theirs_file)?;
+        if read_all(&theirs_file)? != mine
+            || sys::fstat(&theirs_file)?.version() != stamped.version()
+            || self
+                .share
+                .stat(p)?
+                .is_none_or(|m| (m.dev(), m.ino()) != (stamped.dev(), stamped.ino()))
+        {
+            return Ok(false);
+        }
+        let mut inner = self.lock();
+        let still = self.upper_stat(p)?;
+        if !inner.state.is_dirty(p)
+            || inner.touched.contains(p)
+            || inner.writers.contains_key(&ours.ino())
+            || still.map(|m| m.version()) != Some(ours.version())
+        {
+            return Ok(false);
+        }
+        self.record(
+            &mut inner,
+            &[
+                Record::Base(p.to_path_buf(), Some(share_id_of(&stamped))),
+                Record::Clean(p.to_path_buf()),
+            ],
+        )?;
+        Ok(true)
     }
 
     /// Whether any handed path carries ACLs, or other extended attributes, that the share
@@ -1409,9 +1453,26 @@ impl Overlay {
                  was sent: kept in the cache as unsynced work, sent by the next sync"
             );
         }
+        // Clean copies stay for the next login on this workstation (a returning user's
+        // profile costs the share a look a file, not a read): each file a sync left on the
+        // share as it is (the size and mtime of its base), single-name. A lookup checks
+        // each against the share before it serves (see `Overlay::revalidate`).
+        let copies: Vec<(PathBuf, ShareId)> = inner
+            .state
+            .bases()
+            .filter_map(|(p, b)| Some((p.clone(), b?)))
+            .filter(|(p, _)| self.policy.classify(p) == PathClass::Cached && !kept.contains(p))
+            .filter(|(p, b)| {
+                matches!(self.upper_stat(p), Ok(Some(m))
+                    if m.is_file() && m.nlink() == 1 && m.len() == b.size && m.mtime() == b.mtime)
+            })
+            .collect();
         // What the kept files become, journaled before anything beside them is removed:
         // a failure here leaves the whole cache in place.
-        let mut keep = Vec::new();
+        let mut keep: Vec<Record> = copies
+            .iter()
+            .map(|(p, b)| Record::Base(p.clone(), Some(*b)))
+            .collect();
         for p in &kept {
             keep.push(self.carried_base(&inner, p)?);
             if let Some((db, _)) = database_of(p) {
@@ -1424,7 +1485,8 @@ impl Overlay {
         if !keep.is_empty() {
             inner.journal.append(&keep).map_err(FsError::Journal)?;
         }
-        let held: HashSet<PathBuf> = held.into_iter().collect();
+        let mut held: HashSet<PathBuf> = held.into_iter().collect();
+        held.extend(copies.iter().map(|(p, _)| up(p)));
         for rel in &tops {
             remove_tree_keeping(&self.cache, &up(rel), &held)?;
         }
@@ -1580,7 +1642,9 @@ impl Drop for SyncSession<'_> {
 /// What emptying the cache came to (see [`Overlay::drop_clean_cache`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Emptied {
-    /// Everything but local-only paths is gone: the next session starts from the share.
+    /// Nothing unsynced is left: the cache holds local-only paths and clean copies (each
+    /// checked against the share before it serves), and the next session starts from
+    /// the share.
     pub dropped: bool,
     /// Files kept because they were still open for writing, or written after they were
     /// handed to rsync (paths from the mount root): unsynced work now.

@@ -446,7 +446,11 @@ impl World {
             }
         }
         self.overlays[w] = Some(o);
-        self.learn_dirs(model)
+        self.learn_dirs(model)?;
+        // What the user sees at login: every clean copy kept from an earlier session is
+        // looked at (and let go of where the share changed).
+        model.look_at_clean_copies();
+        self.compare(model)
     }
 
     /// A sync of `w`; `fail_after`: rsync sends that many files, then fails.
@@ -476,16 +480,19 @@ impl World {
             self.overlays[w] = None;
             model.logged_out(w);
             if want.cache_dropped {
+                // Only clean copies stay: the files the model keeps, as a sync left them
+                // (another workstation may have changed the share since: the next
+                // lookup finds that out).
                 let upper = self.caches[w].join("upper");
-                let left: Vec<_> = fs::read_dir(&upper)
-                    .map_err(|e| format!("{}: {e}", upper.display()))?
-                    .flatten()
-                    .map(|e| e.file_name())
-                    .collect();
-                if !left.is_empty() {
-                    return Err(format!(
-                        "a clean logout left {left:?} in the cache of workstation {w}"
-                    ));
+                for p in upper_files(&upper) {
+                    let ours = fs::read(upper.join(&p)).map_err(|e| format!("{e}"))?;
+                    let kept = model.ws[w].upper.get(&p);
+                    if !matches!(kept, Some(Obj::File { data, .. }) if *data == ours) {
+                        return Err(format!(
+                            "a clean logout left {} in the cache of workstation {w}, the model {kept:?}",
+                            p.display()
+                        ));
+                    }
                 }
             }
         }

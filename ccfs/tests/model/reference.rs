@@ -46,6 +46,10 @@ impl Obj {
     }
 }
 
+fn below_or_at(k: &Path, d: &Path) -> bool {
+    k == d || below(k, d)
+}
+
 /// The identity of a share object, as a base records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ver {
@@ -81,6 +85,26 @@ pub struct Ws {
 }
 
 impl Ws {
+    /// A logout or recovery that left nothing unsynced: the cache keeps its clean copies
+    /// (files with a base, as a sync left them on the share) and the directories above
+    /// them, and forgets every other base.
+    fn keep_clean_copies_only(&mut self) {
+        let copies: Vec<PathBuf> = self
+            .upper
+            .iter()
+            .filter(|(p, o)| {
+                !o.is_dir()
+                    && !self.dirty.contains(*p)
+                    && self.bases.get(*p).copied().flatten().is_some()
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.upper.retain(|p, o| {
+            copies.contains(p) || (o.is_dir() && copies.iter().any(|c| below(c, p)))
+        });
+        self.bases.retain(|p, _| copies.contains(p));
+    }
+
     fn has_work(&self) -> bool {
         !self.dirty.is_empty() || !self.whiteouts.is_empty() || !self.sending.is_empty()
     }
@@ -379,6 +403,36 @@ impl Model {
                 ws.upper.remove(&p);
                 ws.bases.remove(&p);
             }
+            // Directories the share no longer has, holding nothing of this session's:
+            // let go of with all below (top down: one let go takes its own along).
+            let dirs: Vec<PathBuf> = self.ws[w]
+                .upper
+                .iter()
+                .filter(|(p, o)| o.is_dir() && p.as_path() != Path::new(ROOT))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for d in dirs {
+                let ws = &self.ws[w];
+                if !ws.upper.contains_key(&d)
+                    || self.share.get(&d).is_some_and(|e| e.obj.is_dir())
+                    || ws.dirty.iter().any(|k| below_or_at(k, &d))
+                    || ws.whiteouts.iter().any(|k| below_or_at(k, &d))
+                    || ws.sending.keys().any(|k| below_or_at(k, &d))
+                {
+                    continue;
+                }
+                let only_clean = ws
+                    .upper
+                    .iter()
+                    .filter(|(k, _)| below(k, &d))
+                    .all(|(k, o)| o.is_dir() || ws.bases.get(k).copied().flatten().is_some());
+                if !only_clean {
+                    continue;
+                }
+                let ws = &mut self.ws[w];
+                ws.upper.retain(|k, _| !below_or_at(k, &d));
+                ws.bases.retain(|k, _| !below_or_at(k, &d));
+            }
         }
     }
 
@@ -663,7 +717,7 @@ impl Model {
     }
 
     /// A login: with work in the journal, a recovery (a logout sync of that journal);
-    /// else the cache is emptied. Returns whether a recovery must run.
+    /// else the cache keeps only its clean copies. Returns whether a recovery must run.
     pub fn login_needs_recovery(&mut self, w: usize) -> bool {
         let ws = &mut self.ws[w];
         ws.mounted = true;
@@ -671,8 +725,7 @@ impl Model {
         if ws.has_work() {
             return true;
         }
-        ws.upper.clear();
-        ws.bases.clear();
+        ws.keep_clean_copies_only();
         false
     }
 
@@ -784,8 +837,7 @@ impl Model {
             }
             out.ok = ws.dirty.is_empty() && ws.whiteouts.is_empty();
             if drop_when_clean && out.ok {
-                ws.upper.clear();
-                ws.bases.clear();
+                ws.keep_clean_copies_only();
                 out.cache_dropped = true;
             }
             out.remaining_dirty = ws.dirty.len();
@@ -1094,8 +1146,7 @@ impl Model {
         out.conflicts.sort();
         let ws = &mut self.ws[w];
         if drop_when_clean && ws.dirty.is_empty() && ws.whiteouts.is_empty() {
-            ws.upper.clear();
-            ws.bases.clear();
+            ws.keep_clean_copies_only();
             out.cache_dropped = true;
         }
         out.ok = run == Run::All && out.not_sent.is_empty();

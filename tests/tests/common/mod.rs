@@ -441,3 +441,31 @@ pub fn spawn_and_read_line(cmd: &mut Command) -> (std::process::Child, String) {
     .expect("the helper's first line");
     (child, line)
 }
+
+/// What the cache's upper layer holds at or below `rel` (a path from the mount root; ""
+/// for all) that is not a clean copy: each file whose bytes the share does not have at
+/// the same path. Local-only `.cache` is left out. After a clean logout or recovery the
+/// cache keeps clean copies for the next login (checked against the share before they
+/// serve), and nothing else.
+pub fn not_clean_copies(cache: &Path, share: &Path, rel: &str) -> Vec<String> {
+    let upper = cache.join("upper");
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from(rel)];
+    while let Some(p) = stack.pop() {
+        if p.starts_with(".cache") {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(upper.join(&p)) else {
+            continue;
+        };
+        if meta.is_dir() {
+            for e in std::fs::read_dir(upper.join(&p)).expect("ls").flatten() {
+                stack.push(p.join(e.file_name()));
+            }
+        } else if std::fs::read(upper.join(&p)).ok() != std::fs::read(share.join(&p)).ok() {
+            out.push(p.display().to_string());
+        }
+    }
+    out.sort();
+    out
+}
