@@ -1379,3 +1379,34 @@ fn a_returning_login_reads_unchanged_files_from_the_cache_and_sees_changes_made_
     assert_eq!(read(&fx.s(".edited")), "edited over ssh\n");
     assert!(!fx.s(".gone").exists(), "nothing comes back");
 }
+
+/// A clean copy a program holds open (`tail -f`, an editor) stays while it is held, when
+/// another workstation changes the file: opening and saving it here keep working (no
+/// ESTALE), and the save meets the other version at the logout as a conflict, both kept.
+#[test]
+fn a_clean_copy_held_open_keeps_working_when_another_workstation_changes_it() {
+    let fx = Fixture::new();
+    let (mnt_a, cache_a) = fx.workstation("a");
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let cfg = fx.config("[mount]\ncache_timeout_ms = 50\nattr_timeout_ms = 50\n");
+    let cfg = cfg.to_str().expect("utf-8");
+    let a = fx.mount_at(&mnt_a, &cache_a, &["--config", cfg]);
+    write(&mnt_a.join(".ro"), "A-v1\n");
+    ok(&ccfs(&["sync".as_ref(), mnt_a.as_os_str()]));
+    let holder = fs::File::open(mnt_a.join(".ro")).expect("held open");
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--config", cfg]);
+    write(&mnt_b.join(".ro"), "B-v2\n");
+    ok(&b.umount());
+    std::thread::sleep(Duration::from_millis(200));
+    let seen = fs::read_to_string(mnt_a.join(".ro")).expect("no ESTALE while held");
+    assert_eq!(seen, "A-v1\n", "the held copy serves while held");
+    fs::write(mnt_a.join(".ro"), "A-v3\n").expect("a save while held");
+    drop(holder);
+    let out = a.umount();
+    ok(&out);
+    assert!(text(&out).contains("conflict"), "{}", text(&out));
+    assert_eq!(read(&fx.s(".ro")), "B-v2\n");
+    let kept = conflict_copies(&fx.share, ".ro");
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(read(&kept[0]), "A-v3\n");
+}

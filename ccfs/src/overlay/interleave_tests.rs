@@ -14,6 +14,16 @@ thread_local! {
     static AFTER_SYNC_LOOKS: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AT_DURABLE: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_CONFLICT_MOVE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_UNCHANGED_STAMP: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once a sync that found a changed file's bytes on the share stamped the share's
+/// file with its mtime, before it looks again: the test's change of the share's file, if
+/// one is set (taken, so it runs once).
+pub(super) fn after_unchanged_stamp(o: &Overlay) {
+    if let Some(mut between) = AFTER_UNCHANGED_STAMP.with(|h| h.borrow_mut().take()) {
+        between(o);
+    }
 }
 
 /// Called once a sync moved our version of a conflict to its conflict name in the cache,
@@ -709,4 +719,71 @@ fn a_power_cut_inside_a_conflict_move_keeps_our_version() {
         contents.iter().any(|c| c == "theirs, longer\n"),
         "{contents:?}"
     );
+}
+
+/// A file saved here with the bytes the share has is not sent. Another workstation's save
+/// made while the sync looks at the share's file (replaced by a rename, as rsync and most
+/// programs save, or written in place) is neither stamped with our mtime, nor taken for
+/// the base, nor overwritten: the sync holds the file back and says so, and the next sync
+/// meets the save as a conflict and keeps both versions.
+#[test]
+fn a_save_elsewhere_while_a_sync_finds_a_file_unchanged_is_kept() {
+    for in_place in [false, true] {
+        let Fresh {
+            _tmp,
+            share,
+            cache: _,
+            o,
+        } = fresh(&[(".f", "same\n")]);
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(share.join(".f"))
+            .and_then(|f| f.set_modified(old))
+            .expect("an old mtime on the share");
+        let (mut f, writer) = o
+            .open(&ctx(), Path::new(".f"), libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open");
+        std::io::Write::write_all(&mut f, b"same\n").expect("write");
+        drop(f);
+        if let Some(ino) = writer {
+            o.release_writer(ino);
+        }
+        let theirs = share.join(".f");
+        AFTER_UNCHANGED_STAMP.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                if in_place {
+                    std::fs::write(&theirs, b"else\n").expect("a write in place");
+                } else {
+                    let tmp = theirs.with_file_name(".f.tmp");
+                    std::fs::write(&tmp, b"theirs\n").expect("a save");
+                    std::fs::rename(&tmp, &theirs).expect("renamed into place");
+                }
+            }))
+        });
+        let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+        AFTER_UNCHANGED_STAMP.with(|h| *h.borrow_mut() = None);
+        let want = if in_place { "else\n" } else { "theirs\n" };
+        assert!(
+            !r.ok && r.unchanged == 0 && r.errors.iter().any(|e| e.contains("held back")),
+            "in place {in_place}: {r:?}"
+        );
+        assert_eq!(std::fs::read_to_string(share.join(".f")).expect("r"), want);
+        assert!(o.lock().state().is_dirty(Path::new(".f")));
+        let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+        assert_eq!(r.conflicts.len(), 1, "in place {in_place}: {r:?}");
+        assert_eq!(std::fs::read_to_string(share.join(".f")).expect("r"), want);
+        let kept: Vec<String> = std::fs::read_dir(&share)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".f.ccfs-conflict-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(
+            std::fs::read_to_string(share.join(&kept[0])).expect("r"),
+            "same\n",
+            "ours is kept too"
+        );
+    }
 }

@@ -148,6 +148,17 @@ pub(super) fn share_id_of(m: &Stat) -> ShareId {
     }
 }
 
+/// What [`Overlay::unchanged_on_share`] found.
+enum Unchanged {
+    /// The share has it as it is: clean, not sent.
+    Settled,
+    /// Changed, or not to be compared: rsync sends it.
+    Send,
+    /// The share's file changed during the look (another workstation's save): not sent
+    /// by this sync, which says so; the next one meets the change as a conflict.
+    Hold,
+}
+
 /// The largest dirty file a sync compares with the share's copy before sending it (see
 /// [`Overlay::settle_unchanged`]): configuration files are small; a larger file is sent.
 const SAME_BYTES_LIMIT: u64 = 1 << 20;
@@ -331,8 +342,8 @@ impl Overlay {
             self.record(&mut self.lock(), &[Record::SyncEnd])?;
             self.clean_partial_transfers(&files, &mut session.errors);
         }
-        let held = self.check_conflicts(host, stamp, &mut session)?;
-        session.unchanged = self.settle_unchanged(&held)?;
+        let mut held = self.check_conflicts(host, stamp, &mut session)?;
+        session.unchanged = self.settle_unchanged(&mut held, &mut session.errors)?;
         let mut inner = self.lock();
         let mut files: Vec<PathBuf> = inner
             .state
@@ -407,7 +418,11 @@ impl Overlay {
     /// copy is read whole: [`SAME_BYTES_LIMIT`]); everything else goes to rsync. No lock
     /// is held while either side is read; a file written meanwhile (its version changed,
     /// or a handle writes it) stays dirty and is sent. Returns how many were settled.
-    fn settle_unchanged(&self, held: &HashSet<PathBuf>) -> FsResult<usize> {
+    fn settle_unchanged(
+        &self,
+        held: &mut HashSet<PathBuf>,
+        errors: &mut Vec<String>,
+    ) -> FsResult<usize> {
         let candidates: Vec<(PathBuf, ShareId)> = {
             let inner = self.lock();
             inner
@@ -421,8 +436,15 @@ impl Overlay {
         let mut settled = 0;
         for (p, base) in candidates {
             match self.unchanged_on_share(&p, base) {
-                Ok(true) => settled += 1,
-                Ok(false) => {}
+                Ok(Unchanged::Settled) => settled += 1,
+                Ok(Unchanged::Send) => {}
+                Ok(Unchanged::Hold) => {
+                    errors.push(format!(
+                        "{} changed on the share during the sync: held back, the next sync compares again",
+                        shown(&p)
+                    ));
+                    held.insert(p);
+                }
                 Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
                 // Whatever failed, rsync sends the file (and says what is wrong).
                 Err(_) => {}
@@ -439,27 +461,28 @@ impl Overlay {
     /// our own, not a conflict). After the stamp the bytes are read again: a write made
     /// there in place meanwhile leaves the path dirty with its old base, and the next
     /// sync meets it as a conflict.
-    fn unchanged_on_share(&self, p: &Path, base: ShareId) -> FsResult<bool> {
+    fn unchanged_on_share(&self, p: &Path, base: ShareId) -> FsResult<Unchanged> {
         let Some(ours) = self.upper_stat(p)? else {
-            return Ok(false);
+            return Ok(Unchanged::Send);
         };
         if !ours.is_file() || ours.nlink() != 1 || ours.len() != base.size {
-            return Ok(false);
+            return Ok(Unchanged::Send);
         }
         // Extended attributes (ACLs too) on either side: rsync's part (a removal here
         // must reach the share).
         let none = |names: io::Result<Vec<OsString>>| names.is_ok_and(|n| n.is_empty());
         if !none(self.cache.listxattr(&up(p))) || !none(self.share.listxattr(p)) {
-            return Ok(false);
+            return Ok(Unchanged::Send);
         }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
         let theirs_file = self.share.open_file(p, flags, 0)?;
         let theirs = sys::fstat(&theirs_file)?;
-        if !theirs.is_file()
-            || share_id_of(&theirs) != base
-            || (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid())
-        {
-            return Ok(false);
+        if !theirs.is_file() || share_id_of(&theirs) != base {
+            // Changed on the share since the conflict check: rsync would overwrite it.
+            return Ok(Unchanged::Hold);
+        }
+        if (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid()) {
+            return Ok(Unchanged::Send);
         }
         let read_all = |f: &std::fs::File| -> io::Result<Vec<u8>> {
             let mut v = Vec::new();
@@ -470,7 +493,7 @@ impl Overlay {
         };
         let mine = read_all(&self.cache.open_file(&up(p), flags, 0)?)?;
         if mine.len() as u64 != ours.len() || read_all(&theirs_file)? != mine {
-            return Ok(false);
+            return Ok(Unchanged::Send);
         }
         if theirs.mtime() != ours.mtime() {
             let sent = Sent {
@@ -489,6 +512,8 @@ impl Overlay {
                 sys::SetTime::At { secs, nsecs },
             )?;
         }
+        #[cfg(test)]
+        super::interleave_tests::after_unchanged_stamp(self);
         let stamped = sys::fstat(&theirs_file)?;
         if read_all(&theirs_file)? != mine
             || sys::fstat(&theirs_file)?.version() != stamped.version()
@@ -497,7 +522,7 @@ impl Overlay {
                 .stat(p)?
                 .is_none_or(|m| (m.dev(), m.ino()) != (stamped.dev(), stamped.ino()))
         {
-            return Ok(false);
+            return Ok(Unchanged::Hold);
         }
         let mut inner = self.lock();
         let still = self.upper_stat(p)?;
@@ -506,7 +531,7 @@ impl Overlay {
             || inner.writers.contains_key(&ours.ino())
             || still.map(|m| m.version()) != Some(ours.version())
         {
-            return Ok(false);
+            return Ok(Unchanged::Send);
         }
         self.record(
             &mut inner,
@@ -515,7 +540,7 @@ impl Overlay {
                 Record::Clean(p.to_path_buf()),
             ],
         )?;
-        Ok(true)
+        Ok(Unchanged::Settled)
     }
 
     /// Whether any handed path carries ACLs, or other extended attributes, that the share
