@@ -637,8 +637,9 @@ fn actor(cfg: &StormConfig, with_ccfs: bool, home: PathBuf, ws: &Workstation, se
     }
 }
 
-/// A user's home on the share, and (returning users) what an earlier session left on
-/// the workstation. Untimed, not metered.
+/// A user's home on the share, and (returning users) what an earlier session of the user
+/// on the workstation left: its login and logout played there (with ccfs through a mount
+/// of the workstation's cache). Untimed, not metered.
 fn prepare_user(
     cfg: &StormConfig,
     with_ccfs: bool,
@@ -660,15 +661,22 @@ fn prepare_user(
     if !cfg.returning_users {
         return Ok(());
     }
-    // The workstation's `.cache` as earlier sessions left it.
+    // The earlier session on this workstation: the `.cache` it filled, and what its login
+    // and logout wrote (on the share in both modes; with ccfs, the clean copies its logout
+    // left in the cache too).
     let seed = 5000 + u as u64;
+    let earlier = |a: &mut Actor| -> std::io::Result<()> {
+        a.prepare_missing(&cfg.profile)?;
+        a.play(&cfg.profile.login, 0)?;
+        a.play(&cfg.profile.logout, 0)
+    };
     if !with_ccfs {
-        if !on_share {
+        let mut a = if on_share {
+            Actor::new(home.to_path_buf(), seed)
+        } else {
             actor(cfg, false, home.to_path_buf(), ws, seed)
-                .prepare_missing(&cfg.profile)
-                .map_err(|e| format!("warming user{u:03}'s local cache: {e}"))?;
-        }
-        return Ok(());
+        };
+        return earlier(&mut a).map_err(|e| format!("user{u:03}'s earlier session: {e}"));
     }
     let mut m = CcfsMount::mount(
         &cfg.ccfs,
@@ -677,17 +685,16 @@ fn prepare_user(
         &ws.cache,
         cfg.ccfs_config.as_deref(),
     )?;
-    let made = Actor::new(ws.mnt.clone(), seed)
-        .prepare_missing(&cfg.profile)
-        .map_err(|e| format!("warming user{u:03}'s cache: {e}"));
+    let made = earlier(&mut Actor::new(ws.mnt.clone(), seed))
+        .map_err(|e| format!("user{u:03}'s earlier session: {e}"));
     let unmounted = m.umount();
-    made.map(|_| ())?;
+    made?;
     unmounted
 }
 
 /// Syncs until (almost) no dirty data is left, drops the page cache, and mounts the
 /// share's client afresh when asked.
-fn settle(cfg: &StormConfig) -> Result<Settled, String> {
+fn settle(cfg: &StormConfig, remount: bool) -> Result<Settled, String> {
     let t = Instant::now();
     let dirty_left_bytes = loop {
         // SAFETY: sync has no arguments.
@@ -699,7 +706,7 @@ fn settle(cfg: &StormConfig) -> Result<Settled, String> {
         std::thread::sleep(Duration::from_millis(200));
     };
     let caches_dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
-    let remounted = match &cfg.remount {
+    let remounted = match cfg.remount.as_ref().filter(|_| remount) {
         None => false,
         Some(cmd) => {
             let out = Command::new("sh")
@@ -745,29 +752,13 @@ fn one_run(
     let homes_on_share = cfg.share.join(homes);
     std::fs::create_dir(&homes_on_share)
         .map_err(|e| format!("cannot create {}: {e}", homes_on_share.display()))?;
-    let prep: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|u| {
-                let home = homes_on_share.join(format!("user{u:03}"));
-                s.spawn(move || {
-                    prepare_user(cfg, spec.with_ccfs, u, &home, &Workstation::of(work, u))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
-            .collect()
-    });
-    if let Some(e) = prep.into_iter().find_map(Result::err) {
-        return Err(e);
-    }
-    let settled = settle(cfg)?;
-    let client_pids = match &cfg.client_pids_file {
-        Some(f) => read_pids_file(f)?,
-        None => Vec::new(),
-    };
-    // The meter in front of the share.
+    // The meter in front of the share, mounted before the homes are prepared through it:
+    // a ccfs mount numbers the inodes it shows itself, and a returning user's cache must
+    // have met the share's files under the numbers the run shows (as a real share's
+    // client keeps them). The share's client is mounted afresh before the meter, not
+    // under it.
     let relay = if spec.metered {
+        settle(cfg, true)?;
         let conf = work.join("meter.toml");
         // The meter's paths: the homes' components, the user's directory, then those kept.
         let depth = Path::new(homes).components().count() + 1 + PATH_DEPTH;
@@ -785,6 +776,27 @@ fn one_run(
     let share_view = match &relay {
         Some(r) => r.mnt.join(homes),
         None => homes_on_share.clone(),
+    };
+    let prep: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|u| {
+                let home = share_view.join(format!("user{u:03}"));
+                s.spawn(move || {
+                    prepare_user(cfg, spec.with_ccfs, u, &home, &Workstation::of(work, u))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    if let Some(e) = prep.into_iter().find_map(Result::err) {
+        return Err(e);
+    }
+    let settled = settle(cfg, relay.is_none())?;
+    let client_pids = match &cfg.client_pids_file {
+        Some(f) => read_pids_file(f)?,
+        None => Vec::new(),
     };
     let start = Barrier::new(n + 1);
     let logins_done = Barrier::new(n + 1);

@@ -1574,3 +1574,28 @@ fn the_sync_holding_directorys_name_cannot_be_made_through_the_mount() {
     assert!(!fx.s(".ccfs-sync-partial~").exists());
     assert!(!fx.s(".config/.ccfs-sync-partial~").exists());
 }
+
+/// Local-only content below a cached directory (a browser's cache inside its profile,
+/// named by a `local_only` glob) survives the logout like `.cache`, and never reaches the
+/// share.
+#[test]
+fn local_only_content_below_a_cached_directory_survives_the_logout() {
+    let fx = Fixture::new();
+    let cfg = fx.config("[paths]\nlocal_only = [\".cache/**\", \".mozilla/**/cache2/**\"]\n");
+    let cfg = cfg.to_str().expect("utf-8");
+    let m = fx.mount_with(&["--config", cfg]);
+    fs::create_dir_all(fx.m(".mozilla/p/cache2/entries")).expect("mkdir");
+    write(&fx.m(".mozilla/p/cache2/entries/e1"), "cached page\n");
+    write(&fx.m(".mozilla/p/prefs.js"), "prefs\n");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".mozilla/p/prefs.js")), "prefs\n");
+    assert!(!fx.s(".mozilla/p/cache2").exists(), "never on the share");
+    let m = fx.mount_with(&["--config", cfg]);
+    assert_eq!(
+        read(&fx.m(".mozilla/p/cache2/entries/e1")),
+        "cached page\n",
+        "the next session on this workstation finds it"
+    );
+    drop(m);
+}

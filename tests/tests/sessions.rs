@@ -1410,3 +1410,30 @@ fn a_clean_copy_held_open_keeps_working_when_another_workstation_changes_it() {
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert_eq!(read(&kept[0]), "A-v3\n");
 }
+
+/// A directory kept in the cache for its clean copies takes the mode the share's has at
+/// the next login: a `chmod 700 ~/.ssh` made elsewhere while the user was away is what
+/// the kernel checks access by here.
+#[test]
+fn a_kept_directory_shows_the_mode_the_share_gave_it_meanwhile() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".ssh")).expect("mkdir");
+    fs::set_permissions(fx.s(".ssh"), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let m = fx.mount();
+    write(&fx.m(".ssh/id"), "key\n");
+    ok(&m.umount());
+    assert!(
+        fx.cache.join("upper/.ssh/id").exists(),
+        "a clean copy stays"
+    );
+    fs::set_permissions(fx.s(".ssh"), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let m = fx.mount();
+    let mode = fs::metadata(fx.m(".ssh")).expect("stat").mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the share's mode, not the kept copy's");
+    assert_eq!(read(&fx.m(".ssh/id")), "key\n");
+    ok(&m.umount());
+    assert_eq!(
+        fs::metadata(fx.s(".ssh")).expect("stat").mode() & 0o7777,
+        0o700
+    );
+}

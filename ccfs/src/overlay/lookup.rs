@@ -81,7 +81,6 @@ impl Overlay {
         if !meta.is_file()
             || meta.nlink() != 1
             || inner.state.is_dirty(rel)
-            || self.sync_running.load(Ordering::SeqCst)
             || inner.writers.contains_key(&meta.ino())
             || inner.in_flight.iter().any(|n| n == rel)
         {
@@ -108,7 +107,6 @@ impl Overlay {
     fn clean_dir_due(&self, inner: &Inner, rel: &Path, found: &Found) -> bool {
         if !found.meta.is_dir()
             || rel.as_os_str().is_empty()
-            || self.sync_running.load(Ordering::SeqCst)
             || inner.state.has_work_below(rel)
             || inner.in_flight.iter().any(|n| n.starts_with(rel))
         {
@@ -129,21 +127,27 @@ impl Overlay {
     /// cache lets go of the whole directory and the path shows what the share has.
     /// Anything else below (a local-only path) keeps it.
     fn revalidate_dir(&self, rel: &Path, found: Found) -> FsResult<Found> {
-        let Ok(now) = self.share.stat(rel) else {
-            return Ok(found);
+        let now = match self.share.stat(rel) {
+            Ok(now) => now,
+            Err(e) if gate::is_outage(&e) => return Ok(found),
+            Err(e) => return Err(e.into()),
         };
         let mut inner = self.lock_for(&[rel]);
-        if now.is_some_and(|m| m.is_dir()) {
+        if let Some(m) = now.as_ref().filter(|m| m.is_dir()) {
             inner
                 .validated
                 .insert(rel.to_path_buf(), std::time::Instant::now());
+            // Its mode as the share has it (another workstation's `chmod 700 ~/.ssh`
+            // while this copy waited in the cache): the kernel checks access by it.
+            if m.mode() & 0o7777 != found.meta.mode() & 0o7777 {
+                drop(inner);
+                self.take_shares_dir_mode(rel, m.mode())?;
+                return self.resolve_after_mode(rel);
+            }
             return Ok(found);
         }
         let still = self.upper_stat(rel)?;
-        if !still.is_some_and(|m| m.is_dir())
-            || self.sync_running.load(Ordering::SeqCst)
-            || inner.state.has_work_below(rel)
-        {
+        if !still.is_some_and(|m| m.is_dir()) || inner.state.has_work_below(rel) {
             drop(inner);
             return self.resolve(rel);
         }
@@ -156,6 +160,12 @@ impl Overlay {
         tracing::info!(path = %shown(rel), "gone from the share: the cache's clean directory is let go");
         drop(inner);
         self.resolve(rel)
+    }
+
+    /// The cache's directory at `rel` once it took the share's mode.
+    fn resolve_after_mode(&self, rel: &Path) -> FsResult<Found> {
+        let meta = self.upper_stat(rel)?.ok_or_else(FsError::enoent)?;
+        Ok(self.found(rel, Layer::Upper, meta))
     }
 
     /// True when everything the cache holds below directory `rel` is a clean copy (see
@@ -228,8 +238,11 @@ impl Overlay {
     /// path the cache never held (the next change takes it over afresh). A share that
     /// does not answer leaves the copy serving.
     fn revalidate(&self, rel: &Path, found: Found, base: ShareId) -> FsResult<Found> {
-        let Ok(now) = self.share.stat(rel) else {
-            return Ok(found);
+        let now = match self.share.stat(rel) {
+            Ok(now) => now,
+            Err(e) if gate::is_outage(&e) => return Ok(found),
+            // The share's answer (EACCES, ELOOP, ...) stands, as for any path.
+            Err(e) => return Err(e.into()),
         };
         let mut inner = self.lock_for(&[rel]);
         let still = self.upper_stat(rel)?;

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 
 use super::{remove_tree_keeping, up, Overlay};
 use crate::error::{FsError, FsResult};
-use crate::policy::PathClass;
+use crate::policy::{PathClass, Policy};
 use crate::state::{Record, Sent, ShareId};
 use crate::sync::Put;
 use crate::sys::{self, Root, Stat, Version};
@@ -832,7 +832,7 @@ impl Overlay {
 
     /// Gives the cache's copy of directory `dir` the share's permission bits `share_mode`,
     /// unless we changed the directory ourselves (then ours are what the sync sends).
-    fn take_shares_dir_mode(&self, dir: &Path, share_mode: u32) -> io::Result<()> {
+    pub(super) fn take_shares_dir_mode(&self, dir: &Path, share_mode: u32) -> io::Result<()> {
         let inner = self.lock();
         if inner.state.is_dirty(dir) {
             return Ok(());
@@ -1464,8 +1464,16 @@ impl Overlay {
             }
         }
         let mut held = Vec::new();
+        let mut local = Vec::new();
         for rel in &tops {
-            find_kept(&self.cache, &up(rel), handed, &mut held)?;
+            find_kept(
+                &self.cache,
+                &self.policy,
+                &up(rel),
+                handed,
+                &mut held,
+                &mut local,
+            )?;
         }
         let kept: Vec<PathBuf> = held
             .iter()
@@ -1512,6 +1520,7 @@ impl Overlay {
         }
         let mut held: HashSet<PathBuf> = held.into_iter().collect();
         held.extend(copies.iter().map(|(p, _)| up(p)));
+        held.extend(local);
         for rel in &tops {
             remove_tree_keeping(&self.cache, &up(rel), &held)?;
         }
@@ -1743,13 +1752,24 @@ fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> boo
 /// Collects every regular file at or below `rel` that must stay (see [`must_stay`]).
 fn find_kept(
     root: &Root,
+    policy: &Policy,
     rel: &Path,
     handed: &HashMap<PathBuf, Version>,
     held: &mut Vec<PathBuf>,
+    local: &mut Vec<PathBuf>,
 ) -> io::Result<()> {
     let Some(meta) = root.stat(rel)? else {
         return Ok(());
     };
+    // Local-only content below a cached directory (`local_only` globs such as a browser's
+    // cache inside its profile) stays, as at the top.
+    if rel
+        .strip_prefix("upper")
+        .is_ok_and(|m| policy.classify(m) == PathClass::LocalOnly)
+    {
+        local.push(rel.to_path_buf());
+        return Ok(());
+    }
     if meta.is_file() {
         if must_stay(root, rel, handed) {
             held.push(rel.to_path_buf());
@@ -1760,7 +1780,7 @@ fn find_kept(
         return Ok(());
     }
     for (name, _, _) in root.read_dir(rel)? {
-        find_kept(root, &rel.join(name), handed, held)?;
+        find_kept(root, policy, &rel.join(name), handed, held, local)?;
     }
     Ok(())
 }
