@@ -297,23 +297,7 @@ const F_SETSIG: libc::c_int = 10;
 /// one granted is given back at once. A lease needs the file to be the caller's (or
 /// CAP_LEASE), and leases enabled (`fs.leases-enable`): otherwise the error says why.
 pub fn open_for_writing(file: &File) -> io::Result<bool> {
-    let fd = file.as_raw_fd();
-    // Should a writer open the file in the moment the lease is held, the break is
-    // signalled with SIGURG (ignored unless handled) instead of SIGIO (which would end
-    // this process).
-    // SAFETY: fcntl with integer arguments on a descriptor `file` owns.
-    check(unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGURG) })?;
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EAGAIN) => Ok(true),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: as above. Closing `file` would give the lease back too.
-    check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) })?;
-    Ok(false)
+    lease_refused(file, libc::F_RDLCK)
 }
 
 /// Whether the regular file `file` (open read-only here) is open anywhere else, for
@@ -323,18 +307,26 @@ pub fn open_for_writing(file: &File) -> io::Result<bool> {
 /// an inode's readers grants it despite them: then only writers are seen. Errors as for
 /// [`open_for_writing`].
 pub fn open_elsewhere(file: &File) -> io::Result<bool> {
+    lease_refused(file, libc::F_WRLCK)
+}
+
+/// Whether the kernel refuses a lease of `kind` on `file` (EAGAIN: another descriptor
+/// is open in the way); a lease granted is given back at once.
+fn lease_refused(file: &File, kind: libc::c_int) -> io::Result<bool> {
     let fd = file.as_raw_fd();
+    // Should an opener come in the moment the lease is held, the break is signalled with
+    // SIGURG (ignored unless handled) instead of SIGIO (which would end this process).
     // SAFETY: fcntl with integer arguments on a descriptor `file` owns.
     check(unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGURG) })?;
     // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } < 0 {
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, kind) } < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EAGAIN) => Ok(true),
             _ => Err(e),
         };
     }
-    // SAFETY: as above.
+    // SAFETY: as above. Closing `file` would give the lease back too.
     check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) })?;
     Ok(false)
 }

@@ -469,3 +469,10 @@ pub fn not_clean_copies(cache: &Path, share: &Path, rel: &str) -> Vec<String> {
     out.sort();
     out
 }
+
+/// The content of the one conflict copy of `name` in `dir` (there must be exactly one).
+pub fn the_conflict_copy(dir: &Path, name: &str) -> String {
+    let copies = conflict_copies(dir, name);
+    assert_eq!(copies.len(), 1, "one conflict copy of {name}: {copies:?}");
+    read(&copies[0])
+}
