@@ -15,6 +15,8 @@
 //! extra_args = []                 # appended to the rsync command line
 //! timeout_secs = 600              # rsync I/O timeout (--timeout)
 //! interval_secs = 600             # sync while mounted every N seconds (0: only at logout)
+//! keep_copies_mib = 256           # clean copies a logout keeps for the user's next login
+//!                                 # on this workstation, newest first (0: none)
 //!
 //! [mount]
 //! threads = 4                     # FUSE request threads
@@ -74,6 +76,7 @@ pub struct SyncSection {
     pub extra_args: Vec<String>,
     pub timeout_secs: u64,
     pub interval_secs: u64,
+    pub keep_copies_mib: u64,
 }
 
 impl Default for SyncSection {
@@ -83,6 +86,7 @@ impl Default for SyncSection {
             extra_args: Vec::new(),
             timeout_secs: 600,
             interval_secs: 600,
+            keep_copies_mib: 256,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct Settings {
     pub rsync_timeout: Duration,
     /// Periodic sync while mounted; None: only at logout.
     pub sync_interval: Option<Duration>,
+    /// Bytes of clean copies a logout keeps for the next login.
+    pub keep_copies: u64,
     pub threads: usize,
     /// How long the kernel may keep what the share holds.
     pub attr_timeout: Duration,
@@ -174,6 +180,7 @@ impl Default for Settings {
             rsync_extra_args: Vec::new(),
             rsync_timeout: Duration::from_secs(600),
             sync_interval: Some(Duration::from_secs(600)),
+            keep_copies: 256 << 20,
             threads: 4,
             attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(10_000),
@@ -312,6 +319,7 @@ impl Settings {
             rsync_timeout: Duration::from_secs(raw.sync.timeout_secs),
             sync_interval: (raw.sync.interval_secs > 0)
                 .then(|| Duration::from_secs(raw.sync.interval_secs)),
+            keep_copies: raw.sync.keep_copies_mib.saturating_mul(1 << 20),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
             cache_timeout: Duration::from_millis(raw.mount.cache_timeout_ms),
@@ -384,6 +392,10 @@ mod tests {
         let off =
             Settings::from_toml("[sync]\ninterval_secs = 0\n", Path::new("c.toml")).expect("valid");
         assert_eq!(off.sync_interval, None);
+        assert_eq!(off.keep_copies, 256 << 20, "the default");
+        let none = Settings::from_toml("[sync]\nkeep_copies_mib = 0\n", Path::new("c.toml"))
+            .expect("valid");
+        assert_eq!(none.keep_copies, 0);
         assert_eq!(s.rsync_extra_args, vec!["--bwlimit=1000".to_string()]);
         assert_eq!(
             s.policy.classify(Path::new(".thunderbird/x")),

@@ -1234,6 +1234,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // A clean copy is checked against the share as often as the kernel asks about what
     // the cache holds.
     overlay.set_revalidate_after(plan.settings.cache_timeout);
+    overlay.set_keep_copies(plan.settings.keep_copies);
     let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     if let Some(outcome) = recover_overlay(&overlay, &rsync) {
@@ -1531,6 +1532,7 @@ fn recover_as_owner(
     })?;
     sys::set_umask(0);
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
+    overlay.set_keep_copies(settings.keep_copies);
     let mut opts = rsync_options(&settings, &rsync, &meta.share);
     opts.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     let outcome = recover_overlay(&overlay, &opts);

@@ -1649,3 +1649,27 @@ fn sessions_regression_a_kept_copy_after_a_conflict_elsewhere() {
     )
     .expect("model");
 }
+
+/// A logout keeps at most `keep_copies_mib` of clean copies, the newest first; zero keeps
+/// none.
+#[test]
+fn a_logout_keeps_clean_copies_within_the_budget_newest_first() {
+    for (budget, want) in [(35u64, vec![".c3"]), (0, vec![])] {
+        let env = Env::new();
+        let o = env.overlay();
+        o.set_keep_copies(budget);
+        for (name, len) in [(".c1", 10usize), (".c2", 20), (".c3", 30)] {
+            write_file(&o, name, &vec![b'x'; len]);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let r = run_sync(&o, &env.rsync(), SyncMode::Logout).expect("logout");
+        assert!(r.ok && r.cache_dropped, "{r:?}");
+        let mut kept: Vec<String> = fs::read_dir(env.cache.join("upper"))
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        kept.sort();
+        assert_eq!(kept, want, "budget {budget}");
+    }
+}

@@ -225,6 +225,9 @@ pub struct Overlay {
     /// How long a clean copy found to match the share is trusted before the share is
     /// asked again, in milliseconds (see [`Overlay::revalidate`]); 0: at every look.
     revalidate_after_ms: AtomicU64,
+    /// Bytes of clean copies a logout keeps for the next login (see
+    /// [`Overlay::drop_clean_cache`]).
+    keep_copies: AtomicU64,
 }
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
@@ -506,6 +509,7 @@ impl Overlay {
             sync_running: AtomicBool::new(false),
             syncs_started: AtomicU64::new(0),
             revalidate_after_ms: AtomicU64::new(0),
+            keep_copies: AtomicU64::new(u64::MAX),
             requests: crate::counters::Requests::default(),
             copy_ups: AtomicU64::new(0),
             durability,

@@ -1490,7 +1490,8 @@ impl Overlay {
         // profile costs the share a look a file, not a read): each file a sync left on the
         // share as it is (the size and mtime of its base), single-name. A lookup checks
         // each against the share before it serves (see `Overlay::revalidate`).
-        let copies: Vec<(PathBuf, ShareId)> = inner
+        // At most [`Overlay::set_keep_copies`] bytes of them, the newest first.
+        let mut copies: Vec<(PathBuf, ShareId)> = inner
             .state
             .bases()
             .filter_map(|(p, b)| Some((p.clone(), b?)))
@@ -1500,6 +1501,15 @@ impl Overlay {
                     if m.is_file() && m.nlink() == 1 && m.len() == b.size && m.mtime() == b.mtime)
             })
             .collect();
+        copies.sort_by(|a, b| b.1.mtime.cmp(&a.1.mtime).then_with(|| a.0.cmp(&b.0)));
+        let mut room = self.keep_copies.load(Ordering::Relaxed);
+        copies.retain(|(_, b)| {
+            let fits = b.size <= room;
+            if fits {
+                room -= b.size;
+            }
+            fits
+        });
         // What the kept files become, journaled before anything beside them is removed:
         // a failure here leaves the whole cache in place.
         let mut keep: Vec<Record> = copies
@@ -1543,6 +1553,12 @@ impl Overlay {
             None => self.share.stat(p)?.as_ref().map(share_id_of),
         };
         Ok(Record::Base(p.to_path_buf(), base))
+    }
+
+    /// Sets how many bytes of clean copies a logout keeps for the next login (see
+    /// [`Overlay::drop_clean_cache`]); zero: none.
+    pub fn set_keep_copies(&self, bytes: u64) {
+        self.keep_copies.store(bytes, Ordering::Relaxed);
     }
 
     /// Rewrites the journal as a snapshot of the current state.
