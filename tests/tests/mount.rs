@@ -1599,3 +1599,32 @@ fn local_only_content_below_a_cached_directory_survives_the_logout() {
     );
     drop(m);
 }
+
+/// A dotfile saved with the bytes it had, whose share file has another name (a hard link
+/// made on the share), is sent as any change (a file of its own at this name): the other
+/// name keeps its mtime, as everything the session did not change.
+#[test]
+fn a_dotfile_saved_unchanged_with_a_hard_link_on_the_share_leaves_the_other_name_alone() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    write(&fx.s(".l1"), "linked\n");
+    fs::hard_link(fx.s(".l1"), fx.s(".l2")).expect("link");
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    fs::File::options()
+        .write(true)
+        .open(fx.s(".l1"))
+        .and_then(|f| f.set_modified(old))
+        .expect("old mtime");
+    let before = fs::metadata(fx.s(".l2")).expect("stat").mtime();
+    let m = fx.mount();
+    write(&fx.m(".l1"), "linked\n");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::metadata(fx.s(".l2")).expect("stat").mtime(),
+        before,
+        "the other name is not touched"
+    );
+    assert_eq!(read(&fx.s(".l1")), "linked\n");
+    assert_eq!(read(&fx.s(".l2")), "linked\n");
+}

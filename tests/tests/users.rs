@@ -718,3 +718,33 @@ fn databases_in_dot_directories_made_in_the_session() {
         assert_eq!(fs::metadata(fx.s(d)).expect("dir").uid(), alice.uid, "{d}");
     }
 }
+
+/// A directory kept in the cache for its clean copies whose share directory the owner
+/// made unreadable meanwhile (`chmod 300`) holds up no logout: the next session shows
+/// the share's directory, and its logout empties the cache as usual.
+#[test]
+fn a_kept_directory_made_unreadable_on_the_share_holds_up_no_logout() {
+    let fx = Fixture::new();
+    alices_share(&fx, &[(".nr", 0o755)], &[(".nr/f", 0o644)]);
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo x1 > '{}'", fx.m(".nr/f").display()),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    fs::set_permissions(fx.s(".nr"), fs::Permissions::from_mode(0o300)).expect("chmod");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let _ = as_user("ccfs-alice", &format!("ls -l '{}'", fx.m(".nr").display()));
+    assert_eq!(mode_seen_by("ccfs-alice", &fx.m(".nr")), "300");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("all changes are on the share"),
+        "{}",
+        text(&out)
+    );
+    fs::set_permissions(fx.s(".nr"), fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(read(&fx.s(".nr/f")), "x1\n");
+}

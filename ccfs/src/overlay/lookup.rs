@@ -133,7 +133,11 @@ impl Overlay {
             Err(e) => return Err(e.into()),
         };
         let mut inner = self.lock_for(&[rel]);
-        if let Some(m) = now.as_ref().filter(|m| m.is_dir()) {
+        // A directory its owner may not read or search on the share (`chmod 300`) is let
+        // go of like one the share lost (the cache's copy could not be emptied with that
+        // mode): the share's answers stand.
+        let usable = |m: &Stat| m.is_dir() && m.mode() & 0o500 == 0o500;
+        if let Some(m) = now.as_ref().filter(|m| usable(m)) {
             inner
                 .validated
                 .insert(rel.to_path_buf(), std::time::Instant::now());

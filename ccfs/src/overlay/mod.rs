@@ -437,9 +437,11 @@ fn remove_tree_keeping(
         return root.unlink(rel);
     }
     let mode = meta.mode() & 0o7777;
-    let locked = mode & libc::S_IWUSR == 0;
+    // A directory its owner may not read, search or write (a cache copy that took such
+    // a mode from the share) is opened up for the moment of the emptying.
+    let locked = mode & libc::S_IRWXU != libc::S_IRWXU;
     if locked {
-        root.chmod(rel, mode | libc::S_IWUSR)?;
+        root.chmod(rel, mode | libc::S_IRWXU)?;
     }
     let emptied = root.read_dir(rel).and_then(|names| {
         names

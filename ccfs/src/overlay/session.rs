@@ -481,6 +481,11 @@ impl Overlay {
             // Changed on the share since the conflict check: rsync would overwrite it.
             return Ok(Unchanged::Hold);
         }
+        // Another name of the share's file (a hard link there) would take the stamp too:
+        // rsync's part (it puts a file of its own at this name).
+        if theirs.nlink() != 1 {
+            return Ok(Unchanged::Send);
+        }
         if (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid()) {
             return Ok(Unchanged::Send);
         }
