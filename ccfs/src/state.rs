@@ -52,7 +52,7 @@ pub enum Record {
     /// Everything the cache holds at or below `from` now lives at or below `to` (the bases
     /// stay: they describe share paths, not objects).
     Rename { from: PathBuf, to: PathBuf },
-    /// The share has `path` as the cache has it.
+    /// The share has `path` as the cache has it (its hand-over, if marked, is settled).
     Clean(PathBuf),
     /// The share no longer has `path`: its whiteout is done.
     Deleted(PathBuf),
@@ -149,6 +149,9 @@ impl OverlayState {
             }
             Record::Clean(p) => {
                 self.dirty.remove(p);
+                // Settled: a mark of its hand-over (the stamp of a file found unchanged
+                // on the share) has nothing left to settle.
+                self.sending.remove(p);
             }
             Record::Deleted(p) => {
                 self.whiteouts.remove(p);

@@ -1673,3 +1673,22 @@ fn a_logout_keeps_clean_copies_within_the_budget_newest_first() {
         assert_eq!(kept, want, "budget {budget}");
     }
 }
+
+/// Regression (from the sessions model): a file found unchanged at a sync, stamped on the
+/// share, then the daemon killed during that sync's rsync: the stamp's hand-over mark was
+/// left in the journal (a recovery nothing needed at the next login).
+#[test]
+fn sessions_regression_a_crash_after_an_unchanged_files_stamp() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(1, 45)],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 0, 0, 0),
+            Sync(0),
+            Write(0, 0, 0, 0),
+            CrashInSync(0, 0),
+        ],
+    )
+    .expect("model");
+}
