@@ -1692,3 +1692,22 @@ fn sessions_regression_a_crash_after_an_unchanged_files_stamp() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model, in a clean CI run): a file backdated after a crash
+/// cut its sync short, found unchanged by the recovery's sync (stamped), then a crash in
+/// that sync.
+#[test]
+fn sessions_regression_a_backdate_then_a_crash_after_the_stamp() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(1, 5, 0, 0),
+            CrashInSync(1, 0),
+            Backdate(1, 5),
+            CrashInSync(1, 0),
+        ],
+    )
+    .expect("model");
+}
