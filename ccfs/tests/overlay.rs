@@ -1711,3 +1711,22 @@ fn sessions_regression_a_backdate_then_a_crash_after_the_stamp() {
     )
     .expect("model");
 }
+
+/// Regression (from the model, 800 cases): a name of a file hard-linked on the share,
+/// renamed over its other name after a crash, then a crash while rsync sent the renamed
+/// file: the transfer took a link from the share's old file, which changed its ctime, and
+/// the deletion of the old name was kept as another workstation's change.
+#[test]
+fn model_regression_a_rename_over_a_hard_links_other_name_then_a_crash_in_the_sync() {
+    run_model(
+        vec![(5, 124)],
+        vec![
+            Op::Link(5, 1),
+            Op::Crash,
+            Op::Append(5, 0),
+            Op::Rename(5, 1),
+            Op::CrashInSync(5),
+        ],
+    )
+    .expect("model");
+}

@@ -1359,6 +1359,9 @@ impl Overlay {
             let inner = self.lock();
             files.iter().map(|p| inner.state.base(p)).collect()
         };
+        // The share objects our transfers replaced: another name of one (a hard link on
+        // the share) lost a link, which changed its ctime, not its content.
+        let mut replaced: HashSet<u64> = HashSet::new();
         for ((p, s), base) in files.iter().zip(sent).zip(bases) {
             let theirs = match self.share.stat(p) {
                 Ok(m) => m,
@@ -1385,11 +1388,43 @@ impl Overlay {
             });
             if ok {
                 records.push(Record::Base(p.clone(), theirs.as_ref().map(share_id_of)));
+                if let Some(b) = base.filter(|b| theirs.as_ref().is_some_and(|t| t.ino() != b.ino))
+                {
+                    replaced.insert(b.ino);
+                }
             }
             landed.push(ok);
         }
+        records.extend(self.rebase_other_names(files, &replaced));
         self.record(&mut self.lock(), &records)?;
         Ok(landed)
+    }
+
+    /// The other names whose base is a share object a transfer just replaced at one of
+    /// `files` (names of one hard-linked file on the share): each still that object with
+    /// its size and mtime gets its ctime now as its base, so that the link our own
+    /// transfer took from it is not taken for another workstation's change (a deletion
+    /// of that name kept as a conflict, a change of it set aside).
+    fn rebase_other_names(&self, files: &[PathBuf], replaced: &HashSet<u64>) -> Vec<Record> {
+        if replaced.is_empty() {
+            return Vec::new();
+        }
+        let others: Vec<(PathBuf, ShareId)> = {
+            let inner = self.lock();
+            inner
+                .state
+                .bases()
+                .filter_map(|(p, b)| Some((p.clone(), b?)))
+                .filter(|(p, b)| replaced.contains(&b.ino) && !files.contains(p))
+                .collect()
+        };
+        others
+            .into_iter()
+            .filter_map(|(p, b)| {
+                let now = share_id_of(&self.share.stat(&p).ok()??);
+                (now != b && same_save(Some(now), Some(b))).then_some(Record::Base(p, Some(now)))
+            })
+            .collect()
     }
 
     /// Deletes `rel` on the share if it is still a whiteout and the cache has nothing
