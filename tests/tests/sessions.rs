@@ -23,6 +23,13 @@ fn set_mtime(p: &Path, secs: i64) {
     ccfs::sys::utimens(p, t, t).unwrap_or_else(|e| panic!("utimens {}: {e}", p.display()));
 }
 
+/// A config whose mounts look again at what the share and the cache hold after 50 ms
+/// (the kernel and ccfs alike), for tests of another workstation's changes.
+fn quick_looks(fx: &Fixture) -> String {
+    let cfg = fx.config("[mount]\ncache_timeout_ms = 50\nattr_timeout_ms = 50\n");
+    cfg.to_str().expect("utf-8").to_string()
+}
+
 fn ok(out: &std::process::Output) {
     assert!(out.status.success(), "{}", text(out));
 }
@@ -1275,9 +1282,8 @@ fn a_clean_copy_left_by_a_sync_shows_another_workstations_change() {
     let fx = Fixture::new();
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    // The kernel and ccfs look again after 50 ms.
-    let cfg = fx.config("[mount]\ncache_timeout_ms = 50\nattr_timeout_ms = 50\n");
-    let cfg = cfg.to_str().expect("utf-8");
+    let cfg = quick_looks(&fx);
+    let cfg = cfg.as_str();
     let a = fx.mount_at(&mnt_a, &cache_a, &["--config", cfg]);
     write(&mnt_a.join(".conf"), "a1\n");
     write(&mnt_a.join(".gone"), "x\n");
@@ -1386,8 +1392,8 @@ fn a_clean_copy_held_open_keeps_working_when_another_workstation_changes_it() {
     let fx = Fixture::new();
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    let cfg = fx.config("[mount]\ncache_timeout_ms = 50\nattr_timeout_ms = 50\n");
-    let cfg = cfg.to_str().expect("utf-8");
+    let cfg = quick_looks(&fx);
+    let cfg = cfg.as_str();
     let a = fx.mount_at(&mnt_a, &cache_a, &["--config", cfg]);
     write(&mnt_a.join(".ro"), "A-v1\n");
     ok(&ccfs(&["sync".as_ref(), mnt_a.as_os_str()]));
