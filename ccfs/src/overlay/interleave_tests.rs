@@ -787,3 +787,115 @@ fn a_save_elsewhere_while_a_sync_finds_a_file_unchanged_is_kept() {
         );
     }
 }
+
+/// The share's contents, every file read.
+fn share_contents(share: &Path) -> Vec<String> {
+    let mut all: Vec<String> = std::fs::read_dir(share)
+        .expect("ls")
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    all.sort();
+    all
+}
+
+/// A create right after the kernel's lookup of the same name takes the lookup's share
+/// look for its own (one question to the share instead of two). Another workstation's
+/// file made at the name in between is then found by the sync, as a change made after
+/// the look: both versions are kept, theirs at the name and ours beside it (the
+/// conflict rule).
+#[test]
+fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[]);
+    let root = Path::new("");
+    assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
+    std::fs::write(share.join(".x"), "theirs\n").expect("another workstation");
+    let (_, mut f, writer) = o
+        .create(&ctx(), root, OsStr::new(".x"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"ours\n").expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".x")).expect(".x"),
+        "theirs\n"
+    );
+    assert_eq!(share_contents(&share), ["ours\n", "theirs\n"]);
+}
+
+/// A lookup's share look answers only a change that follows it closely: a create a while
+/// later asks the share again and finds another workstation's file made meanwhile (then
+/// opens it, as any program would, with no conflict).
+#[test]
+fn a_lookups_share_look_does_not_answer_a_create_long_after() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[]);
+    let root = Path::new("");
+    assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
+    std::fs::write(share.join(".x"), "theirs\n").expect("another workstation");
+    std::thread::sleep(RECENT_LOOK + Duration::from_millis(100));
+    let made = o.create(
+        &ctx(),
+        root,
+        OsStr::new(".x"),
+        0o644,
+        libc::O_WRONLY | libc::O_EXCL,
+    );
+    assert_eq!(made.err().map(|e| e.errno()), Some(libc::EEXIST));
+}
+
+/// A rename of a file made a moment ago takes the create's share look for its source; a
+/// sync in between (which sends the file) makes the look stand no longer: the rename
+/// then hides the sent copy, and the logout deletes it on the share.
+#[test]
+fn a_creates_kept_look_does_not_stand_after_a_sync() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[]);
+    let root = Path::new("");
+    let (_, mut f, writer) = o
+        .create(&ctx(), root, OsStr::new(".tmp"), 0o644, libc::O_WRONLY)
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"saved\n").expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    let opts = rsync(&share);
+    let r = run_sync(&o, &opts, SyncMode::Session).expect("sync");
+    assert!(r.ok && r.sent == 1, "{r:?}");
+    o.rename(
+        &ctx(),
+        root,
+        OsStr::new(".tmp"),
+        root,
+        OsStr::new(".cfg"),
+        0,
+    )
+    .expect("rename");
+    assert!(
+        o.resolve(Path::new(".tmp")).is_err(),
+        "the old name is gone"
+    );
+    let r = run_sync(&o, &opts, SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+    assert!(!share.join(".tmp").exists(), "the sent copy is deleted");
+    assert_eq!(std::fs::read(share.join(".cfg")).expect(".cfg"), b"saved\n");
+}

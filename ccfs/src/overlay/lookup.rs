@@ -334,7 +334,15 @@ impl Overlay {
                 // of the mount go on meanwhile), then check that the cache still has no
                 // say (a copy-up or a delete may have happened meanwhile), unless nobody
                 // took the lock since the look.
+                // Kept for a change that follows (not while a sync runs: rsync may change
+                // the share under the look).
+                let syncs = self.syncs_started.load(Ordering::SeqCst);
+                let keep = !self.sync_running.load(Ordering::SeqCst);
+                let at = std::time::Instant::now();
                 let meta = self.share.stat(rel)?;
+                if keep {
+                    self.remember_look(rel, at, syncs, &meta);
+                }
                 if self.holds_now() != looked {
                     if let Some(found) = said(&self.lock_for(&[rel]))? {
                         return Ok(found);

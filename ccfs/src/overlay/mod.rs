@@ -82,6 +82,26 @@ pub(super) struct ShareLook {
     seen: Option<Option<Stat>>,
 }
 
+/// A share look a lookup or a change made at a cached name, kept for the change of the
+/// same name that follows within [`RECENT_LOOK`] (see [`Overlay::recent_look`]).
+#[derive(Debug, Clone)]
+struct RecentLook {
+    /// When it was asked (taken before the share answered).
+    at: std::time::Instant,
+    syncs: u64,
+    /// What the share held: nothing, or a non-directory.
+    seen: Option<Stat>,
+}
+
+/// How long a share look answers a change of the same cached name that follows it (the
+/// kernel looks a name up just before it creates, renames or removes it; a program
+/// writes a temporary file and renames it over the old one right after), unless
+/// [`Overlay::set_recent_look`] says otherwise.
+const RECENT_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// At most this many looks are kept (see [`Overlay::remember_look`]).
+const RECENT_LOOKS_MAX: usize = 4096;
+
 impl ShareLook {
     /// Nothing asked: the change asks the share under the lock.
     fn none() -> Self {
@@ -208,8 +228,9 @@ pub struct Overlay {
     root_look: std::sync::mpsc::Sender<RootAsk>,
     as_root: bool,
     sync_running: AtomicBool,
-    /// Syncs started so far: a share look made without the lock stands only if none
-    /// started since (see [`Overlay::look_before_lock`]).
+    /// Syncs started so far, and changes this mount made to the share at cached names
+    /// outside a sync ([`Overlay::forget_looks`]): a share look made without the lock
+    /// stands only if none started since (see [`Overlay::look_before_lock`]).
     syncs_started: AtomicU64,
     /// The FUSE requests this mount served (see [`crate::counters`]).
     pub requests: crate::counters::Requests,
@@ -228,6 +249,11 @@ pub struct Overlay {
     /// Bytes of clean copies a logout keeps for the next login (see
     /// [`Overlay::drop_clean_cache`]).
     keep_copies: AtomicU64,
+    /// Share looks at cached names of the last [`RECENT_LOOK`], by name (see
+    /// [`Overlay::recent_look`]). A leaf lock.
+    recent_looks: Mutex<HashMap<PathBuf, RecentLook>>,
+    /// How long a kept look answers, in milliseconds (see [`Overlay::set_recent_look`]).
+    recent_look_ms: AtomicU64,
 }
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
@@ -516,6 +542,8 @@ impl Overlay {
             copy_ups: AtomicU64::new(0),
             durability,
             holds: AtomicU64::new(0),
+            recent_looks: Mutex::new(HashMap::new()),
+            recent_look_ms: AtomicU64::new(RECENT_LOOK.as_millis() as u64),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.

@@ -65,14 +65,89 @@ impl Overlay {
             let inner = self.lock_for(&[rel]);
             inner.state.hidden(rel) || needless(&inner.state)
         };
-        let seen = if skip {
-            None
+        let look = if skip {
+            ShareLook { syncs, seen: None }
+        } else if let Some(recent) = self.recent_look(rel) {
+            recent
         } else {
-            self.share.stat(rel).ok()
+            let at = std::time::Instant::now();
+            let seen = self.share.stat(rel).ok();
+            if let Some(seen) = &seen {
+                self.remember_look(rel, at, syncs, seen);
+            }
+            ShareLook { syncs, seen }
         };
         #[cfg(test)]
         super::interleave_tests::after_share_look(self);
-        ShareLook { syncs, seen }
+        look
+    }
+
+    /// Keeps what the share held at the cached name `rel` when asked at `at` (with `syncs`
+    /// syncs started then), for a change of the name that follows within [`RECENT_LOOK`]:
+    /// a create, rename or removal then asks the share once instead of twice (the
+    /// kernel's lookup just before, a program's temporary file just made). The answer
+    /// stands as one asked before the lock does ([`Overlay::still_stands`]): not once a
+    /// sync started since; a change another workstation makes after it is found by the
+    /// sync as a change after the look. Directories are not kept (a database passed
+    /// through below one changes its times).
+    pub(super) fn remember_look(
+        &self,
+        rel: &Path,
+        at: std::time::Instant,
+        syncs: u64,
+        seen: &Option<Stat>,
+    ) {
+        if seen.as_ref().is_some_and(|m| m.is_dir()) {
+            return;
+        }
+        let mut looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
+        if looks.len() >= RECENT_LOOKS_MAX {
+            let within =
+                std::time::Duration::from_millis(self.recent_look_ms.load(Ordering::Relaxed));
+            looks.retain(|_, l| l.at.elapsed() < within);
+            if looks.len() >= RECENT_LOOKS_MAX {
+                looks.clear();
+            }
+        }
+        looks.insert(
+            rel.to_path_buf(),
+            RecentLook {
+                at,
+                syncs,
+                seen: *seen,
+            },
+        );
+    }
+
+    /// How long a look kept by [`Overlay::remember_look`] answers a change of its name
+    /// ([`RECENT_LOOK`] unless set); zero: every change asks the share itself. A test
+    /// that plays two workstations' steps back to back, each expected to see the other's
+    /// changes at once, sets zero.
+    pub fn set_recent_look(&self, within: std::time::Duration) {
+        let ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        self.recent_look_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The share's answer at `rel` kept by [`Overlay::remember_look`], if it is recent.
+    fn recent_look(&self, rel: &Path) -> Option<ShareLook> {
+        let within = std::time::Duration::from_millis(self.recent_look_ms.load(Ordering::Relaxed));
+        let looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
+        let l = looks.get(rel).filter(|l| l.at.elapsed() < within)?;
+        Some(ShareLook {
+            syncs: l.syncs,
+            seen: Some(l.seen),
+        })
+    }
+
+    /// This mount changed the share at cached names outside a sync (the directories a
+    /// database passed through below a cached directory needs): no look asked before
+    /// stands, kept or made before a lock (counted as a sync is), and the kept ones go.
+    pub(super) fn forget_looks(&self) {
+        self.syncs_started.fetch_add(1, Ordering::SeqCst);
+        self.recent_looks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// [`ShareLook`]'s answer, if it still stands (under the lock): no sync of this mount
@@ -317,6 +392,13 @@ impl Overlay {
     /// made meanwhile is taken as it is. The cache's copies stay dirty: the sync finds the
     /// share's directories there and sends only their attributes.
     pub(super) fn share_dirs_for(&self, ctx: &Ctx, parent: &Path) -> FsResult<()> {
+        let made = self.make_share_dirs_for(ctx, parent);
+        self.forget_looks();
+        made
+    }
+
+    /// [`Overlay::share_dirs_for`]'s work.
+    fn make_share_dirs_for(&self, ctx: &Ctx, parent: &Path) -> FsResult<()> {
         let mut missing = Vec::new();
         for dir in parent.ancestors().filter(|a| !a.as_os_str().is_empty()) {
             match self.share.stat(dir)? {

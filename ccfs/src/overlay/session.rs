@@ -304,9 +304,10 @@ impl Overlay {
     /// back and reported; the others go on.
     pub fn begin_sync(&self, host: &str, stamp: &str) -> FsResult<SyncSession<'_>> {
         // Counted before anything of the sync happens (a share look made without the
-        // lock before this no longer stands).
-        self.syncs_started.fetch_add(1, Ordering::SeqCst);
+        // lock before this no longer stands), and marked running before it is counted:
+        // a look that reads the new count then sees the sync running, or ended.
         self.sync_running.store(true, Ordering::SeqCst);
+        self.syncs_started.fetch_add(1, Ordering::SeqCst);
         let mut session = SyncSession {
             overlay: self,
             files: Vec::new(),
