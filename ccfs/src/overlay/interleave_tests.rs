@@ -899,3 +899,108 @@ fn a_creates_kept_look_does_not_stand_after_a_sync() {
     assert!(!share.join(".tmp").exists(), "the sent copy is deleted");
     assert_eq!(std::fs::read(share.join(".cfg")).expect(".cfg"), b"saved\n");
 }
+
+/// A hard link made at a name the share held nothing at when asked, and another
+/// workstation's file put there before the lock: the link's base is that answer (nothing),
+/// so the sync finds their file and keeps both. Before, the base was asked again under
+/// the lock and took their file for it: the sync overwrote it without a conflict.
+#[test]
+fn a_file_made_elsewhere_between_a_links_look_and_its_lock_is_kept() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".a", "src\n")]);
+    let root = Path::new("");
+    {
+        let share = share.clone();
+        AFTER_LOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                std::fs::write(share.join(".b"), "theirs\n").expect("another workstation");
+            }))
+        });
+    }
+    let linked = o.link(&ctx(), Path::new(".a"), root, OsStr::new(".b"));
+    AFTER_LOOK.with(|h| *h.borrow_mut() = None);
+    linked.expect("link");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".b")).expect(".b"),
+        "theirs\n"
+    );
+    assert!(
+        share_contents(&share)
+            .iter()
+            .filter(|c| *c == "src\n")
+            .count()
+            >= 2,
+        "ours beside theirs: {:?}",
+        share_contents(&share)
+    );
+}
+
+/// What the share holds at a name is never taken from a kept look: a file another
+/// workstation replaced by a directory just after a lookup here is seen as the directory
+/// by a rename (EXDEV: a directory the share has is not moved here) and by an unlink
+/// (EISDIR), which hide nothing of it.
+#[test]
+fn a_file_replaced_by_a_directory_elsewhere_just_after_a_lookup_is_seen_as_one() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".a", "file\n"), (".u", "file\n")]);
+    let root = Path::new("");
+    for name in [".a", ".u"] {
+        assert!(o.resolve(Path::new(name)).is_ok(), "{name} is a file");
+        std::fs::remove_file(share.join(name)).expect("another workstation");
+        std::fs::create_dir(share.join(name)).expect("makes a directory");
+        std::fs::write(share.join(name).join("f"), "theirs\n").expect("with a file");
+    }
+    let renamed = o.rename(&ctx(), root, OsStr::new(".a"), root, OsStr::new(".b"), 0);
+    assert_eq!(renamed.err().map(|e| e.errno()), Some(libc::EXDEV));
+    let removed = o.unlink(root, OsStr::new(".u"));
+    assert_eq!(removed.err().map(|e| e.errno()), Some(libc::EISDIR));
+    for name in [".a", ".u"] {
+        assert!(o.resolve(Path::new(name)).is_ok_and(|f| f.meta.is_dir()));
+        assert_eq!(
+            view_of(&o, &format!("{name}/f")).as_deref(),
+            Some(&b"theirs\n"[..])
+        );
+    }
+}
+
+/// A create without O_EXCL at a name whose file another workstation deleted just after
+/// a lookup here makes the file (the kept look says only where the share had nothing).
+#[test]
+fn a_create_after_a_file_was_deleted_elsewhere_just_after_a_lookup_makes_it() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[(".x", "theirs\n")]);
+    let root = Path::new("");
+    assert!(o.resolve(Path::new(".x")).is_ok(), "a file");
+    std::fs::remove_file(share.join(".x")).expect("another workstation deletes it");
+    let (_, mut f, writer) = o
+        .create(
+            &ctx(),
+            root,
+            OsStr::new(".x"),
+            0o644,
+            libc::O_WRONLY | libc::O_TRUNC,
+        )
+        .expect("create");
+    std::io::Write::write_all(&mut f, b"ours\n").expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+    assert_eq!(std::fs::read(share.join(".x")).expect(".x"), b"ours\n");
+}

@@ -82,15 +82,14 @@ pub(super) struct ShareLook {
     seen: Option<Option<Stat>>,
 }
 
-/// A share look a lookup or a change made at a cached name, kept for the change of the
-/// same name that follows within [`RECENT_LOOK`] (see [`Overlay::recent_look`]).
+/// A share look, made by a lookup or a change at a cached name, that found nothing
+/// there: kept for the change of the same name that follows within [`RECENT_LOOK`] (see
+/// [`Overlay::recent_look`]).
 #[derive(Debug, Clone)]
 struct RecentLook {
     /// When it was asked (taken before the share answered).
     at: std::time::Instant,
     syncs: u64,
-    /// What the share held: nothing, or a non-directory.
-    seen: Option<Stat>,
 }
 
 /// How long a share look answers a change of the same cached name that follows it (the

@@ -82,14 +82,15 @@ impl Overlay {
         look
     }
 
-    /// Keeps what the share held at the cached name `rel` when asked at `at` (with `syncs`
-    /// syncs started then), for a change of the name that follows within [`RECENT_LOOK`]:
-    /// a create, rename or removal then asks the share once instead of twice (the
-    /// kernel's lookup just before, a program's temporary file just made). The answer
-    /// stands as one asked before the lock does ([`Overlay::still_stands`]): not once a
-    /// sync started since; a change another workstation makes after it is found by the
-    /// sync as a change after the look. Directories are not kept (a database passed
-    /// through below one changes its times).
+    /// Keeps that the share held nothing at the cached name `rel` when asked at `at` (with
+    /// `syncs` syncs started then), for a change of the name that follows within
+    /// [`RECENT_LOOK`]: a create, or the rename of a temporary file just made, then asks
+    /// the share once instead of twice (the kernel's lookup just before, the create).
+    /// The answer stands as one asked before the lock does ([`Overlay::still_stands`]):
+    /// not once a sync started since; something another workstation makes there after
+    /// it is found by the sync as a change after the look (both versions kept). What the
+    /// share holds (a file, a directory) is not kept: a change checks its type and copies
+    /// it from one look, made now.
     pub(super) fn remember_look(
         &self,
         rel: &Path,
@@ -97,7 +98,7 @@ impl Overlay {
         syncs: u64,
         seen: &Option<Stat>,
     ) {
-        if seen.as_ref().is_some_and(|m| m.is_dir()) {
+        if seen.is_some() {
             return;
         }
         let mut looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
@@ -109,14 +110,7 @@ impl Overlay {
                 looks.clear();
             }
         }
-        looks.insert(
-            rel.to_path_buf(),
-            RecentLook {
-                at,
-                syncs,
-                seen: *seen,
-            },
-        );
+        looks.insert(rel.to_path_buf(), RecentLook { at, syncs });
     }
 
     /// How long a look kept by [`Overlay::remember_look`] answers a change of its name
@@ -135,7 +129,7 @@ impl Overlay {
         let l = looks.get(rel).filter(|l| l.at.elapsed() < within)?;
         Some(ShareLook {
             syncs: l.syncs,
-            seen: Some(l.seen),
+            seen: Some(None),
         })
     }
 
@@ -533,9 +527,13 @@ impl Overlay {
         }
         let mut inner = self.lock_for(&[src, &rel]);
         self.check_parent(&inner, parent)?;
+        // The answer the name was found free by is the one its base records (asked again,
+        // another workstation's file made in between would be taken for the base, and
+        // overwritten by the sync without a conflict).
+        let mut seen = None;
         match class {
             PathClass::Cached => {
-                self.free_cached_name(&inner, &rel, look)?;
+                seen = self.free_cached_name(&inner, &rel, look)?.then_some(None);
             }
             _ => {
                 if self.resolve_locked(&inner, &rel).is_ok() {
@@ -558,7 +556,7 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let _ = self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                let bases = self.take_over(&inner, &rel)?;
+                let bases = self.take_over_seen(&inner, &rel, seen)?;
                 if !bases.is_empty() {
                     self.record(&mut inner, &bases)?;
                 }
