@@ -800,11 +800,11 @@ fn share_contents(share: &Path) -> Vec<String> {
     all
 }
 
-/// A create right after the kernel's lookup of the same name takes the lookup's share
-/// look for its own (one question to the share instead of two). Another workstation's
-/// file made at the name in between is then found by the sync, as a change made after
-/// the look: both versions are kept, theirs at the name and ours beside it (the
-/// conflict rule).
+/// An O_EXCL create right after the kernel's lookup of the same name takes the lookup's
+/// share look for its own (one question to the share instead of two). Another
+/// workstation's file made at the name in between is then found by the sync, as a change
+/// made after the look: both versions are kept, theirs at the name and ours beside it
+/// (the conflict rule). A create without O_EXCL asks the share itself and opens theirs.
 #[test]
 fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
     let Fresh {
@@ -814,10 +814,25 @@ fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
         o,
     } = fresh(&[]);
     let root = Path::new("");
-    assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
-    std::fs::write(share.join(".x"), "theirs\n").expect("another workstation");
+    for name in [".x", ".y"] {
+        assert!(o.resolve(Path::new(name)).is_err(), "nothing there yet");
+        std::fs::write(share.join(name), "theirs\n").expect("another workstation");
+    }
+    let (_, f, writer) = o
+        .create(&ctx(), root, OsStr::new(".y"), 0o644, libc::O_RDONLY)
+        .expect("create without O_EXCL");
+    assert_eq!(std::io::read_to_string(f).expect("read"), "theirs\n");
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
     let (_, mut f, writer) = o
-        .create(&ctx(), root, OsStr::new(".x"), 0o644, libc::O_WRONLY)
+        .create(
+            &ctx(),
+            root,
+            OsStr::new(".x"),
+            0o644,
+            libc::O_WRONLY | libc::O_EXCL,
+        )
         .expect("create");
     std::io::Write::write_all(&mut f, b"ours\n").expect("write");
     drop(f);
@@ -830,7 +845,7 @@ fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
         std::fs::read_to_string(share.join(".x")).expect(".x"),
         "theirs\n"
     );
-    assert_eq!(share_contents(&share), ["ours\n", "theirs\n"]);
+    assert_eq!(share_contents(&share), ["ours\n", "theirs\n", "theirs\n"]);
 }
 
 /// A lookup's share look answers only a change that follows it closely: a create a while

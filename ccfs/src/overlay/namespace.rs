@@ -60,6 +60,25 @@ impl Overlay {
         rel: &Path,
         needless: impl FnOnce(&OverlayState) -> bool,
     ) -> ShareLook {
+        self.look_before_lock_with(rel, needless, true)
+    }
+
+    /// [`Overlay::look_before_lock`], always asking the share: for an open with O_CREAT
+    /// and without O_EXCL, which the kernel sends without a lookup while it remembers
+    /// the name missing (a file another workstation made there meanwhile is then opened,
+    /// not replaced by a new one). Its answer is kept all the same.
+    pub(super) fn look_before_lock_fresh(&self, rel: &Path) -> ShareLook {
+        self.look_before_lock_with(rel, |_| false, false)
+    }
+
+    /// [`Overlay::look_before_lock_unless`]; `kept`: a recent answer that the share had
+    /// nothing there may stand for the look (see [`Overlay::remember_look`]).
+    fn look_before_lock_with(
+        &self,
+        rel: &Path,
+        needless: impl FnOnce(&OverlayState) -> bool,
+        kept: bool,
+    ) -> ShareLook {
         let syncs = self.syncs_started.load(Ordering::SeqCst);
         let skip = self.sync_running.load(Ordering::SeqCst) || {
             let inner = self.lock_for(&[rel]);
@@ -67,7 +86,7 @@ impl Overlay {
         };
         let look = if skip {
             ShareLook { syncs, seen: None }
-        } else if let Some(recent) = self.recent_look(rel) {
+        } else if let Some(recent) = self.recent_look(rel).filter(|_| kept) {
             recent
         } else {
             let at = std::time::Instant::now();
@@ -98,10 +117,12 @@ impl Overlay {
         syncs: u64,
         seen: &Option<Stat>,
     ) {
+        let mut looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
         if seen.is_some() {
+            // The share has something there now: an older answer says no more.
+            looks.remove(rel);
             return;
         }
-        let mut looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
         if looks.len() >= RECENT_LOOKS_MAX {
             let within =
                 std::time::Duration::from_millis(self.recent_look_ms.load(Ordering::Relaxed));
@@ -220,6 +241,7 @@ impl Overlay {
         ctx: &Ctx,
         parent: &Path,
         name: &OsStr,
+        kept: bool,
         make: impl FnOnce(&Root, &Path) -> io::Result<Option<File>>,
     ) -> FsResult<(Found, Option<File>)> {
         self.refuse_reserved(parent, name)?;
@@ -239,7 +261,8 @@ impl Overlay {
             return self.made(Layer::Share, &rel, file);
         }
         let look = match self.policy.classify(&rel) {
-            PathClass::Cached => self.look_before_lock(&rel),
+            PathClass::Cached if kept => self.look_before_lock(&rel),
+            PathClass::Cached => self.look_before_lock_fresh(&rel),
             _ => ShareLook::none(),
         };
         let mut inner = self.lock_for(&[&rel]);
@@ -350,8 +373,11 @@ impl Overlay {
             };
             return Ok((found, file, writer));
         }
-        // Made, or (without O_EXCL) the existing file opened.
-        let made = self.make_node(ctx, parent, name, |root, at| {
+        // Made, or (without O_EXCL) the existing file opened. Only O_EXCL takes a kept
+        // look: the kernel always looks the name up just before one (without, it may
+        // send the create on a name it remembers missing).
+        let excl = flags & libc::O_EXCL != 0;
+        let made = self.make_node(ctx, parent, name, excl, |root, at| {
             root.open_file(at, creation_flags(flags), perm).map(Some)
         });
         let (found, file) = match made {
@@ -464,7 +490,7 @@ impl Overlay {
 
     pub fn mkdir(&self, ctx: &Ctx, parent: &Path, name: &OsStr, mode: u32) -> FsResult<Found> {
         let perm = mode & 0o7777 & !ctx.umask;
-        let made = self.make_node(ctx, parent, name, |root, at| {
+        let made = self.make_node(ctx, parent, name, true, |root, at| {
             root.mkdir(at, perm)?;
             // mkdir masks with our umask (0) only; set the exact bits (sticky, setgid).
             root.chmod(
@@ -488,7 +514,7 @@ impl Overlay {
         rdev: u64,
     ) -> FsResult<Found> {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ctx.umask);
-        self.make_node(ctx, parent, name, |root, at| {
+        self.make_node(ctx, parent, name, true, |root, at| {
             root.mknod(at, mode, rdev).map(|()| None)
         })
         .map(|(found, _)| found)
@@ -501,7 +527,7 @@ impl Overlay {
         name: &OsStr,
         target: &Path,
     ) -> FsResult<Found> {
-        self.make_node(ctx, parent, name, |root, at| {
+        self.make_node(ctx, parent, name, true, |root, at| {
             root.symlink(target, at).map(|()| None)
         })
         .map(|(found, _)| found)
