@@ -219,14 +219,7 @@ fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand
         o,
     } = fresh(&[]);
     let root = Path::new("");
-    let (_, mut f, writer) = o
-        .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
-        .expect("create");
-    std::io::Write::write_all(&mut f, b"saved\n").expect("write");
-    drop(f);
-    if let Some(ino) = writer {
-        o.release_writer(ino);
-    }
+    make_file(&o, ".t", libc::O_WRONLY, b"saved\n");
     let opts = rsync(&share);
     {
         let opts = opts.clone();
@@ -788,6 +781,19 @@ fn a_save_elsewhere_while_a_sync_finds_a_file_unchanged_is_kept() {
     }
 }
 
+/// Makes `name` in the mount's root with `flags` (O_CREAT implied) and writes `data` into it
+/// through the overlay.
+fn make_file(o: &Overlay, name: &str, flags: i32, data: &[u8]) {
+    let (_, mut f, writer) = o
+        .create(&ctx(), Path::new(""), OsStr::new(name), 0o644, flags)
+        .expect("create");
+    std::io::Write::write_all(&mut f, data).expect("write");
+    drop(f);
+    if let Some(ino) = writer {
+        o.release_writer(ino);
+    }
+}
+
 /// The share's contents, every file read.
 fn share_contents(share: &Path) -> Vec<String> {
     let mut all: Vec<String> = std::fs::read_dir(share)
@@ -813,6 +819,8 @@ fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
         cache: _,
         o,
     } = fresh(&[]);
+    // However slow the machine, the create comes within the kept look's life.
+    o.set_recent_look(Duration::from_secs(600));
     let root = Path::new("");
     for name in [".x", ".y"] {
         assert!(o.resolve(Path::new(name)).is_err(), "nothing there yet");
@@ -825,20 +833,7 @@ fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
     if let Some(ino) = writer {
         o.release_writer(ino);
     }
-    let (_, mut f, writer) = o
-        .create(
-            &ctx(),
-            root,
-            OsStr::new(".x"),
-            0o644,
-            libc::O_WRONLY | libc::O_EXCL,
-        )
-        .expect("create");
-    std::io::Write::write_all(&mut f, b"ours\n").expect("write");
-    drop(f);
-    if let Some(ino) = writer {
-        o.release_writer(ino);
-    }
+    make_file(&o, ".x", libc::O_WRONLY | libc::O_EXCL, b"ours\n");
     let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
     assert_eq!(r.conflicts.len(), 1, "{r:?}");
     assert_eq!(
@@ -884,15 +879,9 @@ fn a_creates_kept_look_does_not_stand_after_a_sync() {
         cache: _,
         o,
     } = fresh(&[]);
+    o.set_recent_look(Duration::from_secs(600));
     let root = Path::new("");
-    let (_, mut f, writer) = o
-        .create(&ctx(), root, OsStr::new(".tmp"), 0o644, libc::O_WRONLY)
-        .expect("create");
-    std::io::Write::write_all(&mut f, b"saved\n").expect("write");
-    drop(f);
-    if let Some(ino) = writer {
-        o.release_writer(ino);
-    }
+    make_file(&o, ".tmp", libc::O_WRONLY, b"saved\n");
     let opts = rsync(&share);
     let r = run_sync(&o, &opts, SyncMode::Session).expect("sync");
     assert!(r.ok && r.sent == 1, "{r:?}");
@@ -998,23 +987,9 @@ fn a_create_after_a_file_was_deleted_elsewhere_just_after_a_lookup_makes_it() {
         cache: _,
         o,
     } = fresh(&[(".x", "theirs\n")]);
-    let root = Path::new("");
     assert!(o.resolve(Path::new(".x")).is_ok(), "a file");
     std::fs::remove_file(share.join(".x")).expect("another workstation deletes it");
-    let (_, mut f, writer) = o
-        .create(
-            &ctx(),
-            root,
-            OsStr::new(".x"),
-            0o644,
-            libc::O_WRONLY | libc::O_TRUNC,
-        )
-        .expect("create");
-    std::io::Write::write_all(&mut f, b"ours\n").expect("write");
-    drop(f);
-    if let Some(ino) = writer {
-        o.release_writer(ino);
-    }
+    make_file(&o, ".x", libc::O_WRONLY | libc::O_TRUNC, b"ours\n");
     let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
     assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
     assert_eq!(std::fs::read(share.join(".x")).expect(".x"), b"ours\n");
