@@ -206,45 +206,53 @@ fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_su
     assert!(reopened.lock().state.is_dirty(Path::new(".x")));
 }
 
-/// A rename asks the share about its source before it takes the lock. A sync that runs in
-/// between and sends the source (a file made here) must not leave the rename with the
-/// share's old answer (nothing there): the source's name is hidden after the rename, and
-/// the next sync deletes the copy the first one sent.
+/// A rename asks the share about its source before it takes the lock, or takes the answer
+/// the source's create got a moment before (kept, see [`Overlay::remember_look`]). A sync
+/// that runs after that answer, between the create and the rename or between the
+/// rename's look and its lock, and sends the source (a file made here) must not leave
+/// the rename with the share's old answer (nothing there): the source's name is hidden
+/// after the rename, and the next sync deletes the copy the first one sent.
 #[test]
 fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[]);
-    let root = Path::new("");
-    make_file(&o, ".t", libc::O_WRONLY, b"saved\n");
-    let opts = rsync(&share);
-    {
-        let opts = opts.clone();
-        AFTER_LOOK.with(|h| {
-            *h.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+    for in_between in [true, false] {
+        let Fresh {
+            _tmp,
+            share,
+            cache: _,
+            o,
+        } = fresh(&[]);
+        o.set_recent_look(Duration::from_secs(600));
+        let root = Path::new("");
+        make_file(&o, ".t", libc::O_WRONLY, b"saved\n");
+        let opts = rsync(&share);
+        let sync = {
+            let opts = opts.clone();
+            move |o: &Overlay| {
                 let r = run_sync(o, &opts, SyncMode::Session).expect("sync");
                 assert!(r.ok && r.sent == 1, "{r:?}");
-            }))
-        });
+            }
+        };
+        if in_between {
+            AFTER_LOOK.with(|h| *h.borrow_mut() = Some(Box::new(sync)));
+        } else {
+            sync(&o);
+        }
+        let renamed = o.rename(&ctx(), root, OsStr::new(".t"), root, OsStr::new(".s"), 0);
+        AFTER_LOOK.with(|h| *h.borrow_mut() = None);
+        renamed.expect("rename");
+        assert!(
+            share.join(".t").exists(),
+            "the sync in between sent the source"
+        );
+        assert!(
+            o.resolve(Path::new(".t")).is_err(),
+            "the source's name shows nothing"
+        );
+        let r = run_sync(&o, &opts, SyncMode::Logout).expect("logout");
+        assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
+        assert!(!share.join(".t").exists(), "the sent source is deleted");
+        assert_eq!(std::fs::read(share.join(".s")).expect(".s"), b"saved\n");
     }
-    let renamed = o.rename(&ctx(), root, OsStr::new(".t"), root, OsStr::new(".s"), 0);
-    AFTER_LOOK.with(|h| *h.borrow_mut() = None);
-    renamed.expect("rename");
-    assert!(
-        share.join(".t").exists(),
-        "the sync in between sent the source"
-    );
-    assert!(
-        o.resolve(Path::new(".t")).is_err(),
-        "the source's name shows nothing"
-    );
-    let r = run_sync(&o, &opts, SyncMode::Logout).expect("logout");
-    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
-    assert!(!share.join(".t").exists(), "the sent source is deleted");
-    assert_eq!(std::fs::read(share.join(".s")).expect(".s"), b"saved\n");
 }
 
 /// A save by rename whose write-ahead record waits for the disk holds up only what
@@ -866,42 +874,6 @@ fn a_lookups_share_look_does_not_answer_a_create_long_after() {
         libc::O_WRONLY | libc::O_EXCL,
     );
     assert_eq!(made.err().map(|e| e.errno()), Some(libc::EEXIST));
-}
-
-/// A rename of a file made a moment ago takes the create's share look for its source; a
-/// sync in between (which sends the file) makes the look stand no longer: the rename
-/// then hides the sent copy, and the logout deletes it on the share.
-#[test]
-fn a_creates_kept_look_does_not_stand_after_a_sync() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[]);
-    o.set_recent_look(Duration::from_secs(600));
-    let root = Path::new("");
-    make_file(&o, ".tmp", libc::O_WRONLY, b"saved\n");
-    let opts = rsync(&share);
-    let r = run_sync(&o, &opts, SyncMode::Session).expect("sync");
-    assert!(r.ok && r.sent == 1, "{r:?}");
-    o.rename(
-        &ctx(),
-        root,
-        OsStr::new(".tmp"),
-        root,
-        OsStr::new(".cfg"),
-        0,
-    )
-    .expect("rename");
-    assert!(
-        o.resolve(Path::new(".tmp")).is_err(),
-        "the old name is gone"
-    );
-    let r = run_sync(&o, &opts, SyncMode::Logout).expect("logout");
-    assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
-    assert!(!share.join(".tmp").exists(), "the sent copy is deleted");
-    assert_eq!(std::fs::read(share.join(".cfg")).expect(".cfg"), b"saved\n");
 }
 
 /// A hard link made at a name the share held nothing at when asked, and another
