@@ -1730,3 +1730,25 @@ fn model_regression_a_rename_over_a_hard_links_other_name_then_a_crash_in_the_sy
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model, on the ext4 share): both workstations remove the
+/// directory .c/d, workstation 0 makes it again, workstation 1 logs out (the share's .c/d
+/// goes), and workstation 0's sync fails after rsync made the directory. ext4 gave the new
+/// directory the inode number of the removed one, the base workstation 0 had: the directory
+/// rsync reported making was taken for the one the check saw and named "not sent".
+#[test]
+fn model_regression_a_directory_rsync_made_with_the_number_of_the_removed_one() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(2, 81)],
+        [-model::SKEW, -model::SKEW],
+        vec![
+            Rmdir(0, 2),
+            Rmdir(1, 2),
+            Mkdir(0, 2),
+            Logout(1),
+            FailSync(0, 1, false),
+        ],
+    )
+    .expect("model");
+}

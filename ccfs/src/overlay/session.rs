@@ -239,8 +239,13 @@ fn is_reported_transfer(
         }
         // A directory or symbolic link rsync made there: ours, even when the cache has
         // another object at the name by now (a directory renamed away and a file written
-        // in its place while rsync ran).
-        Some(Put::Made(kind)) if theirs.file_type() == kind => base != Some(share_id_of(theirs)),
+        // in its place while rsync ran). rsync makes a directory only where it found none,
+        // so one it made is ours even with the number of the one the check saw there: a
+        // directory is known by its inode number alone, and a share that freed the number
+        // (the directory removed elsewhere) gives it to the next one made (ext4 does).
+        Some(Put::Made(kind)) if theirs.file_type() == kind => {
+            theirs.is_dir() || base != Some(share_id_of(theirs))
+        }
         _ if !theirs.is_file() => ours.is_some_and(|o| o.file_type() == theirs.file_type()),
         _ => false,
     }
@@ -2025,11 +2030,12 @@ mod tests {
         );
         assert!(is_reported_transfer(&d, Some(&e), None, None));
         assert!(!is_reported_transfer(&d, Some(&put), None, None));
-        // A directory rsync made is ours even when the cache has a file at the name now;
-        // one rsync did not make, or the one the check saw, is not.
+        // A directory rsync made is ours even when the cache has a file at the name now,
+        // and even with the inode number of the one the check saw (a share reusing the
+        // number of a directory removed elsewhere); another kind than it made is not.
         let made = Some(Put::Made(libc::S_IFDIR));
         assert!(is_reported_transfer(&d, Some(&put), None, made));
-        assert!(!is_reported_transfer(
+        assert!(is_reported_transfer(
             &d,
             Some(&put),
             Some(share_id_of(&d)),
