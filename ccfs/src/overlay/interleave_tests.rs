@@ -789,11 +789,16 @@ fn a_save_elsewhere_while_a_sync_finds_a_file_unchanged_is_kept() {
     }
 }
 
-/// Makes `name` in the mount's root with `flags` (O_CREAT implied) and writes `data` into it
-/// through the overlay.
-fn make_file(o: &Overlay, name: &str, flags: i32, data: &[u8]) {
+/// Makes the file `rel` with `flags` (O_CREAT implied) and writes `data` into it through
+/// the overlay.
+fn make_file(o: &Overlay, rel: &str, flags: i32, data: &[u8]) {
+    let rel = Path::new(rel);
+    let (parent, name) = (
+        rel.parent().unwrap_or(Path::new("")),
+        rel.file_name().expect("a name"),
+    );
     let (_, mut f, writer) = o
-        .create(&ctx(), Path::new(""), OsStr::new(name), 0o644, flags)
+        .create(&ctx(), parent, name, 0o644, flags)
         .expect("create");
     std::io::Write::write_all(&mut f, data).expect("write");
     drop(f);
@@ -802,14 +807,20 @@ fn make_file(o: &Overlay, name: &str, flags: i32, data: &[u8]) {
     }
 }
 
-/// The share's contents, every file read.
+/// The share's contents, every file read (in every directory).
 fn share_contents(share: &Path) -> Vec<String> {
-    let mut all: Vec<String> = std::fs::read_dir(share)
-        .expect("ls")
-        .flatten()
-        .filter(|e| e.path().is_file())
-        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
-        .collect();
+    let mut all = Vec::new();
+    let mut dirs = vec![share.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).expect("ls").flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.is_file() {
+                all.push(std::fs::read_to_string(path).unwrap_or_default());
+            }
+        }
+    }
     all.sort();
     all
 }
@@ -965,4 +976,63 @@ fn a_create_after_a_file_was_deleted_elsewhere_just_after_a_lookup_makes_it() {
     let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
     assert!(r.ok && r.conflicts.is_empty(), "{r:?}");
     assert_eq!(std::fs::read(share.join(".x")).expect(".x"), b"ours\n");
+}
+
+/// A directory made here is renamed onto a name the share had nothing at when asked;
+/// another workstation made a directory there meanwhile, with a file of the same name as
+/// one in ours: just after the kernel's lookup (the kept look answers the rename), or
+/// between the rename's own look and its lock. What moves below the new name was never
+/// seen there on the share: its base is nothing, so the sync keeps both files. Before,
+/// the moved file took theirs for its base under the lock, and the sync overwrote it.
+#[test]
+fn a_directory_renamed_onto_a_name_filled_elsewhere_keeps_what_was_put_there() {
+    for kept in [true, false] {
+        let Fresh {
+            _tmp,
+            share,
+            cache: _,
+            o,
+        } = fresh(&[]);
+        let root = Path::new("");
+        o.mkdir(&ctx(), root, OsStr::new(".nd"), 0o755)
+            .expect("mkdir");
+        make_file(&o, ".nd/g", libc::O_WRONLY | libc::O_EXCL, b"ours\n");
+        let fill = {
+            let share = share.clone();
+            move |_: &Overlay| {
+                std::fs::create_dir(share.join(".x")).expect("another workstation");
+                std::fs::write(share.join(".x/g"), "theirs\n").expect("another workstation");
+            }
+        };
+        if kept {
+            o.set_recent_look(Duration::from_secs(600));
+            assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
+            fill(&o);
+        } else {
+            // The rename looks at its source first, then at its target: the change comes
+            // after the second look.
+            o.set_recent_look(Duration::ZERO);
+            AFTER_LOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+                    let fill = fill.clone();
+                    AFTER_LOOK.with(|h| *h.borrow_mut() = Some(Box::new(fill)));
+                }))
+            });
+        }
+        let renamed = o.rename(&ctx(), root, OsStr::new(".nd"), root, OsStr::new(".x"), 0);
+        AFTER_LOOK.with(|h| *h.borrow_mut() = None);
+        renamed.expect("rename");
+        let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+        assert_eq!(r.conflicts.len(), 1, "kept look {kept}: {r:?}");
+        assert_eq!(
+            std::fs::read_to_string(share.join(".x/g")).expect(".x/g"),
+            "theirs\n",
+            "kept look {kept}"
+        );
+        assert_eq!(
+            share_contents(&share),
+            ["ours\n", "theirs\n"],
+            "kept look {kept}"
+        );
+    }
 }

@@ -825,12 +825,15 @@ impl Overlay {
             .map(|m| crate::state::reroot(m, &from, &to))
             .collect();
         // Take-overs first: the target (what the user replaces there), and every path that
-        // moves below it.
+        // moves below it. The user saw nothing on the share below the target (it was
+        // absent, or a directory shown empty): what the share holds there now another
+        // workstation put there since, and the sync must find it a change (a conflict),
+        // not the base our moved file replaces.
         let mut records: Vec<Record> = Vec::new();
         let seen_to = self.still_stands(look_to);
         records.extend(self.take_over_seen(&inner, &to, seen_to.as_ref().map(Option::as_ref))?);
         for there in &moved {
-            records.extend(self.take_over(&inner, there)?);
+            records.extend(self.take_over_seen(&inner, there, Some(None))?);
         }
         if whiteout_from {
             records.extend(self.take_over(&inner, &from)?);
