@@ -1752,3 +1752,25 @@ fn model_regression_a_directory_rsync_made_with_the_number_of_the_removed_one() 
     )
     .expect("model");
 }
+
+/// Regression (from the model): one name of a hard-linked file, both names synced, is
+/// truncated and then removed (or replaced by a rename) before the next sync. The sync
+/// sends the other names of a changed file it is handed, but the changed name was gone:
+/// the other name kept the old content on the share. Now the other names are marked
+/// changed when the changed name goes.
+#[test]
+fn model_regression_a_change_through_a_hard_link_whose_name_then_goes() {
+    for last in [Op::Unlink(0), Op::Rename(2, 0)] {
+        run_model(
+            vec![(0, 1)],
+            vec![
+                Op::Link(0, 1),
+                Op::Sync,
+                Op::Write(0, 0, 0),
+                Op::Write(2, 7, 3),
+                last,
+            ],
+        )
+        .expect("model");
+    }
+}

@@ -672,6 +672,9 @@ impl Overlay {
             let seen = share_now.as_ref().map(Some);
             records.extend(self.take_over_seen(&inner, &rel, seen)?);
         }
+        if !dir && found.layer == Layer::Upper {
+            records.extend(self.other_names_changed(&inner, &rel, &found.meta)?);
+        }
         // Write-ahead where the share holds the name: a crash between the cache's removal
         // and the record would show the share's copy again, which may be older than the
         // cache's (a change made here, also through another name of a hard link). Where
@@ -832,6 +835,9 @@ impl Overlay {
         let mut records: Vec<Record> = Vec::new();
         let seen_to = self.still_stands(look_to);
         records.extend(self.take_over_seen(&inner, &to, seen_to.as_ref().map(Option::as_ref))?);
+        if let Some(d) = dst.as_ref().filter(|d| d.layer == Layer::Upper) {
+            records.extend(self.other_names_changed(&inner, &to, &d.meta)?);
+        }
         for there in &moved {
             records.extend(self.take_over_seen(&inner, there, Some(None))?);
         }
@@ -883,6 +889,33 @@ impl Overlay {
         inner.touched.insert(to);
         drop(inner);
         self.durable(renamed)
+    }
+
+    /// The other names of the cache's file `meta` at `rel` (a hard link), when a change
+    /// made through `rel` this session (it is dirty) goes with the name (an unlink, a
+    /// rename over it): each is taken over and made dirty, so that the change reaches the
+    /// share under them. A sync sends the other names of a changed file it is handed
+    /// (`--hard-links`); a name gone before the sync cannot hand them over, and the
+    /// change was lost at the names that stayed.
+    fn other_names_changed(&self, inner: &Inner, rel: &Path, meta: &Stat) -> FsResult<Vec<Record>> {
+        if !meta.is_file() || meta.nlink() < 2 || !inner.state.is_dirty(rel) {
+            return Ok(Vec::new());
+        }
+        let ino = meta.ino();
+        let mut names = Vec::new();
+        self.walk_upper(|p, i, kind| {
+            if kind != libc::S_IFDIR && i == ino && p != rel {
+                names.push(p.to_path_buf());
+            }
+        })?;
+        let mut out = Vec::new();
+        for name in names {
+            if !inner.state.is_dirty(&name) {
+                out.extend(self.take_over(inner, &name)?);
+                out.push(Record::Dirty(name));
+            }
+        }
+        Ok(out)
     }
 
     /// Every path the cache holds strictly below `rel` (nothing for a file).
