@@ -51,7 +51,9 @@ pub(super) fn power_cut(o: &Overlay, to: &Path) {
         .expect("cut the journal");
 }
 
-const NAMES: [&str; 8] = [".a", ".t", ".s", ".k", ".m", ".l", ".h", ".hl"];
+const NAMES: [&str; 11] = [
+    ".a", ".t", ".s", ".k", ".m", ".l", ".h", ".hl", ".g", ".gl", ".x",
+];
 
 type Files = BTreeMap<&'static str, Option<Vec<u8>>>;
 
@@ -95,22 +97,29 @@ fn shown(f: &Files) -> String {
         .collect()
 }
 
-/// Before the cuts: two names of one file, sent to the share by a sync (a sync after a
-/// cut would change the share the cut's recovery is compared on).
+/// Before the cuts: two files of two names each, sent to the share by a sync (a sync
+/// after a cut would change the share the cut's recovery is compared on).
 fn prepare(o: &Overlay, share: &Path) {
     let root = Path::new("");
-    let (_, mut f, writer) = o
-        .create(&ctx(), root, OsStr::new(".h"), 0o644, libc::O_WRONLY)
-        .expect("create");
-    f.write_all(b"h1").expect("write");
-    drop(f);
-    if let Some(ino) = writer {
-        o.release_writer(ino);
+    for (name, link, data) in [(".h", ".hl", b"h1"), (".g", ".gl", b"g1")] {
+        let (_, mut f, writer) = o
+            .create(&ctx(), root, OsStr::new(name), 0o644, libc::O_WRONLY)
+            .expect("create");
+        f.write_all(data).expect("write");
+        drop(f);
+        if let Some(ino) = writer {
+            o.release_writer(ino);
+        }
+        o.link(&ctx(), Path::new(name), root, OsStr::new(link))
+            .expect("link");
     }
-    o.link(&ctx(), Path::new(".h"), root, OsStr::new(".hl"))
-        .expect("link");
     let report = run_sync(o, &rsync(share), SyncMode::Session).expect("sync");
     assert!(report.ok && report.remaining_dirty == 0, "{report:?}");
+    // Not cut: a power cut between the cache's rename of a name the share holds and the
+    // record of its old name's removal leaves both names (a known limit, see
+    // `a_power_cut_in_the_rename_of_a_name_the_share_holds_leaves_one_name`).
+    o.rename(&ctx(), root, OsStr::new(".gl"), root, OsStr::new(".x"), 0)
+        .expect("rename");
 }
 
 /// One session's changes, each followed by `step` with what it was.
@@ -171,6 +180,18 @@ fn session(o: &Overlay, step: &mut dyn FnMut(&str, &Overlay)) {
     step("a write", o);
     o.unlink(root, OsStr::new(".hl")).expect("unlink");
     step("an unlink of the other name of a file changed here", o);
+    // A name the share has nothing at, given to a synced hard link by a rename (before
+    // the cuts, see `prepare`), changed, then removed: the change goes on under the
+    // link's other name.
+    let f = open_w(o, ".x", libc::O_APPEND);
+    step("an open for writing of it", o);
+    write(f, b"g2");
+    step("a write", o);
+    o.unlink(root, OsStr::new(".x")).expect("unlink");
+    step(
+        "an unlink of a name the share has nothing at, of a file changed through it",
+        o,
+    );
 }
 
 /// The session played once per point where a change waits for its records, with a power
@@ -228,4 +249,53 @@ fn a_power_cut_while_a_change_waits_for_its_records_leaves_it_done_or_undone() {
     }
     // Every change above that waits for its records was cut at least once.
     assert!(point >= 10, "only {point} power cuts");
+}
+
+/// A known limit: the rename of a name the share holds records the new name as changed
+/// before the cache's rename, and the removal of the old name after it (recorded first,
+/// a cut before the cache's rename would leave the file at a name the journal calls
+/// deleted). A power cut in between leaves both names on the share after the recovery,
+/// each with the content: nothing is lost, but the old name comes back.
+#[test]
+#[ignore = "known limit: the old name comes back after a power cut inside the rename"]
+fn a_power_cut_in_the_rename_of_a_name_the_share_holds_leaves_one_name() {
+    for point in 0.. {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (share, cache) = (tmp.path().join("share"), tmp.path().join("cache"));
+        std::fs::create_dir_all(&share).expect("share");
+        std::fs::create_dir_all(&cache).expect("cache");
+        std::fs::write(share.join(".s"), "share.s\n").expect("share file");
+        let cut = tmp.path().join("cut");
+        let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("overlay");
+        let before = view(&o);
+        let waits = Rc::new(RefCell::new(0));
+        {
+            let (cut, waits) = (cut.clone(), waits.clone());
+            CUT.with(|c| {
+                *c.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+                    if *waits.borrow() == point {
+                        power_cut(o, &cut);
+                    }
+                    *waits.borrow_mut() += 1;
+                }))
+            });
+        }
+        let root = Path::new("");
+        o.rename(&ctx(), root, OsStr::new(".s"), root, OsStr::new(".t"), 0)
+            .expect("rename");
+        CUT.with(|c| *c.borrow_mut() = None);
+        let after = view(&o);
+        drop(o);
+        if !cut.exists() {
+            break;
+        }
+        let got = recovered(&share, &cut);
+        assert!(
+            got == before || got == after,
+            "a cut at the rename's wait {point}: the share got {}; before {}; after {}",
+            shown(&got),
+            shown(&before),
+            shown(&after)
+        );
+    }
 }

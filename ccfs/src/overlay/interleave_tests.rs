@@ -1036,3 +1036,54 @@ fn a_directory_renamed_onto_a_name_filled_elsewhere_keeps_what_was_put_there() {
         );
     }
 }
+
+/// The same rename, where the moved directory holds SQLite databases with their WALs: a
+/// database's base is also taken when its WAL is taken over, and that must be "nothing"
+/// too (it was asked of the share under the lock and, coming after the database's own
+/// record, replaced it: their database was overwritten). Six pairs, as the cache lists
+/// them in an order of its own.
+#[test]
+fn a_directory_of_databases_renamed_onto_a_name_filled_elsewhere_keeps_theirs() {
+    let Fresh {
+        _tmp,
+        share,
+        cache: _,
+        o,
+    } = fresh(&[]);
+    let root = Path::new("");
+    o.mkdir(&ctx(), root, OsStr::new(".nd"), 0o755)
+        .expect("mkdir");
+    let names: Vec<String> = (0..6).map(|i| format!("p{i}.db")).collect();
+    for n in &names {
+        make_file(
+            &o,
+            &format!(".nd/{n}"),
+            libc::O_WRONLY | libc::O_EXCL,
+            b"ours\n",
+        );
+        make_file(
+            &o,
+            &format!(".nd/{n}-wal"),
+            libc::O_WRONLY | libc::O_EXCL,
+            b"wal\n",
+        );
+    }
+    o.set_recent_look(Duration::from_secs(600));
+    assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
+    std::fs::create_dir(share.join(".x")).expect("another workstation");
+    for n in &names {
+        std::fs::write(share.join(".x").join(n), "theirs\n").expect("another workstation");
+    }
+    o.rename(&ctx(), root, OsStr::new(".nd"), root, OsStr::new(".x"), 0)
+        .expect("rename");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Logout).expect("logout");
+    for n in &names {
+        assert_eq!(
+            std::fs::read_to_string(share.join(".x").join(n)).expect("theirs"),
+            "theirs\n",
+            "{n}: {r:?}"
+        );
+    }
+    let all = share_contents(&share);
+    assert_eq!(all.iter().filter(|c| *c == "ours\n").count(), 6, "{all:?}");
+}

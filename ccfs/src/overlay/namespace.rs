@@ -672,14 +672,20 @@ impl Overlay {
             let seen = share_now.as_ref().map(Some);
             records.extend(self.take_over_seen(&inner, &rel, seen)?);
         }
-        if !dir && found.layer == Layer::Upper {
-            records.extend(self.other_names_changed(&inner, &rel, &found.meta)?);
-        }
+        let others = if !dir && found.layer == Layer::Upper {
+            self.other_names_changed(&inner, &rel, &found.meta)?
+        } else {
+            Vec::new()
+        };
         // Write-ahead where the share holds the name: a crash between the cache's removal
         // and the record would show the share's copy again, which may be older than the
-        // cache's (a change made here, also through another name of a hard link). Where
-        // the share has nothing there, it is enough that the record is on disk before the
-        // answer: the crash then leaves the name as it was, or gone.
+        // cache's (a change made here, also through another name of a hard link). And
+        // where other names of the file take over its change: a crash after the removal
+        // would leave them clean, the change sent nowhere. Else it is enough that the
+        // record is on disk before the answer: the crash then leaves the name as it was,
+        // or gone.
+        let write_ahead = whiteout || !others.is_empty();
+        records.extend(others);
         let in_cache = match found.layer {
             Layer::Upper if !dir => true,
             _ => self.upper_stat(&rel)?.is_some(),
@@ -694,7 +700,7 @@ impl Overlay {
             }
             Ok(())
         };
-        if !whiteout {
+        if !write_ahead {
             let removed = self.record_deferred(&mut inner, &records)?;
             remove_cached()?;
             drop(inner);
@@ -838,9 +844,7 @@ impl Overlay {
         if let Some(d) = dst.as_ref().filter(|d| d.layer == Layer::Upper) {
             records.extend(self.other_names_changed(&inner, &to, &d.meta)?);
         }
-        for there in &moved {
-            records.extend(self.take_over_seen(&inner, there, Some(None))?);
-        }
+        records.extend(self.take_over_moved(&inner, &moved));
         if whiteout_from {
             records.extend(self.take_over(&inner, &from)?);
         }
@@ -889,6 +893,27 @@ impl Overlay {
         inner.touched.insert(to);
         drop(inner);
         self.durable(renamed)
+    }
+
+    /// The take-overs of the paths a directory renamed here moves below its new name
+    /// (`moved`), where the user saw nothing on the share: the base of each is nothing,
+    /// and so is that of the database a moved journal or WAL belongs to (beside it, so
+    /// below the new name too; [`Overlay::database_base`] would ask the share now, and
+    /// a later base record replaces an earlier one). Paths taken over already keep theirs.
+    fn take_over_moved(&self, inner: &Inner, moved: &[PathBuf]) -> Vec<Record> {
+        let mut named: HashSet<PathBuf> = HashSet::new();
+        let mut out = Vec::new();
+        for there in moved {
+            let db = session::database_of(there)
+                .map(|(db, _)| db)
+                .filter(|db| self.policy.classify(db) == PathClass::Cached);
+            for p in std::iter::once(there.clone()).chain(db) {
+                if !inner.state.taken_over(&p) && named.insert(p.clone()) {
+                    out.push(Record::Base(p, None));
+                }
+            }
+        }
+        out
     }
 
     /// The other names of the cache's file `meta` at `rel` (a hard link), when a change
