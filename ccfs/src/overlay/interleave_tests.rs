@@ -65,12 +65,7 @@ pub(super) fn after_share_look(o: &Overlay) {
 /// sent, no conflict.
 #[test]
 fn a_sync_between_a_creates_share_look_and_its_lock_does_not_make_the_look_stand() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".x", "the share's\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".x", "the share's\n")]);
     let root = Path::new("");
     let opts = rsync(&share);
     {
@@ -215,12 +210,7 @@ fn after_a_failed_journal_fdatasync_an_open_of_a_changed_file_rewrites_it_and_su
 #[test]
 fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand() {
     for in_between in [true, false] {
-        let Fresh {
-            _tmp,
-            share,
-            cache: _,
-            o,
-        } = fresh(&[]);
+        let Fresh { _tmp, share, o, .. } = fresh(&[]);
         o.set_recent_look(Duration::from_secs(600));
         let root = Path::new("");
         make_file(&o, ".t", libc::O_WRONLY, b"saved\n");
@@ -261,12 +251,7 @@ fn a_sync_between_a_renames_share_look_and_its_lock_does_not_make_the_look_stand
 /// (never the state and the cache disagreeing on the name).
 #[test]
 fn a_rename_waiting_for_its_records_holds_up_its_names_only() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".d1/", ""), (".d2/", ""), (".d1/.s", "old\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".d1/", ""), (".d2/", ""), (".d1/.s", "old\n")]);
     let d1 = Path::new(".d1");
     let (_, mut f, _) = o
         .create(&ctx(), d1, OsStr::new(".t"), 0o644, libc::O_WRONLY)
@@ -417,12 +402,7 @@ fn an_unlink_whose_record_fails_to_reach_the_disk_changes_nothing() {
 /// and change nothing: the names show what they showed, and the logout sends that.
 #[test]
 fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".s", "saved\n"), (".k", "kept\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".s", "saved\n"), (".k", "kept\n")]);
     let root = Path::new("");
     let (_, mut f, w) = o
         .create(&ctx(), root, OsStr::new(".t"), 0o644, libc::O_WRONLY)
@@ -466,12 +446,7 @@ fn a_rename_or_copy_up_whose_records_fail_to_reach_the_disk_changes_nothing() {
 /// would write it anew, and the sync's share copy would take its place).
 #[test]
 fn rsyncs_temporary_files_are_not_shown_while_it_sends() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".d/", "")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".d/", "")]);
     let d = Path::new(".d");
     let (_, f, w) = o
         .create(&ctx(), d, OsStr::new("x"), 0o644, libc::O_WRONLY)
@@ -679,12 +654,7 @@ fn a_database_written_while_its_journals_removal_waits_keeps_the_first_base() {
 /// still puts our version on the share, beside the other workstation's.
 #[test]
 fn a_power_cut_inside_a_conflict_move_keeps_our_version() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".c", "old\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".c", "old\n")]);
     write_over(&o, ".c", b"our edit\n");
     std::fs::write(share.join(".c.tmp"), "theirs, longer\n").expect("theirs");
     std::fs::rename(share.join(".c.tmp"), share.join(".c")).expect("theirs");
@@ -730,12 +700,7 @@ fn a_power_cut_inside_a_conflict_move_keeps_our_version() {
 #[test]
 fn a_save_elsewhere_while_a_sync_finds_a_file_unchanged_is_kept() {
     for in_place in [false, true] {
-        let Fresh {
-            _tmp,
-            share,
-            cache: _,
-            o,
-        } = fresh(&[(".f", "same\n")]);
+        let Fresh { _tmp, share, o, .. } = fresh(&[(".f", "same\n")]);
         let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
         std::fs::File::options()
             .write(true)
@@ -832,12 +797,7 @@ fn share_contents(share: &Path) -> Vec<String> {
 /// (the conflict rule). A create without O_EXCL asks the share itself and opens theirs.
 #[test]
 fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[]);
     // However slow the machine, the create comes within the kept look's life.
     o.set_recent_look(Duration::from_secs(600));
     let root = Path::new("");
@@ -867,12 +827,7 @@ fn a_file_made_elsewhere_between_a_lookup_and_a_create_is_kept() {
 /// opens it, as any program would, with no conflict).
 #[test]
 fn a_lookups_share_look_does_not_answer_a_create_long_after() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[]);
     let root = Path::new("");
     assert!(o.resolve(Path::new(".x")).is_err(), "nothing there yet");
     std::fs::write(share.join(".x"), "theirs\n").expect("another workstation");
@@ -893,12 +848,7 @@ fn a_lookups_share_look_does_not_answer_a_create_long_after() {
 /// the lock and took their file for it: the sync overwrote it without a conflict.
 #[test]
 fn a_file_made_elsewhere_between_a_links_look_and_its_lock_is_kept() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".a", "src\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".a", "src\n")]);
     let root = Path::new("");
     {
         let share = share.clone();
@@ -934,12 +884,7 @@ fn a_file_made_elsewhere_between_a_links_look_and_its_lock_is_kept() {
 /// (EISDIR), which hide nothing of it.
 #[test]
 fn a_file_replaced_by_a_directory_elsewhere_just_after_a_lookup_is_seen_as_one() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".a", "file\n"), (".u", "file\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".a", "file\n"), (".u", "file\n")]);
     let root = Path::new("");
     for name in [".a", ".u"] {
         assert!(o.resolve(Path::new(name)).is_ok(), "{name} is a file");
@@ -964,12 +909,7 @@ fn a_file_replaced_by_a_directory_elsewhere_just_after_a_lookup_is_seen_as_one()
 /// a lookup here makes the file (the kept look says only where the share had nothing).
 #[test]
 fn a_create_after_a_file_was_deleted_elsewhere_just_after_a_lookup_makes_it() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[(".x", "theirs\n")]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".x", "theirs\n")]);
     assert!(o.resolve(Path::new(".x")).is_ok(), "a file");
     std::fs::remove_file(share.join(".x")).expect("another workstation deletes it");
     make_file(&o, ".x", libc::O_WRONLY | libc::O_TRUNC, b"ours\n");
@@ -987,12 +927,7 @@ fn a_create_after_a_file_was_deleted_elsewhere_just_after_a_lookup_makes_it() {
 #[test]
 fn a_directory_renamed_onto_a_name_filled_elsewhere_keeps_what_was_put_there() {
     for kept in [true, false] {
-        let Fresh {
-            _tmp,
-            share,
-            cache: _,
-            o,
-        } = fresh(&[]);
+        let Fresh { _tmp, share, o, .. } = fresh(&[]);
         let root = Path::new("");
         o.mkdir(&ctx(), root, OsStr::new(".nd"), 0o755)
             .expect("mkdir");
@@ -1044,12 +979,7 @@ fn a_directory_renamed_onto_a_name_filled_elsewhere_keeps_what_was_put_there() {
 /// them in an order of its own.
 #[test]
 fn a_directory_of_databases_renamed_onto_a_name_filled_elsewhere_keeps_theirs() {
-    let Fresh {
-        _tmp,
-        share,
-        cache: _,
-        o,
-    } = fresh(&[]);
+    let Fresh { _tmp, share, o, .. } = fresh(&[]);
     let root = Path::new("");
     o.mkdir(&ctx(), root, OsStr::new(".nd"), 0o755)
         .expect("mkdir");
