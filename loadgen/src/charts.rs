@@ -4,13 +4,13 @@
 //! - the clients x phase scaling table per system (the NERSC study's table);
 //! - latency percentiles (p50 .. p99.9) of each phase's main operation, per system.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::report::{PhaseReport, RunReport};
+use crate::report::{self, LatencyReport, RunReport, SummaryRow};
 use crate::storm::StormReport;
 
 /// Where a TrueType font is looked for (Debian's fonts-dejavu-core), unless given.
@@ -189,16 +189,20 @@ pub fn bars_png(b: &Bars, size: (u32, u32), path: &Path) -> Result<(), ChartErro
     })
 }
 
-fn main_op(p: &PhaseReport) -> Option<&str> {
-    ["write", "read", "stat", "unlink", "open"]
-        .into_iter()
-        .find(|op| match p.name.as_str() {
-            n if n.contains("read") => *op == "read",
-            n if n.contains("stat") => *op == "stat",
-            n if n.contains("delete") || n == "clean" => *op == "unlink",
-            _ => *op == "write",
-        } && p.latency.contains_key(*op))
-        .or_else(|| ["open", "unlink", "stat"].into_iter().find(|o| p.latency.contains_key(*o)))
+/// One phase of a run for the charts: its summary row, with the latencies of its first
+/// run when the file (version 1) kept no merged ones.
+fn phase_of(r: &RunReport, name: &str) -> Option<(SummaryRow, BTreeMap<String, LatencyReport>)> {
+    let row = report::summary_of(r).into_iter().find(|s| s.name == name)?;
+    let lat = if row.latency.is_empty() {
+        r.phases
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.latency.clone())
+            .unwrap_or_default()
+    } else {
+        row.latency.clone()
+    };
+    Some((row, lat))
 }
 
 /// The charts a set of runs gives, with file stems.
@@ -214,11 +218,11 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
         seen
     };
     let clients: BTreeSet<usize> = runs.iter().map(|r| r.config.clients).collect();
-    let mut phases: Vec<String> = Vec::new();
+    let mut phases: Vec<(String, bool)> = Vec::new();
     for r in runs {
-        for p in &r.phases {
-            if !phases.contains(&p.name) {
-                phases.push(p.name.clone());
+        for s in report::summary_of(r) {
+            if !phases.iter().any(|(n, _)| *n == s.name) {
+                phases.push((s.name.clone(), s.avg_mb_s.is_some()));
             }
         }
     }
@@ -228,65 +232,90 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
             .find(|r| r.name() == name && r.config.clients == c)
     };
     for &c in &clients {
-        let series: Vec<(String, Vec<Option<f64>>)> = names
-            .iter()
-            .filter_map(|n| {
-                let r = find(n, c)?;
-                Some((
-                    n.clone(),
-                    phases
-                        .iter()
-                        .map(|ph| {
-                            r.phases
-                                .iter()
-                                .find(|p| &p.name == ph)
-                                .map(|p| p.aggregate_mb_s)
-                        })
-                        .collect(),
-                ))
-            })
-            .collect();
-        // Local and network filesystems differ by orders of magnitude: a log scale keeps
-        // the slow ones visible.
-        let values: Vec<f64> = series
-            .iter()
-            .flat_map(|(_, v)| v.iter().flatten().copied())
-            .filter(|v| *v > 0.0)
-            .collect();
-        let spread = values.iter().copied().fold(0.0f64, f64::max)
-            / values.iter().copied().fold(f64::INFINITY, f64::min);
-        let log_y = spread.is_finite() && spread > 100.0;
-        out.push((
-            format!("throughput-{c}-clients"),
-            Bars {
-                title: format!(
-                    "Throughput per phase, {c} client{}",
-                    if c == 1 { "" } else { "s" }
-                ),
-                y_label: if log_y {
-                    "aggregate MB/s (log)"
-                } else {
-                    "aggregate MB/s"
-                }
-                .into(),
-                groups: phases.clone(),
-                series,
-                log_y,
-            },
-        ));
+        for rated in [true, false] {
+            let groups: Vec<String> = phases
+                .iter()
+                .filter(|(_, r)| *r == rated)
+                .map(|(n, _)| n.clone())
+                .collect();
+            if groups.is_empty() {
+                continue;
+            }
+            let series: Vec<(String, Vec<Option<f64>>)> = names
+                .iter()
+                .filter_map(|n| {
+                    let r = find(n, c)?;
+                    Some((
+                        n.clone(),
+                        groups
+                            .iter()
+                            .map(|ph| {
+                                phase_of(r, ph).map(|(s, _)| {
+                                    if rated {
+                                        s.avg_mb_s.unwrap_or(0.0)
+                                    } else {
+                                        s.avg_seconds
+                                    }
+                                })
+                            })
+                            .collect(),
+                    ))
+                })
+                .collect();
+            // Local and network filesystems differ by orders of magnitude: a log scale
+            // keeps the slow ones visible.
+            let values: Vec<f64> = series
+                .iter()
+                .flat_map(|(_, v)| v.iter().flatten().copied())
+                .filter(|v| *v > 0.0)
+                .collect();
+            let spread = values.iter().copied().fold(0.0f64, f64::max)
+                / values.iter().copied().fold(f64::INFINITY, f64::min);
+            let log_y = spread.is_finite() && spread > 100.0;
+            let plural = if c == 1 { "" } else { "s" };
+            let (stem, title, y) = if rated {
+                (
+                    format!("throughput-{c}-clients"),
+                    format!("Throughput per phase, {c} client{plural}"),
+                    "wall MB/s",
+                )
+            } else {
+                (
+                    format!("seconds-{c}-clients"),
+                    format!("Delete and stat, {c} client{plural} (lower is better)"),
+                    "seconds",
+                )
+            };
+            out.push((
+                stem,
+                Bars {
+                    title,
+                    y_label: if log_y {
+                        format!("{y} (log)")
+                    } else {
+                        y.into()
+                    },
+                    groups,
+                    series,
+                    log_y,
+                },
+            ));
+        }
     }
     let top = clients.iter().copied().max().unwrap_or(1);
-    for ph in &phases {
+    for (ph, _) in &phases {
         let mut series = Vec::new();
         let mut op_name = String::new();
         for n in &names {
             let Some(r) = find(n, top) else { continue };
-            let Some(p) = r.phases.iter().find(|p| &p.name == ph) else {
+            let Some((_, lat)) = phase_of(r, ph) else {
                 continue;
             };
-            let Some(op) = main_op(p) else { continue };
+            let Some(op) = report::main_op(ph, &lat) else {
+                continue;
+            };
             op_name = op.to_string();
-            let l = &p.latency[op];
+            let l = &lat[op];
             series.push((
                 n.clone(),
                 vec![
@@ -361,7 +390,11 @@ pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> St
             if r.complete { "yes" } else { "no" }
         );
     }
-    h.push_str("</table><h2>Clients x phase (aggregate MB/s)</h2>");
+    h.push_str(
+        "</table><h2>Clients x phase</h2><p>Each phase's average over its runs: wall MB/s \
+         (all clients' bytes over the time until the last one finished), seconds for delete \
+         and stat.</p>",
+    );
     let mut names: Vec<String> = Vec::new();
     for r in runs {
         if !names.contains(&r.name()) {
@@ -370,11 +403,11 @@ pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> St
     }
     for n in &names {
         let mine: Vec<&RunReport> = runs.iter().filter(|r| &r.name() == n).collect();
-        let mut phases: Vec<&str> = Vec::new();
+        let mut phases: Vec<String> = Vec::new();
         for r in &mine {
-            for p in &r.phases {
-                if !phases.contains(&p.name.as_str()) {
-                    phases.push(&p.name);
+            for s in report::summary_of(r) {
+                if !phases.contains(&s.name) {
+                    phases.push(s.name);
                 }
             }
         }
@@ -388,9 +421,12 @@ pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> St
         for r in sorted {
             let _ = write!(h, "<tr><td>{}</td>", r.config.clients);
             for p in &phases {
-                match r.phases.iter().find(|x| x.name == *p) {
+                match report::summary_of(r).into_iter().find(|x| x.name == *p) {
                     Some(x) => {
-                        let _ = write!(h, "<td>{:.1}</td>", x.aggregate_mb_s);
+                        let _ = match x.avg_mb_s {
+                            Some(v) => write!(h, "<td>{v:.1} MB/s</td>"),
+                            None => write!(h, "<td>{:.2} s</td>", x.avg_seconds),
+                        };
                     }
                     None => h.push_str("<td>-</td>"),
                 }

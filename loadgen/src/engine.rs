@@ -1,20 +1,27 @@
-//! The I/O engine: client threads, a barrier per phase, per-operation latency histograms.
+//! The I/O engine: clients, a start barrier per round, per-operation latency histograms.
 //!
-//! Each client keeps its own histograms (no shared lock on the hot path); the coordinator
-//! merges them when a phase ends. Phases start together: every client prepares its tree
-//! (untimed), waits at a barrier, and takes its own start time right after it.
+//! A client is a sequence of small units of work (one file written, read or removed, one
+//! directory listed), not a thread: a fixed pool of worker threads takes the clients in
+//! turn, one unit at a time, so a thousand clients start a round within milliseconds of
+//! each other and cost a few kilobytes each. At most `threads` calls are in flight at once
+//! (by default one thread a client up to 64).
+//!
+//! Every round: each client prepares its tree (untimed), the caches are flushed and dropped
+//! if asked, then all clients are released together; a client's time runs from its first
+//! unit to its last (the sync included when the round syncs).
 
+use std::collections::{HashSet, VecDeque};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::store::{Store, Target};
-use crate::workload::{self, FileSet, Phase, Sets, TreeState};
+use crate::store::{Kind, Store, Target};
+use crate::workload::{Action, Entry, ListId, Lists, Phase, Round, Step, Workload};
 
 /// The operations that are timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,9 +39,14 @@ pub enum Op {
     Sync,
     Rename,
     Readdir,
+    /// The read that finds the end of a file (returns 0 bytes).
+    ReadEof,
+    /// A call that failed as the workload expects: mkdir of a directory that exists, stat
+    /// or unlink of a name that does not (compilebench makes these and ignores the error).
+    Failed,
 }
 
-pub const OPS: [Op; 13] = [
+pub const OPS: [Op; 15] = [
     Op::Mkdir,
     Op::Open,
     Op::Write,
@@ -48,6 +60,8 @@ pub const OPS: [Op; 13] = [
     Op::Sync,
     Op::Rename,
     Op::Readdir,
+    Op::ReadEof,
+    Op::Failed,
 ];
 
 impl Op {
@@ -66,6 +80,8 @@ impl Op {
             Op::Sync => "sync",
             Op::Rename => "rename",
             Op::Readdir => "readdir",
+            Op::ReadEof => "read-eof",
+            Op::Failed => "failed",
         }
     }
 
@@ -74,53 +90,67 @@ impl Op {
     }
 }
 
-/// Latency histograms in nanoseconds, one per operation.
-#[derive(Debug, Clone)]
-pub struct Latencies {
-    hists: Vec<Histogram<u64>>,
-}
+/// The largest latency a histogram holds (one hour, in nanoseconds).
+const MAX_NS: u64 = 3_600_000_000_000;
 
-impl Default for Latencies {
-    fn default() -> Self {
-        Self::new()
-    }
+/// Latency histograms in nanoseconds, one per operation, made on first use. Two
+/// significant digits: every value within 1%, at 37 KB a histogram.
+#[derive(Debug, Clone, Default)]
+pub struct Latencies {
+    hists: Vec<Option<Histogram<u64>>>,
 }
 
 impl Latencies {
     pub fn new() -> Self {
-        // 1 ns .. 1 hour at 3 significant digits: constant, valid bounds.
-        let h =
-            || Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds");
         Self {
-            hists: OPS.iter().map(|_| h()).collect(),
+            hists: vec![None; OPS.len()],
         }
+    }
+
+    fn hist(&mut self, op: Op) -> Option<&mut Histogram<u64>> {
+        if self.hists.len() < OPS.len() {
+            self.hists.resize(OPS.len(), None);
+        }
+        let slot = &mut self.hists[op.index()];
+        if slot.is_none() {
+            *slot = Histogram::new_with_bounds(1, MAX_NS, 2).ok();
+        }
+        slot.as_mut()
     }
 
     pub fn record(&mut self, op: Op, d: Duration) {
-        let ns = (d.as_nanos() as u64).clamp(1, 3_600_000_000_000);
-        // saturating_record never fails for in-range values.
-        self.hists[op.index()].saturating_record(ns);
-    }
-
-    /// Adds another client's histograms (exact: counts per bucket add up).
-    pub fn merge(&mut self, other: &Latencies) {
-        for (a, b) in self.hists.iter_mut().zip(&other.hists) {
-            // Same bounds on both sides, so add cannot fail.
-            let _ = a.add(b);
+        let ns = (d.as_nanos() as u64).clamp(1, MAX_NS);
+        if let Some(h) = self.hist(op) {
+            h.saturating_record(ns);
         }
     }
 
-    pub fn get(&self, op: Op) -> &Histogram<u64> {
-        &self.hists[op.index()]
+    /// Adds another set of histograms (exact: counts per bucket add up).
+    pub fn merge(&mut self, other: &Latencies) {
+        for (i, b) in other.hists.iter().enumerate() {
+            if let Some(b) = b {
+                if let Some(a) = self.hist(OPS[i]) {
+                    // Same bounds on both sides, so add cannot fail.
+                    let _ = a.add(b);
+                }
+            }
+        }
+    }
+
+    /// The histogram of `op`; None when nothing was recorded.
+    pub fn get(&self, op: Op) -> Option<&Histogram<u64>> {
+        self.hists
+            .get(op.index())
+            .and_then(Option::as_ref)
+            .filter(|h| !h.is_empty())
     }
 
     /// The recorded values per operation, as (op name, [(value ns, count)]): exact, so
     /// histograms sent between hosts merge as if recorded in one place.
     pub fn to_wire(&self) -> Vec<(String, Vec<(u64, u64)>)> {
         OPS.iter()
-            .filter(|op| !self.get(**op).is_empty())
-            .map(|op| {
-                let h = self.get(*op);
+            .filter_map(|op| self.get(*op).map(|h| (op, h)))
+            .map(|(op, h)| {
                 let values = h
                     .iter_recorded()
                     .map(|v| (v.value_iterated_to(), v.count_at_value()))
@@ -134,8 +164,10 @@ impl Latencies {
         let mut l = Latencies::new();
         for (name, values) in wire {
             if let Some(op) = OPS.iter().find(|o| o.name() == name) {
-                for (v, c) in values {
-                    let _ = l.hists[op.index()].record_n(*v, *c);
+                if let Some(h) = l.hist(*op) {
+                    for (v, c) in values {
+                        let _ = h.record_n((*v).clamp(1, MAX_NS), *c);
+                    }
                 }
             }
         }
@@ -143,20 +175,24 @@ impl Latencies {
     }
 
     pub fn count(&self, op: Op) -> u64 {
-        self.hists[op.index()].len()
+        self.get(op).map(Histogram::len).unwrap_or(0)
     }
 }
 
-/// What one client did in one phase.
-#[derive(Debug, Clone)]
+/// What one client did in one round.
+#[derive(Debug, Clone, Default)]
 pub struct ClientResult {
     pub client: usize,
+    /// The bytes the phase counts: written (create, compile, patch), read (read), the
+    /// removed files' sizes (clean); 0 for delete and stat.
     pub bytes: u64,
+    /// Regular files written, read, stated or removed.
     pub files: u64,
-    /// From the barrier release to this client's start and end.
+    /// Directories made, listed, stated or removed.
+    pub dirs: u64,
+    /// From the barrier's release to this client's first unit and to its end.
     pub start: Duration,
     pub end: Duration,
-    pub latencies: Latencies,
     pub error: Option<String>,
     pub warnings: Vec<String>,
 }
@@ -176,23 +212,21 @@ impl ClientResult {
     }
 }
 
-/// One phase across all clients.
+/// One round across all clients.
 #[derive(Debug, Clone)]
 pub struct PhaseResult {
     pub phase: Phase,
+    /// The tree (kernel-N) the round worked on, in every client's directory.
+    pub tree: u32,
     pub clients: Vec<ClientResult>,
     pub latencies: Latencies,
 }
 
 impl PhaseResult {
-    /// A phase from its clients' results, their histograms merged.
-    pub fn from_clients(phase: Phase, clients: Vec<ClientResult>) -> Self {
-        let mut latencies = Latencies::new();
-        for c in &clients {
-            latencies.merge(&c.latencies);
-        }
+    pub fn new(phase: Phase, tree: u32, clients: Vec<ClientResult>, latencies: Latencies) -> Self {
         Self {
             phase,
+            tree,
             clients,
             latencies,
         }
@@ -210,18 +244,9 @@ impl PhaseResult {
     }
     /// The spread of the clients' start times after the barrier.
     pub fn start_skew(&self) -> Duration {
-        let min = self
-            .clients
-            .iter()
-            .map(|c| c.start)
-            .min()
-            .unwrap_or_default();
-        let max = self
-            .clients
-            .iter()
-            .map(|c| c.start)
-            .max()
-            .unwrap_or_default();
+        let starts = self.clients.iter().map(|c| c.start);
+        let min = starts.clone().min().unwrap_or_default();
+        let max = starts.max().unwrap_or_default();
         max - min
     }
     pub fn error(&self) -> Option<String> {
@@ -237,21 +262,36 @@ pub struct Config {
     /// The run directory (created by the caller, with its marker), as the store names it.
     pub run_dir: PathBuf,
     pub clients: usize,
-    pub phases: Vec<Phase>,
-    pub sets: Arc<Sets>,
+    /// The first client's number (a multi-host run numbers clients across hosts).
+    pub client_base: usize,
+    pub workload: Arc<Workload>,
     pub write_size: usize,
     pub fsync: bool,
-    pub sync: bool,
     pub drop_caches: bool,
     pub read_other: bool,
+    /// Write the unpatched, patch and patched-compile lists in the target's readdir order
+    /// (compilebench's native order), found with a tree of empty files before the run.
+    pub native_order: bool,
     /// Delete every tree the run made when it ends (untimed).
     pub cleanup: bool,
+    /// Worker threads (at most this many calls in flight).
+    pub threads: usize,
 }
 
-/// Data written by every create: pseudo-random, so no filesystem can compress or dedupe it.
+impl Config {
+    /// One worker a client up to 64, unless set.
+    pub fn default_threads(clients: usize) -> usize {
+        clients.clamp(1, 64)
+    }
+}
+
+/// Data every create writes: pseudo-random, so no filesystem can compress it; a buffer
+/// twice the write size, each write taking its piece at an offset drawn from the file's
+/// name and the write's number, so that files and the writes of one file do not repeat
+/// each other block for block (no dedupe), and a file's content is the same in every run.
 fn data_buffer(len: usize) -> Vec<u8> {
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    (0..len)
+    (0..len * 2)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -261,15 +301,79 @@ fn data_buffer(len: usize) -> Vec<u8> {
         .collect()
 }
 
-struct Client<'a> {
+/// A directory a walk is in.
+#[derive(Debug)]
+struct Frame {
+    dir: PathBuf,
+    files: Vec<String>,
+    subdirs: Vec<String>,
+    /// The next subdirectory to go into.
+    next: usize,
+    /// Bottom-up walks: the next file, then subdirectory, to stat or remove.
+    post: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalkKind {
+    Read,
+    Stat,
+    Delete,
+}
+
+/// What a client is doing, resumable one unit at a time.
+#[derive(Debug)]
+enum Cursor {
+    Write {
+        root: PathBuf,
+        list: ListId,
+        unlink: bool,
+        read_first: bool,
+        next: usize,
+        made_root: bool,
+        seen: HashSet<String>,
+    },
+    Unlink {
+        root: PathBuf,
+        list: ListId,
+        next: usize,
+    },
+    Walk {
+        kind: WalkKind,
+        root: PathBuf,
+        started: bool,
+        /// Top-down reads: the files of the directory just listed, still to read.
+        pending: VecDeque<PathBuf>,
+        frames: Vec<Frame>,
+        /// Remove the root too (cleanup).
+        remove_root: bool,
+    },
+    /// A sync of the run directory's filesystem; true once done.
+    Sync(bool),
+}
+
+/// One client.
+struct Task {
+    /// Its number among this host's clients.
     id: usize,
-    cfg: &'a Config,
-    store: Store,
+    store: Option<Store>,
+    jobs: VecDeque<Cursor>,
+    cur: Option<Cursor>,
+    result: ClientResult,
+    started: bool,
+    done: bool,
+}
+
+/// A worker's own buffer and histograms.
+struct Worker {
     buf: Vec<u8>,
     lat: Latencies,
-    bytes: u64,
-    files: u64,
-    warnings: Vec<String>,
+}
+
+/// What a unit of work needs.
+struct Ctx<'a> {
+    cfg: &'a Config,
+    lists: &'a Lists,
+    worker: &'a mut Worker,
     progress: &'a AtomicU64,
 }
 
@@ -280,253 +384,386 @@ fn timed<T>(lat: &mut Latencies, op: Op, f: impl FnOnce() -> io::Result<T>) -> i
     r
 }
 
-impl Client<'_> {
-    fn tree(&self, owner: usize, tree: u32) -> PathBuf {
-        self.cfg
-            .run_dir
-            .join(format!("client-{owner}"))
-            .join(format!("tree-{tree}"))
-    }
-
-    fn mkdirs(&mut self, root: &Path, set: &FileSet) -> io::Result<()> {
-        for d in std::iter::once("").chain(set.dirs.iter().map(String::as_str)) {
-            let p = if d.is_empty() {
-                root.to_path_buf()
-            } else {
-                root.join(d)
-            };
-            match timed(&mut self.lat, Op::Mkdir, || self.store.mkdir(&p)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
+/// Times a call that may fail as expected (`ok_if`): a success goes to `op`, the expected
+/// failure to [`Op::Failed`]; returns whether it succeeded.
+fn tolerant(
+    lat: &mut Latencies,
+    op: Op,
+    ok_if: impl Fn(&io::Error) -> bool,
+    f: impl FnOnce() -> io::Result<()>,
+) -> io::Result<bool> {
+    let t = Instant::now();
+    let r = f();
+    let d = t.elapsed();
+    match r {
+        Ok(()) => {
+            lat.record(op, d);
+            Ok(true)
         }
-        Ok(())
-    }
-
-    fn write_file(&mut self, path: &Path, size: u64, append: bool) -> io::Result<()> {
-        let store = &mut self.store;
-        let mut f = timed(&mut self.lat, Op::Open, || store.open_write(path, append))?;
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(self.buf.len() as u64) as usize;
-            let buf = &self.buf[..n];
-            timed(&mut self.lat, Op::Write, || store.write(&mut f, buf))?;
-            left -= n as u64;
+        Err(e) if ok_if(&e) => {
+            lat.record(Op::Failed, d);
+            Ok(false)
         }
-        if self.cfg.fsync {
-            timed(&mut self.lat, Op::Fsync, || store.fsync(&mut f))?;
-        }
-        timed(&mut self.lat, Op::Close, || store.close(f))?;
-        self.bytes += size;
-        self.files += 1;
-        self.progress.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn read_file(&mut self, path: &Path) -> io::Result<u64> {
-        let store = &mut self.store;
-        let mut f = timed(&mut self.lat, Op::Open, || store.open_read(path))?;
-        let mut total = 0u64;
-        loop {
-            let buf = &mut self.buf;
-            let n = timed(&mut self.lat, Op::Read, || store.read(&mut f, buf))?;
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
-        }
-        timed(&mut self.lat, Op::Close, || store.close(f))?;
-        Ok(total)
-    }
-
-    fn create(&mut self, root: &Path, set: &FileSet) -> io::Result<()> {
-        self.mkdirs(root, set)?;
-        for f in &set.files {
-            self.write_file(&root.join(&f.path), f.size, true)?;
-        }
-        Ok(())
-    }
-
-    fn read(&mut self, root: &Path, sets: &[&FileSet]) -> io::Result<()> {
-        for set in sets {
-            for f in &set.files {
-                let n = self.read_file(&root.join(&f.path))?;
-                self.bytes += n;
-                self.files += 1;
-                self.progress.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Ok(())
-    }
-
-    fn stat(&mut self, root: &Path, sets: &[&FileSet]) -> io::Result<()> {
-        for set in sets {
-            for f in &set.files {
-                let p = root.join(&f.path);
-                timed(&mut self.lat, Op::Stat, || self.store.stat(&p))?;
-                self.bytes += f.size;
-                self.files += 1;
-                self.progress.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes the files of `sets` (only those names), then their directories deepest
-    /// first. A directory that still holds something not ours is left, with a warning.
-    fn delete(&mut self, root: &Path, sets: &[&FileSet], dirs_too: bool) -> io::Result<()> {
-        let mut dirs: Vec<&str> = Vec::new();
-        for set in sets {
-            for f in &set.files {
-                let p = root.join(&f.path);
-                timed(&mut self.lat, Op::Unlink, || self.store.unlink(&p))?;
-                self.bytes += f.size;
-                self.files += 1;
-                self.progress.fetch_add(1, Ordering::Relaxed);
-            }
-            dirs.extend(set.dirs.iter().map(String::as_str));
-        }
-        if !dirs_too {
-            return Ok(());
-        }
-        dirs.sort_unstable();
-        dirs.dedup();
-        for d in dirs.iter().rev().copied().chain(std::iter::once("")) {
-            let p = if d.is_empty() {
-                root.to_path_buf()
-            } else {
-                root.join(d)
-            };
-            match timed(&mut self.lat, Op::Rmdir, || self.store.rmdir(&p)) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-                    self.warnings.push(format!(
-                        "{} holds files loadgen did not create; left in place",
-                        p.display()
-                    ));
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Patch: read the old file (compilebench's python3 port skips this), write the new.
-    fn patch(&mut self, root: &Path, set: &FileSet) -> io::Result<()> {
-        self.mkdirs(root, set)?;
-        for f in &set.files {
-            let p = root.join(&f.path);
-            match self.read_file(&p) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            self.write_file(&p, f.size, false)?;
-        }
-        Ok(())
-    }
-
-    fn sync_fs(&mut self) -> io::Result<()> {
-        let store = &mut self.store;
-        let dir = &self.cfg.run_dir;
-        timed(&mut self.lat, Op::Sync, || store.syncfs(dir))
-    }
-
-    /// Runs one phase on this client's tree (or, for reads with --read-other, on the next
-    /// client's tree, which is in the same state).
-    fn run(&mut self, phase: Phase, state: &mut TreeState, tree: &mut u32) -> io::Result<()> {
-        let sets = self.cfg.sets.clone();
-        let own = self.tree(self.id, *tree);
-        match phase {
-            Phase::InitialCreate | Phase::Create => {
-                *tree += 1;
-                let root = self.tree(self.id, *tree);
-                if let Some(parent) = root.parent() {
-                    match self.store.mkdir(parent) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                self.create(&root, &sets.source)?;
-            }
-            Phase::Compile => {
-                let set = if state.patched {
-                    &sets.compile_patched
-                } else {
-                    &sets.compile
-                };
-                self.mkdirs(&own, set)?;
-                for f in &set.files {
-                    self.write_file(&own.join(&f.path), f.size, true)?;
-                }
-            }
-            Phase::Patch => self.patch(&own, &sets.patch)?,
-            Phase::Clean => {
-                let (set, tree) = if state.patched {
-                    (&sets.compile_patched, &sets.patched_tree)
-                } else {
-                    (&sets.compile, &sets.source)
-                };
-                self.delete(&own, &[set], false)?;
-                // Directories only the build made go too (deepest first).
-                for d in set.dirs.iter().rev() {
-                    if tree.dirs.binary_search(d).is_err() {
-                        let p = own.join(d);
-                        match timed(&mut self.lat, Op::Rmdir, || self.store.rmdir(&p)) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                }
-            }
-            Phase::ReadTree | Phase::ReadCompiled | Phase::StatTree | Phase::StatCompiled => {
-                let owner = if self.cfg.read_other {
-                    (self.id + 1) % self.cfg.clients
-                } else {
-                    self.id
-                };
-                let root = self.tree(owner, *tree);
-                let files = workload::tree_files(&sets, *state);
-                let files: Vec<&FileSet> = if matches!(phase, Phase::ReadTree | Phase::StatTree) {
-                    files.into_iter().take(1).collect()
-                } else {
-                    files
-                };
-                if phase.reads() && matches!(phase, Phase::ReadTree | Phase::ReadCompiled) {
-                    self.read(&root, &files)?;
-                } else {
-                    self.stat(&root, &files)?;
-                }
-            }
-            Phase::DeleteTree | Phase::DeleteCompiled => {
-                let files = workload::tree_files(&sets, *state);
-                self.delete(&own, &files, true)?;
-            }
-        }
-        *state = workload::after(*state, phase);
-        Ok(())
-    }
-
-    fn reset_counters(&mut self) {
-        self.lat = Latencies::new();
-        self.bytes = 0;
-        self.files = 0;
-        self.warnings.clear();
+        Err(e) => Err(e),
     }
 }
 
-fn remember(trees: &mut Vec<(u32, TreeState)>, tree: u32, state: TreeState) {
-    if tree == 0 {
-        return;
+fn exists(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::AlreadyExists
+}
+
+fn missing(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+}
+
+fn with_path(e: io::Error, p: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
+impl Task {
+    fn client_dir(cfg: &Config, id: usize) -> PathBuf {
+        cfg.run_dir.join(format!("client-{}", cfg.client_base + id))
     }
-    match trees.iter_mut().find(|(t, _)| *t == tree) {
-        Some(entry) => entry.1 = state,
-        None => trees.push((tree, state)),
+
+    fn tree(cfg: &Config, id: usize, tree: u32) -> PathBuf {
+        Self::client_dir(cfg, id).join(format!("kernel-{tree}"))
     }
+
+    fn cursor(cfg: &Config, id: usize, clients: usize, step: &Step) -> Cursor {
+        let own = Self::tree(cfg, id, step.tree);
+        let walk = |kind, root| Cursor::Walk {
+            kind,
+            root,
+            started: false,
+            pending: VecDeque::new(),
+            frames: Vec::new(),
+            remove_root: false,
+        };
+        match step.action {
+            Action::Write {
+                list,
+                unlink,
+                read_first,
+            } => Cursor::Write {
+                root: own,
+                list,
+                unlink,
+                read_first,
+                next: 0,
+                made_root: false,
+                seen: HashSet::new(),
+            },
+            Action::Unlink { list } => Cursor::Unlink {
+                root: own,
+                list,
+                next: 0,
+            },
+            Action::Read | Action::Stat => {
+                let root = if cfg.read_other && clients > 1 {
+                    Self::tree(cfg, (id + 1) % clients, step.tree)
+                } else {
+                    own
+                };
+                let kind = if step.action == Action::Read {
+                    WalkKind::Read
+                } else {
+                    WalkKind::Stat
+                };
+                walk(kind, root)
+            }
+            Action::Delete => walk(WalkKind::Delete, own),
+        }
+    }
+
+    /// Does one unit of work; false when the job list is done.
+    fn unit(&mut self, ctx: &mut Ctx) -> io::Result<bool> {
+        loop {
+            if self.cur.is_none() {
+                self.cur = self.jobs.pop_front();
+            }
+            let Some(mut cur) = self.cur.take() else {
+                return Ok(false);
+            };
+            let more = self.step(&mut cur, ctx)?;
+            if more {
+                self.cur = Some(cur);
+                return Ok(true);
+            }
+            // This job is done; a unit of the next one runs now (a job that had nothing
+            // left to do did no work).
+            if self.jobs.is_empty() {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// One unit of `cur`; false when `cur` had nothing left (and did nothing).
+    fn step(&mut self, cur: &mut Cursor, ctx: &mut Ctx) -> io::Result<bool> {
+        let cfg = ctx.cfg;
+        // Connected on first use, by a worker: a thousand clients do not connect in a row.
+        let store = self
+            .store
+            .get_or_insert_with(|| Store::connect(&cfg.target));
+        let r = &mut self.result;
+        let lat = &mut ctx.worker.lat;
+        match cur {
+            Cursor::Sync(done) => {
+                if *done {
+                    return Ok(false);
+                }
+                *done = true;
+                let dir = &cfg.run_dir;
+                timed(lat, Op::Sync, || store.syncfs(dir)).map_err(|e| with_path(e, dir))?;
+                Ok(true)
+            }
+            Cursor::Write {
+                root,
+                list,
+                unlink,
+                read_first,
+                next,
+                made_root,
+                seen,
+            } => {
+                if !*made_root {
+                    *made_root = true;
+                    let p = root.clone();
+                    tolerant(lat, Op::Mkdir, exists, || store.mkdir(&p))
+                        .map_err(|e| with_path(e, &p))?;
+                    r.dirs += 1;
+                    return Ok(true);
+                }
+                let Some(entry) = ctx.lists.get(*list).get(*next) else {
+                    return Ok(false);
+                };
+                *next += 1;
+                let path = root.join(&entry.path);
+                if let Some((dname, _)) = entry.path.rsplit_once('/') {
+                    if !seen.contains(dname) {
+                        let dir = root.join(dname);
+                        r.dirs += makedirs(store, lat, &dir).map_err(|e| with_path(e, &dir))?;
+                        let mut d = dname;
+                        loop {
+                            seen.insert(d.to_string());
+                            match d.rsplit_once('/') {
+                                Some((parent, _)) => d = parent,
+                                None => break,
+                            }
+                        }
+                    }
+                }
+                if *unlink {
+                    tolerant(lat, Op::Unlink, missing, || store.unlink(&path))
+                        .map_err(|e| with_path(e, &path))?;
+                }
+                write_file(store, ctx.worker, cfg.fsync, &path, entry, *read_first)
+                    .map_err(|e| with_path(e, &path))?;
+                r.bytes += entry.size;
+                r.files += 1;
+                ctx.progress.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Cursor::Unlink { root, list, next } => {
+                let Some(entry) = ctx.lists.get(*list).get(*next) else {
+                    return Ok(false);
+                };
+                *next += 1;
+                let p = root.join(&entry.path);
+                timed(lat, Op::Unlink, || store.unlink(&p)).map_err(|e| with_path(e, &p))?;
+                r.bytes += entry.size;
+                r.files += 1;
+                ctx.progress.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Cursor::Walk {
+                kind,
+                root,
+                started,
+                pending,
+                frames,
+                remove_root,
+            } => {
+                if !*started {
+                    *started = true;
+                    let f = list_dir(store, lat, root)?;
+                    r.dirs += 1;
+                    if *kind == WalkKind::Read {
+                        pending.extend(f.files.iter().map(|n| f.dir.join(n)));
+                    }
+                    frames.push(f);
+                    return Ok(true);
+                }
+                let worker = &mut *ctx.worker;
+                if *kind == WalkKind::Read {
+                    if let Some(p) = pending.pop_front() {
+                        let n = read_file(store, worker, &p).map_err(|e| with_path(e, &p))?;
+                        r.bytes += n;
+                        r.files += 1;
+                        ctx.progress.fetch_add(1, Ordering::Relaxed);
+                        return Ok(true);
+                    }
+                }
+                let lat = &mut worker.lat;
+                while let Some(top) = frames.last_mut() {
+                    if top.next < top.subdirs.len() {
+                        let sub = top.dir.join(&top.subdirs[top.next]);
+                        top.next += 1;
+                        if *kind == WalkKind::Read {
+                            // os.walk checks that a subdirectory is no symlink before
+                            // going in (top-down only).
+                            let k = timed(lat, Op::Stat, || store.stat(&sub))
+                                .map_err(|e| with_path(e, &sub))?;
+                            r.dirs += 1;
+                            if k != Kind::Dir {
+                                return Ok(true);
+                            }
+                        }
+                        let f = list_dir(store, lat, &sub)?;
+                        r.dirs += 1;
+                        if *kind == WalkKind::Read {
+                            pending.extend(f.files.iter().map(|n| f.dir.join(n)));
+                        }
+                        frames.push(f);
+                        return Ok(true);
+                    }
+                    if *kind != WalkKind::Read && top.post < top.files.len() + top.subdirs.len() {
+                        let i = top.post;
+                        top.post += 1;
+                        let (name, is_dir) = if i < top.files.len() {
+                            (&top.files[i], false)
+                        } else {
+                            (&top.subdirs[i - top.files.len()], true)
+                        };
+                        let p = top.dir.join(name);
+                        match (*kind, is_dir) {
+                            (WalkKind::Stat, _) => {
+                                timed(lat, Op::Stat, || store.stat(&p).map(|_| ()))
+                            }
+                            (_, false) => timed(lat, Op::Unlink, || store.unlink(&p)),
+                            (_, true) => timed(lat, Op::Rmdir, || store.rmdir(&p)),
+                        }
+                        .map_err(|e| with_path(e, &p))?;
+                        if is_dir {
+                            r.dirs += 1;
+                        } else {
+                            r.files += 1;
+                            ctx.progress.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(true);
+                    }
+                    frames.pop();
+                }
+                if *remove_root {
+                    *remove_root = false;
+                    let p = root.clone();
+                    timed(lat, Op::Rmdir, || store.rmdir(&p)).map_err(|e| with_path(e, &p))?;
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// os.makedirs as compilebench calls it: if the parent is missing, make it first (the
+/// same way), then mkdir (an existing directory is an expected failure). Returns the
+/// directories made.
+fn makedirs(store: &mut Store, lat: &mut Latencies, dir: &Path) -> io::Result<u64> {
+    let mut made = 0;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let there = tolerant(lat, Op::Stat, missing, || store.stat(parent).map(|_| ()))?;
+        if !there {
+            made += makedirs(store, lat, parent)?;
+        }
+    }
+    if tolerant(lat, Op::Mkdir, exists, || store.mkdir(dir))? {
+        made += 1;
+    }
+    Ok(made)
+}
+
+/// compilebench's file write: open for appending (created if missing); with `read_first`
+/// read it whole and truncate it; write its size in write-size pieces; close.
+fn write_file(
+    store: &mut Store,
+    w: &mut Worker,
+    fsync: bool,
+    path: &Path,
+    entry: &Entry,
+    read_first: bool,
+) -> io::Result<()> {
+    let lat = &mut w.lat;
+    let mut h = timed(lat, Op::Open, || store.open_append(path, read_first))?;
+    if read_first {
+        let half = w.buf.len() / 2;
+        loop {
+            let buf = &mut w.buf[..half];
+            let t = Instant::now();
+            let n = store.read(&mut h, buf)?;
+            lat.record(if n == 0 { Op::ReadEof } else { Op::Read }, t.elapsed());
+            if n == 0 {
+                break;
+            }
+        }
+        timed(lat, Op::Truncate, || store.truncate(&mut h))?;
+    }
+    let piece = (w.buf.len() / 2).max(1);
+    let mut at = entry.path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) as usize
+        % piece;
+    let mut left = entry.size;
+    while left > 0 {
+        let n = left.min(piece as u64) as usize;
+        let data = &w.buf[at..at + n];
+        at = (at + 4099) % piece;
+        timed(lat, Op::Write, || store.write(&mut h, data))?;
+        left -= n as u64;
+    }
+    if fsync {
+        timed(lat, Op::Fsync, || store.fsync(&mut h))?;
+    }
+    timed(lat, Op::Close, || store.close(h))
+}
+
+/// Reads a file whole; returns its bytes.
+fn read_file(store: &mut Store, w: &mut Worker, path: &Path) -> io::Result<u64> {
+    let lat = &mut w.lat;
+    let mut h = timed(lat, Op::Open, || store.open_read(path))?;
+    let half = w.buf.len() / 2;
+    let mut total = 0u64;
+    loop {
+        let buf = &mut w.buf[..half];
+        let t = Instant::now();
+        let n = store.read(&mut h, buf)?;
+        lat.record(if n == 0 { Op::ReadEof } else { Op::Read }, t.elapsed());
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    timed(lat, Op::Close, || store.close(h))?;
+    Ok(total)
+}
+
+fn list_dir(store: &mut Store, lat: &mut Latencies, dir: &Path) -> io::Result<Frame> {
+    let entries = timed(lat, Op::Readdir, || store.readdir(dir)).map_err(|e| with_path(e, dir))?;
+    let mut files = Vec::new();
+    let mut subdirs = Vec::new();
+    for (name, kind) in entries {
+        if kind == Kind::Dir {
+            subdirs.push(name);
+        } else {
+            files.push(name);
+        }
+    }
+    Ok(Frame {
+        dir: dir.to_path_buf(),
+        files,
+        subdirs,
+        next: 0,
+        post: 0,
+    })
 }
 
 /// Drops the page cache (root only); returns whether it could.
@@ -543,18 +780,217 @@ pub struct Progress {
     pub files_done: AtomicU64,
 }
 
-/// Runs every phase with all clients; `on_phase` gets each phase's result as soon as it is
-/// done (to write results out). Stops after the first phase in which a client failed.
+/// The shared state of the workers.
+#[derive(Default)]
+struct Board {
+    queue: VecDeque<usize>,
+    /// Clients of the current pass not yet done.
+    remaining: usize,
+    shutdown: bool,
+}
+
+struct Pool<'a> {
+    cfg: &'a Config,
+    lists: Lists,
+    tasks: Vec<Mutex<Task>>,
+    workers: Vec<Mutex<Worker>>,
+    board: Mutex<Board>,
+    work: Condvar,
+    done: Condvar,
+    /// The moment the current pass was released.
+    epoch: Mutex<Instant>,
+    stop: &'a AtomicBool,
+    progress: &'a Progress,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Pool<'_> {
+    fn worker(&self, w: usize) {
+        loop {
+            let id = {
+                let mut b = lock(&self.board);
+                loop {
+                    if b.shutdown {
+                        return;
+                    }
+                    if let Some(id) = b.queue.pop_front() {
+                        break id;
+                    }
+                    b = self.work.wait(b).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let finished = {
+                let mut task = lock(&self.tasks[id]);
+                let mut worker = lock(&self.workers[w]);
+                let epoch = *lock(&self.epoch);
+                if !task.started {
+                    task.started = true;
+                    task.result.start = epoch.elapsed();
+                }
+                let r = if self.stop.load(Ordering::Relaxed) {
+                    Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"))
+                } else {
+                    let mut ctx = Ctx {
+                        cfg: self.cfg,
+                        lists: &self.lists,
+                        worker: &mut worker,
+                        progress: &self.progress.files_done,
+                    };
+                    task.unit(&mut ctx)
+                };
+                let finished = match r {
+                    Ok(true) => false,
+                    Ok(false) => true,
+                    Err(e) => {
+                        task.result.error = Some(e.to_string());
+                        task.jobs.clear();
+                        task.cur = None;
+                        true
+                    }
+                };
+                if finished {
+                    task.done = true;
+                    task.result.end = epoch.elapsed();
+                }
+                finished
+            };
+            let mut b = lock(&self.board);
+            if finished {
+                b.remaining -= 1;
+                if b.remaining == 0 {
+                    self.done.notify_all();
+                }
+            } else {
+                b.queue.push_back(id);
+                self.work.notify_one();
+            }
+        }
+    }
+
+    /// Gives every client its jobs and runs them to the end; returns the clients' results
+    /// and the workers' histograms (taken, so the next pass starts afresh).
+    fn pass(&self, jobs: impl Fn(usize) -> Vec<Cursor>) -> (Vec<ClientResult>, Latencies) {
+        let n = self.tasks.len();
+        for (id, t) in self.tasks.iter().enumerate() {
+            let mut t = lock(t);
+            t.jobs = jobs(id).into();
+            t.cur = None;
+            t.started = false;
+            t.done = false;
+            t.result = ClientResult {
+                client: self.cfg.client_base + t.id,
+                ..ClientResult::default()
+            };
+        }
+        for w in &self.workers {
+            lock(w).lat = Latencies::new();
+        }
+        *lock(&self.epoch) = Instant::now();
+        {
+            let mut b = lock(&self.board);
+            b.queue = (0..n).collect();
+            b.remaining = n;
+            self.work.notify_all();
+            while b.remaining > 0 {
+                b = self.done.wait(b).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        let results = self
+            .tasks
+            .iter()
+            .map(|t| std::mem::take(&mut lock(t).result))
+            .collect();
+        let mut lat = Latencies::new();
+        for w in &self.workers {
+            lat.merge(&std::mem::take(&mut lock(w).lat));
+        }
+        (results, lat)
+    }
+
+    fn shutdown(&self) {
+        lock(&self.board).shutdown = true;
+        self.work.notify_all();
+    }
+}
+
+/// Finds the target's readdir order for each native list: writes the list as a tree of
+/// empty files (sorted, as compilebench's pathcomp orders it), walks it top-down as
+/// os.walk does, and removes it. Returns the lists reordered.
+pub fn native_order(cfg: &Config, lists: &Lists) -> Result<Lists, String> {
+    let mut out = lists.clone();
+    let mut store = Store::connect(&cfg.target);
+    let probe = cfg.run_dir.join("native-order");
+    for id in out.native() {
+        let list = lists.get(id);
+        if list.len() < 2 {
+            continue;
+        }
+        let fail =
+            |e: io::Error| format!("finding the directory order in {}: {e}", probe.display());
+        store.mkdir(&probe).map_err(fail)?;
+        for d in Lists::dirs(list) {
+            store.mkdir(&probe.join(d)).map_err(fail)?;
+        }
+        for e in list {
+            store.put(&probe.join(&e.path), b"").map_err(fail)?;
+        }
+        let mut order = Vec::with_capacity(list.len());
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let entries = store.readdir(&probe.join(&rel)).map_err(fail)?;
+            let mut subs = Vec::new();
+            for (name, kind) in entries {
+                let p = rel.join(&name);
+                if kind == Kind::Dir {
+                    subs.push(p);
+                } else {
+                    order.push(p.to_string_lossy().into_owned());
+                }
+            }
+            stack.extend(subs.into_iter().rev());
+        }
+        out.reorder(id, &order);
+        remove_tree(&mut store, &probe).map_err(fail)?;
+    }
+    Ok(out)
+}
+
+/// Removes a directory tree (depth first), untimed.
+fn remove_tree(store: &mut Store, dir: &Path) -> io::Result<()> {
+    for (name, kind) in store.readdir(dir)? {
+        let p = dir.join(name);
+        if kind == Kind::Dir {
+            remove_tree(store, &p)?;
+        } else {
+            store.unlink(&p)?;
+        }
+    }
+    store.rmdir(dir)
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub phases: Vec<PhaseResult>,
+    /// What the cleanup could not remove, and why.
+    pub left: Vec<String>,
+}
+
+/// Runs every round with all clients; `on_phase` gets each round's result as soon as it
+/// is done (to write results out). Stops after the first round in which a client failed.
 pub fn run(
     cfg: &Config,
     progress: &Progress,
     stop: &AtomicBool,
     on_phase: impl FnMut(&PhaseResult),
-) -> Vec<PhaseResult> {
+) -> Outcome {
     run_with_gate(cfg, progress, stop, &|_| true, on_phase)
 }
 
-/// [`run`], with `gate(phase index)` called once every client has prepared the phase and
+/// [`run`], with `gate(round index)` called once every client has prepared the round and
 /// before any starts it: a multi-host run waits there for every host (false cancels).
 pub fn run_with_gate(
     cfg: &Config,
@@ -562,141 +998,163 @@ pub fn run_with_gate(
     stop: &AtomicBool,
     gate: &(dyn Fn(usize) -> bool + Sync),
     mut on_phase: impl FnMut(&PhaseResult),
-) -> Vec<PhaseResult> {
-    let n = cfg.clients;
-    let prepared = Arc::new(Barrier::new(n + 1));
-    let cancelled = AtomicBool::new(false);
-    let start_gate = Arc::new(Barrier::new(n + 1));
-    let end_gate = Arc::new(Barrier::new(n + 1));
-    let go_on = Arc::new(Barrier::new(n + 1));
-    let abort = AtomicBool::new(false);
-    let epoch = Instant::now();
-    let (tx, rx) = mpsc::channel::<ClientResult>();
+) -> Outcome {
     let mut results = Vec::new();
-    std::thread::scope(|scope| {
-        for id in 0..n {
-            let prepared = prepared.clone();
-            let cancelled = &cancelled;
-            let (start_gate, end_gate, go_on, tx) = (
-                start_gate.clone(),
-                end_gate.clone(),
-                go_on.clone(),
-                tx.clone(),
-            );
-            let abort = &abort;
-            scope.spawn(move || {
-                let mut c = Client {
-                    id,
-                    cfg,
-                    store: Store::connect(&cfg.target),
-                    buf: data_buffer(cfg.write_size),
-                    lat: Latencies::new(),
-                    bytes: 0,
-                    files: 0,
-                    warnings: Vec::new(),
-                    progress: &progress.files_done,
-                };
-                let mut state = TreeState::default();
-                let mut tree = 0u32;
-                // Every tree this client made and its state (a create starts a new one).
-                let mut trees: Vec<(u32, TreeState)> = Vec::new();
-                for &phase in &cfg.phases {
-                    // Untimed preparation, then the start barrier.
-                    let mut prep_err = None;
-                    for step in workload::plan(state, phase) {
-                        let r = c.run(step, &mut state, &mut tree);
-                        remember(&mut trees, tree, state);
-                        if let Err(e) = r {
-                            prep_err = Some(format!("preparing {}: {e}", phase.name()));
-                            break;
-                        }
-                    }
-                    c.reset_counters();
-                    prepared.wait();
-                    start_gate.wait();
-                    let started = epoch.elapsed();
-                    let prep_err = if cancelled.load(Ordering::Acquire) {
-                        Some("cancelled: another host could not start the phase".to_string())
-                    } else {
-                        prep_err
-                    };
-                    let result = match prep_err {
-                        Some(e) => Err(e),
-                        None => c
-                            .run(phase, &mut state, &mut tree)
-                            .and_then(|()| if cfg.sync { c.sync_fs() } else { Ok(()) })
-                            .map_err(|e| format!("{}: {e}", phase.name())),
-                    };
-                    let ended = epoch.elapsed();
-                    remember(&mut trees, tree, state);
-                    let _ = tx.send(ClientResult {
-                        client: id,
-                        bytes: c.bytes,
-                        files: c.files,
-                        start: started,
-                        end: ended,
-                        latencies: std::mem::take(&mut c.lat),
-                        error: result.err(),
-                        warnings: std::mem::take(&mut c.warnings),
-                    });
-                    end_gate.wait();
-                    go_on.wait();
-                    if abort.load(Ordering::Acquire) {
-                        break;
-                    }
-                }
-                if cfg.cleanup {
-                    for (t, st) in trees {
-                        if st.exists {
-                            let root = c.tree(id, t);
-                            let files = workload::tree_files(&cfg.sets, st);
-                            let _ = c.delete(&root, &files, true);
-                        }
-                    }
-                    let _ = c.store.rmdir(&cfg.run_dir.join(format!("client-{id}")));
-                }
-            });
+    let mut left = Vec::new();
+    let rounds: &[Round] = &cfg.workload.rounds;
+    let fail_all = |phase: Phase, tree: u32, e: String| {
+        let clients = (0..cfg.clients)
+            .map(|i| ClientResult {
+                client: cfg.client_base + i,
+                error: Some(e.clone()),
+                ..ClientResult::default()
+            })
+            .collect();
+        PhaseResult::new(phase, tree, clients, Latencies::new())
+    };
+    let first = rounds.first().map(|r| (r.timed.phase, r.timed.tree));
+    // Every client's directory, then the native order (untimed).
+    let mut setup = Store::connect(&cfg.target);
+    let mut lists = cfg.workload.lists.clone();
+    let mut setup_err = None;
+    for i in 0..cfg.clients {
+        let d = Task::client_dir(cfg, i);
+        if let Err(e) = setup.mkdir(&d) {
+            if !exists(&e) {
+                setup_err = Some(format!("cannot make {}: {e}", d.display()));
+                break;
+            }
         }
-        drop(tx);
-        for (i, &phase) in cfg.phases.iter().enumerate() {
+    }
+    if setup_err.is_none() && cfg.native_order {
+        match native_order(cfg, &lists) {
+            Ok(l) => lists = l,
+            Err(e) => setup_err = Some(e),
+        }
+    }
+    if let (Some(e), Some((phase, tree))) = (setup_err, first) {
+        let pr = fail_all(phase, tree, e);
+        on_phase(&pr);
+        results.push(pr);
+        return Outcome {
+            phases: results,
+            left,
+        };
+    }
+    let threads = cfg.threads.clamp(1, cfg.clients.max(1));
+    let buf = data_buffer(cfg.write_size);
+    let pool = Pool {
+        cfg,
+        lists,
+        tasks: (0..cfg.clients)
+            .map(|id| {
+                Mutex::new(Task {
+                    id,
+                    store: None,
+                    jobs: VecDeque::new(),
+                    cur: None,
+                    result: ClientResult::default(),
+                    started: false,
+                    done: false,
+                })
+            })
+            .collect(),
+        workers: (0..threads)
+            .map(|_| {
+                Mutex::new(Worker {
+                    buf: buf.clone(),
+                    lat: Latencies::new(),
+                })
+            })
+            .collect(),
+        board: Mutex::new(Board::default()),
+        work: Condvar::new(),
+        done: Condvar::new(),
+        epoch: Mutex::new(Instant::now()),
+        stop,
+        progress,
+    };
+    let n = cfg.clients;
+    std::thread::scope(|scope| {
+        for w in 0..threads {
+            let pool = &pool;
+            scope.spawn(move || pool.worker(w));
+        }
+        for (i, round) in rounds.iter().enumerate() {
             progress.phase.store(i as u64, Ordering::Relaxed);
             progress.files_done.store(0, Ordering::Relaxed);
-            prepared.wait();
+            // Untimed preparation.
+            let (prep, _) = pool.pass(|id| {
+                round
+                    .prepare
+                    .iter()
+                    .map(|s| Task::cursor(cfg, id, n, s))
+                    .collect()
+            });
+            let prep_err = prep.iter().find_map(|c| c.error.clone());
+            // What the preparation wrote is flushed before the timed part, not in it.
+            if round.sync && prep_err.is_none() {
+                let _ = setup.syncfs(&cfg.run_dir);
+            }
             if cfg.drop_caches {
                 drop_caches();
             }
-            if !gate(i) {
-                cancelled.store(true, Ordering::Release);
-            }
-            // Times are taken on one clock and reported from the barrier's release, so the
-            // start offsets show how closely the clients really started together.
-            start_gate.wait();
-            let released = epoch.elapsed();
-            end_gate.wait();
-            let mut clients: Vec<ClientResult> = rx.try_iter().take(n).collect();
-            clients.sort_by_key(|c| c.client);
-            let origin = clients
-                .iter()
-                .map(|c| c.start)
-                .min()
-                .unwrap_or(released)
-                .min(released);
-            for c in clients.iter_mut() {
-                c.start = c.start.saturating_sub(origin);
-                c.end = c.end.saturating_sub(origin);
-            }
-            let pr = PhaseResult::from_clients(phase, clients);
+            let go = gate(i);
+            let pr = match (prep_err, go) {
+                (Some(e), _) => fail_all(
+                    round.timed.phase,
+                    round.timed.tree,
+                    format!("preparing {}: {e}", round.timed.phase.name()),
+                ),
+                (None, false) => fail_all(
+                    round.timed.phase,
+                    round.timed.tree,
+                    "cancelled: another host could not start the phase".to_string(),
+                ),
+                (None, true) => {
+                    progress.files_done.store(0, Ordering::Relaxed);
+                    let (clients, lat) = pool.pass(|id| {
+                        let mut jobs = vec![Task::cursor(cfg, id, n, &round.timed)];
+                        if round.sync {
+                            jobs.push(Cursor::Sync(false));
+                        }
+                        jobs
+                    });
+                    let phase = round.timed.phase;
+                    let clients = clients
+                        .into_iter()
+                        .map(|mut c| {
+                            c.error = c.error.map(|e| format!("{}: {e}", phase.name()));
+                            c
+                        })
+                        .collect();
+                    PhaseResult::new(phase, round.timed.tree, clients, lat)
+                }
+            };
             on_phase(&pr);
             let failed = pr.error().is_some() || stop.load(Ordering::Acquire);
             results.push(pr);
-            if failed || i + 1 == cfg.phases.len() {
-                abort.store(true, Ordering::Release);
-            }
-            go_on.wait();
             if failed {
                 break;
             }
         }
+        if cfg.cleanup {
+            let (cleaned, _) = pool.pass(|id| {
+                vec![Cursor::Walk {
+                    kind: WalkKind::Delete,
+                    root: Task::client_dir(cfg, id),
+                    started: false,
+                    pending: VecDeque::new(),
+                    frames: Vec::new(),
+                    remove_root: true,
+                }]
+            });
+            left.extend(cleaned.into_iter().filter_map(|c| c.error));
+        }
+        pool.shutdown();
     });
-    results
+    Outcome {
+        phases: results,
+        left,
+    }
 }

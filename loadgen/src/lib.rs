@@ -7,6 +7,7 @@
 pub mod charts;
 pub mod engine;
 pub mod login;
+pub mod pyrandom;
 pub mod remote;
 pub mod report;
 pub mod store;

@@ -13,7 +13,7 @@ use loadgen::engine::{self, Progress};
 use loadgen::remote;
 use loadgen::report::{self, Environment, RunConfig, RunReport};
 use loadgen::store::{Kind, Store, Target};
-use loadgen::workload::{self, Datasets, Entry, FileSet, Phase, Sets};
+use loadgen::workload::{self, Datasets, Entry, Phase, Schedule, Workload};
 
 /// A compilebench-like small-file workload generator: builds, compiles, reads and deletes
 /// kernel-like source trees on a mounted directory, with per-operation latencies.
@@ -167,35 +167,47 @@ enum BaselineArg {
 
 #[derive(Debug, Args, Clone)]
 struct RunOpts {
-    /// Phases to run, in order (default: create,compile,read-compiled,delete-compiled).
+    /// Phases to run, in order, each on a tree in the state it needs (prepared untimed).
     /// Names: initial-create, create, patch, compile, clean, read-tree, read-compiled,
-    /// delete-tree, delete-compiled, stat-tree, stat-compiled.
+    /// delete-tree, delete-compiled, stat-tree, stat-compiled. Without --phases and
+    /// --runs, compilebench runs its random mode (and sweep the four phases
+    /// create,compile,read-compiled,delete-compiled).
     #[arg(long, value_delimiter = ',')]
     phases: Option<Vec<String>>,
-    /// compilebench's random mode: an initial create, then N randomly chosen phases.
+    /// compilebench's random mode: --initial-dirs trees, then N operations picked at
+    /// random (compilebench: -r, default 100).
     #[arg(long)]
     runs: Option<usize>,
-    /// Seed for the random mode.
-    #[arg(long, default_value_t = 1)]
+    /// Trees created before the random operations (compilebench: -i, default 30).
+    #[arg(long)]
+    initial_dirs: Option<usize>,
+    /// Seed of the random choices (compilebench's is 555; the same seed gives the same
+    /// operations as compilebench 0.6).
+    #[arg(long, default_value_t = 555)]
     seed: u64,
     /// Use this fraction of the tree (0 < F <= 1), for quick runs.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Bytes per write call.
+    /// Bytes per write and read call (compilebench: -b, 256 KiB).
     #[arg(long, default_value_t = 256 * 1024)]
     write_size: usize,
     /// fsync every file written.
     #[arg(long)]
     fsync: bool,
-    /// syncfs at the end of every phase (counted in the phase, like compilebench).
+    /// Do not sync at the end of each operation and do not drop caches between them
+    /// (compilebench: -n, --no-sync).
     #[arg(long)]
-    sync: bool,
-    /// Drop the page cache between phases (root only).
+    no_sync: bool,
+    /// Sync, but keep the page cache between operations.
     #[arg(long)]
-    drop_caches: bool,
-    /// Each client reads the tree another client wrote (defeats client-side caching).
+    no_drop_caches: bool,
+    /// Each client reads and stats the tree of the next client (defeats a client-side
+    /// cache); with --hosts, the next client on the same host.
     #[arg(long)]
     read_other: bool,
+    /// Worker threads, at most this many calls in flight (default: one a client, up to 64).
+    #[arg(long)]
+    threads: Option<usize>,
     #[command(flatten)]
     out: OutputOpts,
     /// Run the clients on these hosts (comma-separated), one `loadgen agent` each, started
@@ -212,6 +224,9 @@ struct RunOpts {
     /// loadgen's path on the hosts (default: this binary's path).
     #[arg(long)]
     remote_loadgen: Option<String>,
+    /// The number of this host's first client (set by the coordinator for its agents).
+    #[arg(long, default_value_t = 0, hide = true)]
+    client_base: usize,
 }
 
 /// Where results go and what loadgen may leave or touch; shared by every workload.
@@ -318,16 +333,15 @@ fn finish_run_dir(target: &Target, run: &Path) -> Option<String> {
     }
 }
 
-fn parse_phases(opts: &RunOpts) -> Result<Vec<Phase>, Error> {
-    if let Some(runs) = opts.runs {
-        if opts.phases.is_some() {
-            return Err(user("--runs and --phases exclude each other; give one"));
-        }
-        return Ok(workload::random_phases(opts.seed, runs));
+/// The rounds' schedule from the options; `default` when neither --phases nor --runs.
+fn parse_schedule(opts: &RunOpts, default: Schedule) -> Result<Schedule, Error> {
+    if opts.phases.is_some() && (opts.runs.is_some() || opts.initial_dirs.is_some()) {
+        return Err(user(
+            "--phases excludes --runs and --initial-dirs (the random mode); give one or the other",
+        ));
     }
-    match &opts.phases {
-        None => Ok(workload::DEFAULT_PHASES.to_vec()),
-        Some(names) => names
+    if let Some(names) = &opts.phases {
+        let phases = names
             .iter()
             .map(|n| {
                 Phase::parse(n.trim()).ok_or_else(|| {
@@ -337,8 +351,44 @@ fn parse_phases(opts: &RunOpts) -> Result<Vec<Phase>, Error> {
                     ))
                 })
             })
-            .collect(),
+            .collect::<Result<Vec<_>, _>>()?;
+        if phases.is_empty() {
+            return Err(user("--phases is empty; name at least one phase"));
+        }
+        return Ok(Schedule::Phases(phases));
     }
+    let (initial, runs) = match (&default, opts.runs, opts.initial_dirs) {
+        (_, None, None) => return Ok(default),
+        (Schedule::Random { initial, runs }, r, i) => (i.unwrap_or(*initial), r.unwrap_or(*runs)),
+        (Schedule::Phases(_), r, i) => (i.unwrap_or(30), r.unwrap_or(100)),
+    };
+    if runs > 100_000 || initial > 10_000 {
+        return Err(user(
+            "--runs is at most 100000 and --initial-dirs at most 10000",
+        ));
+    }
+    if initial + runs == 0 {
+        return Err(user(
+            "--runs 0 with --initial-dirs 0 does nothing; give at least one",
+        ));
+    }
+    Ok(Schedule::Random { initial, runs })
+}
+
+/// compilebench's own defaults: 30 trees, 100 random operations.
+const COMPILEBENCH_DEFAULT: Schedule = Schedule::Random {
+    initial: 30,
+    runs: 100,
+};
+
+/// The four phases of the compilebench blog, the default of a sweep.
+fn sweep_default() -> Schedule {
+    Schedule::Phases(vec![
+        Phase::Create,
+        Phase::Compile,
+        Phase::ReadCompiled,
+        Phase::DeleteCompiled,
+    ])
 }
 
 fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> {
@@ -353,6 +403,45 @@ fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> {
     if opts.write_size == 0 || opts.write_size > 64 << 20 {
         return Err(user("--write-size must be between 1 byte and 64 MiB"));
     }
+    if opts.threads.is_some_and(|t| t == 0 || t > 4096) {
+        return Err(user("--threads must be between 1 and 4096"));
+    }
+    Ok(())
+}
+
+/// Refuses, before anything runs, a result file that could not be written at the end.
+fn check_outputs(out: &OutputOpts) -> Result<(), Error> {
+    for (flag, path) in [("--json", &out.json), ("--csv", &out.csv)] {
+        let Some(path) = path else { continue };
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if !parent.is_dir() {
+            return Err(user(format!(
+                "{flag} {}: the directory {} does not exist; make it or give another path",
+                path.display(),
+                parent.display()
+            )));
+        }
+        if path.is_dir() {
+            return Err(user(format!(
+                "{flag} {} is a directory; give a file name",
+                path.display()
+            )));
+        }
+        // SAFETY: access() only reads the NUL-terminated path.
+        let writable = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
+            .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
+            .unwrap_or(false);
+        if !writable {
+            return Err(user(format!(
+                "{flag} {}: cannot write in {}; give a path in a writable directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -362,18 +451,18 @@ fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn spawn_progress(progress: Arc<Progress>, phases: Vec<Phase>, done: Arc<AtomicBool>) {
+fn spawn_progress(progress: Arc<Progress>, names: Vec<&'static str>, done: Arc<AtomicBool>) {
     if !std::io::stderr().is_terminal() {
         return;
     }
     std::thread::spawn(move || {
         while !done.load(Ordering::Relaxed) {
             let i = progress.phase.load(Ordering::Relaxed) as usize;
-            let name = phases.get(i).map(|p| p.name()).unwrap_or("");
+            let name = names.get(i).copied().unwrap_or("");
             eprint!(
-                "\r  phase {}/{} {:<16} {:>9} files",
+                "\r  round {}/{} {:<16} {:>9} files",
                 i + 1,
-                phases.len(),
+                names.len(),
                 name,
                 progress.files_done.load(Ordering::Relaxed)
             );
@@ -383,12 +472,23 @@ fn spawn_progress(progress: Arc<Progress>, phases: Vec<Phase>, done: Arc<AtomicB
     });
 }
 
+/// The workload a command line asks for.
+fn make_workload(opts: &RunOpts, schedule: &Schedule) -> Workload {
+    Workload::compilebench(
+        &Datasets::embedded(),
+        opts.scale,
+        opts.seed,
+        schedule,
+        !opts.no_sync,
+    )
+}
+
 /// Runs one workload and writes its report; returns the report.
 fn run_workload(
     command: &str,
     dir: &Path,
-    sets: Sets,
-    phases: Vec<Phase>,
+    workload: Workload,
+    schedule: &Schedule,
     clients: usize,
     opts: &RunOpts,
     // A sweep writes its runs itself, as one list.
@@ -397,11 +497,6 @@ fn run_workload(
     let json = opts.out.json.as_deref().filter(|_| to_files);
     let csv = opts.out.csv.as_deref().filter(|_| to_files);
     let mut warnings = Vec::new();
-    // With --hosts the agents drop their hosts' caches; here only for a local run.
-    if opts.drop_caches && opts.hosts.is_empty() && !engine::drop_caches() {
-        warnings.push("--drop-caches needs root: ran without dropping caches".to_string());
-        eprintln!("loadgen: note: --drop-caches needs root; running without dropping caches");
-    }
     let hosts = (!opts.hosts.is_empty()).then(|| remote::Hosts {
         names: opts.hosts.clone(),
         ssh: opts
@@ -416,17 +511,55 @@ fn run_workload(
         }),
         clients_per_host: opts.clients_per_host,
     });
+    // Caches are dropped where the clients run: here for a local run (root only), by the
+    // agents on their hosts.
+    let drop_caches = !opts.no_sync && !opts.no_drop_caches;
+    let dropped = if drop_caches && hosts.is_none() {
+        let ok = engine::drop_caches();
+        if !ok {
+            warnings.push(
+                "caches were not dropped between operations: that needs root (run as root, \
+                 or pass --no-drop-caches to say so)"
+                    .to_string(),
+            );
+            eprintln!("loadgen: note: dropping caches needs root; running without");
+        }
+        ok
+    } else {
+        drop_caches
+    };
     let clients = match &hosts {
         Some(h) => h.names.len() * h.clients_per_host,
         None => clients,
     };
+    let per_host = hosts
+        .as_ref()
+        .map(|h| h.clients_per_host)
+        .unwrap_or(clients);
+    if opts.read_other && per_host < 2 {
+        warnings.push(
+            "--read-other needs two clients on a host (each reads its neighbour's tree): \
+             every client read its own"
+                .to_string(),
+        );
+    }
     let target = parse_target(dir)?;
     // With --hosts every agent makes its own run directory on its host.
     let run_dir = match &hosts {
         None => prepare_run_dir(&target, opts.out.allow_nonempty)?,
         Some(_) => dir.to_path_buf(),
     };
-    let cfg = engine_config(&target, &run_dir, clients, phases.clone(), sets, opts);
+    let names: Vec<&'static str> = workload
+        .rounds
+        .iter()
+        .map(|r| r.timed.phase.name())
+        .collect();
+    let rounds = workload.rounds.clone();
+    let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
+    let (mode, initial_dirs, runs) = match schedule {
+        Schedule::Random { initial, runs } => ("random", *initial, *runs),
+        Schedule::Phases(p) => ("phases", 0, p.len()),
+    };
     let mut report = RunReport {
         schema: report::SCHEMA.to_string(),
         tool: "loadgen".into(),
@@ -440,45 +573,69 @@ fn run_workload(
         environment: Environment::probe(&target),
         config: RunConfig {
             clients,
-            phases: phases.iter().map(|p| p.name().to_string()).collect(),
+            mode: mode.into(),
+            phases: match schedule {
+                Schedule::Phases(p) => p.iter().map(|p| p.name().to_string()).collect(),
+                Schedule::Random { .. } => names.iter().map(|n| n.to_string()).collect(),
+            },
+            initial_dirs,
+            runs,
             scale: opts.scale,
             write_size: opts.write_size,
             fsync: opts.fsync,
-            sync: opts.sync,
-            drop_caches: opts.drop_caches,
+            sync: !opts.no_sync,
+            drop_caches: dropped,
             read_other: cfg.read_other,
+            read_other_means: if cfg.read_other {
+                if hosts.is_some() {
+                    "the tree of the next client on the same host".into()
+                } else {
+                    "the tree of the next client".into()
+                }
+            } else {
+                String::new()
+            },
+            native_order: cfg.native_order,
+            threads: cfg.threads,
         },
         phases: Vec::new(),
+        summary: Vec::new(),
         complete: false,
         error: None,
         warnings,
     };
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
-    spawn_progress(progress.clone(), phases.clone(), done.clone());
+    spawn_progress(progress.clone(), names, done.clone());
     let stop = AtomicBool::new(false);
     let mut write_error = None;
+    let mut lat = report::PhaseLatencies::default();
     let on_phase = |p: &engine::PhaseResult| {
         report.phases.push(report::phase_report(p));
+        lat.add(p);
+        report.summary = report::summarize(&report.phases, Some(&lat));
         for c in &p.clients {
             report.warnings.extend(c.warnings.iter().cloned());
         }
         if let Some(e) = p.error() {
             report.error = Some(e);
         }
-        // Results are written after every phase: an interrupted run keeps what it measured.
+        // Results are written after every round: an interrupted run keeps what it measured.
         if let Some(j) = json {
             if let Err(e) = write_out(j, &report::to_json(&report)) {
                 write_error = Some(format!("cannot write {}: {e}", j.display()));
             }
         }
     };
-    let results = match &hosts {
-        None => engine::run(&cfg, &progress, &stop, on_phase),
+    let (results, left) = match &hosts {
+        None => {
+            let o = engine::run(&cfg, &progress, &stop, on_phase);
+            (o.phases.len(), o.left)
+        }
         Some(h) => {
-            let args = agent_args(dir, &phases, opts);
-            match remote::run(h, &phases, &args, on_phase) {
-                Ok(r) => r,
+            let args = agent_args(dir, schedule, opts);
+            match remote::run(h, &rounds, &args, on_phase) {
+                Ok(r) => (r.len(), Vec::new()),
                 Err(e) => {
                     done.store(true, Ordering::Relaxed);
                     return Err(Error::Failed(format!("multi-host run: {e}")));
@@ -487,7 +644,10 @@ fn run_workload(
         }
     };
     done.store(true, Ordering::Relaxed);
-    report.complete = report.error.is_none() && results.len() == phases.len();
+    report.complete = report.error.is_none() && results == rounds.len();
+    report
+        .warnings
+        .extend(left.into_iter().map(|l| format!("cleanup left: {l}")));
     if !opts.out.keep && hosts.is_none() {
         if let Some(w) = finish_run_dir(&target, &run_dir) {
             report.warnings.push(w);
@@ -512,47 +672,58 @@ fn engine_config(
     target: &Target,
     run_dir: &Path,
     clients: usize,
-    phases: Vec<Phase>,
-    sets: Sets,
+    workload: Workload,
     opts: &RunOpts,
+    drop_caches: bool,
 ) -> engine::Config {
     engine::Config {
         target: target.clone(),
         run_dir: run_dir.to_path_buf(),
         clients,
-        phases,
-        sets: Arc::new(sets),
+        client_base: opts.client_base,
+        workload: Arc::new(workload),
         write_size: opts.write_size,
         fsync: opts.fsync,
-        sync: opts.sync,
-        drop_caches: opts.drop_caches,
-        read_other: opts.read_other && clients > 1,
+        drop_caches,
+        read_other: opts.read_other
+            && clients > 1
+            && (opts.hosts.is_empty() || opts.clients_per_host > 1),
+        native_order: true,
         cleanup: !opts.out.keep,
+        threads: opts
+            .threads
+            .unwrap_or_else(|| engine::Config::default_threads(clients)),
     }
 }
 
-/// The workload options an agent needs (the phases spelled out: the random mode is
-/// resolved here, once).
-fn agent_args(dir: &Path, phases: &[Phase], opts: &RunOpts) -> Vec<String> {
-    let mut a = vec![
-        dir.display().to_string(),
-        "--phases".into(),
-        phases
-            .iter()
-            .map(|p| p.name())
-            .collect::<Vec<_>>()
-            .join(","),
+/// The workload options an agent needs to make the same rounds.
+fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
+    let mut a = vec![dir.display().to_string()];
+    match schedule {
+        Schedule::Phases(p) => {
+            a.push("--phases".into());
+            a.push(p.iter().map(|p| p.name()).collect::<Vec<_>>().join(","));
+        }
+        Schedule::Random { initial, runs } => {
+            a.extend(["--initial-dirs".into(), initial.to_string()]);
+            a.extend(["--runs".into(), runs.to_string()]);
+        }
+    }
+    a.extend([
         "--scale".into(),
         opts.scale.to_string(),
         "--seed".into(),
         opts.seed.to_string(),
         "--write-size".into(),
         opts.write_size.to_string(),
-    ];
+    ]);
+    if let Some(t) = opts.threads {
+        a.extend(["--threads".into(), t.to_string()]);
+    }
     for (on, flag) in [
         (opts.fsync, "--fsync"),
-        (opts.sync, "--sync"),
-        (opts.drop_caches, "--drop-caches"),
+        (opts.no_sync, "--no-sync"),
+        (opts.no_drop_caches, "--no-drop-caches"),
         (opts.read_other, "--read-other"),
         (opts.out.allow_nonempty, "--allow-nonempty"),
         (opts.out.keep, "--keep"),
@@ -567,19 +738,27 @@ fn agent_args(dir: &Path, phases: &[Phase], opts: &RunOpts) -> Vec<String> {
 /// One host's part of a multi-host run.
 fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     check_common(clients, opts)?;
-    let phases = parse_phases(opts)?;
-    let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
+    let schedule = parse_schedule(opts, COMPILEBENCH_DEFAULT)?;
+    let workload = make_workload(opts, &schedule);
     // Several agents may share DIR (one filesystem, several hosts): allow it.
     let target = parse_target(dir)?;
     let run_dir = prepare_run_dir(&target, true)?;
-    let cfg = engine_config(&target, &run_dir, clients, phases, sets, opts);
-    engine::run_with_gate(
+    let drop = !opts.no_sync && !opts.no_drop_caches;
+    let dropped = drop && engine::drop_caches();
+    if drop && !dropped {
+        eprintln!("loadgen agent: dropping caches needs root; running without");
+    }
+    let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
+    let o = engine::run_with_gate(
         &cfg,
         &Progress::default(),
         &AtomicBool::new(false),
         &remote::agent_gate,
         remote::agent_report,
     );
+    for l in o.left {
+        eprintln!("loadgen agent: cleanup left: {l}");
+    }
     if !opts.out.keep {
         if let Some(w) = finish_run_dir(&target, &run_dir) {
             eprintln!("loadgen agent: {w}");
@@ -601,23 +780,25 @@ fn finish(report: &RunReport) -> Result<(), Error> {
     }
 }
 
-fn access_sets(files: usize) -> Sets {
-    let set = FileSet::from_files(
-        (0..files)
-            .map(|i| Entry {
-                path: format!("f{i:07}"),
-                size: 0,
-            })
-            .collect(),
-    );
-    Sets {
-        source: set,
-        patched_source: FileSet::default(),
-        patched_tree: FileSet::default(),
-        compile: FileSet::default(),
-        patch: FileSet::default(),
-        compile_patched: FileSet::default(),
-    }
+/// The access test: N empty files in one directory, created then removed.
+fn access_workload(files: usize) -> Workload {
+    let entries = (0..files)
+        .map(|i| Entry {
+            path: format!("f{i:07}"),
+            size: 0,
+        })
+        .collect();
+    let mut w = Workload {
+        lists: workload::Lists::only(entries),
+        rounds: workload::phase_rounds(
+            &mut loadgen::pyrandom::PyRandom::new(1),
+            &[Phase::Create, Phase::DeleteTree],
+            false,
+        ),
+    };
+    // The files are its own, not a kernel tree: no patch or compile lists.
+    w.lists.compile.clear();
+    w
 }
 
 const WORK_OUTSIDE: &str =
@@ -825,22 +1006,23 @@ fn main() -> ExitCode {
                     ));
                 }
                 check_common(clients, &opts)?;
-                let phases = parse_phases(&opts)?;
-                let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
-                let r = run_workload("compilebench", &dir, sets, phases, clients, &opts, true)?;
+                let schedule = parse_schedule(&opts, COMPILEBENCH_DEFAULT)?;
+                check_outputs(&opts.out)?;
+                let w = make_workload(&opts, &schedule);
+                let r = run_workload("compilebench", &dir, w, &schedule, clients, &opts, true)?;
                 finish(&r)
             }
             Cmd::Sweep { dir, opts, clients } => {
                 for &c in &clients {
                     check_common(c, &opts)?;
                 }
-                let phases = parse_phases(&opts)?;
-                let sets = Sets::derive(&Datasets::embedded()).scaled(opts.scale);
+                let schedule = parse_schedule(&opts, sweep_default())?;
+                check_outputs(&opts.out)?;
+                let w = make_workload(&opts, &schedule);
                 let mut runs = Vec::new();
                 for &c in &clients {
                     eprintln!("loadgen sweep: {c} clients");
-                    let r =
-                        run_workload("sweep", &dir, sets.clone(), phases.clone(), c, &opts, false)?;
+                    let r = run_workload("sweep", &dir, w.clone(), &schedule, c, &opts, false)?;
                     let failed = r.error.clone();
                     runs.push(r);
                     if let Some(e) = failed {
@@ -853,6 +1035,10 @@ fn main() -> ExitCode {
                     let v = serde_json::to_vec_pretty(&runs).unwrap_or_default();
                     write_out(j, &v)
                         .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+                }
+                if let Some(c) = &opts.out.csv {
+                    write_out(c, &report::sweep_csv(&runs))
+                        .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
                 }
                 match runs.iter().find_map(|r| r.error.clone()) {
                     Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
@@ -921,25 +1107,30 @@ fn main() -> ExitCode {
                 let opts = RunOpts {
                     phases: None,
                     runs: None,
+                    initial_dirs: None,
                     seed: 1,
                     scale: 1.0,
                     write_size: 4096,
                     fsync: false,
-                    sync: false,
-                    drop_caches: false,
+                    no_sync: true,
+                    no_drop_caches: true,
                     read_other: false,
+                    threads: None,
                     out,
                     hosts: Vec::new(),
                     clients_per_host: 1,
                     ssh_command: "ssh".into(),
                     remote_loadgen: None,
+                    client_base: 0,
                 };
                 check_common(clients, &opts)?;
+                check_outputs(&opts.out)?;
+                let schedule = Schedule::Phases(vec![Phase::Create, Phase::DeleteTree]);
                 let r = run_workload(
                     "access",
                     &dir,
-                    access_sets(files),
-                    vec![Phase::Create, Phase::DeleteTree],
+                    access_workload(files),
+                    &schedule,
                     clients,
                     &opts,
                     true,

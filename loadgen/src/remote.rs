@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{ClientResult, Latencies, PhaseResult};
-use crate::workload::Phase;
+use crate::workload::Round;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientWire {
@@ -22,15 +22,19 @@ pub struct ClientWire {
     pub files: u64,
     pub start_ns: u64,
     pub end_ns: u64,
+    #[serde(default)]
+    pub dirs: u64,
     pub error: Option<String>,
     pub warnings: Vec<String>,
-    pub latencies: Vec<(String, Vec<(u64, u64)>)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PhaseWire {
     pub phase: String,
+    pub tree: u32,
     pub clients: Vec<ClientWire>,
+    /// The host's histograms, as their recorded values.
+    pub latencies: Vec<(String, Vec<(u64, u64)>)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,6 +47,8 @@ pub enum AgentMsg {
 pub fn to_wire(p: &PhaseResult) -> PhaseWire {
     PhaseWire {
         phase: p.phase.name().to_string(),
+        tree: p.tree,
+        latencies: p.latencies.to_wire(),
         clients: p
             .clients
             .iter()
@@ -50,26 +56,26 @@ pub fn to_wire(p: &PhaseResult) -> PhaseWire {
                 client: c.client,
                 bytes: c.bytes,
                 files: c.files,
+                dirs: c.dirs,
                 start_ns: c.start.as_nanos() as u64,
                 end_ns: c.end.as_nanos() as u64,
                 error: c.error.clone(),
                 warnings: c.warnings.clone(),
-                latencies: c.latencies.to_wire(),
             })
             .collect(),
     }
 }
 
-fn from_wire(w: &PhaseWire, client_base: usize) -> Vec<ClientResult> {
+fn from_wire(w: &PhaseWire) -> Vec<ClientResult> {
     w.clients
         .iter()
         .map(|c| ClientResult {
-            client: client_base + c.client,
+            client: c.client,
             bytes: c.bytes,
             files: c.files,
+            dirs: c.dirs,
             start: Duration::from_nanos(c.start_ns),
             end: Duration::from_nanos(c.end_ns),
-            latencies: Latencies::from_wire(&c.latencies),
             error: c.error.clone(),
             warnings: c.warnings.clone(),
         })
@@ -139,16 +145,17 @@ pub struct Hosts {
     pub clients_per_host: usize,
 }
 
-/// Runs `phases` on every host at once: each agent gets `agent_args` (the workload
-/// options, without clients). Calls `on_phase` with the merged result of each phase.
+/// Runs `rounds` on every host at once: each agent gets `agent_args` (the workload
+/// options, from which it makes the same rounds) and the number of its first client.
+/// Calls `on_phase` with the merged result of each round.
 pub fn run(
     hosts: &Hosts,
-    phases: &[Phase],
+    rounds: &[Round],
     agent_args: &[String],
     mut on_phase: impl FnMut(&PhaseResult),
 ) -> Result<Vec<PhaseResult>, String> {
     let mut agents = Vec::new();
-    for host in &hosts.names {
+    for (k, host) in hosts.names.iter().enumerate() {
         let (prog, pre) = hosts
             .ssh
             .split_first()
@@ -161,6 +168,8 @@ pub fn run(
             .args(agent_args)
             .arg("--clients")
             .arg(hosts.clients_per_host.to_string())
+            .arg("--client-base")
+            .arg((k * hosts.clients_per_host).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -179,7 +188,8 @@ pub fn run(
     }
     let mut results = Vec::new();
     let outcome = (|| -> Result<(), String> {
-        for (i, &phase) in phases.iter().enumerate() {
+        for (i, round) in rounds.iter().enumerate() {
+            let phase = round.timed.phase;
             for a in agents.iter_mut() {
                 match a.read()? {
                     AgentMsg::Ready(n) if n == i => {}
@@ -191,10 +201,14 @@ pub fn run(
                 a.send("go");
             }
             let mut clients = Vec::new();
-            for (k, a) in agents.iter_mut().enumerate() {
+            let mut latencies = Latencies::new();
+            for a in agents.iter_mut() {
                 match a.read()? {
-                    AgentMsg::Result(w) if w.phase == phase.name() => {
-                        clients.extend(from_wire(&w, k * hosts.clients_per_host));
+                    AgentMsg::Result(w)
+                        if w.phase == phase.name() && w.tree == round.timed.tree =>
+                    {
+                        clients.extend(from_wire(&w));
+                        latencies.merge(&Latencies::from_wire(&w.latencies));
                     }
                     other => {
                         return Err(format!(
@@ -205,7 +219,7 @@ pub fn run(
                     }
                 }
             }
-            let pr = PhaseResult::from_clients(phase, clients);
+            let pr = PhaseResult::new(phase, round.timed.tree, clients, latencies);
             on_phase(&pr);
             let failed = pr.error().is_some();
             results.push(pr);

@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Latencies, PhaseResult, OPS};
+use crate::workload::{Unit, ALL_PHASES};
 
-/// The schema name of [`RunReport`]; `schema/result-v1.schema.json` describes it.
-pub const SCHEMA: &str = "loadgen-result/1";
+/// The schema name of [`RunReport`]; `schema/result-v2.schema.json` describes it.
+/// `loadgen report` reads version 1 files too.
+pub const SCHEMA: &str = "loadgen-result/2";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Environment {
@@ -75,13 +77,34 @@ impl Environment {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunConfig {
     pub clients: usize,
+    /// `random` (compilebench's random mode) or `phases` (a given sequence).
+    #[serde(default)]
+    pub mode: String,
+    /// The phases asked for (phases mode), or each round's phase in order (random mode).
     pub phases: Vec<String>,
+    /// Random mode: trees created first, and operations run after them.
+    #[serde(default)]
+    pub initial_dirs: usize,
+    #[serde(default)]
+    pub runs: usize,
     pub scale: f64,
     pub write_size: usize,
     pub fsync: bool,
+    /// Whether each timed operation ended with a sync (as run, not as asked).
     pub sync: bool,
+    /// Whether caches were dropped before each round (as run: false when not root).
     pub drop_caches: bool,
+    /// Whether each client read another client's tree (as run).
     pub read_other: bool,
+    /// Whose tree a client read with read_other.
+    #[serde(default)]
+    pub read_other_means: String,
+    /// Whether the trees were written in the target's readdir order.
+    #[serde(default)]
+    pub native_order: bool,
+    /// Worker threads (at most this many calls in flight).
+    #[serde(default)]
+    pub threads: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -98,32 +121,75 @@ pub struct LatencyReport {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ClientReport {
     pub client: usize,
-    pub mb_s: f64,
+    /// This client's bytes over its own time; null for delete and stat.
+    pub mb_s: Option<f64>,
     pub files: u64,
+    #[serde(default)]
+    pub dirs: u64,
     pub bytes: u64,
     pub start_s: f64,
     pub end_s: f64,
     pub error: Option<String>,
 }
 
+/// One round: one timed operation on every client.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PhaseReport {
     pub name: String,
-    /// Sum of the clients' MB/s (as compilebench's blog reports it).
-    pub aggregate_mb_s: f64,
-    /// All clients' bytes over the time until the last one finished: what the system
-    /// really delivered (the sum above overstates when clients do not overlap).
+    /// The tree (kernel-N) it worked on.
     #[serde(default)]
-    pub wall_mb_s: f64,
+    pub tree: Option<u32>,
+    /// How compilebench reports the phase: `MB/s` or `seconds`.
+    #[serde(default)]
+    pub unit: String,
+    /// Sum of the clients' MB/s (compilebench's blog convention); null for delete and
+    /// stat, which move no data.
+    pub aggregate_mb_s: Option<f64>,
+    /// All clients' bytes over the time until the last one finished: what the system
+    /// delivered (the sum above overstates when clients do not overlap).
+    #[serde(default)]
+    pub wall_mb_s: Option<f64>,
+    /// From the release of the clients to the end of the last one.
+    #[serde(default)]
+    pub seconds: f64,
+    /// Regular files written, read, stated or removed.
     pub files: u64,
+    /// Directories made, listed, stated or removed.
+    #[serde(default)]
+    pub dirs: u64,
     pub bytes: u64,
     /// Files per second over the slowest client's time.
     pub files_per_s: f64,
     pub first_done_s: f64,
     pub last_done_s: f64,
     pub start_skew_s: f64,
+    /// True when a client stopped before the end (an error, an interrupt): the figures
+    /// cover only what was done.
+    #[serde(default)]
+    pub partial: bool,
     pub clients: Vec<ClientReport>,
     /// Per operation, in microseconds.
+    pub latency: BTreeMap<String, LatencyReport>,
+}
+
+/// compilebench's report line for one phase: its average over the runs of that phase.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SummaryRow {
+    pub name: String,
+    pub runs: usize,
+    pub unit: String,
+    /// The mean of the runs' wall MB/s (MB/s phases).
+    pub avg_mb_s: Option<f64>,
+    /// The mean of the runs' summed client MB/s (MB/s phases).
+    pub avg_aggregate_mb_s: Option<f64>,
+    /// The mean of the runs' seconds.
+    pub avg_seconds: f64,
+    pub avg_files_per_s: f64,
+    /// The largest start skew of its runs.
+    pub max_start_skew_s: f64,
+    /// Every call of every run of the phase, in microseconds (empty when read from a
+    /// version 1 file).
+    #[serde(default)]
     pub latency: BTreeMap<String, LatencyReport>,
 }
 
@@ -143,6 +209,9 @@ pub struct RunReport {
     pub environment: Environment,
     pub config: RunConfig,
     pub phases: Vec<PhaseReport>,
+    /// Per phase, in compilebench's order.
+    #[serde(default)]
+    pub summary: Vec<SummaryRow>,
     /// False while running and when the run stopped early.
     pub complete: bool,
     pub error: Option<String>,
@@ -156,10 +225,9 @@ fn us(ns: u64) -> f64 {
 pub fn latency_report(l: &Latencies) -> BTreeMap<String, LatencyReport> {
     let mut out = BTreeMap::new();
     for op in OPS {
-        let h = l.get(op);
-        if h.is_empty() {
+        let Some(h) = l.get(op) else {
             continue;
-        }
+        };
         out.insert(
             op.name().to_string(),
             LatencyReport {
@@ -176,30 +244,47 @@ pub fn latency_report(l: &Latencies) -> BTreeMap<String, LatencyReport> {
     out
 }
 
+fn unit_name(u: Unit) -> &'static str {
+    match u {
+        Unit::MbPerS => "MB/s",
+        Unit::Seconds => "seconds",
+    }
+}
+
 pub fn phase_report(p: &PhaseResult) -> PhaseReport {
     let files: u64 = p.clients.iter().map(|c| c.files).sum();
+    let bytes: u64 = p.clients.iter().map(|c| c.bytes).sum();
     let last = p.last_done().as_secs_f64();
+    let rated = p.phase.unit() == Unit::MbPerS;
     PhaseReport {
         name: p.phase.name().to_string(),
-        aggregate_mb_s: p.aggregate_mb_per_s(),
-        wall_mb_s: if last > 0.0 {
-            p.clients.iter().map(|c| c.bytes).sum::<u64>() as f64 / 1048576.0 / last
-        } else {
-            0.0
-        },
+        tree: Some(p.tree),
+        unit: unit_name(p.phase.unit()).to_string(),
+        aggregate_mb_s: rated.then(|| p.aggregate_mb_per_s()),
+        wall_mb_s: rated.then(|| {
+            if last > 0.0 {
+                bytes as f64 / 1048576.0 / last
+            } else {
+                0.0
+            }
+        }),
+        seconds: last,
         files,
-        bytes: p.clients.iter().map(|c| c.bytes).sum(),
+        dirs: p.clients.iter().map(|c| c.dirs).sum(),
+        bytes,
         files_per_s: if last > 0.0 { files as f64 / last } else { 0.0 },
         first_done_s: p.first_done().as_secs_f64(),
         last_done_s: last,
         start_skew_s: p.start_skew().as_secs_f64(),
+        partial: p.error().is_some(),
         clients: p
             .clients
             .iter()
             .map(|c| ClientReport {
                 client: c.client,
-                mb_s: c.mb_per_s(),
+                mb_s: rated.then(|| c.mb_per_s()),
                 files: c.files,
+                dirs: c.dirs,
                 bytes: c.bytes,
                 start_s: c.start.as_secs_f64(),
                 end_s: c.end.as_secs_f64(),
@@ -210,38 +295,118 @@ pub fn phase_report(p: &PhaseResult) -> PhaseReport {
     }
 }
 
+/// Each phase's histograms over all its rounds, kept while a run goes on.
+#[derive(Debug, Default)]
+pub struct PhaseLatencies(pub BTreeMap<String, Latencies>);
+
+impl PhaseLatencies {
+    pub fn add(&mut self, p: &PhaseResult) {
+        self.0
+            .entry(p.phase.name().to_string())
+            .or_default()
+            .merge(&p.latencies);
+    }
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (n, sum) = v.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
+}
+
+/// compilebench's summary: per phase (in its order), the mean over the complete runs of
+/// that phase (a partial run is left out); `latencies` gives the merged histograms.
+pub fn summarize(phases: &[PhaseReport], latencies: Option<&PhaseLatencies>) -> Vec<SummaryRow> {
+    let mut out = Vec::new();
+    for ph in ALL_PHASES {
+        let runs: Vec<&PhaseReport> = phases
+            .iter()
+            .filter(|p| p.name == ph.name() && !p.partial)
+            .collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let rated = ph.unit() == Unit::MbPerS;
+        out.push(SummaryRow {
+            name: ph.name().to_string(),
+            runs: runs.len(),
+            unit: unit_name(ph.unit()).to_string(),
+            avg_mb_s: rated.then(|| mean(runs.iter().map(|p| p.wall_mb_s.unwrap_or(0.0)))),
+            avg_aggregate_mb_s: rated
+                .then(|| mean(runs.iter().map(|p| p.aggregate_mb_s.unwrap_or(0.0)))),
+            avg_seconds: mean(runs.iter().map(|p| p.last_done_s)),
+            avg_files_per_s: mean(runs.iter().map(|p| p.files_per_s)),
+            max_start_skew_s: runs.iter().map(|p| p.start_skew_s).fold(0.0, f64::max),
+            latency: latencies
+                .and_then(|l| l.0.get(ph.name()))
+                .map(latency_report)
+                .unwrap_or_default(),
+        });
+    }
+    out
+}
+
+/// The summary of a run read from a file: the stored one, or (version 1) derived.
+pub fn summary_of(r: &RunReport) -> Vec<SummaryRow> {
+    if r.summary.is_empty() {
+        summarize(&r.phases, None)
+    } else {
+        r.summary.clone()
+    }
+}
+
 pub fn to_json(r: &RunReport) -> Vec<u8> {
     let mut v = serde_json::to_vec_pretty(r).unwrap_or_default();
     v.push(b'\n');
     v
 }
 
-/// One row per phase and client, plus an `all` row per phase.
+fn opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.3}")).unwrap_or_default()
+}
+
+/// One row per round and client, plus an `all` row per round.
 pub fn to_csv(r: &RunReport) -> Vec<u8> {
     let mut out = String::from(
-        "phase,client,mb_s,files,bytes,start_s,end_s,files_per_s,p50_us,p99_us,error\n",
+        "round,phase,tree,client,wall_mb_s,mb_s,seconds,files,dirs,bytes,start_s,end_s,files_per_s,p50_us,p99_us,partial,error\n",
     );
-    for p in &r.phases {
-        let main = main_op(p);
+    for (i, p) in r.phases.iter().enumerate() {
+        let main = main_op(&p.name, &p.latency);
         let (p50, p99) = main
             .and_then(|op| p.latency.get(op))
-            .map(|l| (l.p50_us, l.p99_us))
-            .unwrap_or((0.0, 0.0));
+            .map(|l| (format!("{:.1}", l.p50_us), format!("{:.1}", l.p99_us)))
+            .unwrap_or_default();
+        let tree = p.tree.map(|t| t.to_string()).unwrap_or_default();
         out.push_str(&format!(
-            "{},all,{:.3},{},{},0,{:.6},{:.1},{:.1},{:.1},\n",
-            p.name, p.aggregate_mb_s, p.files, p.bytes, p.last_done_s, p.files_per_s, p50, p99
+            "{i},{},{tree},all,{},{},{:.6},{},{},{},0,{:.6},{:.1},{p50},{p99},{},\n",
+            p.name,
+            opt(p.wall_mb_s),
+            opt(p.aggregate_mb_s),
+            p.seconds,
+            p.files,
+            p.dirs,
+            p.bytes,
+            p.last_done_s,
+            p.files_per_s,
+            p.partial
         ));
         for c in &p.clients {
             out.push_str(&format!(
-                "{},{},{:.3},{},{},{:.6},{:.6},,,,{}\n",
+                "{i},{},{tree},{},,{},{:.6},{},{},{},{:.6},{:.6},,,,{},{}\n",
                 p.name,
                 c.client,
-                c.mb_s,
+                opt(c.mb_s),
+                c.end_s - c.start_s,
                 c.files,
+                c.dirs,
                 c.bytes,
                 c.start_s,
                 c.end_s,
-                c.error.as_deref().unwrap_or("").replace(',', ";")
+                c.error.is_some(),
+                c.error.as_deref().unwrap_or("").replace([',', '\n'], ";")
             ));
         }
     }
@@ -249,8 +414,7 @@ pub fn to_csv(r: &RunReport) -> Vec<u8> {
 }
 
 /// The operation that dominates a phase, for the summary columns.
-fn main_op(p: &PhaseReport) -> Option<&'static str> {
-    let name = p.name.as_str();
+pub fn main_op<'a, V>(name: &str, latency: &'a BTreeMap<String, V>) -> Option<&'a str> {
     let op = if name.contains("read") {
         "read"
     } else if name.contains("stat") {
@@ -260,62 +424,106 @@ fn main_op(p: &PhaseReport) -> Option<&'static str> {
     } else {
         "write"
     };
-    if p.latency.contains_key(op) {
-        Some(op)
-    } else {
-        ["open", "unlink", "stat"]
-            .into_iter()
-            .find(|o| p.latency.contains_key(*o))
-    }
+    [op, "open", "unlink", "stat"]
+        .into_iter()
+        .find_map(|o| latency.get_key_value(o).map(|(k, _)| k.as_str()))
 }
 
-/// The readable summary: one line per phase, then the latency percentiles.
+fn describe_config(r: &RunReport) -> String {
+    let c = &r.config;
+    let mut parts = vec![format!(
+        "{} client{}",
+        c.clients,
+        if c.clients == 1 { "" } else { "s" }
+    )];
+    match c.mode.as_str() {
+        "random" => parts.push(format!(
+            "random mode: {} initial trees, {} runs, seed {}",
+            c.initial_dirs, c.runs, r.seed
+        )),
+        "phases" => parts.push(format!("phases {}", c.phases.join(","))),
+        _ => {}
+    }
+    if c.scale < 1.0 {
+        parts.push(format!("scale {}", c.scale));
+    }
+    parts.push(
+        match (c.sync, c.drop_caches) {
+            (true, true) => "sync and cache drop per operation",
+            (true, false) => "sync per operation, caches kept",
+            (false, true) => "no sync, caches dropped",
+            (false, false) => "no sync, caches kept",
+        }
+        .to_string(),
+    );
+    if c.read_other {
+        parts.push(format!("reads {}", c.read_other_means));
+    }
+    parts.join("; ")
+}
+
+/// The readable summary: compilebench's per-phase averages, then the latency percentiles.
 pub fn table(r: &RunReport) -> String {
     let mut out = format!(
-        "loadgen {} on {} ({}, {} clients)\n\n",
-        r.command, r.target, r.environment.fs_type, r.config.clients
+        "loadgen {} on {} ({}; {})\n\n",
+        r.command,
+        r.target,
+        r.environment.fs_type,
+        describe_config(r)
     );
+    let summary = summary_of(r);
     out.push_str(&format!(
-        "{:<16} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10}\n",
-        "phase",
-        "MB/s",
-        "wall MB/s",
-        "min MB/s",
-        "max MB/s",
-        "files/s",
-        "first s",
-        "last s",
-        "skew ms"
+        "{:<16} {:>5} {:>10} {:>10} {:>9} {:>10} {:>9}\n",
+        "phase", "runs", "MB/s", "sum MB/s", "seconds", "files/s", "skew ms"
     ));
-    for p in &r.phases {
-        let min = p
-            .clients
-            .iter()
-            .map(|c| c.mb_s)
-            .fold(f64::INFINITY, f64::min);
-        let max = p.clients.iter().map(|c| c.mb_s).fold(0.0, f64::max);
+    let dash = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+    for s in &summary {
         out.push_str(&format!(
-            "{:<16} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>9.0} {:>9.3} {:>10.3} {:>10.2}\n",
-            p.name,
-            p.aggregate_mb_s,
-            p.wall_mb_s,
-            if min.is_finite() { min } else { 0.0 },
-            max,
-            p.files_per_s,
-            p.first_done_s,
-            p.last_done_s,
-            p.start_skew_s * 1000.0
+            "{:<16} {:>5} {:>10} {:>10} {:>9.2} {:>10.0} {:>9.1}\n",
+            s.name,
+            s.runs,
+            dash(s.avg_mb_s),
+            dash(s.avg_aggregate_mb_s),
+            s.avg_seconds,
+            s.avg_files_per_s,
+            s.max_start_skew_s * 1000.0
         ));
+    }
+    let partial = r.phases.iter().filter(|p| p.partial).count();
+    if partial > 0 {
+        out.push_str(&format!(
+            "({partial} round{} stopped part way and {} left out of the averages)\n",
+            if partial == 1 { "" } else { "s" },
+            if partial == 1 { "is" } else { "are" }
+        ));
+    }
+    out.push_str(
+        "MB/s: all clients' bytes over the time until the last one finished (averaged over \
+         the runs);\nsum MB/s: the sum of each client's own rate (compilebench's blog); \
+         delete and stat are timed in seconds.\n",
+    );
+    if r.config.clients > 1
+        && summary
+            .iter()
+            .any(|s| match (s.avg_mb_s, s.avg_aggregate_mb_s) {
+                (Some(w), Some(a)) => a > 2.0 * w,
+                _ => false,
+            })
+    {
+        out.push_str(
+            "note: the sum is more than twice the wall rate: the clients did not run at the \
+             same time (see skew), so the sum overstates what the system delivered.\n",
+        );
     }
     out.push_str(&format!(
         "\n{:<16} {:<9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
         "phase", "op", "count", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us"
     ));
-    for p in &r.phases {
-        for (op, l) in &p.latency {
+    for s in &summary {
+        for (op, l) in &s.latency {
             out.push_str(&format!(
                 "{:<16} {:<9} {:>10} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1}\n",
-                p.name, op, l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+                s.name, op, l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
             ));
         }
     }
@@ -337,31 +545,60 @@ impl RunReport {
     }
 }
 
-/// The clients x phase table of a sweep (aggregate MB/s), as the NERSC study shows it.
+/// The clients x phase table of a sweep, as the NERSC study shows it: each phase's wall
+/// MB/s (seconds for delete and stat), then the same with the sum of the clients' rates.
 pub fn sweep_table(runs: &[RunReport]) -> String {
-    let mut phases: Vec<String> = Vec::new();
-    for r in runs {
-        for p in &r.phases {
-            if !phases.contains(&p.name) {
-                phases.push(p.name.clone());
-            }
+    let mut names: Vec<String> = Vec::new();
+    let summaries: Vec<Vec<SummaryRow>> = runs.iter().map(summary_of).collect();
+    for s in summaries.iter().flatten() {
+        if !names.contains(&s.name) {
+            names.push(s.name.clone());
         }
     }
-    let mut out = format!("{:>8}", "clients");
-    for p in &phases {
-        out.push_str(&format!(" {:>16}", p));
-    }
-    out.push('\n');
-    for r in runs {
-        out.push_str(&format!("{:>8}", r.config.clients));
-        for name in &phases {
-            match r.phases.iter().find(|p| &p.name == name) {
-                Some(p) => out.push_str(&format!(" {:>16.2}", p.aggregate_mb_s)),
-                None => out.push_str(&format!(" {:>16}", "-")),
+    let mut out = String::new();
+    for (title, pick) in [
+        (
+            "wall MB/s (seconds for delete and stat)",
+            (|s: &SummaryRow| s.avg_mb_s.unwrap_or(s.avg_seconds)) as fn(&SummaryRow) -> f64,
+        ),
+        ("sum of the clients' MB/s", |s: &SummaryRow| {
+            s.avg_aggregate_mb_s.unwrap_or(s.avg_seconds)
+        }),
+    ] {
+        out.push_str(&format!("{title}\n{:>8}", "clients"));
+        for n in &names {
+            out.push_str(&format!(" {n:>16}"));
+        }
+        out.push('\n');
+        for (r, sum) in runs.iter().zip(&summaries) {
+            out.push_str(&format!("{:>8}", r.config.clients));
+            for n in &names {
+                match sum.iter().find(|s| &s.name == n) {
+                    Some(s) => out.push_str(&format!(" {:>16.2}", pick(s))),
+                    None => out.push_str(&format!(" {:>16}", "-")),
+                }
             }
+            out.push('\n');
         }
         out.push('\n');
     }
-    out.push_str("(aggregate MB/s: the sum of the clients' MB/s)\n");
     out
+}
+
+/// Every run of a sweep as CSV: the runs' rows, each with its client count first.
+pub fn sweep_csv(runs: &[RunReport]) -> Vec<u8> {
+    let mut out = String::new();
+    for (i, r) in runs.iter().enumerate() {
+        let csv = String::from_utf8_lossy(&to_csv(r)).into_owned();
+        for (n, line) in csv.lines().enumerate() {
+            if n == 0 {
+                if i == 0 {
+                    out.push_str(&format!("clients,{line}\n"));
+                }
+            } else {
+                out.push_str(&format!("{},{line}\n", r.config.clients));
+            }
+        }
+    }
+    out.into_bytes()
 }

@@ -239,6 +239,84 @@ impl Store {
         }
     }
 
+    /// Opens for reading and appending, creating the file (Python's `open(name, 'a+')`, as
+    /// compilebench opens every file it writes). `from_start`: reads start at the
+    /// beginning (compilebench's patch reads the file, truncates it, then writes);
+    /// otherwise the file is only appended to.
+    pub fn open_append(&mut self, p: &Path, from_start: bool) -> io::Result<Handle> {
+        match self {
+            Store::Local => OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(p)
+                .map(Handle::Local),
+            Store::Nfs(s) => {
+                let h = s.open_write(p, true)?;
+                match h {
+                    Handle::Nfs {
+                        fh,
+                        offset,
+                        unstable,
+                        eof,
+                    } => Ok(Handle::Nfs {
+                        fh,
+                        offset: if from_start { 0 } else { offset },
+                        unstable,
+                        eof,
+                    }),
+                    other => Ok(other),
+                }
+            }
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Truncates an open file to nothing; writes go on at its (new) end.
+    pub fn truncate(&mut self, h: &mut Handle) -> io::Result<()> {
+        match (self, h) {
+            (Store::Local, Handle::Local(f)) => f.set_len(0),
+            (
+                Store::Nfs(s),
+                Handle::Nfs {
+                    fh, offset, eof, ..
+                },
+            ) => {
+                s.set_size(fh, 0)?;
+                *offset = 0;
+                *eof = false;
+                Ok(())
+            }
+            (Store::Failed(m), _) => Err(Self::failed(m)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// The names in a directory, in the order the filesystem gives them, with what each
+    /// is (from the directory entry when it says; `.` and `..` left out).
+    pub fn readdir(&mut self, p: &Path) -> io::Result<Vec<(String, Kind)>> {
+        match self {
+            Store::Local => {
+                let mut out = Vec::new();
+                for e in fs::read_dir(p)? {
+                    let e = e?;
+                    let t = e.file_type()?;
+                    let kind = if t.is_dir() {
+                        Kind::Dir
+                    } else if t.is_file() {
+                        Kind::File
+                    } else {
+                        Kind::Other
+                    };
+                    out.push((e.file_name().to_string_lossy().into_owned(), kind));
+                }
+                Ok(out)
+            }
+            Store::Nfs(s) => s.readdir(p),
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
     /// Opens an existing regular file for reading (a symlink is refused, as O_NOFOLLOW).
     pub fn open_read(&mut self, p: &Path) -> io::Result<Handle> {
         match self {
@@ -719,6 +797,78 @@ impl NfsStore {
                 Ok(())
             }
             Some(s) => Err(nfs_error(s)),
+        }
+    }
+
+    fn set_size(&mut self, fh: &nfs_fh3, size: u64) -> io::Result<()> {
+        let args = nfs3::SETATTR3args {
+            object: fh.clone(),
+            new_attributes: sattr3 {
+                size: Nfs3Option::Some(size),
+                ..Default::default()
+            },
+            guard: Nfs3Option::None,
+        };
+        match self
+            .rt
+            .block_on(self.conn.setattr(&args))
+            .map_err(rpc_error)?
+        {
+            Nfs3Result::Ok(_) => Ok(()),
+            Nfs3Result::Err((stat, _)) => Err(nfs_error(stat)),
+        }
+    }
+
+    /// READDIRPLUS to the end (the types come with the names, as a kernel client's
+    /// readdir gets them).
+    fn readdir(&mut self, p: &Path) -> io::Result<Vec<(String, Kind)>> {
+        let fh = self.dir(p)?;
+        let mut out = Vec::new();
+        let mut cookie = 0;
+        let mut verf = nfs3::cookieverf3::default();
+        loop {
+            let args = nfs3::READDIRPLUS3args {
+                dir: fh.clone(),
+                cookie,
+                cookieverf: verf,
+                dircount: 16 * 1024,
+                maxcount: 64 * 1024,
+            };
+            let ok = match self
+                .rt
+                .block_on(self.conn.readdirplus(&args))
+                .map_err(rpc_error)?
+            {
+                Nfs3Result::Ok(ok) => ok,
+                Nfs3Result::Err((stat, _)) => return Err(nfs_error(stat)),
+            };
+            verf = ok.cookieverf;
+            let entries = &ok.reply.entries.0;
+            for e in entries {
+                cookie = e.cookie;
+                let name = e.name.0.as_ref();
+                if matches!(name, b"." | b"..") {
+                    continue;
+                }
+                let kind = match &e.name_attributes {
+                    Nfs3Option::Some(a) => match a.type_ {
+                        ftype3::NF3DIR => Kind::Dir,
+                        ftype3::NF3REG => Kind::File,
+                        _ => Kind::Other,
+                    },
+                    Nfs3Option::None => Kind::Other,
+                };
+                let name = String::from_utf8_lossy(name).into_owned();
+                if kind == Kind::Dir {
+                    if let Nfs3Option::Some(h) = &e.name_handle {
+                        self.dirs.insert(p.join(&name), h.clone());
+                    }
+                }
+                out.push((name, kind));
+            }
+            if ok.reply.eof || entries.is_empty() {
+                return Ok(out);
+            }
         }
     }
 

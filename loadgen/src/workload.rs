@@ -1,76 +1,20 @@
-//! The compilebench workload, pure: the kernel-tree file lists, the file set of each phase,
-//! and which tree state each phase needs and leaves.
+//! The compilebench workload, pure: the kernel-tree file lists, derived and ordered as
+//! compilebench 0.6 derives them, and the schedule of a run (which operation on which tree,
+//! after which untimed preparation) for compilebench's random mode and for a given phase
+//! sequence.
 //!
-//! The lists ship in `data/compilebench/` (see SOURCE.txt there for their origin and how each
-//! phase's set is derived, which this module follows).
+//! The lists ship in `data/compilebench/` (see SOURCE.txt there for their origin); how
+//! compilebench uses them, and where loadgen differs, is in doc/COMPILEBENCH.md.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+
+use crate::pyrandom::PyRandom;
 
 /// One file of a tree: path relative to the tree root, size in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub path: String,
     pub size: u64,
-}
-
-/// A set of files and the directories they imply (parents first).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FileSet {
-    pub files: Vec<Entry>,
-    pub dirs: Vec<String>,
-}
-
-impl FileSet {
-    /// A set from a list of files (sorted; directories derived).
-    pub fn from_files(files: Vec<Entry>) -> Self {
-        Self::new(files)
-    }
-
-    fn new(mut files: Vec<Entry>) -> Self {
-        files.sort_by(|a, b| a.path.cmp(&b.path));
-        let mut dirs = BTreeSet::new();
-        for f in &files {
-            let mut p = f.path.as_str();
-            while let Some((parent, _)) = p.rsplit_once('/') {
-                if !dirs.insert(parent.to_string()) {
-                    break;
-                }
-                p = parent;
-            }
-        }
-        // Parents sort before their children (a prefix sorts first).
-        Self {
-            files,
-            dirs: dirs.into_iter().collect(),
-        }
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
-    }
-
-    pub fn len(&self) -> usize {
-        self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
-    }
-
-    /// Keeps a deterministic fraction of the files (by a hash of the path, so the same file
-    /// is kept or dropped in every set).
-    pub fn scaled(&self, scale: f64) -> Self {
-        if scale >= 1.0 {
-            return self.clone();
-        }
-        FileSet::new(
-            self.files
-                .iter()
-                .filter(|f| keep(&f.path, scale))
-                .cloned()
-                .collect(),
-        )
-    }
 }
 
 fn keep(path: &str, scale: f64) -> bool {
@@ -81,7 +25,6 @@ fn keep(path: &str, scale: f64) -> bool {
     }
     (h % 1_000_000) as f64 / 1_000_000.0 < scale
 }
-
 /// Parses a dataset file: one `path size` a line.
 pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
     let mut out = Vec::new();
@@ -135,88 +78,157 @@ impl Datasets {
     }
 }
 
-fn minus_names(set: &[Entry], names: &[Entry]) -> Vec<Entry> {
-    let names: BTreeSet<&str> = names.iter().map(|e| e.path.as_str()).collect();
-    set.iter()
-        .filter(|e| !names.contains(e.path.as_str()))
-        .cloned()
-        .collect()
+/// compilebench's four lists, as it uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListId {
+    /// A clean tree: what create writes.
+    Unpatched,
+    /// What patching a clean unpatched tree writes: the patched tree's files whose size
+    /// differs from (or is absent in) the unpatched tree.
+    Patch,
+    /// What compiling an unpatched tree writes (and clean removes): the unpatched compiled
+    /// tree minus the source; in a seeded random order.
+    Compile,
+    /// What compiling a patched tree, patching a compiled tree and cleaning a patched
+    /// compiled tree write or remove: the patched compiled tree minus the patched source,
+    /// minus the entries of the same size in `Compile`.
+    CompilePatched,
 }
 
-/// Every file set the phases use, derived as compilebench does.
-#[derive(Debug, Clone)]
-pub struct Sets {
-    /// A clean unpatched tree (create, read, delete, stat).
-    pub source: FileSet,
-    /// A clean patched tree.
-    pub patched_source: FileSet,
-    /// What a patched tree holds: the unpatched tree with the patch written over it
-    /// (patching writes new and changed files; it removes nothing).
-    pub patched_tree: FileSet,
-    /// What compiling an unpatched tree adds (and clean removes).
-    pub compile: FileSet,
-    /// What patching an unpatched tree writes.
-    pub patch: FileSet,
-    /// What compiling a patched tree adds.
-    pub compile_patched: FileSet,
+pub const LISTS: [ListId; 4] = [
+    ListId::Unpatched,
+    ListId::Patch,
+    ListId::Compile,
+    ListId::CompilePatched,
+];
+
+/// The four lists, each in the order the run writes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lists {
+    pub unpatched: Vec<Entry>,
+    pub patch: Vec<Entry>,
+    pub compile: Vec<Entry>,
+    pub compile_patched: Vec<Entry>,
 }
 
-impl Sets {
-    pub fn derive(d: &Datasets) -> Self {
-        let compile_only = minus_names(&d.unpatched_compiled, &d.unpatched);
-        let unpatched_size: HashMap<&str, u64> = d
-            .unpatched
+impl Lists {
+    /// The lists as compilebench derives them: each dataset in its file's order, minus what
+    /// compilebench strips; `scale` keeps a deterministic fraction of the files (by a hash
+    /// of the path, so a file is kept or dropped in every list alike); then the compile list
+    /// is shuffled with `rng`, compilebench's first draw. The unpatched, patch and
+    /// patched-compile lists come out sorted (parents first); a run writes them in the
+    /// target's own readdir order (`native`), as compilebench does.
+    pub fn derive(d: &Datasets, scale: f64, rng: &mut PyRandom) -> Self {
+        let names =
+            |l: &[Entry]| -> BTreeSet<String> { l.iter().map(|e| e.path.clone()).collect() };
+        let sized = |l: &[Entry]| -> HashMap<String, u64> {
+            l.iter().map(|e| (e.path.clone(), e.size)).collect()
+        };
+        let unpatched_names = names(&d.unpatched);
+        let patched_names = names(&d.patched);
+        let unpatched_size = sized(&d.unpatched);
+        let compile: Vec<Entry> = d
+            .unpatched_compiled
             .iter()
-            .map(|e| (e.path.as_str(), e.size))
+            .filter(|e| !unpatched_names.contains(&e.path))
+            .cloned()
             .collect();
+        let compile_size = sized(&compile);
         let patch: Vec<Entry> = d
             .patched
             .iter()
-            .filter(|e| unpatched_size.get(e.path.as_str()) != Some(&e.size))
+            .filter(|e| unpatched_size.get(&e.path) != Some(&e.size))
             .cloned()
             .collect();
-        let compile_only_size: BTreeSet<(&str, u64)> = compile_only
+        let compile_patched: Vec<Entry> = d
+            .patched_compiled
             .iter()
-            .map(|e| (e.path.as_str(), e.size))
+            .filter(|e| !patched_names.contains(&e.path))
+            .filter(|e| compile_size.get(&e.path) != Some(&e.size))
+            .cloned()
             .collect();
-        let compile_patched: Vec<Entry> = minus_names(&d.patched_compiled, &d.patched)
-            .into_iter()
-            .filter(|e| !compile_only_size.contains(&(e.path.as_str(), e.size)))
-            .collect();
-        let mut patched_tree: BTreeMap<&str, u64> = d
-            .unpatched
-            .iter()
-            .map(|e| (e.path.as_str(), e.size))
-            .collect();
-        for e in &patch {
-            patched_tree.insert(e.path.as_str(), e.size);
-        }
-        let patched_tree = patched_tree
-            .into_iter()
-            .map(|(path, size)| Entry {
-                path: path.to_string(),
-                size,
-            })
-            .collect();
+        let scaled = |l: Vec<Entry>| -> Vec<Entry> {
+            if scale >= 1.0 {
+                l
+            } else {
+                l.into_iter().filter(|e| keep(&e.path, scale)).collect()
+            }
+        };
+        let sorted = |mut l: Vec<Entry>| {
+            l.sort_by(|a, b| a.path.cmp(&b.path));
+            l
+        };
+        let mut compile = scaled(compile);
+        rng.shuffle(&mut compile);
         Self {
-            source: FileSet::new(d.unpatched.clone()),
-            patched_source: FileSet::new(d.patched.clone()),
-            patched_tree: FileSet::new(patched_tree),
-            compile: FileSet::new(compile_only),
-            patch: FileSet::new(patch),
-            compile_patched: FileSet::new(compile_patched),
+            unpatched: sorted(scaled(d.unpatched.clone())),
+            patch: sorted(scaled(patch)),
+            compile,
+            compile_patched: sorted(scaled(compile_patched)),
         }
     }
 
-    pub fn scaled(&self, scale: f64) -> Self {
+    /// Lists for another workload: `files` is what create writes; the others are empty.
+    pub fn only(files: Vec<Entry>) -> Self {
         Self {
-            source: self.source.scaled(scale),
-            patched_source: self.patched_source.scaled(scale),
-            patched_tree: self.patched_tree.scaled(scale),
-            compile: self.compile.scaled(scale),
-            patch: self.patch.scaled(scale),
-            compile_patched: self.compile_patched.scaled(scale),
+            unpatched: files,
+            ..Self::default()
         }
+    }
+
+    pub fn get(&self, id: ListId) -> &[Entry] {
+        match id {
+            ListId::Unpatched => &self.unpatched,
+            ListId::Patch => &self.patch,
+            ListId::Compile => &self.compile,
+            ListId::CompilePatched => &self.compile_patched,
+        }
+    }
+
+    pub fn get_mut(&mut self, id: ListId) -> &mut Vec<Entry> {
+        match id {
+            ListId::Unpatched => &mut self.unpatched,
+            ListId::Patch => &mut self.patch,
+            ListId::Compile => &mut self.compile,
+            ListId::CompilePatched => &mut self.compile_patched,
+        }
+    }
+
+    /// The lists a run writes in the target's readdir order (compilebench's "native"
+    /// order); the compile list keeps its shuffle.
+    pub fn native(&self) -> [ListId; 3] {
+        [ListId::Unpatched, ListId::Patch, ListId::CompilePatched]
+    }
+
+    /// Puts `list` in `order` (paths as a walk of a tree made from it found them); paths
+    /// missing from `order` keep their place at the end.
+    pub fn reorder(&mut self, list: ListId, order: &[String]) {
+        let rank: HashMap<&str, usize> = order
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.as_str(), i))
+            .collect();
+        let l = self.get_mut(list);
+        l.sort_by_key(|e| rank.get(e.path.as_str()).copied().unwrap_or(usize::MAX));
+    }
+
+    /// Every directory the list's files imply, parents first.
+    pub fn dirs(entries: &[Entry]) -> Vec<String> {
+        let mut dirs = BTreeSet::new();
+        for f in entries {
+            let mut p = f.path.as_str();
+            while let Some((parent, _)) = p.rsplit_once('/') {
+                if !dirs.insert(parent.to_string()) {
+                    break;
+                }
+                p = parent;
+            }
+        }
+        dirs.into_iter().collect()
+    }
+
+    pub fn bytes(entries: &[Entry]) -> u64 {
+        entries.iter().map(|e| e.size).sum()
     }
 }
 
@@ -250,13 +262,14 @@ pub const ALL_PHASES: [Phase; 11] = [
     Phase::StatCompiled,
 ];
 
-/// The blog's four headline phases, run in this order by default.
-pub const DEFAULT_PHASES: [Phase; 4] = [
-    Phase::Create,
-    Phase::Compile,
-    Phase::ReadCompiled,
-    Phase::DeleteCompiled,
-];
+/// What a phase's rate means, as compilebench reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// MB/s of the bytes written or read (clean: of the files it removed, by their size).
+    MbPerS,
+    /// Seconds (delete and stat, which move no data).
+    Seconds,
+}
 
 impl Phase {
     pub fn name(self) -> &'static str {
@@ -279,7 +292,17 @@ impl Phase {
         ALL_PHASES.iter().copied().find(|p| p.name() == name)
     }
 
-    /// Phases that read a tree (and may read another client's with --read-other).
+    pub fn unit(self) -> Unit {
+        match self {
+            Phase::DeleteTree | Phase::DeleteCompiled | Phase::StatTree | Phase::StatCompiled => {
+                Unit::Seconds
+            }
+            _ => Unit::MbPerS,
+        }
+    }
+
+    /// Phases that only look at a tree (and may look at another client's with
+    /// --read-other).
     pub fn reads(self) -> bool {
         matches!(
             self,
@@ -288,107 +311,385 @@ impl Phase {
     }
 }
 
-/// What a client's current tree looks like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TreeState {
-    pub exists: bool,
-    pub patched: bool,
-    pub compiled: bool,
+/// compilebench's four states of a tree (its four directory hashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Unpatched,
+    Patched,
+    UnpatchedCompiled,
+    PatchedCompiled,
 }
 
-/// The untimed steps that bring a tree into the state a phase needs, then the phase.
-/// E.g. `read-compiled` on a fresh client: [create, compile] untimed, then the timed read.
-pub fn plan(state: TreeState, phase: Phase) -> Vec<Phase> {
-    let mut steps = Vec::new();
-    let mut s = state;
-    let need_tree = !matches!(phase, Phase::Create | Phase::InitialCreate);
-    if need_tree && !s.exists {
-        steps.push(Phase::Create);
-        s = TreeState {
-            exists: true,
-            ..TreeState::default()
+impl Kind {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn compiled(self) -> bool {
+        matches!(self, Kind::UnpatchedCompiled | Kind::PatchedCompiled)
+    }
+}
+
+/// What a step does to its tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// compilebench's run_directory: make the tree's directory, then for each file of the
+    /// list, in order: make its directory the first time it is seen (os.makedirs), unlink
+    /// it first if `unlink`, open it for appending (created if missing), read it whole and
+    /// truncate it if `read_first`, write it.
+    Write {
+        list: ListId,
+        unlink: bool,
+        read_first: bool,
+    },
+    /// clean: unlink every file of the list.
+    Unlink { list: ListId },
+    /// A top-down walk (os.walk) reading every file.
+    Read,
+    /// A bottom-up walk stating every file, then every subdirectory, of each directory.
+    Stat,
+    /// A bottom-up walk unlinking every file and removing every subdirectory (the tree's
+    /// own directory stays, as compilebench's rmrf leaves it).
+    Delete,
+}
+
+/// One operation on one tree of a client (`kernel-N`, N = `tree`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub phase: Phase,
+    pub tree: u32,
+    pub action: Action,
+}
+
+/// One timed operation, after the untimed steps that bring a tree into the state it needs;
+/// every client runs the same rounds (on trees of its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    pub prepare: Vec<Step>,
+    pub timed: Step,
+    /// Whether the timed operation ends with a sync (compilebench syncs every random-mode
+    /// operation, not the initial creates).
+    pub sync: bool,
+}
+
+/// compilebench's directory hashes: which trees are in which state, each in insertion
+/// order (Python dicts), and every name ever used (a deleted tree's directory stays).
+#[derive(Debug, Clone, Default)]
+struct Pool {
+    dirs: [Vec<u32>; 4],
+    used: BTreeSet<u32>,
+}
+
+impl Pool {
+    fn of(&self, k: Kind) -> &Vec<u32> {
+        &self.dirs[k.index()]
+    }
+    fn add(&mut self, k: Kind, tree: u32) {
+        self.used.insert(tree);
+        self.dirs[k.index()].push(tree);
+    }
+    fn take(&mut self, k: Kind, i: usize) -> u32 {
+        self.dirs[k.index()].remove(i)
+    }
+}
+
+fn write(list: ListId) -> Action {
+    Action::Write {
+        list,
+        unlink: false,
+        read_first: false,
+    }
+}
+
+/// compilebench's random mode: `initial` trees created (kernel-0..), then operations picked
+/// as compilebench 0.6 picks them with `rng` (seeded as compilebench's, after the shuffle
+/// of the compile list) until `runs` of them could run; an operation that finds no tree
+/// to work on is skipped and not counted, as in compilebench. Every timed operation ends
+/// with a sync when `sync`, the initial creates excepted.
+pub fn random_rounds(rng: &mut PyRandom, initial: usize, runs: usize, sync: bool) -> Vec<Round> {
+    use Kind::*;
+    let mut pool = Pool::default();
+    let mut rounds = Vec::new();
+    let round = |phase, tree, action, sync| Round {
+        prepare: Vec::new(),
+        timed: Step {
+            phase,
+            tree,
+            action,
+        },
+        sync,
+    };
+    for t in 0..initial as u32 {
+        rounds.push(round(
+            Phase::InitialCreate,
+            t,
+            write(ListId::Unpatched),
+            false,
+        ));
+        pool.add(Unpatched, t);
+    }
+    // Picks one of the non-empty sources; None when all are empty.
+    fn pick(rng: &mut PyRandom, pool: &Pool, from: &[Kind]) -> Option<(Kind, usize)> {
+        let good: Vec<Kind> = from
+            .iter()
+            .copied()
+            .filter(|k| !pool.of(*k).is_empty())
+            .collect();
+        if good.is_empty() {
+            return None;
+        }
+        let k = good[rng.below(good.len())];
+        let i = rng.below(pool.of(k).len());
+        Some((k, i))
+    }
+    let mut done = 0;
+    while done < runs {
+        let step = match rng.below(7) {
+            // patch_one_dir
+            0 => pick(rng, &pool, &[Unpatched, UnpatchedCompiled]).map(|(k, i)| {
+                let tree = pool.take(k, i);
+                let unlink = rng.randint(0, 3) == 1;
+                let (list, to) = if k == Unpatched {
+                    (ListId::Patch, Patched)
+                } else {
+                    (ListId::CompilePatched, PatchedCompiled)
+                };
+                pool.add(to, tree);
+                let action = Action::Write {
+                    list,
+                    unlink,
+                    read_first: true,
+                };
+                (Phase::Patch, tree, action)
+            }),
+            // compile_one_dir
+            1 => pick(rng, &pool, &[Unpatched, Patched]).map(|(k, i)| {
+                let tree = pool.take(k, i);
+                let (list, to) = if k == Unpatched {
+                    (ListId::Compile, UnpatchedCompiled)
+                } else {
+                    (ListId::CompilePatched, PatchedCompiled)
+                };
+                pool.add(to, tree);
+                (Phase::Compile, tree, write(list))
+            }),
+            // clean_one_dir
+            2 => pick(rng, &pool, &[PatchedCompiled, UnpatchedCompiled]).map(|(k, i)| {
+                let tree = pool.take(k, i);
+                let (list, to) = if k == PatchedCompiled {
+                    (ListId::CompilePatched, Patched)
+                } else {
+                    (ListId::Compile, Unpatched)
+                };
+                pool.add(to, tree);
+                (Phase::Clean, tree, Action::Unlink { list })
+            }),
+            // delete_one_dir
+            3 => pick(
+                rng,
+                &pool,
+                &[Patched, Unpatched, UnpatchedCompiled, PatchedCompiled],
+            )
+            .map(|(k, i)| {
+                let tree = pool.take(k, i);
+                let phase = if k.compiled() {
+                    Phase::DeleteCompiled
+                } else {
+                    Phase::DeleteTree
+                };
+                (phase, tree, Action::Delete)
+            }),
+            // create_one_dir
+            4 => {
+                let mut tree = rng.randint(100, 100_000) as u32;
+                while pool.used.contains(&tree) {
+                    tree = rng.randint(100, 100_000) as u32;
+                }
+                pool.add(Unpatched, tree);
+                Some((Phase::Create, tree, write(ListId::Unpatched)))
+            }
+            // read_one_dir, stat_one_dir
+            n => pick(
+                rng,
+                &pool,
+                &[Patched, Unpatched, UnpatchedCompiled, PatchedCompiled],
+            )
+            .map(|(k, i)| {
+                let tree = pool.of(k)[i];
+                let (phase, action) = match (n == 5, k.compiled()) {
+                    (true, false) => (Phase::ReadTree, Action::Read),
+                    (true, true) => (Phase::ReadCompiled, Action::Read),
+                    (false, false) => (Phase::StatTree, Action::Stat),
+                    (false, true) => (Phase::StatCompiled, Action::Stat),
+                };
+                (phase, tree, action)
+            }),
         };
+        if let Some((phase, tree, action)) = step {
+            rounds.push(round(phase, tree, action, sync));
+            done += 1;
+        }
     }
-    let need_compiled = matches!(
-        phase,
-        Phase::Clean | Phase::ReadCompiled | Phase::DeleteCompiled | Phase::StatCompiled
-    );
-    let need_clean = matches!(
-        phase,
-        Phase::Compile | Phase::DeleteTree | Phase::StatTree | Phase::ReadTree
-    );
-    if need_compiled && !s.compiled {
-        steps.push(Phase::Compile);
-    }
-    if need_clean && s.compiled {
-        steps.push(Phase::Clean);
-    }
-    if phase == Phase::Patch && s.patched {
-        // compilebench patches clean, unpatched trees: start a fresh one.
-        steps.push(Phase::DeleteTree);
-        steps.push(Phase::Create);
-    }
-    steps
+    rounds
 }
 
-/// The state a phase leaves.
-pub fn after(state: TreeState, phase: Phase) -> TreeState {
-    match phase {
-        Phase::InitialCreate | Phase::Create => TreeState {
-            exists: true,
-            ..TreeState::default()
-        },
-        Phase::Patch => TreeState {
-            patched: true,
-            ..state
-        },
-        Phase::Compile => TreeState {
-            compiled: true,
-            ..state
-        },
-        Phase::Clean => TreeState {
-            compiled: false,
-            ..state
-        },
-        Phase::DeleteTree | Phase::DeleteCompiled => TreeState::default(),
-        _ => state,
-    }
-}
-
-/// The files a tree in `state` holds.
-pub fn tree_files(sets: &Sets, state: TreeState) -> Vec<&FileSet> {
-    let mut v = Vec::new();
-    if !state.exists {
-        return v;
-    }
-    v.push(if state.patched {
-        &sets.patched_tree
-    } else {
-        &sets.source
-    });
-    if state.compiled {
-        v.push(if state.patched {
-            &sets.compile_patched
+/// A given phase sequence on one tree a client: each phase after the untimed steps that
+/// bring the tree into the state it needs (a create starts a new tree, kernel-0, 1, ...;
+/// a patch of a tree already patched starts a new one too). `rng` draws the patches'
+/// unlinks as compilebench does (one time in four).
+pub fn phase_rounds(rng: &mut PyRandom, phases: &[Phase], sync: bool) -> Vec<Round> {
+    use Kind::*;
+    let mut rounds = Vec::new();
+    let mut next = 0u32;
+    let mut cur: Option<(u32, Kind)> = None;
+    for &phase in phases {
+        let mut prepare = Vec::new();
+        let step = |phase, tree, action| Step {
+            phase,
+            tree,
+            action,
+        };
+        let mut create = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
+            prepare.push(step(Phase::Create, next, write(ListId::Unpatched)));
+            *cur = Some((next, Unpatched));
+            next += 1;
+        };
+        let compile = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
+            if let Some((t, k)) = *cur {
+                let (list, to) = if k == Unpatched {
+                    (ListId::Compile, UnpatchedCompiled)
+                } else {
+                    (ListId::CompilePatched, PatchedCompiled)
+                };
+                prepare.push(step(Phase::Compile, t, write(list)));
+                *cur = Some((t, to));
+            }
+        };
+        let clean = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
+            if let Some((t, k)) = *cur {
+                let (list, to) = if k == UnpatchedCompiled {
+                    (ListId::Compile, Unpatched)
+                } else {
+                    (ListId::CompilePatched, Patched)
+                };
+                prepare.push(step(Phase::Clean, t, Action::Unlink { list }));
+                *cur = Some((t, to));
+            }
+        };
+        let needs_compiled = matches!(
+            phase,
+            Phase::Clean | Phase::ReadCompiled | Phase::StatCompiled | Phase::DeleteCompiled
+        );
+        let needs_clean = matches!(
+            phase,
+            Phase::Compile | Phase::ReadTree | Phase::StatTree | Phase::DeleteTree
+        );
+        if matches!(phase, Phase::Create | Phase::InitialCreate) {
+            cur = None;
+        } else if phase == Phase::Patch {
+            if !matches!(cur, Some((_, Unpatched | UnpatchedCompiled))) {
+                create(&mut prepare, &mut cur);
+            }
         } else {
-            &sets.compile
+            if cur.is_none() {
+                create(&mut prepare, &mut cur);
+            }
+            let compiled = cur.is_some_and(|(_, k)| k.compiled());
+            if needs_compiled && !compiled {
+                compile(&mut prepare, &mut cur);
+            }
+            if needs_clean && compiled {
+                clean(&mut prepare, &mut cur);
+            }
+        }
+        let (tree, kind) = match cur {
+            Some(c) => c,
+            None => {
+                // A create: a new tree.
+                next += 1;
+                (next - 1, Unpatched)
+            }
+        };
+        let (action, after) = match phase {
+            Phase::InitialCreate | Phase::Create => (write(ListId::Unpatched), Some(Unpatched)),
+            Phase::Patch => {
+                let unlink = rng.randint(0, 3) == 1;
+                let (list, to) = if kind == Unpatched {
+                    (ListId::Patch, Patched)
+                } else {
+                    (ListId::CompilePatched, PatchedCompiled)
+                };
+                let a = Action::Write {
+                    list,
+                    unlink,
+                    read_first: true,
+                };
+                (a, Some(to))
+            }
+            Phase::Compile => {
+                let (list, to) = if kind == Unpatched {
+                    (ListId::Compile, UnpatchedCompiled)
+                } else {
+                    (ListId::CompilePatched, PatchedCompiled)
+                };
+                (write(list), Some(to))
+            }
+            Phase::Clean => {
+                let (list, to) = if kind == UnpatchedCompiled {
+                    (ListId::Compile, Unpatched)
+                } else {
+                    (ListId::CompilePatched, Patched)
+                };
+                (Action::Unlink { list }, Some(to))
+            }
+            Phase::ReadTree | Phase::ReadCompiled => (Action::Read, Some(kind)),
+            Phase::StatTree | Phase::StatCompiled => (Action::Stat, Some(kind)),
+            Phase::DeleteTree | Phase::DeleteCompiled => (Action::Delete, None),
+        };
+        cur = after.map(|k| (tree, k));
+        rounds.push(Round {
+            prepare,
+            timed: step(phase, tree, action),
+            sync,
         });
     }
-    v
+    rounds
 }
 
-/// A seeded sequence of phases for compilebench's random mode (`--runs N`): after the
-/// initial create, each run picks one of the other phases.
-pub fn random_phases(seed: u64, runs: usize) -> Vec<Phase> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let choices = &ALL_PHASES[1..];
-    let mut out = vec![Phase::InitialCreate];
-    for _ in 0..runs {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.push(choices[(x % choices.len() as u64) as usize]);
+/// What a run does: the lists and the rounds.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub lists: Lists,
+    pub rounds: Vec<Round>,
+}
+
+/// How the rounds are chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Schedule {
+    /// compilebench's random mode: initial trees, then runs.
+    Random { initial: usize, runs: usize },
+    /// These phases in this order.
+    Phases(Vec<Phase>),
+}
+
+impl Workload {
+    /// The compilebench workload: lists and rounds from one random stream seeded with
+    /// `seed` (compilebench: 555), drawn in compilebench's order.
+    pub fn compilebench(
+        d: &Datasets,
+        scale: f64,
+        seed: u64,
+        schedule: &Schedule,
+        sync: bool,
+    ) -> Self {
+        let mut rng = PyRandom::new(seed);
+        let lists = Lists::derive(d, scale, &mut rng);
+        let rounds = match schedule {
+            Schedule::Random { initial, runs } => random_rounds(&mut rng, *initial, *runs, sync),
+            Schedule::Phases(p) => phase_rounds(&mut rng, p, sync),
+        };
+        Self { lists, rounds }
     }
-    out
 }
 
 #[cfg(test)]
@@ -396,6 +697,10 @@ mod tests {
     use super::*;
 
     const MIB: f64 = 1024.0 * 1024.0;
+
+    fn lists() -> Lists {
+        Lists::derive(&Datasets::embedded(), 1.0, &mut PyRandom::new(555))
+    }
 
     #[test]
     fn dataset_counts_and_bytes_match_source_txt() {
@@ -414,54 +719,76 @@ mod tests {
             d.patched_compiled.iter().map(|e| e.size).sum::<u64>(),
             965_056_765
         );
-        let s = Sets::derive(&d);
-        assert_eq!(s.source.dirs.len(), 1_263);
-        assert_eq!(s.compile.len(), 3_263);
-        assert_eq!(format!("{:.1}", s.compile.bytes() as f64 / MIB), "680.6");
-        assert_eq!(s.patch.len(), 6_136);
-        assert_eq!(format!("{:.1}", s.patch.bytes() as f64 / MIB), "109.7");
-        assert_eq!(s.compile_patched.len(), 2_573);
+        let l = lists();
+        assert_eq!(Lists::dirs(&l.unpatched).len(), 1_263);
+        assert_eq!(l.compile.len(), 3_263);
         assert_eq!(
-            format!("{:.1}", s.compile_patched.bytes() as f64 / MIB),
+            format!("{:.1}", Lists::bytes(&l.compile) as f64 / MIB),
+            "680.6"
+        );
+        assert_eq!(l.patch.len(), 6_136);
+        assert_eq!(
+            format!("{:.1}", Lists::bytes(&l.patch) as f64 / MIB),
+            "109.7"
+        );
+        assert_eq!(l.compile_patched.len(), 2_573);
+        assert_eq!(
+            format!("{:.1}", Lists::bytes(&l.compile_patched) as f64 / MIB),
             "691.6"
         );
     }
 
     #[test]
-    fn dirs_come_parents_first() {
-        let s = FileSet::new(vec![
-            Entry {
-                path: "a/b/c.c".into(),
-                size: 1,
-            },
-            Entry {
-                path: "a/d.c".into(),
-                size: 2,
-            },
-            Entry {
-                path: "e.c".into(),
-                size: 3,
-            },
-        ]);
-        assert_eq!(s.dirs, vec!["a".to_string(), "a/b".to_string()]);
-        assert_eq!(s.bytes(), 6);
+    fn the_compile_list_is_shuffled_by_the_seed_and_the_others_sorted() {
+        let a = lists();
+        let b = Lists::derive(&Datasets::embedded(), 1.0, &mut PyRandom::new(7));
+        assert_ne!(a.compile, b.compile);
+        let mut sa = a.compile.clone();
+        sa.sort_by(|x, y| x.path.cmp(&y.path));
+        let mut sb = b.compile.clone();
+        sb.sort_by(|x, y| x.path.cmp(&y.path));
+        assert_eq!(sa, sb, "the same files, in another order");
+        assert!(a.unpatched.windows(2).all(|w| w[0].path < w[1].path));
     }
 
     #[test]
     fn scaling_is_deterministic_and_consistent() {
-        let s = Sets::derive(&Datasets::embedded());
-        let small = s.scaled(0.05);
-        assert_eq!(small.source, s.scaled(0.05).source);
-        let ratio = small.source.len() as f64 / s.source.len() as f64;
+        let full = lists();
+        let small = Lists::derive(&Datasets::embedded(), 0.05, &mut PyRandom::new(555));
+        let ratio = small.unpatched.len() as f64 / full.unpatched.len() as f64;
         assert!((0.03..0.07).contains(&ratio), "{ratio}");
-        // A file kept in one set is kept in every set it appears in.
-        let kept: BTreeSet<&str> = small.source.files.iter().map(|f| f.path.as_str()).collect();
-        for f in &s.patched_source.files {
-            let in_small = small.patched_source.files.iter().any(|g| g.path == f.path);
-            if s.source.files.iter().any(|g| g.path == f.path) {
-                assert_eq!(in_small, kept.contains(f.path.as_str()));
+        // A file kept in one list is kept in every list it appears in.
+        let kept: BTreeSet<&str> = small.unpatched.iter().map(|f| f.path.as_str()).collect();
+        let small_patch: BTreeSet<&str> = small.patch.iter().map(|f| f.path.as_str()).collect();
+        for f in &full.patch {
+            if full.unpatched.iter().any(|g| g.path == f.path) {
+                assert_eq!(
+                    small_patch.contains(f.path.as_str()),
+                    kept.contains(f.path.as_str())
+                );
             }
         }
+    }
+
+    #[test]
+    fn reorder_follows_a_walk_and_keeps_the_rest() {
+        let mut l = Lists::only(vec![
+            Entry {
+                path: "a/x".into(),
+                size: 1,
+            },
+            Entry {
+                path: "b".into(),
+                size: 2,
+            },
+            Entry {
+                path: "c".into(),
+                size: 3,
+            },
+        ]);
+        l.reorder(ListId::Unpatched, &["c".into(), "a/x".into()]);
+        let order: Vec<&str> = l.unpatched.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(order, ["c", "a/x", "b"]);
     }
 
     #[test]
@@ -474,33 +801,115 @@ mod tests {
         assert_eq!(parse("a b/c.c 5\n").expect("space in name").len(), 1);
     }
 
-    #[test]
-    fn plans_prepare_the_needed_tree_state() {
-        let fresh = TreeState::default();
-        assert_eq!(
-            plan(fresh, Phase::ReadCompiled),
-            vec![Phase::Create, Phase::Compile]
-        );
-        assert_eq!(plan(fresh, Phase::Create), vec![]);
-        let compiled = after(after(fresh, Phase::Create), Phase::Compile);
-        assert_eq!(plan(compiled, Phase::DeleteTree), vec![Phase::Clean]);
-        assert_eq!(plan(compiled, Phase::DeleteCompiled), vec![]);
-        let patched = after(after(fresh, Phase::Create), Phase::Patch);
-        assert_eq!(
-            plan(patched, Phase::Patch),
-            vec![Phase::DeleteTree, Phase::Create]
-        );
-        assert_eq!(
-            tree_files(&Sets::derive(&Datasets::embedded()), compiled).len(),
-            2
-        );
+    /// Plays rounds against a model of the trees' states and checks that every timed
+    /// step finds its tree in a state compilebench would run it on.
+    fn check_rounds(rounds: &[Round]) {
+        use std::collections::HashMap;
+        let mut state: HashMap<u32, Kind> = HashMap::new();
+        let mut ever: BTreeSet<u32> = BTreeSet::new();
+        for r in rounds {
+            for s in r.prepare.iter().chain(std::iter::once(&r.timed)) {
+                let k = state.get(&s.tree).copied();
+                let next = match s.action {
+                    Action::Write {
+                        list: ListId::Unpatched,
+                        ..
+                    } => {
+                        assert!(ever.insert(s.tree), "a create reuses kernel-{}", s.tree);
+                        Some(Kind::Unpatched)
+                    }
+                    Action::Write {
+                        list, read_first, ..
+                    } => match (k, list, read_first) {
+                        (Some(Kind::Unpatched), ListId::Patch, true) => Some(Kind::Patched),
+                        (Some(Kind::UnpatchedCompiled), ListId::CompilePatched, true) => {
+                            Some(Kind::PatchedCompiled)
+                        }
+                        (Some(Kind::Unpatched), ListId::Compile, false) => {
+                            Some(Kind::UnpatchedCompiled)
+                        }
+                        (Some(Kind::Patched), ListId::CompilePatched, false) => {
+                            Some(Kind::PatchedCompiled)
+                        }
+                        other => panic!("{:?} on {other:?}", s.phase),
+                    },
+                    Action::Unlink { list } => match (k, list) {
+                        (Some(Kind::UnpatchedCompiled), ListId::Compile) => Some(Kind::Unpatched),
+                        (Some(Kind::PatchedCompiled), ListId::CompilePatched) => {
+                            Some(Kind::Patched)
+                        }
+                        other => panic!("clean on {other:?}"),
+                    },
+                    Action::Read | Action::Stat | Action::Delete => {
+                        let k = k.unwrap_or_else(|| panic!("{:?} of no tree", s.phase));
+                        let compiled_phase = matches!(
+                            s.phase,
+                            Phase::ReadCompiled | Phase::StatCompiled | Phase::DeleteCompiled
+                        );
+                        assert_eq!(k.compiled(), compiled_phase, "{:?} on {k:?}", s.phase);
+                        (s.action != Action::Delete).then_some(k)
+                    }
+                };
+                match next {
+                    Some(n) => state.insert(s.tree, n),
+                    None => state.remove(&s.tree),
+                };
+            }
+        }
     }
 
     #[test]
-    fn random_mode_is_seeded() {
-        assert_eq!(random_phases(7, 30), random_phases(7, 30));
-        assert_ne!(random_phases(7, 30), random_phases(8, 30));
-        assert_eq!(random_phases(7, 30)[0], Phase::InitialCreate);
-        assert_eq!(random_phases(7, 30).len(), 31);
+    fn every_phase_sequence_runs_on_a_tree_in_the_state_it_needs() {
+        // Every pair and triple of phases, from a fresh client.
+        for a in ALL_PHASES {
+            for b in ALL_PHASES {
+                for c in ALL_PHASES {
+                    let rounds = phase_rounds(&mut PyRandom::new(1), &[a, b, c], true);
+                    assert_eq!(rounds.len(), 3);
+                    check_rounds(&rounds);
+                }
+            }
+        }
+        // The bug of the first version: patching a compiled tree, then reading it.
+        let r = phase_rounds(
+            &mut PyRandom::new(555),
+            &[
+                Phase::Create,
+                Phase::Compile,
+                Phase::Patch,
+                Phase::ReadCompiled,
+            ],
+            true,
+        );
+        assert!(
+            r[2].prepare.is_empty(),
+            "a compiled tree is patched as it is"
+        );
+        assert_eq!(
+            r[2].timed.action,
+            Action::Write {
+                list: ListId::CompilePatched,
+                unlink: matches!(r[2].timed.action, Action::Write { unlink: true, .. }),
+                read_first: true
+            }
+        );
+        assert!(r[3].prepare.is_empty());
+    }
+
+    #[test]
+    fn random_mode_runs_on_every_seed_and_counts_only_what_ran() {
+        for seed in 0..200 {
+            let rounds = random_rounds(&mut PyRandom::new(seed), 3, 60, true);
+            assert_eq!(rounds.len(), 63);
+            check_rounds(&rounds);
+            assert!(rounds[..3]
+                .iter()
+                .all(|r| !r.sync && r.timed.phase == Phase::InitialCreate));
+            assert!(rounds[3..].iter().all(|r| r.sync && r.prepare.is_empty()));
+        }
+        // With no initial tree the first counted operation can only be a create.
+        let r = random_rounds(&mut PyRandom::new(555), 0, 5, false);
+        assert_eq!(r[0].timed.phase, Phase::Create);
+        assert!((100..=100_000).contains(&r[0].timed.tree));
     }
 }

@@ -43,7 +43,7 @@ fn validate_against(file: &str, v: &serde_json::Value) {
 }
 
 fn validate(v: &serde_json::Value) {
-    validate_against("result-v1.schema.json", v);
+    validate_against("result-v2.schema.json", v);
 }
 
 #[test]
@@ -62,7 +62,6 @@ fn every_phase_runs_and_its_json_matches_the_schema() {
         "0.02",
         "--phases",
         phases,
-        "--sync",
         "--json",
         json.to_str().expect("utf8"),
         "--csv",
@@ -73,14 +72,31 @@ fn every_phase_runs_and_its_json_matches_the_schema() {
     validate(&v);
     assert_eq!(v["complete"], true);
     assert_eq!(v["phases"].as_array().expect("phases").len(), 11);
+    assert_eq!(v["config"]["mode"], "phases");
+    assert_eq!(v["config"]["sync"], true, "compilebench syncs by default");
     for p in v["phases"].as_array().expect("phases") {
-        assert!(
-            p["aggregate_mb_s"].as_f64().expect("mb") > 0.0,
-            "{}",
-            p["name"]
-        );
+        let name = p["name"].as_str().expect("name");
+        // compilebench's units: MB/s for what moves data, seconds for delete and stat.
+        if name.starts_with("delete") || name.starts_with("stat") {
+            assert_eq!(p["unit"], "seconds", "{name}");
+            assert!(
+                p["aggregate_mb_s"].is_null() && p["wall_mb_s"].is_null(),
+                "{name}"
+            );
+            assert!(p["clients"][0]["mb_s"].is_null(), "{name}");
+        } else {
+            assert_eq!(p["unit"], "MB/s", "{name}");
+            assert!(p["aggregate_mb_s"].as_f64().expect("mb") > 0.0, "{name}");
+        }
+        assert!(p["seconds"].as_f64().expect("s") > 0.0, "{name}");
+        assert_eq!(p["partial"], false);
         assert_eq!(p["clients"].as_array().expect("c").len(), 2);
+        assert!(
+            p["latency"]["sync"]["count"].as_u64().expect("sync") >= 2,
+            "{name}"
+        );
     }
+    assert_eq!(v["summary"].as_array().expect("summary").len(), 11);
     assert_eq!(v["phases"][2]["name"], "patch");
     assert!(
         v["phases"][2]["latency"]["read"]["count"]
@@ -96,7 +112,7 @@ fn every_phase_runs_and_its_json_matches_the_schema() {
         .iter()
         .any(|a| a == "--scale"));
     let csv = std::fs::read_to_string(&csv).expect("csv");
-    assert!(csv.starts_with("phase,client,mb_s"));
+    assert!(csv.starts_with("round,phase,tree,client,wall_mb_s"));
     assert_eq!(csv.lines().count(), 1 + 11 * 3);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -112,7 +128,7 @@ fn a_non_empty_target_is_refused_unless_allowed_and_foreign_files_stay() {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(dir.path().join("thesis.odt"), "keep").expect("foreign");
     let d = dir.path().to_str().expect("utf8");
-    let o = loadgen(&["compilebench", d, "--scale", "0.01"]);
+    let o = loadgen(&["compilebench", d, "--scale", "0.01", "--phases", "create"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("not empty"),
@@ -124,7 +140,15 @@ fn a_non_empty_target_is_refused_unless_allowed_and_foreign_files_stay() {
         1,
         "nothing created"
     );
-    let o = loadgen(&["compilebench", d, "--scale", "0.01", "--allow-nonempty"]);
+    let o = loadgen(&[
+        "compilebench",
+        d,
+        "--scale",
+        "0.01",
+        "--phases",
+        "create,delete-tree",
+        "--allow-nonempty",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         std::fs::read_to_string(dir.path().join("thesis.odt")).expect("kept"),
@@ -240,7 +264,12 @@ fn sweep_prints_the_clients_by_phase_table() {
         .lines()
         .filter(|l| l.trim_start().starts_with(['1', '3']))
         .collect();
-    assert_eq!(rows.len(), 2, "{s}");
+    // The wall rates, then the sums of the clients' rates: one row a client count each.
+    assert_eq!(rows.len(), 4, "{s}");
+    assert!(
+        s.contains("wall MB/s") && s.contains("sum of the clients"),
+        "{s}"
+    );
     assert!(s.contains("create") && s.contains("read-tree"), "{s}");
 }
 
@@ -323,6 +352,8 @@ fn compilebench_accounts(target: &str, extra: &[&str]) -> serde_json::Value {
         "2",
         "--scale",
         "0.02",
+        "--phases",
+        "create,compile,read-compiled,delete-compiled",
         "--json",
         json.to_str().expect("utf8"),
     ];
@@ -359,7 +390,8 @@ fn compilebench_accounts(target: &str, extra: &[&str]) -> serde_json::Value {
         create + compile,
         "delete-compiled deletes every file written"
     );
-    for name in ["create", "compile", "read-compiled", "delete-compiled"] {
+    assert!(phase("delete-compiled")["seconds"].as_f64().expect("s") > 0.0);
+    for name in ["create", "compile", "read-compiled"] {
         let sum = phase(name)["aggregate_mb_s"].as_f64().expect("mb");
         let wall = phase(name)["wall_mb_s"].as_f64().expect("wall");
         assert!(sum > 0.0 && wall > 0.0, "{name}");
@@ -491,6 +523,8 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         &ssh,
         "--scale",
         "0.01",
+        "--phases",
+        "create,read-tree",
         "--json",
         json.to_str().expect("utf8"),
     ]);

@@ -1,5 +1,5 @@
-//! The engine on a real directory: what each phase leaves on disk, the start barrier,
-//! histogram merging, and that only loadgen's own files are ever deleted.
+//! The engine on a real directory: what each round leaves on disk (against a model of the
+//! schedule), the start barrier, histogram merging, and that a delete stays inside the tree.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,30 +8,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadgen::engine::{self, Config, Latencies, Op, Progress};
-use loadgen::workload::{self, Datasets, Phase, Sets, TreeState};
+use loadgen::workload::{Action, Datasets, Lists, Phase, Schedule, Workload};
 
-fn sets(scale: f64) -> Arc<Sets> {
-    Arc::new(Sets::derive(&Datasets::embedded()).scaled(scale))
+fn workload(scale: f64, phases: &[Phase]) -> Arc<Workload> {
+    Arc::new(Workload::compilebench(
+        &Datasets::embedded(),
+        scale,
+        555,
+        &Schedule::Phases(phases.to_vec()),
+        false,
+    ))
 }
 
-fn config(dir: &Path, clients: usize, phases: &[Phase], sets: Arc<Sets>) -> Config {
+fn config(dir: &Path, clients: usize, w: Arc<Workload>) -> Config {
     Config {
         target: loadgen::store::Target::Local(dir.to_path_buf()),
         run_dir: dir.to_path_buf(),
         clients,
-        phases: phases.to_vec(),
-        sets,
+        client_base: 0,
+        workload: w,
         write_size: 256 * 1024,
         fsync: false,
-        sync: false,
         drop_caches: false,
         read_other: false,
+        native_order: true,
         cleanup: false,
+        threads: Config::default_threads(clients),
     }
 }
 
 fn run(cfg: &Config) -> Vec<engine::PhaseResult> {
-    engine::run(cfg, &Progress::default(), &AtomicBool::new(false), |_| {})
+    engine::run(cfg, &Progress::default(), &AtomicBool::new(false), |_| {}).phases
 }
 
 /// Every regular file below `root`: relative path -> size.
@@ -56,158 +63,125 @@ fn walk(root: &Path) -> BTreeMap<String, u64> {
     out
 }
 
-fn expected(sets: &Sets, state: TreeState) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    if state.exists && state.patched {
-        // A patched tree: the source, with the patch set's files at their new sizes.
-        for f in sets.source.files.iter().chain(&sets.patch.files) {
-            out.insert(f.path.clone(), f.size);
-        }
-        if state.compiled {
-            for f in &sets.compile_patched.files {
-                out.insert(f.path.clone(), f.size);
+/// What the schedule's steps leave, played on a plain model: a write appends to a file
+/// (after truncating it when the step reads it first), clean unlinks its list, a delete
+/// empties the tree.
+fn model(w: &Workload) -> BTreeMap<String, u64> {
+    let mut files: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &w.rounds {
+        for s in r.prepare.iter().chain(std::iter::once(&r.timed)) {
+            let prefix = format!("kernel-{}/", s.tree);
+            match s.action {
+                Action::Write {
+                    list, read_first, ..
+                } => {
+                    for e in w.lists.get(list) {
+                        let size = files.entry(format!("{prefix}{}", e.path)).or_insert(0);
+                        *size = if read_first { e.size } else { *size + e.size };
+                    }
+                }
+                Action::Unlink { list } => {
+                    for e in w.lists.get(list) {
+                        assert!(
+                            files.remove(&format!("{prefix}{}", e.path)).is_some(),
+                            "clean of a file not there"
+                        );
+                    }
+                }
+                Action::Delete => files.retain(|k, _| !k.starts_with(&prefix)),
+                Action::Read | Action::Stat => {}
             }
         }
-        return out;
     }
-    for set in workload::tree_files(sets, state) {
-        for f in &set.files {
-            out.insert(f.path.clone(), f.size);
-        }
-    }
-    out
+    files
 }
 
 #[test]
-fn each_phase_leaves_exactly_the_expected_files() {
-    let s = sets(0.03);
-    let cases: Vec<(Vec<Phase>, TreeState)> = vec![
-        (
-            vec![Phase::Create],
-            TreeState {
-                exists: true,
-                ..Default::default()
-            },
-        ),
-        (
-            vec![Phase::Create, Phase::Compile],
-            TreeState {
-                exists: true,
-                compiled: true,
-                patched: false,
-            },
-        ),
-        (
-            vec![Phase::Compile, Phase::Clean],
-            TreeState {
-                exists: true,
-                ..Default::default()
-            },
-        ),
-        (
-            vec![Phase::Patch],
-            TreeState {
-                exists: true,
-                patched: true,
-                compiled: false,
-            },
-        ),
-        (
-            vec![Phase::Patch, Phase::Compile],
-            TreeState {
-                exists: true,
-                patched: true,
-                compiled: true,
-            },
-        ),
-        (vec![Phase::Patch, Phase::DeleteTree], TreeState::default()),
-        (
-            vec![Phase::ReadCompiled, Phase::StatCompiled],
-            TreeState {
-                exists: true,
-                compiled: true,
-                patched: false,
-            },
-        ),
-        (
-            vec![Phase::ReadTree, Phase::StatTree],
-            TreeState {
-                exists: true,
-                ..Default::default()
-            },
-        ),
-        (vec![Phase::Create, Phase::DeleteTree], TreeState::default()),
-        (
-            vec![Phase::Compile, Phase::DeleteCompiled],
-            TreeState::default(),
-        ),
+fn every_phase_sequence_leaves_the_files_its_schedule_says() {
+    use Phase::*;
+    let cases: Vec<Vec<Phase>> = vec![
+        vec![Create],
+        vec![Create, Compile],
+        vec![Compile, Clean],
+        vec![Patch],
+        vec![Patch, Compile],
+        vec![Patch, Compile, Clean, ReadTree],
+        // Patching a compiled tree, then reading it (it stopped with ENOENT once).
+        vec![Create, Compile, Patch, ReadCompiled],
+        vec![Compile, Patch, Clean, StatTree, DeleteTree],
+        vec![Patch, Patch, DeleteTree],
+        vec![Compile, DeleteCompiled, StatCompiled],
+        vec![InitialCreate, Create, ReadTree],
     ];
-    for (phases, state) in cases {
+    for phases in cases {
+        let w = workload(0.03, &phases);
         let tmp = tempfile::tempdir().expect("tmp");
-        let results = run(&config(tmp.path(), 1, &phases, s.clone()));
+        let results = run(&config(tmp.path(), 1, w.clone()));
         assert_eq!(results.len(), phases.len());
-        for r in &results {
+        for (r, p) in results.iter().zip(&phases) {
+            assert_eq!(r.phase, *p);
             assert!(r.error().is_none(), "{phases:?}: {:?}", r.error());
+            let c = &r.clients[0];
+            assert!(c.files + c.dirs > 0, "{phases:?}: {} did no work", p.name());
         }
-        let trees: Vec<_> = std::fs::read_dir(tmp.path().join("client-0"))
-            .map(|d| d.map(|e| e.expect("e").path()).collect())
-            .unwrap_or_default();
-        let found = trees
-            .iter()
-            .map(|t| walk(t))
-            .fold(BTreeMap::new(), |mut a, b| {
-                a.extend(b);
-                a
-            });
-        assert_eq!(found, expected(&s, state), "after {phases:?}");
-        // The phase reports what it did.
-        let last = results.last().expect("phase");
-        let files: u64 = last.clients.iter().map(|c| c.files).sum();
-        assert!(files > 0, "{phases:?}: the timed phase did work");
+        assert_eq!(
+            walk(&tmp.path().join("client-0")),
+            model(&w),
+            "after {phases:?}"
+        );
     }
 }
 
 #[test]
 fn create_writes_and_read_reads_every_byte() {
-    let s = sets(0.02);
+    let w = workload(0.02, &[Phase::Create, Phase::ReadTree]);
+    let tree = &w.lists.unpatched;
     let tmp = tempfile::tempdir().expect("tmp");
-    let r = run(&config(
-        tmp.path(),
-        2,
-        &[Phase::Create, Phase::ReadTree],
-        s.clone(),
-    ));
+    let r = run(&config(tmp.path(), 2, w.clone()));
     for c in &r[0].clients {
-        assert_eq!(c.bytes, s.source.bytes());
-        assert_eq!(c.files, s.source.len() as u64);
+        assert_eq!(c.bytes, Lists::bytes(tree));
+        assert_eq!(c.files, tree.len() as u64);
+        assert_eq!(c.dirs, Lists::dirs(tree).len() as u64 + 1, "the root too");
     }
     for c in &r[1].clients {
-        assert_eq!(c.bytes, s.source.bytes(), "read must read the whole tree");
+        assert_eq!(c.bytes, Lists::bytes(tree), "read must read the whole tree");
+        assert_eq!(c.files, tree.len() as u64);
     }
     let writes = r[0].latencies.count(Op::Write);
-    let expected_writes: u64 = s
-        .source
-        .files
+    let expected_writes: u64 = tree
         .iter()
         .map(|f| f.size.div_ceil(256 * 1024))
         .sum::<u64>()
         * 2;
     assert_eq!(writes, expected_writes, "256 KiB writes, as compilebench");
-    assert_eq!(r[0].latencies.count(Op::Open), 2 * s.source.len() as u64);
+    assert_eq!(r[0].latencies.count(Op::Open), 2 * tree.len() as u64);
+    // Every file read ends with one read that finds the end, counted apart.
+    assert_eq!(r[1].latencies.count(Op::ReadEof), 2 * tree.len() as u64);
+    let data_reads: u64 = tree
+        .iter()
+        .map(|f| f.size.div_ceil(256 * 1024))
+        .sum::<u64>()
+        * 2;
+    assert_eq!(r[1].latencies.count(Op::Read), data_reads);
+    // A fresh tree's directories are all made: no mkdir failed.
+    assert_eq!(
+        r[0].latencies.count(Op::Mkdir),
+        2 * (Lists::dirs(tree).len() as u64 + 1)
+    );
 }
 
-/// The start barrier, seen on disk: when every client has prepared a phase and none has
+/// The start barrier, seen on disk: when every client has prepared a round and none has
 /// started it (the moment `run_with_gate` calls the gate), every client's preparation is
 /// complete and no client's timed work has begun.
 #[test]
-fn clients_start_each_phase_together() {
-    let s = sets(0.01);
+fn clients_start_each_round_together() {
     let tmp = tempfile::tempdir().expect("tmp");
     let clients = 6;
     // Create (nothing to prepare), DeleteTree (nothing to prepare), StatTree (prepared by
     // creating a new tree, untimed).
     let phases = [Phase::Create, Phase::DeleteTree, Phase::StatTree];
-    let cfg = config(tmp.path(), clients, &phases, s.clone());
+    let w = workload(0.01, &phases);
+    let cfg = config(tmp.path(), clients, w.clone());
     let at_gate: std::sync::Mutex<Vec<(usize, BTreeMap<String, u64>)>> = Default::default();
     let gate = |i: usize| {
         let seen = walk(tmp.path());
@@ -220,7 +194,8 @@ fn clients_start_each_phase_together() {
         &AtomicBool::new(false),
         &gate,
         |_| {},
-    );
+    )
+    .phases;
     assert_eq!(r.len(), phases.len());
     for p in &r {
         assert!(p.error().is_none(), "{}: {:?}", p.phase.name(), p.error());
@@ -232,17 +207,12 @@ fn clients_start_each_phase_together() {
     }
     // Every client's tree `t`, complete, as paths below the run directory.
     let trees = |t: u32| -> BTreeMap<String, u64> {
-        let one = expected(
-            &s,
-            TreeState {
-                exists: true,
-                ..Default::default()
-            },
-        );
         (0..clients)
             .flat_map(|c| {
-                one.iter()
-                    .map(move |(p, n)| (format!("client-{c}/tree-{t}/{p}"), *n))
+                w.lists
+                    .unpatched
+                    .iter()
+                    .map(move |e| (format!("client-{c}/kernel-{t}/{}", e.path), e.size))
             })
             .collect()
     };
@@ -254,19 +224,19 @@ fn clients_start_each_phase_together() {
             .expect("gate called")
             .1
     };
-    assert_eq!(at_gate.len(), phases.len(), "one gate a phase");
+    assert_eq!(at_gate.len(), phases.len(), "one gate a round");
     assert!(
         at(0).is_empty(),
         "no client began creating before the others"
     );
     assert_eq!(
         *at(1),
-        trees(1),
+        trees(0),
         "no client began deleting before the others"
     );
     assert_eq!(
         *at(2),
-        trees(2),
+        trees(1),
         "every client had prepared its new tree before any began"
     );
 }
@@ -291,7 +261,7 @@ fn merged_histograms_equal_one_histogram_of_all_values() {
     m.merge(&a);
     m.merge(&b);
     for op in [Op::Write, Op::Read] {
-        let (x, y) = (m.get(op), all.get(op));
+        let (x, y) = (m.get(op).expect("merged"), all.get(op).expect("all"));
         assert_eq!(x.len(), y.len());
         assert_eq!(x.max(), y.max());
         for q in [0.5, 0.9, 0.99, 0.999] {
@@ -304,31 +274,51 @@ fn merged_histograms_equal_one_histogram_of_all_values() {
     }
 }
 
+/// A delete walks the tree without following symlinks: a link to a directory outside
+/// goes, what it points at stays.
 #[test]
-fn delete_leaves_files_loadgen_did_not_create() {
-    let s = sets(0.01);
+fn delete_stays_inside_the_tree() {
+    let w = workload(0.01, &[Phase::Create, Phase::DeleteTree]);
     let tmp = tempfile::tempdir().expect("tmp");
-    let cfg = config(tmp.path(), 1, &[Phase::Create], s.clone());
-    run(&cfg);
-    let tree = tmp.path().join("client-0/tree-1");
-    let foreign_dir = tree.join(&s.source.dirs[0]);
-    std::fs::write(foreign_dir.join("precious.txt"), "not loadgen's").expect("foreign");
-    // Same run dir, a new run that deletes its tree: our files go, the foreign one stays.
-    let mut cfg = config(tmp.path(), 1, &[Phase::Create, Phase::DeleteTree], s);
-    cfg.run_dir = tmp.path().to_path_buf();
-    let r = engine::run(&cfg, &Progress::default(), &AtomicBool::new(false), |_| {});
-    assert!(r.iter().all(|p| p.error().is_none()));
-    // tree-1 of this run is the same directory: its own files were deleted first.
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("precious.txt"), "not loadgen's").expect("write");
+    let run_dir = tmp.path().join("run");
+    std::fs::create_dir(&run_dir).expect("mkdir");
+    let mut cfg = config(&run_dir, 1, w.clone());
+    cfg.run_dir = run_dir.clone();
+    // The create runs, then, at the gate of the delete, a link appears in the tree.
+    let gate = |i: usize| {
+        if i == 1 {
+            std::os::unix::fs::symlink(
+                outside.path(),
+                run_dir
+                    .join("client-0/kernel-0")
+                    .join(&Lists::dirs(&w.lists.unpatched)[0])
+                    .join("link"),
+            )
+            .expect("symlink");
+        }
+        true
+    };
+    let r = engine::run_with_gate(
+        &cfg,
+        &Progress::default(),
+        &AtomicBool::new(false),
+        &gate,
+        |_| {},
+    )
+    .phases;
+    assert!(
+        r.iter().all(|p| p.error().is_none()),
+        "{:?}",
+        r.last().and_then(|p| p.error())
+    );
     assert_eq!(
-        std::fs::read_to_string(foreign_dir.join("precious.txt")).expect("kept"),
+        std::fs::read_to_string(outside.path().join("precious.txt")).expect("kept"),
         "not loadgen's"
     );
     assert!(
-        r[1].clients[0]
-            .warnings
-            .iter()
-            .any(|w| w.contains("did not create")),
-        "{:?}",
-        r[1].clients[0].warnings
+        walk(&run_dir.join("client-0")).is_empty(),
+        "the tree is gone"
     );
 }

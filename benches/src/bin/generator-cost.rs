@@ -6,6 +6,7 @@
 //!
 //! Usage: generator-cost DIR [--scale F] [--rounds N]
 
+use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loadgen::engine::{self, Config, Progress};
-use loadgen::workload::{Datasets, FileSet, Phase, Sets};
+use loadgen::workload::{Datasets, Entry, Lists, Phase, Schedule, Workload};
 
 fn user_cpu() -> Duration {
     // SAFETY: getrusage fills a zeroed rusage for this process.
@@ -25,17 +26,27 @@ fn user_cpu() -> Duration {
         + Duration::from_micros(ru.ru_utime.tv_usec as u64)
 }
 
-/// The replay loop: mkdir every directory, create every file with O_APPEND and 256 KiB
-/// writes, close. No timing, no bookkeeping.
-fn replay_create(root: &Path, set: &FileSet, buf: &[u8]) {
+/// The replay loop, the calls compilebench makes: mkdir the tree, then for each file make
+/// its directory the first time it is seen (stat the parent, mkdir), open it for appending
+/// (created), write it in 256 KiB pieces, close. No timing, no bookkeeping.
+fn replay_create(root: &Path, list: &[Entry], buf: &[u8]) {
     fs::create_dir(root).expect("mkdir");
-    for d in &set.dirs {
-        fs::create_dir(root.join(d)).expect("mkdir");
-    }
-    for f in &set.files {
+    let mut seen = HashSet::new();
+    for f in list {
+        if let Some((d, _)) = f.path.rsplit_once('/') {
+            if seen.insert(d.to_string()) {
+                makedirs(&root.join(d));
+                let mut p = d;
+                while let Some((parent, _)) = p.rsplit_once('/') {
+                    seen.insert(parent.to_string());
+                    p = parent;
+                }
+            }
+        }
         let mut file = OpenOptions::new()
-            .create(true)
+            .read(true)
             .append(true)
+            .create(true)
             .open(root.join(&f.path))
             .expect("create");
         let mut left = f.size as usize;
@@ -47,21 +58,33 @@ fn replay_create(root: &Path, set: &FileSet, buf: &[u8]) {
     }
 }
 
-fn replay_read(root: &Path, set: &FileSet, buf: &mut [u8]) {
-    for f in &set.files {
-        let mut file = fs::File::open(root.join(&f.path)).expect("open");
-        while file.read(buf).expect("read") > 0 {}
+fn makedirs(d: &Path) {
+    if let Some(parent) = d.parent() {
+        if fs::metadata(parent).is_err() {
+            makedirs(parent);
+        }
     }
+    let _ = fs::create_dir(d);
 }
 
-fn replay_delete(root: &Path, set: &FileSet) {
-    for f in &set.files {
-        fs::remove_file(root.join(&f.path)).expect("unlink");
+/// os.walk top-down: list a directory, read its files, then for each subdirectory check
+/// it is no symlink and go in.
+fn replay_read(dir: &Path, buf: &mut [u8]) {
+    let mut subdirs = Vec::new();
+    for e in fs::read_dir(dir).expect("readdir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_dir() {
+            subdirs.push(e.path());
+        } else {
+            let mut file = fs::File::open(e.path()).expect("open");
+            while file.read(buf).expect("read") > 0 {}
+        }
     }
-    for d in set.dirs.iter().rev() {
-        fs::remove_dir(root.join(d)).expect("rmdir");
+    for d in subdirs {
+        if !fs::symlink_metadata(&d).expect("lstat").is_symlink() {
+            replay_read(&d, buf);
+        }
     }
-    fs::remove_dir(root).expect("rmdir");
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -84,8 +107,31 @@ fn main() {
     };
     let scale = get("--scale", 1.0);
     let rounds = get("--rounds", 5.0) as usize;
-    let sets = Arc::new(Sets::derive(&Datasets::embedded()).scaled(scale));
-    let set = &sets.source;
+    let phases = [Phase::Create, Phase::ReadTree, Phase::DeleteTree];
+    let workload = Arc::new(Workload::compilebench(
+        &Datasets::embedded(),
+        scale,
+        555,
+        &Schedule::Phases(phases.to_vec()),
+        false,
+    ));
+    let mut cfg = Config {
+        target: loadgen::store::Target::Local(dir.to_path_buf()),
+        run_dir: dir.to_path_buf(),
+        clients: 1,
+        client_base: 0,
+        workload: workload.clone(),
+        write_size: 256 * 1024,
+        fsync: false,
+        drop_caches: false,
+        read_other: false,
+        native_order: true,
+        cleanup: true,
+        threads: 1,
+    };
+    // The replay writes the tree in the order loadgen does (the target's readdir order).
+    let lists = engine::native_order(&cfg, &workload.lists).expect("native order");
+    let set = &lists.unpatched;
     let files = set.len() as f64;
     let buf = vec![0x5au8; 256 * 1024];
     let mut rbuf = vec![0u8; 256 * 1024];
@@ -96,7 +142,7 @@ fn main() {
         "generator cost on {} ({fsinfo}): {} files, {:.1} MiB, {rounds} rounds, interleaved",
         dir.display(),
         set.len(),
-        set.bytes() as f64 / 1048576.0
+        Lists::bytes(set) as f64 / 1048576.0
     );
     let (mut rc, mut rr, mut lc, mut lr) = (vec![], vec![], vec![], vec![]);
     let (mut rcpu, mut lcpu) = (vec![], vec![]);
@@ -108,30 +154,18 @@ fn main() {
         replay_create(&root, set, &buf);
         let create = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        replay_read(&root, set, &mut rbuf);
+        replay_read(&root, &mut rbuf);
         let read = t.elapsed().as_secs_f64();
         rcpu.push((user_cpu() - cpu0).as_secs_f64());
-        replay_delete(&root, set);
+        fs::remove_dir_all(&root).expect("rm -r");
         rc.push(create);
         rr.push(read);
         // loadgen's engine, same tree, one client.
         let run_dir = dir.join(format!("loadgen-{round}"));
         fs::create_dir(&run_dir).expect("mkdir");
-        let cfg = Config {
-            target: loadgen::store::Target::Local(dir.to_path_buf()),
-            run_dir: run_dir.clone(),
-            clients: 1,
-            phases: vec![Phase::Create, Phase::ReadTree, Phase::DeleteTree],
-            sets: sets.clone(),
-            write_size: 256 * 1024,
-            fsync: false,
-            sync: false,
-            drop_caches: false,
-            read_other: false,
-            cleanup: true,
-        };
+        cfg.run_dir = run_dir.clone();
         let cpu0 = user_cpu();
-        let r = engine::run(&cfg, &Progress::default(), &AtomicBool::new(false), |_| {});
+        let r = engine::run(&cfg, &Progress::default(), &AtomicBool::new(false), |_| {}).phases;
         let cpu = (user_cpu() - cpu0).as_secs_f64();
         let secs = |i: usize| r[i].clients[0].seconds();
         lc.push(secs(0));
