@@ -276,6 +276,9 @@ pub struct Config {
     pub cleanup: bool,
     /// Worker threads (at most this many calls in flight).
     pub threads: usize,
+    /// The longest a round (its preparation, its timed part, the cleanup) may take; past
+    /// it the run stops, naming the target that did not answer.
+    pub phase_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -789,8 +792,10 @@ struct Board {
     shutdown: bool,
 }
 
-struct Pool<'a> {
-    cfg: &'a Config,
+/// The workers' shared state: owned (not borrowed), so that workers stuck in a call that
+/// never returns (a hung server) can be left behind when a round's deadline passes.
+struct Pool {
+    cfg: Config,
     lists: Lists,
     tasks: Vec<Mutex<Task>>,
     workers: Vec<Mutex<Worker>>,
@@ -799,15 +804,24 @@ struct Pool<'a> {
     done: Condvar,
     /// The moment the current pass was released.
     epoch: Mutex<Instant>,
-    stop: &'a AtomicBool,
-    progress: &'a Progress,
+    /// Set to make every client stop at its next unit (an interrupt).
+    halt: AtomicBool,
+    files_done: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Pool<'_> {
+/// How a pass ended.
+struct Pass {
+    clients: Vec<ClientResult>,
+    latencies: Latencies,
+    /// The deadline passed with calls still in flight: the pool cannot be used again.
+    hung: bool,
+}
+
+impl Pool {
     fn worker(&self, w: usize) {
         loop {
             let id = {
@@ -830,14 +844,14 @@ impl Pool<'_> {
                     task.started = true;
                     task.result.start = epoch.elapsed();
                 }
-                let r = if self.stop.load(Ordering::Relaxed) {
+                let r = if self.halt.load(Ordering::Relaxed) {
                     Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"))
                 } else {
                     let mut ctx = Ctx {
-                        cfg: self.cfg,
+                        cfg: &self.cfg,
                         lists: &self.lists,
                         worker: &mut worker,
-                        progress: &self.progress.files_done,
+                        progress: &self.files_done,
                     };
                     task.unit(&mut ctx)
                 };
@@ -870,9 +884,17 @@ impl Pool<'_> {
         }
     }
 
-    /// Gives every client its jobs and runs them to the end; returns the clients' results
-    /// and the workers' histograms (taken, so the next pass starts afresh).
-    fn pass(&self, jobs: impl Fn(usize) -> Vec<Cursor>) -> (Vec<ClientResult>, Latencies) {
+    /// Gives every client its jobs and runs them to the end, or until `deadline` (then
+    /// the clients still at work are reported as not answering); `stop` makes every
+    /// client stop at its next unit. Returns the clients' results and the workers'
+    /// histograms (taken, so the next pass starts afresh).
+    fn pass(
+        &self,
+        jobs: impl Fn(usize) -> Vec<Cursor>,
+        deadline: Option<Duration>,
+        stop: &AtomicBool,
+        progress: &Progress,
+    ) -> Pass {
         let n = self.tasks.len();
         for (id, t) in self.tasks.iter().enumerate() {
             let mut t = lock(t);
@@ -888,32 +910,78 @@ impl Pool<'_> {
         for w in &self.workers {
             lock(w).lat = Latencies::new();
         }
-        *lock(&self.epoch) = Instant::now();
+        self.files_done.store(0, Ordering::Relaxed);
+        let released = Instant::now();
+        *lock(&self.epoch) = released;
+        let mut hung = false;
         {
             let mut b = lock(&self.board);
             b.queue = (0..n).collect();
             b.remaining = n;
             self.work.notify_all();
             while b.remaining > 0 {
-                b = self.done.wait(b).unwrap_or_else(|p| p.into_inner());
+                let (g, _) = self
+                    .done
+                    .wait_timeout(b, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner());
+                b = g;
+                progress
+                    .files_done
+                    .store(self.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+                if stop.load(Ordering::Relaxed) {
+                    self.halt.store(true, Ordering::Relaxed);
+                }
+                if deadline.is_some_and(|d| released.elapsed() > d) {
+                    hung = true;
+                    self.halt.store(true, Ordering::Relaxed);
+                    b.queue.clear();
+                    break;
+                }
             }
         }
-        let results = self
-            .tasks
-            .iter()
-            .map(|t| std::mem::take(&mut lock(t).result))
-            .collect();
-        let mut lat = Latencies::new();
-        for w in &self.workers {
-            lat.merge(&std::mem::take(&mut lock(w).lat));
+        let mut clients = Vec::with_capacity(n);
+        for (id, t) in self.tasks.iter().enumerate() {
+            // A task still held is in a call that has not returned.
+            match t.try_lock() {
+                Ok(mut t) if t.done || !hung => clients.push(std::mem::take(&mut t.result)),
+                Ok(mut t) => {
+                    let mut r = std::mem::take(&mut t.result);
+                    r.end = released.elapsed();
+                    r.error = Some(no_answer(deadline));
+                    clients.push(r);
+                }
+                Err(_) => clients.push(ClientResult {
+                    client: self.cfg.client_base + id,
+                    end: released.elapsed(),
+                    error: Some(no_answer(deadline)),
+                    ..ClientResult::default()
+                }),
+            }
         }
-        (results, lat)
+        let mut latencies = Latencies::new();
+        for w in &self.workers {
+            if let Ok(mut w) = w.try_lock() {
+                latencies.merge(&std::mem::take(&mut w.lat));
+            }
+        }
+        Pass {
+            clients,
+            latencies,
+            hung,
+        }
     }
 
     fn shutdown(&self) {
         lock(&self.board).shutdown = true;
         self.work.notify_all();
     }
+}
+
+fn no_answer(deadline: Option<Duration>) -> String {
+    format!(
+        "no answer within the phase timeout ({} s): a call to the target has not returned",
+        deadline.map(|d| d.as_secs()).unwrap_or(0)
+    )
 }
 
 /// Finds the target's readdir order for each native list: writes the list as a tree of
@@ -977,10 +1045,15 @@ pub struct Outcome {
     pub phases: Vec<PhaseResult>,
     /// What the cleanup could not remove, and why.
     pub left: Vec<String>,
+    /// A round passed its deadline with calls to the target still in flight: worker
+    /// threads are stuck in them (the process should report and exit) and nothing was
+    /// cleaned up.
+    pub hung: bool,
 }
 
 /// Runs every round with all clients; `on_phase` gets each round's result as soon as it
-/// is done (to write results out). Stops after the first round in which a client failed.
+/// is done (to write results out). Stops after the first round in which a client failed,
+/// or once `stop` is set (every client stops at its next unit; the round is partial).
 pub fn run(
     cfg: &Config,
     progress: &Progress,
@@ -999,8 +1072,7 @@ pub fn run_with_gate(
     gate: &(dyn Fn(usize) -> bool + Sync),
     mut on_phase: impl FnMut(&PhaseResult),
 ) -> Outcome {
-    let mut results = Vec::new();
-    let mut left = Vec::new();
+    let mut out = Outcome::default();
     let rounds: &[Round] = &cfg.workload.rounds;
     let fail_all = |phase: Phase, tree: u32, e: String| {
         let clients = (0..cfg.clients)
@@ -1035,16 +1107,13 @@ pub fn run_with_gate(
     if let (Some(e), Some((phase, tree))) = (setup_err, first) {
         let pr = fail_all(phase, tree, e);
         on_phase(&pr);
-        results.push(pr);
-        return Outcome {
-            phases: results,
-            left,
-        };
+        out.phases.push(pr);
+        return out;
     }
     let threads = cfg.threads.clamp(1, cfg.clients.max(1));
     let buf = data_buffer(cfg.write_size);
-    let pool = Pool {
-        cfg,
+    let pool = Arc::new(Pool {
+        cfg: cfg.clone(),
         lists,
         tasks: (0..cfg.clients)
             .map(|id| {
@@ -1071,75 +1140,112 @@ pub fn run_with_gate(
         work: Condvar::new(),
         done: Condvar::new(),
         epoch: Mutex::new(Instant::now()),
-        stop,
-        progress,
-    };
+        halt: AtomicBool::new(false),
+        files_done: AtomicU64::new(0),
+    });
+    let handles: Vec<_> = (0..threads)
+        .map(|w| {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.worker(w))
+        })
+        .collect();
     let n = cfg.clients;
-    std::thread::scope(|scope| {
-        for w in 0..threads {
-            let pool = &pool;
-            scope.spawn(move || pool.worker(w));
-        }
-        for (i, round) in rounds.iter().enumerate() {
-            progress.phase.store(i as u64, Ordering::Relaxed);
-            progress.files_done.store(0, Ordering::Relaxed);
-            // Untimed preparation.
-            let (prep, _) = pool.pass(|id| {
+    let deadline = cfg.phase_timeout;
+    for (i, round) in rounds.iter().enumerate() {
+        progress.phase.store(i as u64, Ordering::Relaxed);
+        // Untimed preparation.
+        let prep = pool.pass(
+            |id| {
                 round
                     .prepare
                     .iter()
                     .map(|s| Task::cursor(cfg, id, n, s))
                     .collect()
-            });
-            let prep_err = prep.iter().find_map(|c| c.error.clone());
-            // What the preparation wrote is flushed before the timed part, not in it.
-            if round.sync && prep_err.is_none() {
-                let _ = setup.syncfs(&cfg.run_dir);
-            }
-            if cfg.drop_caches {
-                drop_caches();
-            }
-            let go = gate(i);
-            let pr = match (prep_err, go) {
-                (Some(e), _) => fail_all(
-                    round.timed.phase,
-                    round.timed.tree,
-                    format!("preparing {}: {e}", round.timed.phase.name()),
+            },
+            deadline,
+            stop,
+            progress,
+        );
+        if prep.hung {
+            let pr = fail_all(
+                round.timed.phase,
+                round.timed.tree,
+                format!(
+                    "preparing {}: {}",
+                    round.timed.phase.name(),
+                    no_answer(deadline)
                 ),
-                (None, false) => fail_all(
-                    round.timed.phase,
-                    round.timed.tree,
-                    "cancelled: another host could not start the phase".to_string(),
-                ),
-                (None, true) => {
-                    progress.files_done.store(0, Ordering::Relaxed);
-                    let (clients, lat) = pool.pass(|id| {
+            );
+            on_phase(&pr);
+            out.phases.push(pr);
+            out.hung = true;
+            return out;
+        }
+        let prep_err = prep.clients.iter().find_map(|c| c.error.clone());
+        // What the preparation wrote is flushed before the timed part, not in it.
+        if round.sync && prep_err.is_none() {
+            let _ = setup.syncfs(&cfg.run_dir);
+        }
+        if cfg.drop_caches {
+            drop_caches();
+        }
+        let go = gate(i);
+        let mut hung = false;
+        let pr = match (prep_err, go) {
+            (Some(e), _) => fail_all(
+                round.timed.phase,
+                round.timed.tree,
+                format!("preparing {}: {e}", round.timed.phase.name()),
+            ),
+            (None, false) => fail_all(
+                round.timed.phase,
+                round.timed.tree,
+                "cancelled: another host could not start the phase".to_string(),
+            ),
+            (None, true) => {
+                let p = pool.pass(
+                    |id| {
                         let mut jobs = vec![Task::cursor(cfg, id, n, &round.timed)];
                         if round.sync {
                             jobs.push(Cursor::Sync(false));
                         }
                         jobs
-                    });
-                    let phase = round.timed.phase;
-                    let clients = clients
-                        .into_iter()
-                        .map(|mut c| {
-                            c.error = c.error.map(|e| format!("{}: {e}", phase.name()));
-                            c
-                        })
-                        .collect();
-                    PhaseResult::new(phase, round.timed.tree, clients, lat)
-                }
-            };
-            on_phase(&pr);
-            let failed = pr.error().is_some() || stop.load(Ordering::Acquire);
-            results.push(pr);
-            if failed {
-                break;
+                    },
+                    deadline,
+                    stop,
+                    progress,
+                );
+                hung = p.hung;
+                let phase = round.timed.phase;
+                let clients = p
+                    .clients
+                    .into_iter()
+                    .map(|mut c| {
+                        c.error = c.error.map(|e| format!("{}: {e}", phase.name()));
+                        c
+                    })
+                    .collect();
+                PhaseResult::new(phase, round.timed.tree, clients, p.latencies)
             }
+        };
+        on_phase(&pr);
+        let failed = pr.error().is_some() || stop.load(Ordering::Acquire);
+        out.phases.push(pr);
+        if hung {
+            // Workers are stuck in calls that have not returned: leave them.
+            out.hung = true;
+            return out;
         }
-        if cfg.cleanup {
-            let (cleaned, _) = pool.pass(|id| {
+        if failed {
+            break;
+        }
+    }
+    if cfg.cleanup {
+        // After an interrupt too: clients go on to the end of the cleanup.
+        pool.halt.store(false, Ordering::Relaxed);
+        let never = AtomicBool::new(false);
+        let cleaned = pool.pass(
+            |id| {
                 vec![Cursor::Walk {
                     kind: WalkKind::Delete,
                     root: Task::client_dir(cfg, id),
@@ -1148,13 +1254,21 @@ pub fn run_with_gate(
                     frames: Vec::new(),
                     remove_root: true,
                 }]
-            });
-            left.extend(cleaned.into_iter().filter_map(|c| c.error));
+            },
+            deadline,
+            &never,
+            progress,
+        );
+        out.hung = cleaned.hung;
+        out.left
+            .extend(cleaned.clients.into_iter().filter_map(|c| c.error));
+        if out.hung {
+            return out;
         }
-        pool.shutdown();
-    });
-    Outcome {
-        phases: results,
-        left,
     }
+    pool.shutdown();
+    for h in handles {
+        let _ = h.join();
+    }
+    out
 }

@@ -208,6 +208,13 @@ struct RunOpts {
     /// Worker threads, at most this many calls in flight (default: one a client, up to 64).
     #[arg(long)]
     threads: Option<usize>,
+    /// Seconds a round (and the cleanup) may take before the run stops as hung, naming the
+    /// target or host that did not answer.
+    #[arg(long, default_value_t = 3600)]
+    phase_timeout: u64,
+    /// Seconds an NFS call (nfs:// targets) may wait for the server before it fails.
+    #[arg(long, default_value_t = 60)]
+    io_timeout: u64,
     #[command(flatten)]
     out: OutputOpts,
     /// Run the clients on these hosts (comma-separated), one `loadgen agent` each, started
@@ -254,6 +261,8 @@ enum Error {
     User(String),
     /// The run failed: exit 1.
     Failed(String),
+    /// Stopped by SIGINT or SIGTERM, cleanly: exit 130.
+    Interrupted(String),
 }
 
 fn user(msg: impl Into<String>) -> Error {
@@ -267,9 +276,14 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-/// The target named on the command line: a directory, or an `nfs://` URL.
-fn parse_target(dir: &Path) -> Result<Target, Error> {
-    Target::parse(&dir.to_string_lossy()).map_err(user)
+/// The target named on the command line: a directory, or an `nfs://` URL (whose calls
+/// wait at most `io_timeout` seconds for the server).
+fn parse_target(dir: &Path, io_timeout: u64) -> Result<Target, Error> {
+    let mut t = Target::parse(&dir.to_string_lossy()).map_err(user)?;
+    if let Target::Nfs(url) = &mut t {
+        url.timeout = Duration::from_secs(io_timeout);
+    }
+    Ok(t)
 }
 
 /// Checks the target and makes the run directory with its marker.
@@ -312,23 +326,39 @@ fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Err
     Ok(run)
 }
 
-/// Removes the run directory if it holds only what loadgen left (its marker).
+/// Removes the run directory if it holds only what loadgen left (its marker); otherwise
+/// says what is left and how to remove it.
 fn finish_run_dir(target: &Target, run: &Path) -> Option<String> {
     let mut store = Store::connect(target);
     let marker = run.join(".loadgen-run");
-    if !matches!(store.stat(&marker), Ok(Kind::File)) {
-        return Some(format!("{} lost its marker; left in place", run.display()));
+    let left = |why: String| {
+        Some(format!(
+            "{why}; {} is left in place: it holds only what loadgen made, remove it with \
+             `rm -r {}` (on the target) once it answers again",
+            run.display(),
+            run.display()
+        ))
+    };
+    match store.stat(&marker) {
+        Ok(Kind::File) => {}
+        Ok(_) => return left(format!("{} is not loadgen's marker", marker.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!(
+                "{} lost its marker (something removed it); left in place",
+                run.display()
+            ))
+        }
+        Err(e) => return left(format!("the run directory could not be checked ({e})")),
     }
-    let _ = store.unlink(&marker);
+    if let Err(e) = store.unlink(&marker) {
+        return left(format!("its marker could not be removed ({e})"));
+    }
     match store.rmdir(run) {
         Ok(()) => None,
         Err(e) => {
             // Put the marker back so a later look can tell whose directory this is.
             let _ = store.put(&marker, b"{\"tool\":\"loadgen\"}\n");
-            Some(format!(
-                "{} was not empty at the end ({e}); left in place",
-                run.display()
-            ))
+            left(format!("it was not empty at the end ({e})"))
         }
     }
 }
@@ -405,6 +435,14 @@ fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> {
     }
     if opts.threads.is_some_and(|t| t == 0 || t > 4096) {
         return Err(user("--threads must be between 1 and 4096"));
+    }
+    if opts.phase_timeout == 0 || opts.phase_timeout > 7 * 86_400 {
+        return Err(user(
+            "--phase-timeout is in seconds, between 1 and 604800 (a week)",
+        ));
+    }
+    if opts.io_timeout == 0 || opts.io_timeout > 86_400 {
+        return Err(user("--io-timeout is in seconds, between 1 and 86400"));
     }
     Ok(())
 }
@@ -543,7 +581,7 @@ fn run_workload(
                 .to_string(),
         );
     }
-    let target = parse_target(dir)?;
+    let target = parse_target(dir, opts.io_timeout)?;
     // With --hosts every agent makes its own run directory on its host.
     let run_dir = match &hosts {
         None => prepare_run_dir(&target, opts.out.allow_nonempty)?,
@@ -607,7 +645,6 @@ fn run_workload(
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
     spawn_progress(progress.clone(), names, done.clone());
-    let stop = AtomicBool::new(false);
     let mut write_error = None;
     let mut lat = report::PhaseLatencies::default();
     let on_phase = |p: &engine::PhaseResult| {
@@ -627,28 +664,56 @@ fn run_workload(
             }
         }
     };
-    let (results, left) = match &hosts {
+    let stop = &loadgen::login::INTERRUPTED;
+    let (results, left, hung, host_error) = match &hosts {
         None => {
-            let o = engine::run(&cfg, &progress, &stop, on_phase);
-            (o.phases.len(), o.left)
+            let o = engine::run(&cfg, &progress, stop, on_phase);
+            (o.phases.len(), o.left, o.hung, None)
         }
         Some(h) => {
             let args = agent_args(dir, schedule, opts);
-            match remote::run(h, &rounds, &args, on_phase) {
-                Ok(r) => (r.len(), Vec::new()),
-                Err(e) => {
-                    done.store(true, Ordering::Relaxed);
-                    return Err(Error::Failed(format!("multi-host run: {e}")));
-                }
+            match remote::run(
+                h,
+                &rounds,
+                &args,
+                Duration::from_secs(opts.phase_timeout),
+                stop,
+                on_phase,
+            ) {
+                Ok(r) => (r.len(), Vec::new(), false, None),
+                Err(e) => (0, Vec::new(), false, Some(e)),
             }
         }
     };
     done.store(true, Ordering::Relaxed);
+    if let Some(e) = host_error {
+        report.error = Some(format!("multi-host run: {e}"));
+        report.warnings.push(format!(
+            "a host that stopped may have left its run directory (loadgen-run-* in {}); \
+             look there on that host and remove it",
+            dir.display()
+        ));
+    }
+    if stop.load(Ordering::Relaxed) {
+        report.error = Some("interrupted by a signal".into());
+    }
     report.complete = report.error.is_none() && results == rounds.len();
     report
         .warnings
         .extend(left.into_iter().map(|l| format!("cleanup left: {l}")));
-    if !opts.out.keep && hosts.is_none() {
+    if hung {
+        report.error = Some(format!(
+            "{} did not answer: {}",
+            target.describe(),
+            report.error.clone().unwrap_or_default()
+        ));
+        report.warnings.push(format!(
+            "{} is left in place (the target did not answer, so nothing could be removed); \
+             remove it with `rm -r {}` once the target answers again",
+            run_dir.display(),
+            run_dir.display()
+        ));
+    } else if !opts.out.keep && hosts.is_none() {
         if let Some(w) = finish_run_dir(&target, &run_dir) {
             report.warnings.push(w);
         }
@@ -693,6 +758,7 @@ fn engine_config(
         threads: opts
             .threads
             .unwrap_or_else(|| engine::Config::default_threads(clients)),
+        phase_timeout: Some(Duration::from_secs(opts.phase_timeout)),
     }
 }
 
@@ -741,7 +807,7 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     let schedule = parse_schedule(opts, COMPILEBENCH_DEFAULT)?;
     let workload = make_workload(opts, &schedule);
     // Several agents may share DIR (one filesystem, several hosts): allow it.
-    let target = parse_target(dir)?;
+    let target = parse_target(dir, opts.io_timeout)?;
     let run_dir = prepare_run_dir(&target, true)?;
     let drop = !opts.no_sync && !opts.no_drop_caches;
     let dropped = drop && engine::drop_caches();
@@ -749,13 +815,25 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
         eprintln!("loadgen agent: dropping caches needs root; running without");
     }
     let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
+    // The coordinator's `stop`, or its going away, stops this host's clients too.
+    let stop = &loadgen::login::INTERRUPTED;
+    remote::agent_listen(stop);
+    loadgen::storm::stop_on_signals();
     let o = engine::run_with_gate(
         &cfg,
         &Progress::default(),
-        &AtomicBool::new(false),
+        stop,
         &remote::agent_gate,
         remote::agent_report,
     );
+    if o.hung {
+        eprintln!(
+            "loadgen agent: {} did not answer; {} is left in place",
+            target.describe(),
+            run_dir.display()
+        );
+        return Err(Error::Failed("the target did not answer".into()));
+    }
     for l in o.left {
         eprintln!("loadgen agent: cleanup left: {l}");
     }
@@ -771,6 +849,14 @@ fn finish(report: &RunReport) -> Result<(), Error> {
     print!("{}", report::table(report));
     match &report.error {
         None => Ok(()),
+        Some(e) if e.starts_with("interrupted") => Err(Error::Interrupted(format!(
+            "interrupted by a signal: stopped cleanly; results so far are kept{}",
+            if report.warnings.iter().any(|w| w.contains("left")) {
+                " (see the warnings for what is left)"
+            } else {
+                "; everything it made is removed"
+            }
+        ))),
         Some(e) if e.contains("No space left") => Err(Error::Failed(format!(
             "the target filled up ({e}); results so far are kept; free space or use --scale"
         ))),
@@ -997,6 +1083,14 @@ fn login_storm(a: &StormArgs) -> Result<(), Error> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Cmd::Compilebench { .. } | Cmd::Sweep { .. } | Cmd::Access { .. }
+    ) {
+        // Ctrl-C or SIGTERM: the clients stop at their next call, the results so far are
+        // written, and what the run made is removed.
+        loadgen::storm::stop_on_signals();
+    }
     let result = (|| -> Result<(), Error> {
         match cli.command {
             Cmd::Compilebench { dir, opts, clients } => {
@@ -1025,6 +1119,9 @@ fn main() -> ExitCode {
                     let r = run_workload("sweep", &dir, w.clone(), &schedule, c, &opts, false)?;
                     let failed = r.error.clone();
                     runs.push(r);
+                    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+                        break;
+                    }
                     if let Some(e) = failed {
                         eprintln!("loadgen sweep: stopped at {c} clients: {e}");
                         break;
@@ -1041,6 +1138,9 @@ fn main() -> ExitCode {
                         .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
                 }
                 match runs.iter().find_map(|r| r.error.clone()) {
+                    Some(e) if e.starts_with("interrupted") => Err(Error::Interrupted(
+                        "interrupted by a signal: stopped cleanly; results so far are kept".into(),
+                    )),
                     Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
                     None => Ok(()),
                 }
@@ -1116,6 +1216,8 @@ fn main() -> ExitCode {
                     no_drop_caches: true,
                     read_other: false,
                     threads: None,
+                    phase_timeout: 3600,
+                    io_timeout: 60,
                     out,
                     hosts: Vec::new(),
                     clients_per_host: 1,
@@ -1148,6 +1250,10 @@ fn main() -> ExitCode {
         Err(Error::Failed(m)) => {
             eprintln!("loadgen: error: {m}");
             ExitCode::from(1)
+        }
+        Err(Error::Interrupted(m)) => {
+            eprintln!("loadgen: {m}");
+            ExitCode::from(130)
         }
     }
 }

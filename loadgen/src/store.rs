@@ -20,7 +20,6 @@ use nfs3_client::nfs3_types::nfs3::{
 };
 use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::{TokioConnector, TokioIo};
 use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
 
 /// An NFS export given as `nfs://HOST[:PORT]/EXPORT` (PORT: the portmapper's, default 111).
@@ -29,6 +28,8 @@ pub struct NfsUrl {
     pub host: String,
     pub port: u16,
     pub export: String,
+    /// How long a call waits for the server (connect, send, each read of its answer).
+    pub timeout: std::time::Duration,
 }
 
 impl NfsUrl {
@@ -69,6 +70,7 @@ impl NfsUrl {
             host: host.to_string(),
             port,
             export: if export.is_empty() { "/" } else { export }.to_string(),
+            timeout: std::time::Duration::from_secs(60),
         })
     }
 
@@ -447,7 +449,120 @@ fn mismatch() -> io::Error {
     io::Error::other("file handle used with another store")
 }
 
-type Conn = Nfs3Connection<TokioIo<tokio::net::TcpStream>>;
+/// A TCP connection to the NFS server that fails instead of hanging: a closed
+/// connection is an error (the RPC layer would read its 0 bytes again and again, forever),
+/// and so is a server that does not take or answer a call within the timeout.
+pub struct Guarded {
+    stream: tokio::net::TcpStream,
+    timeout: std::time::Duration,
+    server: String,
+}
+
+impl Guarded {
+    fn timed_out(&self, what: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the NFS server {} did not {what} within {} s",
+                self.server,
+                self.timeout.as_secs()
+            ),
+        )
+    }
+}
+
+impl nfs3_client::io::AsyncRead for Guarded {
+    async fn async_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = tokio::io::AsyncReadExt::read(&mut self.stream, buf);
+        let n = tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| self.timed_out("answer"))??;
+        if n == 0 && !buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!("the NFS server {} closed the connection", self.server),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+impl nfs3_client::io::AsyncWrite for Guarded {
+    async fn async_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let write = tokio::io::AsyncWriteExt::write(&mut self.stream, buf);
+        let n = tokio::time::timeout(self.timeout, write)
+            .await
+            .map_err(|_| self.timed_out("take a call"))??;
+        if n == 0 && !buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("the NFS server {} closed the connection", self.server),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// Makes [`Guarded`] connections (from a reserved port when asked, as the kernel client).
+struct GuardedConnector {
+    timeout: std::time::Duration,
+}
+
+impl GuardedConnector {
+    async fn open(
+        &self,
+        addr: std::net::SocketAddr,
+        local_port: Option<u16>,
+    ) -> io::Result<Guarded> {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        if let Some(port) = local_port {
+            let any: std::net::IpAddr = if addr.is_ipv4() {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            };
+            socket.bind(std::net::SocketAddr::new(any, port))?;
+        }
+        let stream = tokio::time::timeout(self.timeout, socket.connect(addr))
+            .await
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no connection to {addr} within {} s",
+                        self.timeout.as_secs()
+                    ),
+                )
+            })??;
+        Ok(Guarded {
+            stream,
+            timeout: self.timeout,
+            server: addr.to_string(),
+        })
+    }
+}
+
+impl nfs3_client::net::Connector for GuardedConnector {
+    type Connection = Guarded;
+
+    async fn connect(&self, addr: std::net::SocketAddr) -> io::Result<Guarded> {
+        self.open(addr, None).await
+    }
+
+    async fn connect_with_port(
+        &self,
+        addr: std::net::SocketAddr,
+        local_port: u16,
+    ) -> io::Result<Guarded> {
+        self.open(addr, Some(local_port)).await
+    }
+}
+
+type Conn = Nfs3Connection<Guarded>;
 
 /// One NFSv3 client: its own runtime (one thread: the caller's) and connections.
 pub struct NfsStore {
@@ -517,12 +632,18 @@ impl NfsStore {
         });
         let conn = rt
             .block_on(
-                Nfs3ConnectionBuilder::new(TokioConnector, addr.ip().to_string(), &url.export)
-                    .portmapper_port(url.port)
-                    // As the kernel client: a reserved port when root may bind one.
-                    .connect_from_privileged_port(uid == 0)
-                    .credential(cred)
-                    .mount(),
+                Nfs3ConnectionBuilder::new(
+                    GuardedConnector {
+                        timeout: url.timeout,
+                    },
+                    addr.ip().to_string(),
+                    &url.export,
+                )
+                .portmapper_port(url.port)
+                // As the kernel client: a reserved port when root may bind one.
+                .connect_from_privileged_port(uid == 0)
+                .credential(cred)
+                .mount(),
             )
             .map_err(|e| {
                 format!(

@@ -1,50 +1,12 @@
 //! The `loadgen` binary end to end: JSON against its schema, CSV, safety, bad input,
 //! a run stopped by a full target, sweep and access.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn loadgen(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_loadgen"))
-        .args(args)
-        .output()
-        .expect("run loadgen")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A JSON file loadgen wrote (whole: it is written atomically).
-fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).expect("json written")).expect("whole JSON")
-}
-
-fn schema(file: &str) -> jsonschema::Validator {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("schema")
-        .join(file);
-    let s: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(path).expect("schema")).expect("json");
-    jsonschema::validator_for(&s).expect("valid schema")
-}
-
-fn validate_against(file: &str, v: &serde_json::Value) {
-    let errors: Vec<String> = schema(file)
-        .iter_errors(v)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "schema errors: {errors:#?}");
-}
-
-fn validate(v: &serde_json::Value) {
-    validate_against("result-v2.schema.json", v);
-}
+use common::{loadgen, read_json, text, validate, validate_against};
 
 #[test]
 fn every_phase_runs_and_its_json_matches_the_schema() {

@@ -34,6 +34,7 @@ fn config(dir: &Path, clients: usize, w: Arc<Workload>) -> Config {
         native_order: true,
         cleanup: false,
         threads: Config::default_threads(clients),
+        phase_timeout: None,
     }
 }
 

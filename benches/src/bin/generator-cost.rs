@@ -128,6 +128,7 @@ fn main() {
         native_order: true,
         cleanup: true,
         threads: 1,
+        phase_timeout: None,
     };
     // The replay writes the tree in the order loadgen does (the target's readdir order).
     let lists = engine::native_order(&cfg, &workload.lists).expect("native order");
