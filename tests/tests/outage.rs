@@ -25,6 +25,28 @@ use common::*;
 /// The longest any command may take before the test gives up on it (see the module doc).
 const GUARD: Duration = Duration::from_secs(180);
 
+/// Waits until process `pid` sleeps in the kernel in one of `places` (its wchan); on
+/// timeout the failure says where it was instead, with its kernel stack.
+fn wait_in_kernel(what: &str, pid: u32, places: &[&str]) {
+    let start = Instant::now();
+    loop {
+        let last = match std::fs::read_to_string(format!("/proc/{pid}/wchan")) {
+            Ok(w) if places.contains(&w.as_str()) => return,
+            Ok(w) => w,
+            Err(e) => format!("(no wchan: {e})"),
+        };
+        if start.elapsed() > GUARD {
+            let stack = std::fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}: process {pid} is in {last:?}, not {places:?}\n\
+                 stat: {state}\nstack:\n{stack}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs a command; kills it and fails the test if it has not ended within [`GUARD`].
 fn within(cmd: &mut Command, what: &str) -> Output {
     within_for(cmd, what, GUARD)
@@ -699,10 +721,11 @@ fn a_busy_mount_on_a_hung_server_is_detached_lazily() {
         .spawn()
         .expect("cat");
     let reader_pid = reader.id();
-    wait_until("the reader to wait on the share", GUARD, || {
-        std::fs::read_to_string(format!("/proc/{reader_pid}/wchan"))
-            .is_ok_and(|w| w == "request_wait_answer")
-    });
+    wait_in_kernel(
+        "the reader to wait on the share",
+        reader_pid,
+        &["request_wait_answer"],
+    );
     let out = ccfs_within(&["status".as_ref(), s.mnt.as_os_str()]);
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("unreachable"),
@@ -753,10 +776,11 @@ fn a_hung_server_holds_up_only_the_requests_waiting_on_it() {
         .spawn()
         .expect("cat");
     let reader_pid = reader.id();
-    wait_until("the reader to wait on the share", GUARD, || {
-        std::fs::read_to_string(format!("/proc/{reader_pid}/wchan"))
-            .is_ok_and(|w| w == "request_wait_answer")
-    });
+    wait_in_kernel(
+        "the reader to wait on the share",
+        reader_pid,
+        &["request_wait_answer"],
+    );
 
     let out = within(
         Command::new("cat").arg(s.m(".newrc")),
@@ -841,10 +865,11 @@ fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
         .spawn()
         .expect("chmod");
     let chmod_pid = chmod.id();
-    wait_until("the chmod to wait on the copy-up", GUARD, || {
-        std::fs::read_to_string(format!("/proc/{chmod_pid}/wchan"))
-            .is_ok_and(|w| w == "request_wait_answer")
-    });
+    wait_in_kernel(
+        "the chmod to wait on the copy-up",
+        chmod_pid,
+        &["request_wait_answer"],
+    );
 
     let out = within_for(
         Command::new("sh")
@@ -946,10 +971,11 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
     let writer_pid = writer.id();
     // msync waits for the page's write-back, which the daemon answers once the handle
     // has looked the file up on the share.
-    wait_until("the first write to wait on the share", GUARD, || {
-        std::fs::read_to_string(format!("/proc/{writer_pid}/wchan"))
-            .is_ok_and(|w| w == "folio_wait_bit" || w == "request_wait_answer")
-    });
+    wait_in_kernel(
+        "the first write to wait on the share",
+        writer_pid,
+        &["folio_wait_bit", "request_wait_answer"],
+    );
     wait_until("the daemon to notice the hang", GUARD, || {
         let out = ccfs_within(&["status".as_ref(), s.mnt.as_os_str()]);
         String::from_utf8_lossy(&out.stdout).contains("share: unreachable")
@@ -959,13 +985,10 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
     // cannot answer (the gate is closed), and the answer must come from the stuck handle.
     std::io::Write::write_all(asker.stdin.as_mut().expect("stdin"), b"go\n").expect("go");
     let asker_pid = asker.id();
-    wait_until(
+    wait_in_kernel(
         "the attribute request to wait on the stuck handle",
-        GUARD,
-        || {
-            std::fs::read_to_string(format!("/proc/{asker_pid}/wchan"))
-                .is_ok_and(|w| w == "request_wait_answer")
-        },
+        asker_pid,
+        &["request_wait_answer"],
     );
 
     let out = within_for(
