@@ -276,6 +276,9 @@ pub struct Config {
     pub cleanup: bool,
     /// Worker threads (at most this many calls in flight).
     pub threads: usize,
+    /// Open files with O_DIRECT (no page cache); the write size must be a multiple of
+    /// [`DIRECT_ALIGN`].
+    pub direct: bool,
     /// The longest a round (its preparation, its timed part, the cleanup) may take; past
     /// it the run stops, naming the target that did not answer.
     pub phase_timeout: Option<Duration>,
@@ -331,6 +334,8 @@ enum Cursor {
         list: ListId,
         unlink: bool,
         read_first: bool,
+        /// Write over each file from its start (no append, no truncation).
+        overwrite: bool,
         next: usize,
         made_root: bool,
         seen: HashSet<String>,
@@ -368,8 +373,41 @@ struct Task {
 
 /// A worker's own buffer and histograms.
 struct Worker {
-    buf: Vec<u8>,
+    buf: Aligned,
     lat: Latencies,
+}
+
+/// A buffer that starts on a [`DIRECT_ALIGN`] boundary (O_DIRECT needs it).
+struct Aligned {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(data: &[u8]) -> Self {
+        let mut raw = vec![0u8; data.len() + DIRECT_ALIGN];
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
+        raw[start..start + data.len()].copy_from_slice(data);
+        Self {
+            raw,
+            start,
+            len: data.len(),
+        }
+    }
+}
+
+impl std::ops::Deref for Aligned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for Aligned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
 }
 
 /// What a unit of work needs.
@@ -452,8 +490,20 @@ impl Task {
                 list,
                 unlink,
                 read_first,
+                overwrite: false,
                 next: 0,
                 made_root: false,
+                seen: HashSet::new(),
+            },
+            Action::Overwrite { list } => Cursor::Write {
+                root: own,
+                list,
+                unlink: false,
+                read_first: false,
+                overwrite: true,
+                next: 0,
+                // The tree is there.
+                made_root: true,
                 seen: HashSet::new(),
             },
             Action::Unlink { list } => Cursor::Unlink {
@@ -524,6 +574,7 @@ impl Task {
                 list,
                 unlink,
                 read_first,
+                overwrite,
                 next,
                 made_root,
                 seen,
@@ -559,7 +610,14 @@ impl Task {
                     tolerant(lat, Op::Unlink, missing, || store.unlink(&path))
                         .map_err(|e| with_path(e, &path))?;
                 }
-                write_file(store, ctx.worker, cfg.fsync, &path, entry, *read_first)
+                let how = if *overwrite {
+                    Open::Over
+                } else if *read_first {
+                    Open::ReadFirst
+                } else {
+                    Open::Append
+                };
+                write_file(store, ctx.worker, cfg, &path, entry, how)
                     .map_err(|e| with_path(e, &path))?;
                 r.bytes += entry.size;
                 r.files += 1;
@@ -599,7 +657,8 @@ impl Task {
                 let worker = &mut *ctx.worker;
                 if *kind == WalkKind::Read {
                     if let Some(p) = pending.pop_front() {
-                        let n = read_file(store, worker, &p).map_err(|e| with_path(e, &p))?;
+                        let n = read_file(store, worker, &p, cfg.direct)
+                            .map_err(|e| with_path(e, &p))?;
                         r.bytes += n;
                         r.files += 1;
                         ctx.progress.fetch_add(1, Ordering::Relaxed);
@@ -685,18 +744,33 @@ fn makedirs(store: &mut Store, lat: &mut Latencies, dir: &Path) -> io::Result<u6
     Ok(made)
 }
 
-/// compilebench's file write: open for appending (created if missing); with `read_first`
+/// How a file is opened for writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// For appending, created if missing (compilebench's create and compile).
+    Append,
+    /// For appending, read whole and truncated first (compilebench's patch).
+    ReadFirst,
+    /// Written over from its start (a stream's rewrite).
+    Over,
+}
+
+/// compilebench's file write: open for appending (created if missing); with `ReadFirst`
 /// read it whole and truncate it; write its size in write-size pieces; close.
 fn write_file(
     store: &mut Store,
     w: &mut Worker,
-    fsync: bool,
+    cfg: &Config,
     path: &Path,
     entry: &Entry,
-    read_first: bool,
+    how: Open,
 ) -> io::Result<()> {
     let lat = &mut w.lat;
-    let mut h = timed(lat, Op::Open, || store.open_append(path, read_first))?;
+    let read_first = how == Open::ReadFirst;
+    let mut h = timed(lat, Op::Open, || match how {
+        Open::Over => store.open_over(path, cfg.direct),
+        _ => store.open_append(path, read_first, cfg.direct),
+    })?;
     if read_first {
         let half = w.buf.len() / 2;
         loop {
@@ -711,28 +785,35 @@ fn write_file(
         timed(lat, Op::Truncate, || store.truncate(&mut h))?;
     }
     let piece = (w.buf.len() / 2).max(1);
+    // Direct I/O takes its pieces at block-aligned places of the (aligned) buffer.
+    let align = if cfg.direct { DIRECT_ALIGN } else { 1 };
     let mut at = entry.path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     }) as usize
         % piece;
+    at -= at % align;
     let mut left = entry.size;
     while left > 0 {
         let n = left.min(piece as u64) as usize;
         let data = &w.buf[at..at + n];
         at = (at + 4099) % piece;
+        at -= at % align;
         timed(lat, Op::Write, || store.write(&mut h, data))?;
         left -= n as u64;
     }
-    if fsync {
+    if cfg.fsync {
         timed(lat, Op::Fsync, || store.fsync(&mut h))?;
     }
     timed(lat, Op::Close, || store.close(h))
 }
 
+/// The alignment O_DIRECT needs of buffers, offsets and sizes.
+pub const DIRECT_ALIGN: usize = 4096;
+
 /// Reads a file whole; returns its bytes.
-fn read_file(store: &mut Store, w: &mut Worker, path: &Path) -> io::Result<u64> {
+fn read_file(store: &mut Store, w: &mut Worker, path: &Path, direct: bool) -> io::Result<u64> {
     let lat = &mut w.lat;
-    let mut h = timed(lat, Op::Open, || store.open_read(path))?;
+    let mut h = timed(lat, Op::Open, || store.open_read(path, direct))?;
     let half = w.buf.len() / 2;
     let mut total = 0u64;
     loop {
@@ -1131,7 +1212,7 @@ pub fn run_with_gate(
         workers: (0..threads)
             .map(|_| {
                 Mutex::new(Worker {
-                    buf: buf.clone(),
+                    buf: Aligned::new(&buf),
                     lat: Latencies::new(),
                 })
             })

@@ -68,6 +68,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         clients: usize,
     },
+    /// Sequential streaming per client: one large file each, written, written over, read and
+    /// read again (iozone's write/rewrite/read/reread), at one or more client counts.
+    Stream(StreamArgs),
     /// A class logging in at once: N homes on the share, every user's login burst, session
     /// and logout together, straight on the share or through ccfs (or both, --compare).
     LoginStorm(StormArgs),
@@ -82,6 +85,163 @@ enum Cmd {
         #[command(flatten)]
         out: OutputOpts,
     },
+}
+
+#[derive(Debug, Args, Clone)]
+struct StreamArgs {
+    /// The directory to run in, or an NFS export as nfs://HOST[:PORT]/EXPORT.
+    dir: PathBuf,
+    /// Client counts, comma-separated: one run at each (e.g. 1,6,13,40).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize])]
+    clients: Vec<usize>,
+    /// Bytes each client writes and reads: a number with K, M, G or T (powers of 1024).
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Bytes per write and read call (K, M: powers of 1024).
+    #[arg(long, default_value = "1M")]
+    block: String,
+    /// fsync the file at the end of the write and the rewrite (counted in them).
+    #[arg(long)]
+    fsync: bool,
+    /// O_DIRECT: no page cache (the block must be a multiple of 4 KiB). An NFS target has
+    /// no client cache either way.
+    #[arg(long)]
+    direct: bool,
+    /// Worker threads (default: one a client, up to 64).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seconds a phase may take before the run stops as hung.
+    #[arg(long, default_value_t = 3600)]
+    phase_timeout: u64,
+    /// Seconds an NFS call may wait for the server.
+    #[arg(long, default_value_t = 60)]
+    io_timeout: u64,
+    #[command(flatten)]
+    out: OutputOpts,
+    #[command(flatten)]
+    net: HostOpts,
+}
+
+/// A size: digits with an optional K, M, G or T (powers of 1024; KiB etc. too).
+fn parse_size(flag: &str, v: &str) -> Result<u64, Error> {
+    let bad = || {
+        user(format!(
+            "{flag} {v:?} is not a size; write a number with K, M, G or T (e.g. 1G, 512M)"
+        ))
+    };
+    let t = v.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(mult).filter(|b| *b > 0).ok_or_else(bad)
+}
+
+/// `loadgen stream`: checks its arguments, then one run a client count.
+fn stream(a: &StreamArgs) -> Result<(), Error> {
+    let size = parse_size("--size", &a.size)?;
+    let block = parse_size("--block", &a.block)?;
+    if block > 64 << 20 {
+        return Err(user("--block must be at most 64M"));
+    }
+    if a.direct && block % engine::DIRECT_ALIGN as u64 != 0 {
+        return Err(user(
+            "--direct needs a --block that is a multiple of 4K (O_DIRECT's alignment)",
+        ));
+    }
+    if a.direct && size % engine::DIRECT_ALIGN as u64 != 0 {
+        return Err(user("--direct needs a --size that is a multiple of 4K"));
+    }
+    let opts = RunOpts {
+        phases: None,
+        runs: None,
+        initial_dirs: None,
+        seed: 1,
+        scale: 1.0,
+        write_size: block as usize,
+        fsync: a.fsync,
+        no_sync: true,
+        no_drop_caches: true,
+        read_other: false,
+        threads: a.threads,
+        phase_timeout: a.phase_timeout,
+        io_timeout: a.io_timeout,
+        out: a.out.clone(),
+        net: a.net.clone(),
+        client_base: 0,
+        stream: Some(size),
+        direct: a.direct,
+    };
+    if !opts.net.hosts.is_empty() && a.clients != [1] {
+        return Err(user(
+            "--clients counts clients on this machine; with --hosts use --clients-per-host",
+        ));
+    }
+    for &c in &a.clients {
+        check_common(c, &opts)?;
+    }
+    check_outputs(&opts.out)?;
+    let schedule = Schedule::Phases(workload::STREAM_PHASES.to_vec());
+    let mut runs = Vec::new();
+    for &c in &a.clients {
+        if a.clients.len() > 1 {
+            eprintln!("loadgen stream: {c} clients");
+        }
+        let r = run_workload(
+            "stream",
+            &a.dir,
+            Workload::stream(size),
+            &schedule,
+            c,
+            &opts,
+            false,
+        )?;
+        let stop = r.error.is_some() || loadgen::login::INTERRUPTED.load(Ordering::Relaxed);
+        runs.push(r);
+        if stop {
+            break;
+        }
+    }
+    let one = runs.len() == 1;
+    for r in &runs {
+        if one {
+            print!("{}", report::table(r));
+        }
+    }
+    if !one {
+        print!("{}", report::sweep_table(&runs));
+    }
+    if let Some(j) = &opts.out.json {
+        let v = if one {
+            report::to_json(&runs[0])
+        } else {
+            serde_json::to_vec_pretty(&runs).unwrap_or_default()
+        };
+        write_out(j, &v)
+            .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
+    }
+    if let Some(c) = &opts.out.csv {
+        write_out(c, &report::sweep_csv(&runs))
+            .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
+    }
+    match runs.iter().find_map(|r| r.error.clone()) {
+        Some(e) if e.starts_with("interrupted") => Err(Error::Interrupted(
+            "interrupted by a signal: stopped cleanly; results so far are kept".into(),
+        )),
+        Some(e) if e.contains("No space left") => Err(Error::Failed(format!(
+            "the target filled up ({e}); results so far are kept; free space or use a smaller --size"
+        ))),
+        Some(e) => Err(Error::Failed(format!("stopped: {e}; results so far are kept"))),
+        None => Ok(()),
+    }
 }
 
 #[derive(Debug, Args, Clone)]
@@ -217,6 +377,23 @@ struct RunOpts {
     io_timeout: u64,
     #[command(flatten)]
     out: OutputOpts,
+    #[command(flatten)]
+    net: HostOpts,
+    /// The number of this host's first client (set by the coordinator for its agents).
+    #[arg(long, default_value_t = 0, hide = true)]
+    client_base: usize,
+    /// Run `loadgen stream`'s workload of this many bytes a client (set by the
+    /// coordinator of a stream for its agents).
+    #[arg(long, hide = true)]
+    stream: Option<u64>,
+    /// Open files with O_DIRECT (stream).
+    #[arg(long, hide = true)]
+    direct: bool,
+}
+
+/// Where the clients run: this machine, or hosts reached over SSH.
+#[derive(Debug, Args, Clone)]
+struct HostOpts {
     /// Run the clients on these hosts (comma-separated), one `loadgen agent` each, started
     /// over SSH; every phase starts on all hosts together. DIR is the path on the hosts.
     #[arg(long, value_delimiter = ',')]
@@ -231,9 +408,17 @@ struct RunOpts {
     /// loadgen's path on the hosts (default: this binary's path).
     #[arg(long)]
     remote_loadgen: Option<String>,
-    /// The number of this host's first client (set by the coordinator for its agents).
-    #[arg(long, default_value_t = 0, hide = true)]
-    client_base: usize,
+}
+
+impl Default for HostOpts {
+    fn default() -> Self {
+        Self {
+            hosts: Vec::new(),
+            clients_per_host: 1,
+            ssh_command: "ssh -o BatchMode=yes".into(),
+            remote_loadgen: None,
+        }
+    }
 }
 
 /// Where results go and what loadgen may leave or touch; shared by every workload.
@@ -535,19 +720,20 @@ fn run_workload(
     let json = opts.out.json.as_deref().filter(|_| to_files);
     let csv = opts.out.csv.as_deref().filter(|_| to_files);
     let mut warnings = Vec::new();
-    let hosts = (!opts.hosts.is_empty()).then(|| remote::Hosts {
-        names: opts.hosts.clone(),
+    let hosts = (!opts.net.hosts.is_empty()).then(|| remote::Hosts {
+        names: opts.net.hosts.clone(),
         ssh: opts
+            .net
             .ssh_command
             .split_whitespace()
             .map(str::to_string)
             .collect(),
-        remote_loadgen: opts.remote_loadgen.clone().unwrap_or_else(|| {
+        remote_loadgen: opts.net.remote_loadgen.clone().unwrap_or_else(|| {
             std::env::current_exe()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| "loadgen".into())
         }),
-        clients_per_host: opts.clients_per_host,
+        clients_per_host: opts.net.clients_per_host,
     });
     // Caches are dropped where the clients run: here for a local run (root only), by the
     // agents on their hosts.
@@ -595,6 +781,7 @@ fn run_workload(
     let rounds = workload.rounds.clone();
     let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
     let (mode, initial_dirs, runs) = match schedule {
+        _ if opts.stream.is_some() => ("stream", 0, rounds.len()),
         Schedule::Random { initial, runs } => ("random", *initial, *runs),
         Schedule::Phases(p) => ("phases", 0, p.len()),
     };
@@ -635,6 +822,7 @@ fn run_workload(
             },
             native_order: cfg.native_order,
             threads: cfg.threads,
+            direct: cfg.direct,
         },
         phases: Vec::new(),
         summary: Vec::new(),
@@ -752,13 +940,15 @@ fn engine_config(
         drop_caches,
         read_other: opts.read_other
             && clients > 1
-            && (opts.hosts.is_empty() || opts.clients_per_host > 1),
-        native_order: true,
+            && (opts.net.hosts.is_empty() || opts.net.clients_per_host > 1),
+        // A stream is one file: there is no directory order to follow.
+        native_order: opts.stream.is_none(),
         cleanup: !opts.out.keep,
         threads: opts
             .threads
             .unwrap_or_else(|| engine::Config::default_threads(clients)),
         phase_timeout: Some(Duration::from_secs(opts.phase_timeout)),
+        direct: opts.direct,
     }
 }
 
@@ -766,6 +956,9 @@ fn engine_config(
 fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
     let mut a = vec![dir.display().to_string()];
     match schedule {
+        _ if opts.stream.is_some() => {
+            a.extend(["--stream".into(), opts.stream.unwrap_or(0).to_string()]);
+        }
         Schedule::Phases(p) => {
             a.push("--phases".into());
             a.push(p.iter().map(|p| p.name()).collect::<Vec<_>>().join(","));
@@ -791,6 +984,7 @@ fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
         (opts.no_sync, "--no-sync"),
         (opts.no_drop_caches, "--no-drop-caches"),
         (opts.read_other, "--read-other"),
+        (opts.direct, "--direct"),
         (opts.out.allow_nonempty, "--allow-nonempty"),
         (opts.out.keep, "--keep"),
     ] {
@@ -804,8 +998,10 @@ fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
 /// One host's part of a multi-host run.
 fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     check_common(clients, opts)?;
-    let schedule = parse_schedule(opts, COMPILEBENCH_DEFAULT)?;
-    let workload = make_workload(opts, &schedule);
+    let workload = match opts.stream {
+        Some(size) => Workload::stream(size),
+        None => make_workload(opts, &parse_schedule(opts, COMPILEBENCH_DEFAULT)?),
+    };
     // Several agents may share DIR (one filesystem, several hosts): allow it.
     let target = parse_target(dir, opts.io_timeout)?;
     let run_dir = prepare_run_dir(&target, true)?;
@@ -1085,7 +1281,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Cmd::Compilebench { .. } | Cmd::Sweep { .. } | Cmd::Access { .. }
+        Cmd::Compilebench { .. } | Cmd::Sweep { .. } | Cmd::Access { .. } | Cmd::Stream(_)
     ) {
         // Ctrl-C or SIGTERM: the clients stop at their next call, the results so far are
         // written, and what the run made is removed.
@@ -1094,7 +1290,7 @@ fn main() -> ExitCode {
     let result = (|| -> Result<(), Error> {
         match cli.command {
             Cmd::Compilebench { dir, opts, clients } => {
-                if !opts.hosts.is_empty() && clients != 1 {
+                if !opts.net.hosts.is_empty() && clients != 1 {
                     return Err(user(
                         "--clients counts clients on this machine; with --hosts use --clients-per-host",
                     ));
@@ -1195,6 +1391,7 @@ fn main() -> ExitCode {
             }
             Cmd::Agent { dir, opts, clients } => agent(&dir, &opts, clients),
             Cmd::LoginStorm(a) => login_storm(&a),
+            Cmd::Stream(a) => stream(&a),
             Cmd::Access {
                 dir,
                 files,
@@ -1219,10 +1416,9 @@ fn main() -> ExitCode {
                     phase_timeout: 3600,
                     io_timeout: 60,
                     out,
-                    hosts: Vec::new(),
-                    clients_per_host: 1,
-                    ssh_command: "ssh".into(),
-                    remote_loadgen: None,
+                    net: HostOpts::default(),
+                    stream: None,
+                    direct: false,
                     client_base: 0,
                 };
                 check_common(clients, &opts)?;

@@ -197,9 +197,9 @@ pub struct Hosts {
 
 /// Waits for one message from every agent, each checked by `want`; fails naming the host
 /// that did not answer within `timeout`, or when `stop` is set.
-/// A message that came from an agent before the others had sent theirs (its next
-/// round's ready), kept for the next [`from_all`].
-type Early = Vec<VecDeque<AgentMsg>>;
+/// What came from an agent before the others had sent theirs (its next round's ready,
+/// or its end after its last result), kept for the next [`from_all`].
+type Early = Vec<VecDeque<Result<AgentMsg, String>>>;
 
 fn from_all(
     agents: &[Agent],
@@ -214,7 +214,7 @@ fn from_all(
     let mut got = vec![false; agents.len()];
     for (k, q) in early.iter_mut().enumerate() {
         if let Some(m) = q.pop_front() {
-            want(k, m)?;
+            want(k, m?)?;
             got[k] = true;
         }
     }
@@ -223,7 +223,7 @@ fn from_all(
             return Err("interrupted".into());
         }
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok((k, Ok(m))) if got[k] => early[k].push_back(m),
+            Ok((k, m)) if got[k] => early[k].push_back(m),
             Ok((k, Ok(m))) => {
                 want(k, m)?;
                 got[k] = true;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Latencies, PhaseResult, OPS};
-use crate::workload::{Unit, ALL_PHASES};
+use crate::workload::{Unit, ALL_PHASES, STREAM_PHASES};
 
 /// The schema name of [`RunReport`]; `schema/result-v2.schema.json` describes it.
 /// `loadgen report` reads version 1 files too.
@@ -105,6 +105,9 @@ pub struct RunConfig {
     /// Worker threads (at most this many calls in flight).
     #[serde(default)]
     pub threads: usize,
+    /// Files opened with O_DIRECT (stream).
+    #[serde(default)]
+    pub direct: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -321,7 +324,7 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 /// that phase (a partial run is left out); `latencies` gives the merged histograms.
 pub fn summarize(phases: &[PhaseReport], latencies: Option<&PhaseLatencies>) -> Vec<SummaryRow> {
     let mut out = Vec::new();
-    for ph in ALL_PHASES {
+    for ph in ALL_PHASES.into_iter().chain(STREAM_PHASES) {
         let runs: Vec<&PhaseReport> = phases
             .iter()
             .filter(|p| p.name == ph.name() && !p.partial)
@@ -442,6 +445,16 @@ fn describe_config(r: &RunReport) -> String {
             c.initial_dirs, c.runs, r.seed
         )),
         "phases" => parts.push(format!("phases {}", c.phases.join(","))),
+        "stream" => parts.push(format!(
+            "one file a client, {} MiB in {} KiB calls{}",
+            r.phases
+                .first()
+                .and_then(|p| p.clients.first())
+                .map(|c| c.bytes / (1 << 20))
+                .unwrap_or(0),
+            c.write_size / 1024,
+            if c.fsync { ", fsync" } else { "" }
+        )),
         _ => {}
     }
     if c.scale < 1.0 {

@@ -245,12 +245,13 @@ impl Store {
     /// compilebench opens every file it writes). `from_start`: reads start at the
     /// beginning (compilebench's patch reads the file, truncates it, then writes);
     /// otherwise the file is only appended to.
-    pub fn open_append(&mut self, p: &Path, from_start: bool) -> io::Result<Handle> {
+    pub fn open_append(&mut self, p: &Path, from_start: bool, direct: bool) -> io::Result<Handle> {
         match self {
             Store::Local => OpenOptions::new()
                 .read(true)
                 .append(true)
                 .create(true)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
                 .open(p)
                 .map(Handle::Local),
             Store::Nfs(s) => {
@@ -269,6 +270,27 @@ impl Store {
                     }),
                     other => Ok(other),
                 }
+            }
+            Store::Failed(m) => Err(Self::failed(m)),
+        }
+    }
+
+    /// Opens an existing file to write it over from its start (no truncation).
+    pub fn open_over(&mut self, p: &Path, direct: bool) -> io::Result<Handle> {
+        match self {
+            Store::Local => OpenOptions::new()
+                .write(true)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+                .open(p)
+                .map(Handle::Local),
+            Store::Nfs(s) => {
+                let (fh, _) = s.lookup_path(p)?;
+                Ok(Handle::Nfs {
+                    fh,
+                    offset: 0,
+                    unstable: false,
+                    eof: false,
+                })
             }
             Store::Failed(m) => Err(Self::failed(m)),
         }
@@ -320,11 +342,11 @@ impl Store {
     }
 
     /// Opens an existing regular file for reading (a symlink is refused, as O_NOFOLLOW).
-    pub fn open_read(&mut self, p: &Path) -> io::Result<Handle> {
+    pub fn open_read(&mut self, p: &Path, direct: bool) -> io::Result<Handle> {
         match self {
             Store::Local => OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
+                .custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 })
                 .open(p)
                 .map(Handle::Local),
             Store::Nfs(s) => {

@@ -246,8 +246,22 @@ pub enum Phase {
     DeleteCompiled,
     StatTree,
     StatCompiled,
+    /// `loadgen stream`: one large file a client, written, written over, read, read again.
+    StreamWrite,
+    StreamRewrite,
+    StreamRead,
+    StreamReread,
 }
 
+/// The phases of `loadgen stream`, in order.
+pub const STREAM_PHASES: [Phase; 4] = [
+    Phase::StreamWrite,
+    Phase::StreamRewrite,
+    Phase::StreamRead,
+    Phase::StreamReread,
+];
+
+/// compilebench's phases (what `--phases` takes).
 pub const ALL_PHASES: [Phase; 11] = [
     Phase::InitialCreate,
     Phase::Create,
@@ -285,6 +299,10 @@ impl Phase {
             Phase::DeleteCompiled => "delete-compiled",
             Phase::StatTree => "stat-tree",
             Phase::StatCompiled => "stat-compiled",
+            Phase::StreamWrite => "write",
+            Phase::StreamRewrite => "rewrite",
+            Phase::StreamRead => "read",
+            Phase::StreamReread => "reread",
         }
     }
 
@@ -351,6 +369,9 @@ pub enum Action {
     /// A bottom-up walk unlinking every file and removing every subdirectory (the tree's
     /// own directory stays, as compilebench's rmrf leaves it).
     Delete,
+    /// Writes every file of the list over from its start, without truncating it (a
+    /// stream's rewrite).
+    Overwrite { list: ListId },
 }
 
 /// One operation on one tree of a client (`kernel-N`, N = `tree`).
@@ -645,6 +666,15 @@ pub fn phase_rounds(rng: &mut PyRandom, phases: &[Phase], sync: bool) -> Vec<Rou
             Phase::ReadTree | Phase::ReadCompiled => (Action::Read, Some(kind)),
             Phase::StatTree | Phase::StatCompiled => (Action::Stat, Some(kind)),
             Phase::DeleteTree | Phase::DeleteCompiled => (Action::Delete, None),
+            // The stream's phases (not given with --phases; Workload::stream makes them).
+            Phase::StreamWrite => (write(ListId::Unpatched), Some(kind)),
+            Phase::StreamRewrite => (
+                Action::Overwrite {
+                    list: ListId::Unpatched,
+                },
+                Some(kind),
+            ),
+            Phase::StreamRead | Phase::StreamReread => (Action::Read, Some(kind)),
         };
         cur = after.map(|k| (tree, k));
         rounds.push(Round {
@@ -672,7 +702,42 @@ pub enum Schedule {
     Phases(Vec<Phase>),
 }
 
+/// The name of the file `loadgen stream` writes in each client's tree.
+pub const STREAM_FILE: &str = "stream.dat";
+
 impl Workload {
+    /// `loadgen stream`: one file of `size` bytes a client (in its tree kernel-0),
+    /// written, written over, read, read again, each a timed round; no sync (the write
+    /// rounds sync the file themselves with --fsync).
+    pub fn stream(size: u64) -> Self {
+        let step = |phase, action| Round {
+            prepare: Vec::new(),
+            timed: Step {
+                phase,
+                tree: 0,
+                action,
+            },
+            sync: false,
+        };
+        Self {
+            lists: Lists::only(vec![Entry {
+                path: STREAM_FILE.to_string(),
+                size,
+            }]),
+            rounds: vec![
+                step(Phase::StreamWrite, write(ListId::Unpatched)),
+                step(
+                    Phase::StreamRewrite,
+                    Action::Overwrite {
+                        list: ListId::Unpatched,
+                    },
+                ),
+                step(Phase::StreamRead, Action::Read),
+                step(Phase::StreamReread, Action::Read),
+            ],
+        }
+    }
+
     /// The compilebench workload: lists and rounds from one random stream seeded with
     /// `seed` (compilebench: 555), drawn in compilebench's order.
     pub fn compilebench(
@@ -840,6 +905,7 @@ mod tests {
                         }
                         other => panic!("clean on {other:?}"),
                     },
+                    Action::Overwrite { .. } => panic!("compilebench never writes a file over"),
                     Action::Read | Action::Stat | Action::Delete => {
                         let k = k.unwrap_or_else(|| panic!("{:?} of no tree", s.phase));
                         let compiled_phase = matches!(

@@ -518,6 +518,25 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         0,
         "agents clean up"
     );
+    // The stream over the same hosts: each host's client writes and reads its file.
+    let json = out.path().join("s.json");
+    let o = loadgen(&[
+        "stream",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2,h3",
+        "--ssh-command",
+        &ssh,
+        "--size",
+        "4M",
+        "--block",
+        "256K",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    check_stream(&read_json(&json), 3, 4 << 20, 256 << 10);
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
     // A host that cannot be reached fails the run with its name.
     let o = loadgen(&[
         "compilebench",
@@ -626,6 +645,24 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
     {
         std::fs::remove_dir_all(e.path()).expect("clean the export");
     }
+    // The stream through NFS: every byte written reaches the server and is read back.
+    let json = local.path().join("s.json");
+    let o = loadgen(&[
+        "stream",
+        url,
+        "--clients",
+        "2",
+        "--size",
+        "8M",
+        "--block",
+        "1M",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_json(&json);
+    check_stream(&runs, 2, 8 << 20, 1 << 20);
+    assert_eq!(std::fs::read_dir(export).expect("ls").count(), 0);
     // The default phases end to end: every file written is read back and deleted.
     let v = compilebench_accounts(url, &[]);
     assert_eq!(v["environment"]["fs_type"], "nfs3");
@@ -736,4 +773,104 @@ fn login_storm_json_matches_its_schema() {
         }
     }
     assert!(seen >= 3, "{seen} published storms");
+}
+
+/// Checks a stream's JSON: every phase moved `clients` x `size` bytes in `size / block`
+/// calls a client, and the file is gone at the end.
+fn check_stream(v: &serde_json::Value, clients: u64, size: u64, block: u64) {
+    validate(v);
+    assert_eq!(v["complete"], true, "{v}");
+    assert_eq!(v["config"]["mode"], "stream");
+    let names: Vec<&str> = v["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["write", "rewrite", "read", "reread"]);
+    for p in v["phases"].as_array().expect("phases") {
+        let name = p["name"].as_str().expect("name");
+        assert_eq!(p["bytes"].as_u64(), Some(clients * size), "{name}");
+        assert!(p["wall_mb_s"].as_f64().expect("rate") > 0.0, "{name}");
+        let op = if name.contains("write") {
+            "write"
+        } else {
+            "read"
+        };
+        assert_eq!(
+            p["latency"][op]["count"].as_u64(),
+            Some(clients * size.div_ceil(block)),
+            "{name}: one call a block"
+        );
+    }
+    assert_eq!(v["summary"].as_array().expect("summary").len(), 4);
+}
+
+#[test]
+fn stream_writes_rewrites_and_reads_one_file_a_client() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("s.json");
+    let csv = out.path().join("s.csv");
+    let d = dir.path().to_str().expect("utf8");
+    let o = loadgen(&[
+        "stream",
+        d,
+        "--clients",
+        "1,3",
+        "--size",
+        "8M",
+        "--block",
+        "64K",
+        "--fsync",
+        "--json",
+        json.to_str().expect("utf8"),
+        "--csv",
+        csv.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_json(&json);
+    let runs = runs.as_array().expect("one run a client count");
+    assert_eq!(runs.len(), 2);
+    check_stream(&runs[0], 1, 8 << 20, 64 << 10);
+    check_stream(&runs[1], 3, 8 << 20, 64 << 10);
+    assert_eq!(runs[1]["phases"][0]["latency"]["fsync"]["count"], 3);
+    let csv = std::fs::read_to_string(&csv).expect("csv");
+    assert!(csv.starts_with("clients,round,phase"), "{csv}");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+    // O_DIRECT where the filesystem has it; refused when the block is not aligned.
+    let json = out.path().join("d.json");
+    let o = loadgen(&[
+        "stream",
+        d,
+        "--size",
+        "4M",
+        "--block",
+        "128K",
+        "--direct",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    check_stream(&v, 1, 4 << 20, 128 << 10);
+    assert_eq!(v["config"]["direct"], true);
+    for (args, word) in [
+        (vec!["stream", d, "--size", "0"], "--size"),
+        (vec!["stream", d, "--size", "1X"], "--size"),
+        (
+            vec!["stream", d, "--block", "1000", "--direct"],
+            "multiple of 4K",
+        ),
+        (vec!["stream", d, "--clients", "0"], "--clients"),
+    ] {
+        let o = loadgen(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(word),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
 }

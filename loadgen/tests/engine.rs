@@ -35,6 +35,7 @@ fn config(dir: &Path, clients: usize, w: Arc<Workload>) -> Config {
         cleanup: false,
         threads: Config::default_threads(clients),
         phase_timeout: None,
+        direct: false,
     }
 }
 
@@ -87,6 +88,12 @@ fn model(w: &Workload) -> BTreeMap<String, u64> {
                             files.remove(&format!("{prefix}{}", e.path)).is_some(),
                             "clean of a file not there"
                         );
+                    }
+                }
+                Action::Overwrite { list } => {
+                    for e in w.lists.get(list) {
+                        let size = files.entry(format!("{prefix}{}", e.path)).or_insert(0);
+                        *size = (*size).max(e.size);
                     }
                 }
                 Action::Delete => files.retain(|k, _| !k.starts_with(&prefix)),

@@ -252,28 +252,28 @@ fn a_dead_agent_ends_the_run_naming_its_host() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("m.json");
-    let child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
-        .args([
-            "compilebench",
-            dir.path().to_str().expect("utf8"),
-            "--hosts",
-            "h1,h2,h3",
-            "--ssh-command",
-            fake_ssh().to_str().expect("utf8"),
-            "--scale",
-            "0.03",
-            "--phases",
-            LONG,
-            "--no-sync",
-            "--json",
-            json.to_str().expect("utf8"),
-        ])
-        // fake-ssh kills the agent of h2 (SIGKILL) after 2 seconds.
-        .env("LOADGEN_FAKE_SSH_KILL", "h2:2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let child = spawn(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2,h3",
+        "--ssh-command",
+        fake_ssh().to_str().expect("utf8"),
+        "--scale",
+        "0.03",
+        "--phases",
+        LONG,
+        "--no-sync",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    wait_rounds(&json, 2);
+    // h2's agent (its clients are numbered from 1), killed as a host dies.
+    let o = Command::new("pkill")
+        .args(["-KILL", "-f", "loadgen agent .*--client-base 1$"])
+        .status()
+        .expect("pkill");
+    assert!(o.success(), "h2's agent was running");
     let o = wait_within(child, Duration::from_secs(120), "run with a dead agent");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stderr(&o).contains("h2"), "{}", text(&o));

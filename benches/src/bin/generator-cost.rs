@@ -129,6 +129,7 @@ fn main() {
         cleanup: true,
         threads: 1,
         phase_timeout: None,
+        direct: false,
     };
     // The replay writes the tree in the order loadgen does (the target's readdir order).
     let lists = engine::native_order(&cfg, &workload.lists).expect("native order");
