@@ -1234,7 +1234,7 @@ pub fn run_with_gate(
     let deadline = cfg.phase_timeout;
     for (i, round) in rounds.iter().enumerate() {
         progress.phase.store(i as u64, Ordering::Relaxed);
-        // Untimed preparation.
+        // Untimed preparation (not in the progress shown: that counts the timed part).
         let prep = pool.pass(
             |id| {
                 round
@@ -1245,8 +1245,9 @@ pub fn run_with_gate(
             },
             deadline,
             stop,
-            progress,
+            &Progress::default(),
         );
+        progress.files_done.store(0, Ordering::Relaxed);
         if prep.hung {
             let pr = fail_all(
                 round.timed.phase,

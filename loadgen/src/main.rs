@@ -439,6 +439,9 @@ struct OutputOpts {
     /// A name for the system under test, used by `loadgen report` (default: the fs type).
     #[arg(long)]
     label: Option<String>,
+    /// No progress bar (there is none either when stderr is not a terminal).
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 enum Error {
@@ -674,24 +677,40 @@ fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn spawn_progress(progress: Arc<Progress>, names: Vec<&'static str>, done: Arc<AtomicBool>) {
-    if !std::io::stderr().is_terminal() {
+/// A progress bar on the terminal (indicatif) for a run: the round, its phase, files
+/// done of the round's total, the rate and the time left; nothing when stderr is not a
+/// terminal or with --quiet.
+fn spawn_progress(
+    progress: Arc<Progress>,
+    names: Vec<&'static str>,
+    totals: Vec<u64>,
+    quiet: bool,
+    done: Arc<AtomicBool>,
+) {
+    if quiet || !std::io::stderr().is_terminal() {
         return;
     }
     std::thread::spawn(move || {
+        let style = indicatif::ProgressStyle::with_template(
+            "{prefix:>12} {msg:<16} [{bar:30}] {pos}/{len} files {per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        let bar = indicatif::ProgressBar::new(0).with_style(style);
+        let mut shown = usize::MAX;
         while !done.load(Ordering::Relaxed) {
             let i = progress.phase.load(Ordering::Relaxed) as usize;
-            let name = names.get(i).copied().unwrap_or("");
-            eprint!(
-                "\r  round {}/{} {:<16} {:>9} files",
-                i + 1,
-                names.len(),
-                name,
-                progress.files_done.load(Ordering::Relaxed)
-            );
-            std::thread::sleep(Duration::from_millis(200));
+            if i != shown {
+                shown = i;
+                bar.reset();
+                bar.set_length(totals.get(i).copied().unwrap_or(0));
+                bar.set_prefix(format!("round {}/{}", i + 1, names.len()));
+                bar.set_message(names.get(i).copied().unwrap_or(""));
+            }
+            bar.set_position(progress.files_done.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(100));
         }
-        eprint!("\r{:60}\r", "");
+        bar.finish_and_clear();
     });
 }
 
@@ -779,6 +798,7 @@ fn run_workload(
         .map(|r| r.timed.phase.name())
         .collect();
     let rounds = workload.rounds.clone();
+    let workload_totals = workload.files_per_round();
     let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
     let (mode, initial_dirs, runs) = match schedule {
         _ if opts.stream.is_some() => ("stream", 0, rounds.len()),
@@ -832,7 +852,14 @@ fn run_workload(
     };
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
-    spawn_progress(progress.clone(), names, done.clone());
+    let totals = workload_totals.iter().map(|n| n * clients as u64).collect();
+    spawn_progress(
+        progress.clone(),
+        names,
+        totals,
+        opts.out.quiet,
+        done.clone(),
+    );
     let mut write_error = None;
     let mut lat = report::PhaseLatencies::default();
     let on_phase = |p: &engine::PhaseResult| {

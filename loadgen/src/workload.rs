@@ -757,6 +757,52 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// The files each round's timed step handles on one client (written, removed, read
+    /// or stated), from a model of its trees: for a progress display's total.
+    pub fn files_per_round(&self) -> Vec<u64> {
+        use std::collections::HashMap;
+        let mut trees: HashMap<u32, BTreeSet<&str>> = HashMap::new();
+        let mut out = Vec::with_capacity(self.rounds.len());
+        for r in &self.rounds {
+            let mut timed = 0;
+            for (i, s) in r
+                .prepare
+                .iter()
+                .chain(std::iter::once(&r.timed))
+                .enumerate()
+            {
+                let t = trees.entry(s.tree).or_default();
+                let n = match s.action {
+                    Action::Write { list, .. } | Action::Overwrite { list } => {
+                        let l = self.lists.get(list);
+                        t.extend(l.iter().map(|e| e.path.as_str()));
+                        l.len()
+                    }
+                    Action::Unlink { list } => {
+                        let l = self.lists.get(list);
+                        for e in l {
+                            t.remove(e.path.as_str());
+                        }
+                        l.len()
+                    }
+                    Action::Read | Action::Stat => t.len(),
+                    Action::Delete => {
+                        let n = t.len();
+                        t.clear();
+                        n
+                    }
+                };
+                if i == r.prepare.len() {
+                    timed = n as u64;
+                }
+            }
+            out.push(timed);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -960,6 +1006,25 @@ mod tests {
             }
         );
         assert!(r[3].prepare.is_empty());
+    }
+
+    #[test]
+    fn the_files_a_round_handles_follow_its_trees() {
+        let w = Workload::compilebench(
+            &Datasets::embedded(),
+            0.05,
+            555,
+            &Schedule::Phases(vec![
+                Phase::Create,
+                Phase::Compile,
+                Phase::ReadCompiled,
+                Phase::Clean,
+                Phase::DeleteTree,
+            ]),
+            true,
+        );
+        let (u, c) = (w.lists.unpatched.len() as u64, w.lists.compile.len() as u64);
+        assert_eq!(w.files_per_round(), vec![u, c, u + c, c, u]);
     }
 
     #[test]

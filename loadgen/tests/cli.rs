@@ -874,3 +874,44 @@ fn stream_writes_rewrites_and_reads_one_file_a_client() {
     }
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
 }
+
+/// A run on a terminal shows a progress bar (round, phase, files done of the total, the
+/// rate, the time left); --quiet, or output to a pipe, shows none.
+#[test]
+fn a_terminal_gets_a_progress_bar_and_a_pipe_or_quiet_does_not() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().to_str().expect("utf8");
+    let cmd = |extra: &str| {
+        format!(
+            "{} compilebench {d} --scale 0.1 --phases create,read-tree --no-sync{extra}",
+            env!("CARGO_BIN_EXE_loadgen")
+        )
+    };
+    // `script` gives the run a terminal and copies what it shows to stdout.
+    let on_tty = |extra: &str| {
+        let o = Command::new("script")
+            .args(["-qec", &cmd(extra), "/dev/null"])
+            .output()
+            .expect("script (util-linux)");
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let shown = on_tty("");
+    assert!(
+        shown.contains("round 1/2") && shown.contains("create") && shown.contains("ETA"),
+        "{shown}"
+    );
+    assert!(shown.contains("files"), "{shown}");
+    assert!(!on_tty(" --quiet").contains("ETA"));
+    let o = loadgen(&[
+        "compilebench",
+        d,
+        "--scale",
+        "0.02",
+        "--phases",
+        "create",
+        "--no-sync",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("ETA"));
+}
