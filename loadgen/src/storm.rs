@@ -222,6 +222,10 @@ pub struct UserResult {
     /// This user's operation latencies during the session.
     pub session_latency: BTreeMap<String, LatencyReport>,
     pub error: Option<String>,
+    /// When this user started after the start barrier released the class, from the
+    /// first user's start.
+    #[serde(default)]
+    pub start_s: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -802,7 +806,8 @@ fn one_run(
     let logins_done = Barrier::new(n + 1);
     let sessions_done = Barrier::new(n + 1);
     let logouts_done = Barrier::new(n + 1);
-    let results: Mutex<Vec<(UserResult, Latencies, Latencies)>> = Mutex::new(Vec::new());
+    type Played = ((UserResult, Latencies, Latencies), Option<Instant>);
+    let results: Mutex<Vec<Played>> = Mutex::new(Vec::new());
     let counts = |r: &Option<CcfsMount>| r.as_ref().map(CcfsMount::counts).transpose();
     let mut snaps: [Option<ShareCounts>; 4] = Default::default();
     let mut cpu = [(0.0, 0.0); 2];
@@ -822,8 +827,9 @@ fn one_run(
             let share_home = share_view.join(format!("user{u:03}"));
             s.spawn(move || {
                 let r = user(cfg, spec.with_ccfs, u, &share_home, work, &gates);
+                let started = START.with(|t| t.get());
                 if let Ok(mut g) = results.lock() {
-                    g.push(r);
+                    g.push((r, started));
                 }
             });
         }
@@ -852,7 +858,18 @@ fn one_run(
         }
     });
     drop(relay);
-    let mut rs = results.into_inner().unwrap_or_default();
+    let played = results.into_inner().unwrap_or_default();
+    // Each user's start from the first one's: how closely the class really started.
+    let first = played.iter().filter_map(|p| p.1).min();
+    let mut rs: Vec<(UserResult, Latencies, Latencies)> = played
+        .into_iter()
+        .map(|(mut r, t)| {
+            if let (Some(t), Some(first)) = (t, first) {
+                r.0.start_s = t.duration_since(first).as_secs_f64();
+            }
+            r
+        })
+        .collect();
     rs.sort_by_key(|r| r.0.user);
     let mut lat_login = Latencies::new();
     let mut lat_session = Latencies::new();
@@ -907,6 +924,11 @@ fn one_run(
     })
 }
 
+thread_local! {
+    /// When this thread's user started after the start barrier.
+    static START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
 /// The barriers every user passes, in this order.
 struct Gates<'a> {
     start: &'a Barrier,
@@ -937,11 +959,13 @@ fn user(
         ccfs_cpu_s: None,
         session_latency: BTreeMap::new(),
         error: None,
+        start_s: 0.0,
     };
     let mut session_lat = Latencies::new();
     let ws = Workstation::of(work, u);
     gates.start.wait();
     let t0 = Instant::now();
+    START.with(|t| t.set(Some(t0)));
     let mut mount = None;
     let failed = |r: UserResult, session_lat| {
         if let Some(b) = gates.logins_done {
@@ -1185,6 +1209,14 @@ pub fn table(runs: &[StormReport]) -> String {
             "login + logout p50 (s)",
             From::Timed(|r| Some(r.login_plus_logout.p50_s)),
             secs,
+        ),
+        (
+            "users' start spread (ms)",
+            From::Timed(|r| {
+                let starts = r.per_user.iter().map(|u| u.start_s);
+                Some(starts.fold(0.0, f64::max) * 1000.0)
+            }),
+            |v: f64| format!("{v:.1}"),
         ),
         (
             "server CPU, whole run (s)",
