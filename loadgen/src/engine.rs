@@ -224,6 +224,9 @@ pub struct PhaseResult {
     pub tree: u32,
     pub clients: Vec<ClientResult>,
     pub latencies: Latencies,
+    /// When the clients were released (their start and end count from it); None when
+    /// they never were.
+    pub released: Option<Instant>,
 }
 
 impl PhaseResult {
@@ -233,6 +236,7 @@ impl PhaseResult {
             tree,
             clients,
             latencies,
+            released: None,
         }
     }
 
@@ -902,6 +906,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Pass {
     clients: Vec<ClientResult>,
     latencies: Latencies,
+    released: Instant,
     /// The deadline passed with calls still in flight: the pool cannot be used again.
     hung: bool,
 }
@@ -1052,6 +1057,7 @@ impl Pool {
         Pass {
             clients,
             latencies,
+            released,
             hung,
         }
     }
@@ -1311,7 +1317,9 @@ pub fn run_with_gate(
                         c
                     })
                     .collect();
-                PhaseResult::new(phase, round.timed.tree, clients, p.latencies)
+                let mut pr = PhaseResult::new(phase, round.timed.tree, clients, p.latencies);
+                pr.released = Some(p.released);
+                pr
             }
         };
         on_phase(&pr);

@@ -2,9 +2,11 @@
 //! running its clients with the engine; every phase starts on all hosts together.
 //!
 //! Protocol, one JSON object a line. Agent to coordinator: `{"ready":I}` once its clients
-//! prepared phase I, then `{"result":PHASE}` when the phase ends; coordinator to agent:
-//! `go` (start phase I) or `stop`. Latency histograms travel as their recorded values, so
-//! the merged percentiles are exact.
+//! prepared phase I, then `{"result":PHASE}` when the phase ends, and `{"pong":NS}` (its
+//! clock) for every `ping`; coordinator to agent: `ping`, `go` (start phase I) or `stop`.
+//! Latency histograms travel as their recorded values, so the merged percentiles are
+//! exact. Clients' times travel on the agent's clock and are put on the coordinator's with
+//! the offset its pings measured (the best of five: within half a round trip).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -23,6 +25,7 @@ pub struct ClientWire {
     pub client: usize,
     pub bytes: u64,
     pub files: u64,
+    /// On the agent's clock (nanoseconds since the agent started).
     pub start_ns: u64,
     pub end_ns: u64,
     #[serde(default)]
@@ -45,6 +48,19 @@ pub struct PhaseWire {
 pub enum AgentMsg {
     Ready(usize),
     Result(PhaseWire),
+    Pong(u64),
+}
+
+/// The agent's clock: nanoseconds since it started.
+static AGENT_EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn agent_now_ns() -> u64 {
+    AGENT_EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn agent_ns(t: Instant) -> u64 {
+    t.saturating_duration_since(*AGENT_EPOCH.get_or_init(Instant::now))
+        .as_nanos() as u64
 }
 
 pub fn to_wire(p: &PhaseResult) -> PhaseWire {
@@ -60,8 +76,8 @@ pub fn to_wire(p: &PhaseResult) -> PhaseWire {
                 bytes: c.bytes,
                 files: c.files,
                 dirs: c.dirs,
-                start_ns: c.start.as_nanos() as u64,
-                end_ns: c.end.as_nanos() as u64,
+                start_ns: p.released.map(|r| agent_ns(r + c.start)).unwrap_or(0),
+                end_ns: p.released.map(|r| agent_ns(r + c.end)).unwrap_or(0),
                 error: c.error.clone(),
                 warnings: c.warnings.clone(),
             })
@@ -69,7 +85,10 @@ pub fn to_wire(p: &PhaseResult) -> PhaseWire {
     }
 }
 
-fn from_wire(w: &PhaseWire) -> Vec<ClientResult> {
+/// An agent's clients, their times put on the coordinator's clock (nanoseconds since its
+/// origin) with the agent's measured offset.
+fn from_wire(w: &PhaseWire, offset_ns: i128) -> Vec<ClientResult> {
+    let on_ours = |ns: u64| Duration::from_nanos((i128::from(ns) - offset_ns).max(0) as u64);
     w.clients
         .iter()
         .map(|c| ClientResult {
@@ -77,8 +96,8 @@ fn from_wire(w: &PhaseWire) -> Vec<ClientResult> {
             bytes: c.bytes,
             files: c.files,
             dirs: c.dirs,
-            start: Duration::from_nanos(c.start_ns),
-            end: Duration::from_nanos(c.end_ns),
+            start: on_ours(c.start_ns),
+            end: on_ours(c.end_ns),
             error: c.error.clone(),
             warnings: c.warnings.clone(),
         })
@@ -93,6 +112,7 @@ static GO: std::sync::Mutex<Option<std::sync::mpsc::Receiver<bool>>> = std::sync
 /// stop flag, so that the clients stop at their next unit and the agent cleans up and
 /// ends instead of running on.
 pub fn agent_listen(stop: &'static std::sync::atomic::AtomicBool) {
+    AGENT_EPOCH.get_or_init(Instant::now);
     let (tx, rx) = std::sync::mpsc::channel();
     *GO.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
     std::thread::spawn(move || {
@@ -103,6 +123,13 @@ pub fn agent_listen(stop: &'static std::sync::atomic::AtomicBool) {
             match stdin.lock().read_line(&mut line) {
                 Ok(n) if n > 0 && line.trim() == "go" => {
                     let _ = tx.send(true);
+                }
+                Ok(n) if n > 0 && line.trim() == "ping" => {
+                    let pong = AgentMsg::Pong(agent_now_ns());
+                    if let Ok(msg) = serde_json::to_string(&pong) {
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{msg}").and_then(|()| out.flush());
+                    }
                 }
                 Ok(n) if n > 0 && line.trim() != "stop" => {}
                 _ => {
@@ -208,46 +235,69 @@ fn from_all(
     timeout: Duration,
     stop: &AtomicBool,
     what: &str,
-    mut want: impl FnMut(usize, AgentMsg) -> Result<(), String>,
+    mut want: impl FnMut(usize, &AgentMsg) -> Result<Take, String>,
 ) -> Result<(), String> {
     let start = Instant::now();
     let mut got = vec![false; agents.len()];
-    for (k, q) in early.iter_mut().enumerate() {
-        if let Some(m) = q.pop_front() {
-            want(k, m?)?;
+    // What is not for this wait goes back to `early`, each agent's in its order.
+    let mut kept: Early = vec![VecDeque::new(); agents.len()];
+    let mut offer = |k: usize,
+                     m: Result<AgentMsg, String>,
+                     got: &mut Vec<bool>,
+                     kept: &mut Early|
+     -> Result<(), String> {
+        let m = m?;
+        if !got[k] && want(k, &m)? == Take::Mine {
             got[k] = true;
+        } else {
+            kept[k].push_back(Ok(m));
+        }
+        Ok(())
+    };
+    for (k, q) in early.iter_mut().enumerate() {
+        while let Some(m) = q.pop_front() {
+            offer(k, m, &mut got, &mut kept)?;
         }
     }
-    while got.iter().any(|g| !g) {
-        if stop.load(Ordering::Relaxed) {
-            return Err("interrupted".into());
-        }
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok((k, m)) if got[k] => early[k].push_back(m),
-            Ok((k, Ok(m))) => {
-                want(k, m)?;
-                got[k] = true;
+    let result = (|| {
+        while got.iter().any(|g| !g) {
+            if stop.load(Ordering::Relaxed) {
+                return Err("interrupted".to_string());
             }
-            Ok((_, Err(e))) => return Err(e),
-            Err(RecvTimeoutError::Timeout) => {
-                if start.elapsed() > timeout {
-                    let late: Vec<&str> = agents
-                        .iter()
-                        .zip(&got)
-                        .filter(|(_, g)| !**g)
-                        .map(|(a, _)| a.host.as_str())
-                        .collect();
-                    return Err(format!(
-                        "{} did not {what} within {} s (--phase-timeout)",
-                        late.join(", "),
-                        timeout.as_secs()
-                    ));
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                // An agent's end after it answered this wait is for the next one.
+                Ok((k, Err(e))) if got[k] => kept[k].push_back(Err(e)),
+                Ok((k, m)) => offer(k, m, &mut got, &mut kept)?,
+                Err(RecvTimeoutError::Timeout) => {
+                    if start.elapsed() > timeout {
+                        let late: Vec<&str> = agents
+                            .iter()
+                            .zip(&got)
+                            .filter(|(_, g)| !**g)
+                            .map(|(a, _)| a.host.as_str())
+                            .collect();
+                        return Err(format!(
+                            "{} did not {what} within {} s (--phase-timeout)",
+                            late.join(", "),
+                            timeout.as_secs()
+                        ));
+                    }
                 }
+                Err(RecvTimeoutError::Disconnected) => return Err("every agent ended".into()),
             }
-            Err(RecvTimeoutError::Disconnected) => return Err("every agent ended".into()),
         }
-    }
-    Ok(())
+        Ok(())
+    })();
+    *early = kept;
+    result
+}
+
+/// Whether a message is the one a wait is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Take {
+    Mine,
+    /// Not this wait's (a ready that came with the pongs): kept for the next.
+    Later,
 }
 
 /// Runs `rounds` on every host at once: each agent gets `agent_args` (the workload
@@ -299,7 +349,36 @@ pub fn run(
     drop(tx);
     let mut early: Early = vec![VecDeque::new(); agents.len()];
     let mut results = Vec::new();
+    let origin = Instant::now();
+    let mut offsets: Vec<(i128, u64)> = vec![(0, u64::MAX); agents.len()];
     let outcome = (|| -> Result<(), String> {
+        // Each agent's clock against ours: five pings, the shortest round trip kept.
+        for _ in 0..5 {
+            let sent = origin.elapsed().as_nanos();
+            for a in agents.iter_mut() {
+                a.send("ping");
+            }
+            from_all(
+                &agents,
+                &rx,
+                &mut early,
+                timeout,
+                stop,
+                "answer a ping",
+                |k, m| match m {
+                    AgentMsg::Pong(theirs) => {
+                        let back = origin.elapsed().as_nanos();
+                        let rtt = back.saturating_sub(sent);
+                        let mid = (back - rtt / 2) as i128;
+                        if (rtt as u64) < offsets[k].1 {
+                            offsets[k] = (i128::from(*theirs) - mid, rtt as u64);
+                        }
+                        Ok(Take::Mine)
+                    }
+                    _ => Ok(Take::Later),
+                },
+            )?;
+        }
         for (i, round) in rounds.iter().enumerate() {
             let phase = round.timed.phase;
             // Preparing can take as long as a round.
@@ -311,7 +390,7 @@ pub fn run(
                 stop,
                 "get ready",
                 |k, m| match m {
-                    AgentMsg::Ready(n) if n == i => Ok(()),
+                    AgentMsg::Ready(n) if *n == i => Ok(Take::Mine),
                     other => Err(format!(
                         "{}: expected ready {i}, got {other:?}",
                         agents[k].host
@@ -335,9 +414,9 @@ pub fn run(
                     AgentMsg::Result(w)
                         if w.phase == phase.name() && w.tree == round.timed.tree =>
                     {
-                        clients.extend(from_wire(&w));
+                        clients.extend(from_wire(w, offsets[k].0));
                         latencies.merge(&Latencies::from_wire(&w.latencies));
-                        Ok(())
+                        Ok(Take::Mine)
                     }
                     other => Err(format!(
                         "{}: expected the {} result, got {other:?}",
@@ -347,6 +426,12 @@ pub fn run(
                 },
             )?;
             clients.sort_by_key(|c| c.client);
+            // From the first client's start, on the coordinator's clock.
+            let first = clients.iter().map(|c| c.start).min().unwrap_or_default();
+            for c in clients.iter_mut() {
+                c.start -= first;
+                c.end = c.end.saturating_sub(first);
+            }
             let pr = PhaseResult::new(phase, round.timed.tree, clients, latencies);
             on_phase(&pr);
             let failed = pr.error().is_some();

@@ -474,22 +474,27 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
     // namespaces with sshd): $LOADGEN_TEST_SSH is the ssh command reaching h1..h3.
     let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
     let ssh = std::env::var("LOADGEN_TEST_SSH").unwrap_or_else(|_| fake.display().to_string());
-    let o = loadgen(&[
-        "compilebench",
-        dir.path().to_str().expect("utf8"),
-        "--hosts",
-        "h1,h2,h3",
-        "--clients-per-host",
-        "2",
-        "--ssh-command",
-        &ssh,
-        "--scale",
-        "0.01",
-        "--phases",
-        "create,read-tree",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let o = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args([
+            "compilebench",
+            dir.path().to_str().expect("utf8"),
+            "--hosts",
+            "h1,h2,h3",
+            "--clients-per-host",
+            "2",
+            "--ssh-command",
+            &ssh,
+            "--scale",
+            "0.01",
+            "--phases",
+            "create,read-tree",
+            "--json",
+            json.to_str().expect("utf8"),
+        ])
+        // With the stand-in: h2's agent starts a second late, its clock a second behind.
+        .env("LOADGEN_FAKE_SSH_LATE", "h2")
+        .output()
+        .expect("run loadgen");
     assert!(o.status.success(), "{}", text(&o));
     let v = read_json(&json);
     validate(&v);
@@ -508,6 +513,17 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         .iter()
         .all(|c| c["files"].as_u64() == Some(per_client)));
     assert_eq!(create["files"].as_u64(), Some(6 * per_client));
+    // The hosts' clocks are put on the coordinator's (each agent's clock starts with its
+    // process): released together, every client started before the first one ended.
+    let starts = clients
+        .iter()
+        .map(|c| c["start_s"].as_f64().expect("start"));
+    let ends = clients.iter().map(|c| c["end_s"].as_f64().expect("end"));
+    let (last_start, first_end) = (starts.fold(0.0, f64::max), ends.fold(f64::MAX, f64::min));
+    assert!(
+        last_start < first_end,
+        "{last_start} >= {first_end}: {create}"
+    );
     assert_eq!(
         create["latency"]["open"]["count"].as_u64(),
         Some(6 * per_client),

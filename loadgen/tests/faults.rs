@@ -268,9 +268,14 @@ fn a_dead_agent_ends_the_run_naming_its_host() {
         json.to_str().expect("utf8"),
     ]);
     wait_rounds(&json, 2);
-    // h2's agent (its clients are numbered from 1), killed as a host dies.
+    // h2's agent (its clients are numbered from 1; this test's directory), killed as a
+    // host dies.
     let o = Command::new("pkill")
-        .args(["-KILL", "-f", "loadgen agent .*--client-base 1$"])
+        .args(["-KILL", "-f"])
+        .arg(format!(
+            "loadgen agent {} .*--client-base 1$",
+            dir.path().display()
+        ))
         .status()
         .expect("pkill");
     assert!(o.success(), "h2's agent was running");
