@@ -815,6 +815,7 @@ fn one_run(
     let mut meter_err = None;
     let any_pids = !cfg.server_pids.is_empty() || !client_pids.is_empty();
     let measure_cpu = !spec.metered && any_pids;
+    crate::login::NOT_STARTED.store(n, std::sync::atomic::Ordering::Relaxed);
     std::thread::scope(|s| {
         for u in 0..n {
             let gates = Gates {
@@ -963,9 +964,23 @@ fn user(
     };
     let mut session_lat = Latencies::new();
     let ws = Workstation::of(work, u);
+    // Made before the start (its data and its list of the home's files): the login's
+    // time is the login's.
+    let mut actor = actor(
+        cfg,
+        with_ccfs,
+        if with_ccfs {
+            ws.mnt.clone()
+        } else {
+            share_home.to_path_buf()
+        },
+        &ws,
+        1000 + u as u64,
+    );
     gates.start.wait();
     let t0 = Instant::now();
     START.with(|t| t.set(Some(t0)));
+    crate::login::NOT_STARTED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     let mut mount = None;
     let failed = |r: UserResult, session_lat| {
         if let Some(b) = gates.logins_done {
@@ -975,7 +990,7 @@ fn user(
         gates.logouts_done.wait();
         (r, Latencies::new(), session_lat)
     };
-    let home = if with_ccfs {
+    if with_ccfs {
         match CcfsMount::mount(
             &cfg.ccfs,
             share_home,
@@ -986,17 +1001,13 @@ fn user(
             Ok(m) => {
                 mount = Some(m);
                 r.mount_s = t0.elapsed().as_secs_f64();
-                ws.mnt.clone()
             }
             Err(e) => {
                 r.error = Some(e);
                 return failed(r, session_lat);
             }
         }
-    } else {
-        share_home.to_path_buf()
-    };
-    let mut actor = actor(cfg, with_ccfs, home, &ws, 1000 + u as u64);
+    }
     let login = actor.play(&cfg.profile.login, 0);
     r.login_s = t0.elapsed().as_secs_f64();
     let login_lat = std::mem::take(&mut actor.lat);
