@@ -149,6 +149,40 @@ fn bad_input_is_refused_with_exit_2() {
             vec!["compilebench", "nfs://127.0.0.1:1/export"],
             "cannot mount",
         ),
+        // A result file that could not be written at the end is refused at the start.
+        (
+            vec![
+                "compilebench",
+                d,
+                "--phases",
+                "create",
+                "--json",
+                "/nonexistent/r.json",
+            ],
+            "does not exist",
+        ),
+        (
+            vec![
+                "compilebench",
+                d,
+                "--phases",
+                "create",
+                "--csv",
+                "/nonexistent/r.csv",
+            ],
+            "does not exist",
+        ),
+        (
+            vec![
+                "compilebench",
+                d,
+                "--phases",
+                "create",
+                "--phase-timeout",
+                "0",
+            ],
+            "--phase-timeout",
+        ),
     ] {
         let o = loadgen(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -930,4 +964,64 @@ fn a_terminal_gets_a_progress_bar_and_a_pipe_or_quiet_does_not() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("ETA"));
+}
+
+/// What the record says was done is what was done: as another user than root the caches
+/// cannot be dropped (the JSON says false, with a warning); --read-other with one client
+/// on each host reads nothing of another's (false, with a warning).
+#[test]
+fn the_record_says_what_was_really_done() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = tempfile::tempdir().expect("out");
+    for d in [dir.path(), out.path()] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+    }
+    let json = out.path().join("n.json");
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["compilebench", dir.path().to_str().expect("utf8")])
+        .args(["--scale", "0.01", "--phases", "create", "--json"])
+        .arg(&json)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    validate(&v);
+    assert_eq!(v["config"]["drop_caches"], false);
+    assert_eq!(v["config"]["sync"], true);
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap_or("")
+            .contains("needs root"),
+        "{v}"
+    );
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    let json = out.path().join("r.json");
+    let o = loadgen(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2",
+        "--ssh-command",
+        fake.to_str().expect("utf8"),
+        "--scale",
+        "0.01",
+        "--phases",
+        "create,read-tree",
+        "--read-other",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    assert_eq!(v["config"]["read_other"], false);
+    assert!(
+        v["warnings"].as_array().expect("w").iter().any(|w| w
+            .as_str()
+            .is_some_and(|w| w.contains("--read-other needs two"))),
+        "{v}"
+    );
 }

@@ -330,3 +330,37 @@ fn delete_stays_inside_the_tree() {
         "the tree is gone"
     );
 }
+
+/// The data cannot be deduplicated: two files of one size differ, and so do the pieces of
+/// one file; and a file's content is the same in every run (the NFS target is compared
+/// with a local run byte for byte).
+#[test]
+fn written_data_does_not_repeat_and_is_the_same_every_run() {
+    let w = workload(0.05, &[Phase::Compile]);
+    let trees: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tmp")).collect();
+    for t in &trees {
+        let r = run(&config(t.path(), 1, w.clone()));
+        assert!(r[0].error().is_none());
+    }
+    let read = |t: &tempfile::TempDir, p: &str| {
+        std::fs::read(t.path().join("client-0/kernel-0").join(p)).expect("read")
+    };
+    let big: Vec<&str> = w
+        .lists
+        .compile
+        .iter()
+        .filter(|e| e.size > 512 * 1024)
+        .map(|e| e.path.as_str())
+        .take(2)
+        .collect();
+    assert_eq!(big.len(), 2, "two files of more than two pieces");
+    let (a, b) = (read(&trees[0], big[0]), read(&trees[0], big[1]));
+    let piece = 256 * 1024;
+    assert_ne!(a[..piece], b[..piece], "two files begin alike");
+    assert_ne!(a[..piece], a[piece..2 * piece], "a file's pieces repeat");
+    assert_eq!(
+        a,
+        read(&trees[1], big[0]),
+        "the same content in another run"
+    );
+}
