@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::store::{Kind, Store, Target};
+use crate::store::{Handle, Kind, Store, Target};
 use crate::workload::{Action, Entry, ListId, Lists, Phase, Round, Step, Workload};
 
 /// The operations that are timed.
@@ -780,18 +780,10 @@ fn write_file(
         _ => store.open_append(path, read_first, cfg.direct),
     })?;
     if read_first {
-        let half = w.buf.len() / 2;
-        loop {
-            let buf = &mut w.buf[..half];
-            let t = Instant::now();
-            let n = store.read(&mut h, buf)?;
-            lat.record(if n == 0 { Op::ReadEof } else { Op::Read }, t.elapsed());
-            if n == 0 {
-                break;
-            }
-        }
-        timed(lat, Op::Truncate, || store.truncate(&mut h))?;
+        read_to_end(store, w, &mut h)?;
+        timed(&mut w.lat, Op::Truncate, || store.truncate(&mut h))?;
     }
+    let lat = &mut w.lat;
     let piece = (w.buf.len() / 2).max(1);
     // Direct I/O takes its pieces at block-aligned places of the (aligned) buffer.
     let align = if cfg.direct { DIRECT_ALIGN } else { 1 };
@@ -818,23 +810,29 @@ fn write_file(
 /// The alignment O_DIRECT needs of buffers, offsets and sizes.
 pub const DIRECT_ALIGN: usize = 4096;
 
-/// Reads a file whole; returns its bytes.
-fn read_file(store: &mut Store, w: &mut Worker, path: &Path, direct: bool) -> io::Result<u64> {
-    let lat = &mut w.lat;
-    let mut h = timed(lat, Op::Open, || store.open_read(path, direct))?;
+/// Reads an open file to its end in write-size pieces, the read that finds the end timed
+/// apart; returns the bytes read.
+fn read_to_end(store: &mut Store, w: &mut Worker, h: &mut Handle) -> io::Result<u64> {
     let half = w.buf.len() / 2;
     let mut total = 0u64;
     loop {
         let buf = &mut w.buf[..half];
         let t = Instant::now();
-        let n = store.read(&mut h, buf)?;
-        lat.record(if n == 0 { Op::ReadEof } else { Op::Read }, t.elapsed());
+        let n = store.read(h, buf)?;
+        w.lat
+            .record(if n == 0 { Op::ReadEof } else { Op::Read }, t.elapsed());
         if n == 0 {
-            break;
+            return Ok(total);
         }
         total += n as u64;
     }
-    timed(lat, Op::Close, || store.close(h))?;
+}
+
+/// Reads a file whole; returns its bytes.
+fn read_file(store: &mut Store, w: &mut Worker, path: &Path, direct: bool) -> io::Result<u64> {
+    let mut h = timed(&mut w.lat, Op::Open, || store.open_read(path, direct))?;
+    let total = read_to_end(store, w, &mut h)?;
+    timed(&mut w.lat, Op::Close, || store.close(h))?;
     Ok(total)
 }
 

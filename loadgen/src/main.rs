@@ -107,15 +107,8 @@ struct StreamArgs {
     /// no client cache either way.
     #[arg(long)]
     direct: bool,
-    /// Worker threads (default: one a client, up to 64).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Seconds a phase may take before the run stops as hung.
-    #[arg(long, default_value_t = 3600)]
-    phase_timeout: u64,
-    /// Seconds an NFS call may wait for the server.
-    #[arg(long, default_value_t = 60)]
-    io_timeout: u64,
+    #[command(flatten)]
+    limits: Limits,
     #[command(flatten)]
     out: OutputOpts,
     #[command(flatten)]
@@ -171,9 +164,7 @@ fn stream(a: &StreamArgs) -> Result<(), Error> {
         no_sync: true,
         no_drop_caches: true,
         read_other: false,
-        threads: a.threads,
-        phase_timeout: a.phase_timeout,
-        io_timeout: a.io_timeout,
+        limits: a.limits.clone(),
         out: a.out.clone(),
         net: a.net.clone(),
         client_base: 0,
@@ -219,17 +210,28 @@ fn stream(a: &StreamArgs) -> Result<(), Error> {
     if !one {
         print!("{}", report::sweep_table(&runs));
     }
-    if let Some(j) = &opts.out.json {
-        let v = if one {
-            report::to_json(&runs[0])
-        } else {
-            serde_json::to_vec_pretty(&runs).unwrap_or_default()
+    finish_runs(&runs, &opts.out, !one, "a smaller --size")
+}
+
+/// Writes the runs of a sweep or a stream (JSON: a list, or the one run when `list` is
+/// false; CSV: every run's rows) and says how they ended; `smaller` is what to try when
+/// the target filled up.
+fn finish_runs(
+    runs: &[RunReport],
+    out: &OutputOpts,
+    list: bool,
+    smaller: &str,
+) -> Result<(), Error> {
+    if let Some(j) = &out.json {
+        let v = match runs {
+            [one] if !list => report::to_json(one),
+            _ => serde_json::to_vec_pretty(runs).unwrap_or_default(),
         };
         write_out(j, &v)
             .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
     }
-    if let Some(c) = &opts.out.csv {
-        write_out(c, &report::sweep_csv(&runs))
+    if let Some(c) = &out.csv {
+        write_out(c, &report::sweep_csv(runs))
             .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
     }
     match runs.iter().find_map(|r| r.error.clone()) {
@@ -237,9 +239,11 @@ fn stream(a: &StreamArgs) -> Result<(), Error> {
             "interrupted by a signal: stopped cleanly; results so far are kept".into(),
         )),
         Some(e) if e.contains("No space left") => Err(Error::Failed(format!(
-            "the target filled up ({e}); results so far are kept; free space or use a smaller --size"
+            "the target filled up ({e}); results so far are kept; free space or use {smaller}"
         ))),
-        Some(e) => Err(Error::Failed(format!("stopped: {e}; results so far are kept"))),
+        Some(e) => Err(Error::Failed(format!(
+            "stopped: {e}; results so far are kept"
+        ))),
         None => Ok(()),
     }
 }
@@ -365,16 +369,8 @@ struct RunOpts {
     /// cache); with --hosts, the next client on the same host.
     #[arg(long)]
     read_other: bool,
-    /// Worker threads, at most this many calls in flight (default: one a client, up to 64).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Seconds a round (and the cleanup) may take before the run stops as hung, naming the
-    /// target or host that did not answer.
-    #[arg(long, default_value_t = 3600)]
-    phase_timeout: u64,
-    /// Seconds an NFS call (nfs:// targets) may wait for the server before it fails.
-    #[arg(long, default_value_t = 60)]
-    io_timeout: u64,
+    #[command(flatten)]
+    limits: Limits,
     #[command(flatten)]
     out: OutputOpts,
     #[command(flatten)]
@@ -389,6 +385,31 @@ struct RunOpts {
     /// Open files with O_DIRECT (stream).
     #[arg(long, hide = true)]
     direct: bool,
+}
+
+/// How many calls at once, and how long a run waits on its target.
+#[derive(Debug, Args, Clone)]
+struct Limits {
+    /// Worker threads, at most this many calls in flight (default: one a client, up to 64).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seconds a round (and the cleanup) may take before the run stops as hung, naming the
+    /// target or host that did not answer.
+    #[arg(long, default_value_t = 3600)]
+    phase_timeout: u64,
+    /// Seconds an NFS call (nfs:// targets) may wait for the server before it fails.
+    #[arg(long, default_value_t = 60)]
+    io_timeout: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            phase_timeout: 3600,
+            io_timeout: 60,
+        }
+    }
 }
 
 /// Where the clients run: this machine, or hosts reached over SSH.
@@ -621,15 +642,15 @@ fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> {
     if opts.write_size == 0 || opts.write_size > 64 << 20 {
         return Err(user("--write-size must be between 1 byte and 64 MiB"));
     }
-    if opts.threads.is_some_and(|t| t == 0 || t > 4096) {
+    if opts.limits.threads.is_some_and(|t| t == 0 || t > 4096) {
         return Err(user("--threads must be between 1 and 4096"));
     }
-    if opts.phase_timeout == 0 || opts.phase_timeout > 7 * 86_400 {
+    if opts.limits.phase_timeout == 0 || opts.limits.phase_timeout > 7 * 86_400 {
         return Err(user(
             "--phase-timeout is in seconds, between 1 and 604800 (a week)",
         ));
     }
-    if opts.io_timeout == 0 || opts.io_timeout > 86_400 {
+    if opts.limits.io_timeout == 0 || opts.limits.io_timeout > 86_400 {
         return Err(user("--io-timeout is in seconds, between 1 and 86400"));
     }
     Ok(())
@@ -786,7 +807,7 @@ fn run_workload(
                 .to_string(),
         );
     }
-    let target = parse_target(dir, opts.io_timeout)?;
+    let target = parse_target(dir, opts.limits.io_timeout)?;
     // With --hosts every agent makes its own run directory on its host.
     let run_dir = match &hosts {
         None => prepare_run_dir(&target, opts.out.allow_nonempty)?,
@@ -891,7 +912,7 @@ fn run_workload(
                 h,
                 &rounds,
                 &args,
-                Duration::from_secs(opts.phase_timeout),
+                Duration::from_secs(opts.limits.phase_timeout),
                 stop,
                 on_phase,
             ) {
@@ -972,9 +993,10 @@ fn engine_config(
         native_order: opts.stream.is_none(),
         cleanup: !opts.out.keep,
         threads: opts
+            .limits
             .threads
             .unwrap_or_else(|| engine::Config::default_threads(clients)),
-        phase_timeout: Some(Duration::from_secs(opts.phase_timeout)),
+        phase_timeout: Some(Duration::from_secs(opts.limits.phase_timeout)),
         direct: opts.direct,
     }
 }
@@ -1003,7 +1025,7 @@ fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
         "--write-size".into(),
         opts.write_size.to_string(),
     ]);
-    if let Some(t) = opts.threads {
+    if let Some(t) = opts.limits.threads {
         a.extend(["--threads".into(), t.to_string()]);
     }
     for (on, flag) in [
@@ -1030,7 +1052,7 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
         None => make_workload(opts, &parse_schedule(opts, COMPILEBENCH_DEFAULT)?),
     };
     // Several agents may share DIR (one filesystem, several hosts): allow it.
-    let target = parse_target(dir, opts.io_timeout)?;
+    let target = parse_target(dir, opts.limits.io_timeout)?;
     let run_dir = prepare_run_dir(&target, true)?;
     let drop = !opts.no_sync && !opts.no_drop_caches;
     let dropped = drop && engine::drop_caches();
@@ -1351,22 +1373,7 @@ fn main() -> ExitCode {
                     }
                 }
                 print!("{}", report::sweep_table(&runs));
-                if let Some(j) = &opts.out.json {
-                    let v = serde_json::to_vec_pretty(&runs).unwrap_or_default();
-                    write_out(j, &v)
-                        .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
-                }
-                if let Some(c) = &opts.out.csv {
-                    write_out(c, &report::sweep_csv(&runs))
-                        .map_err(|e| Error::Failed(format!("cannot write {}: {e}", c.display())))?;
-                }
-                match runs.iter().find_map(|r| r.error.clone()) {
-                    Some(e) if e.starts_with("interrupted") => Err(Error::Interrupted(
-                        "interrupted by a signal: stopped cleanly; results so far are kept".into(),
-                    )),
-                    Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
-                    None => Ok(()),
-                }
+                finish_runs(&runs, &opts.out, true, "--scale")
             }
             Cmd::Report { results, out, font } => {
                 let mut runs: Vec<RunReport> = Vec::new();
@@ -1439,9 +1446,7 @@ fn main() -> ExitCode {
                     no_sync: true,
                     no_drop_caches: true,
                     read_other: false,
-                    threads: None,
-                    phase_timeout: 3600,
-                    io_timeout: 60,
+                    limits: Limits::default(),
                     out,
                     net: HostOpts::default(),
                     stream: None,

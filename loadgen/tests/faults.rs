@@ -240,8 +240,24 @@ fn pid_of_mount(mnt: &Path) -> u32 {
         .unwrap_or_else(|_| panic!("no bindfs for {}", mnt.display()))
 }
 
-fn fake_ssh() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh")
+/// A long run in `dir` on `hosts` through the stand-in for ssh, writing `json`.
+fn on_hosts(dir: &Path, hosts: &str, json: &Path) -> Child {
+    let fake: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    spawn(&[
+        "compilebench",
+        dir.to_str().expect("utf8"),
+        "--hosts",
+        hosts,
+        "--ssh-command",
+        fake.to_str().expect("utf8"),
+        "--scale",
+        "0.03",
+        "--phases",
+        LONG,
+        "--no-sync",
+        "--json",
+        json.to_str().expect("utf8"),
+    ])
 }
 
 /// Multi-host: an agent killed mid-run ends the run with that host named, the table and
@@ -252,21 +268,7 @@ fn a_dead_agent_ends_the_run_naming_its_host() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("m.json");
-    let child = spawn(&[
-        "compilebench",
-        dir.path().to_str().expect("utf8"),
-        "--hosts",
-        "h1,h2,h3",
-        "--ssh-command",
-        fake_ssh().to_str().expect("utf8"),
-        "--scale",
-        "0.03",
-        "--phases",
-        LONG,
-        "--no-sync",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let child = on_hosts(dir.path(), "h1,h2,h3", &json);
     wait_rounds(&json, 2);
     // h2's agent (its clients are numbered from 1; this test's directory), killed as a
     // host dies.
@@ -319,21 +321,7 @@ fn an_interrupted_coordinator_stops_its_agents() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("m.json");
-    let child = spawn(&[
-        "compilebench",
-        dir.path().to_str().expect("utf8"),
-        "--hosts",
-        "h1,h2",
-        "--ssh-command",
-        fake_ssh().to_str().expect("utf8"),
-        "--scale",
-        "0.05",
-        "--phases",
-        LONG,
-        "--no-sync",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
+    let child = on_hosts(dir.path(), "h1,h2", &json);
     wait_rounds(&json, 3);
     signal(child.id(), libc::SIGINT);
     let o = wait_within(child, Duration::from_secs(60), "interrupted coordinator");

@@ -73,35 +73,9 @@ fn traced(dir: &Path, phases: &str, scale: &str) -> Vec<Call> {
     calls
 }
 
-/// The files below `root` as os.walk top-down gives them: a directory's files in its
-/// listing order, then its subdirectories, each in turn.
-fn walk_top_down(root: &Path, rel: &str, out: &mut Vec<String>, dirs: &mut Vec<String>) {
-    let mut subs = Vec::new();
-    for e in std::fs::read_dir(root.join(rel)).expect("ls") {
-        let e = e.expect("entry");
-        let name = e.file_name().to_string_lossy().into_owned();
-        let p = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        if e.file_type().expect("type").is_dir() {
-            subs.push(p);
-        } else {
-            out.push(p);
-        }
-    }
-    for s in subs {
-        dirs.push(s.clone());
-        walk_top_down(root, &s, out, dirs);
-    }
-}
-
-/// The same, bottom-up: each directory after its subdirectories, its files then its
-/// subdirectories named in its listing order.
-fn walk_bottom_up(root: &Path, rel: &str, out: &mut Vec<String>) {
-    let mut files = Vec::new();
-    let mut subs = Vec::new();
+/// A directory's files and subdirectories (paths relative to `root`), in listing order.
+fn list(root: &Path, rel: &str) -> (Vec<String>, Vec<String>) {
+    let (mut files, mut subs) = (Vec::new(), Vec::new());
     for e in std::fs::read_dir(root.join(rel)).expect("ls") {
         let e = e.expect("entry");
         let name = e.file_name().to_string_lossy().into_owned();
@@ -116,6 +90,24 @@ fn walk_bottom_up(root: &Path, rel: &str, out: &mut Vec<String>) {
             files.push(p);
         }
     }
+    (files, subs)
+}
+
+/// The files below `root` as os.walk top-down gives them: a directory's files in its
+/// listing order, then its subdirectories, each in turn.
+fn walk_top_down(root: &Path, rel: &str, out: &mut Vec<String>, dirs: &mut Vec<String>) {
+    let (files, subs) = list(root, rel);
+    out.extend(files);
+    for s in subs {
+        dirs.push(s.clone());
+        walk_top_down(root, &s, out, dirs);
+    }
+}
+
+/// The same, bottom-up: each directory after its subdirectories, its files then its
+/// subdirectories named in its listing order.
+fn walk_bottom_up(root: &Path, rel: &str, out: &mut Vec<String>) {
+    let (files, subs) = list(root, rel);
     for s in &subs {
         walk_bottom_up(root, s, out);
     }
