@@ -218,10 +218,21 @@ fn a_failed_sync_hides_no_later_conflict() {
     fs::remove_file(&flag).expect("rm flag");
     let b = fx.mount_at(&mnt_b, &cache_b, &[]);
     write(&mnt_b.join(".x"), "from b\n");
-    ok(&b.umount());
+    let b_out = b.umount();
+    ok(&b_out);
     write(&fx.m(".x"), "a, second\n");
-    ok(&a.umount());
-    assert_eq!(read(&fx.s(".x")), "from b\n", "B's version was overwritten");
+    let a_out = a.umount();
+    ok(&a_out);
+    // What both logouts said, should this ever fail (it did once in CI, under load).
+    assert_eq!(
+        read(&fx.s(".x")),
+        "from b\n",
+        "B's version was overwritten\nB's logout: {}\nA's logout: {}\nA's log: {}\nB's log: {}",
+        text(&b_out),
+        text(&a_out),
+        fs::read_to_string(fx.cache.join("ccfs.log")).unwrap_or_default(),
+        fs::read_to_string(cache_b.join("ccfs.log")).unwrap_or_default()
+    );
     assert_eq!(the_conflict_copy(&fx.share, ".x"), "a, second\n");
 }
 
