@@ -803,6 +803,8 @@ fn one_run(
         None => Vec::new(),
     };
     let start = Barrier::new(n + 1);
+    let at_gate = std::sync::atomic::AtomicUsize::new(0);
+    let go = std::sync::atomic::AtomicBool::new(false);
     let logins_done = Barrier::new(n + 1);
     let sessions_done = Barrier::new(n + 1);
     let logouts_done = Barrier::new(n + 1);
@@ -820,6 +822,8 @@ fn one_run(
         for u in 0..n {
             let gates = Gates {
                 start: &start,
+                at_gate: &at_gate,
+                go: &go,
                 logins_done: spec.metered.then_some(&logins_done),
                 sessions_done: &sessions_done,
                 logouts_done: &logouts_done,
@@ -841,6 +845,11 @@ fn one_run(
         snap(0);
         cpu[0] = (cpu_seconds(&cfg.server_pids), cpu_seconds(&client_pids));
         start.wait();
+        // Every user past the barrier (each now only yields), then all go at once.
+        while at_gate.load(std::sync::atomic::Ordering::SeqCst) < n {
+            std::thread::yield_now();
+        }
+        go.store(true, std::sync::atomic::Ordering::Release);
         let t0 = Instant::now();
         if spec.metered {
             logins_done.wait();
@@ -933,6 +942,12 @@ thread_local! {
 /// The barriers every user passes, in this order.
 struct Gates<'a> {
     start: &'a Barrier,
+    /// Users past the start barrier, waiting for `go`.
+    at_gate: &'a std::sync::atomic::AtomicUsize,
+    /// Set once every user waits for it: they all see it within one turn of the CPU
+    /// each (a barrier hands its lock from one woken thread to the next, which on a few
+    /// cores spreads the start of hundreds of users over half a second).
+    go: &'a std::sync::atomic::AtomicBool,
     /// Metered runs only: the counts are read between the logins and the sessions.
     logins_done: Option<&'a Barrier>,
     sessions_done: &'a Barrier,
@@ -978,6 +993,12 @@ fn user(
         1000 + u as u64,
     );
     gates.start.wait();
+    gates
+        .at_gate
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    while !gates.go.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::yield_now();
+    }
     let t0 = Instant::now();
     START.with(|t| t.set(Some(t0)));
     crate::login::NOT_STARTED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
