@@ -423,6 +423,43 @@ fn compilebench_accounts_for_every_file() {
     assert!(left.is_empty(), "run directory left behind: {left:?}");
 }
 
+/// The stream on the test directory: in a temporary directory, or in $LOADGEN_TEST_DIR
+/// (scripts/test points it at each testbed's volume: GlusterFS, MooseFS).
+#[test]
+fn stream_accounts_for_every_byte() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = match std::env::var_os("LOADGEN_TEST_DIR") {
+        Some(d) => {
+            let d = std::path::PathBuf::from(d).join("stream");
+            std::fs::create_dir_all(&d).expect("test dir");
+            d
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("s.json");
+    let o = loadgen(&[
+        "stream",
+        dir.to_str().expect("utf8"),
+        "--clients",
+        "2",
+        "--size",
+        "16M",
+        "--block",
+        "1M",
+        "--fsync",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    check_stream(&read_json(&json), 2, 16 << 20, 1 << 20);
+    assert_eq!(
+        std::fs::read_dir(&dir).expect("ls").count(),
+        0,
+        "nothing left"
+    );
+}
+
 #[test]
 fn report_draws_charts_and_a_page_from_results() {
     let dir = tempfile::tempdir().expect("tmp");
