@@ -1115,8 +1115,8 @@ pub fn native_order(cfg: &Config, lists: &Lists) -> Result<Lists, String> {
     Ok(out)
 }
 
-/// Removes a directory tree (depth first), untimed.
-fn remove_tree(store: &mut Store, dir: &Path) -> io::Result<()> {
+/// Removes a directory tree (depth first, never following a symlink), untimed.
+pub fn remove_tree(store: &mut Store, dir: &Path) -> io::Result<()> {
     for (name, kind) in store.readdir(dir)? {
         let p = dir.join(name);
         if kind == Kind::Dir {

@@ -511,6 +511,7 @@ fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Err
     if kind != Kind::Dir {
         return Err(user(format!("{name} is not a directory; give a directory")));
     }
+    clear_leftovers(&mut store, &base);
     let empty = store
         .is_empty_dir(&base)
         .map_err(|e| user(format!("cannot list {name}: {e}")))?;
@@ -527,12 +528,99 @@ fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Err
         ))
     })?;
     store
-        .put(
-            &run.join(".loadgen-run"),
-            format!("{{\"tool\":\"loadgen\",\"pid\":{}}}\n", std::process::id()).as_bytes(),
-        )
+        .put(&run.join(".loadgen-run"), &marker(false))
         .map_err(|e| Error::Failed(format!("cannot write in {}: {e}", run.display())))?;
     Ok(run)
+}
+
+/// Marks a run directory kept on purpose (--keep): a later run leaves it alone.
+fn mark_kept(target: &Target, run: &Path) {
+    let _ = Store::connect(target).put(&run.join(".loadgen-run"), &marker(true));
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A run directory's marker: whose it is (this process on this host), and whether the run
+/// ended and kept it on purpose (--keep).
+fn marker(kept: bool) -> Vec<u8> {
+    let v = serde_json::json!({
+        "tool": "loadgen",
+        "pid": std::process::id(),
+        "host": hostname(),
+        "kept": kept,
+    });
+    let mut b = v.to_string().into_bytes();
+    b.push(b'\n');
+    b
+}
+
+/// Whether a process `pid` runs on this host (any process: one that took the number over
+/// keeps a directory from being taken for a leftover, never the other way round).
+fn process_exists(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The run directories earlier runs left in `base`: one a run killed on this host left
+/// (its process gone, not kept on purpose) is removed, saying so; any other is named with
+/// how to remove it once its run is over.
+fn clear_leftovers(store: &mut Store, base: &Path) {
+    let Ok(entries) = store.readdir(base) else {
+        return;
+    };
+    for (name, kind) in entries {
+        if kind != Kind::Dir || !name.starts_with("loadgen-run-") {
+            continue;
+        }
+        let dir = base.join(&name);
+        let m: Option<serde_json::Value> = store
+            .open_read(&dir.join(".loadgen-run"), false)
+            .ok()
+            .and_then(|mut h| {
+                let mut buf = vec![0u8; 4096];
+                let n = store.read(&mut h, &mut buf).ok()?;
+                let _ = store.close(h);
+                serde_json::from_slice(&buf[..n]).ok()
+            });
+        let Some(m) = m.filter(|m| m["tool"] == "loadgen") else {
+            eprintln!(
+                "loadgen: note: {} has no loadgen marker; left alone",
+                dir.display()
+            );
+            continue;
+        };
+        let pid = m["pid"].as_u64().unwrap_or(0);
+        let host = m["host"].as_str().unwrap_or("").to_string();
+        if m["kept"] == true {
+            eprintln!(
+                "loadgen: note: {} was kept by an earlier run (--keep); remove it with `rm -r {}` when done with it",
+                dir.display(),
+                dir.display()
+            );
+        } else if host == hostname() && pid > 0 && !process_exists(pid) {
+            match loadgen::engine::remove_tree(store, &dir) {
+                Ok(()) => eprintln!(
+                    "loadgen: removed {}, left by a run that was killed (pid {pid})",
+                    dir.display()
+                ),
+                Err(e) => eprintln!(
+                    "loadgen: note: {} was left by a run that was killed (pid {pid}) and cannot be removed ({e}); remove it with `rm -r {}`",
+                    dir.display(),
+                    dir.display()
+                ),
+            }
+        } else {
+            eprintln!(
+                "loadgen: note: {} is another run's ({}pid {pid}); if that run is over, remove it with `rm -r {}`",
+                dir.display(),
+                if host.is_empty() { String::new() } else { format!("host {host}, ") },
+                dir.display()
+            );
+        }
+    }
 }
 
 /// Removes the run directory if it holds only what loadgen left (its marker); otherwise
@@ -953,6 +1041,8 @@ fn run_workload(
         if let Some(w) = finish_run_dir(&target, &run_dir) {
             report.warnings.push(w);
         }
+    } else if hosts.is_none() {
+        mark_kept(&target, &run_dir);
     }
     if let Some(j) = json {
         write_out(j, &report::to_json(&report))
@@ -1086,6 +1176,8 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
         if let Some(w) = finish_run_dir(&target, &run_dir) {
             eprintln!("loadgen agent: {w}");
         }
+    } else {
+        mark_kept(&target, &run_dir);
     }
     Ok(())
 }

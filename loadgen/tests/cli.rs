@@ -334,6 +334,32 @@ fn a_killed_run_keeps_the_phases_it_finished() {
     assert_eq!(v["complete"], false);
     assert_eq!(v["phases"][0]["name"], "create");
     assert!(v["phases"][0]["files"].as_u64().expect("files") > 0);
+    // The next run finds what the killed one left, says so and removes it.
+    let d = dir.path().to_str().expect("utf8");
+    let o = loadgen(&["compilebench", d, "--scale", "0.01", "--phases", "create"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("removed") && err.contains("killed"), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+    // A run kept on purpose is not a leftover: the next run leaves it and says so.
+    let o = loadgen(&[
+        "compilebench",
+        d,
+        "--scale",
+        "0.01",
+        "--phases",
+        "create",
+        "--keep",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = loadgen(&["compilebench", d, "--scale", "0.01", "--phases", "create"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("kept by an earlier run"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
 }
 
 /// Runs the default phases with two clients on `target` and checks that every file written
