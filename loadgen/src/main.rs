@@ -1369,6 +1369,9 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
 
 fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let cfg = storm_config(a)?;
+    for line in loadgen::storm::clear_leftovers(&cfg) {
+        eprintln!("loadgen login-storm: {line}");
+    }
     loadgen::storm::stop_on_signals();
     let modes: Vec<bool> = if a.compare {
         vec![false, true]

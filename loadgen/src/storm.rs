@@ -420,6 +420,17 @@ impl CcfsMount {
             }
             let err = String::from_utf8_lossy(&out.stderr);
             tries += 1;
+            if self.pid.is_some_and(gone) || mount_dead(&self.mnt) {
+                // The user's daemon died mid-storm: its mount is dead; detach it so that
+                // nothing is left mounted (its cache stays, with what it held).
+                detach(&self.mnt);
+                self.mounted = false;
+                self.pid = None;
+                return Err(format!(
+                    "the ccfs daemon of {} had died; its mount was detached",
+                    self.mnt.display()
+                ));
+            }
             if !err.contains("busy") || tries == 20 {
                 return Err(format!(
                     "ccfs umount {} failed: {}",
@@ -453,6 +464,110 @@ impl Drop for CcfsMount {
     fn drop(&mut self) {
         let _ = self.umount();
     }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not reaped yet: this process is a
+/// subreaper, so a killed daemon stays one until reaped).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "PID (COMM) STATE ...": the state follows the last ')'.
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// Whether a FUSE mount's daemon is gone (the kernel answers ENOTCONN).
+fn mount_dead(mnt: &Path) -> bool {
+    std::fs::metadata(mnt).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+/// Detaches a FUSE mount lazily (its daemon is gone, or is to be let go).
+fn detach(mnt: &Path) {
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mnt)
+        .output();
+}
+
+/// What a storm killed earlier left, found and removed: in the scratch space, its run
+/// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
+/// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
+/// marker of this host). Returns what it did, a line each.
+pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
+    let mut said = Vec::new();
+    let dead = |name: &str, prefix: &str, parts: usize| -> bool {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split('-').collect();
+        fields.len() == parts
+            && fields.iter().all(|f| f.parse::<u64>().is_ok())
+            && !Path::new(&format!("/proc/{}", fields[1])).exists()
+    };
+    let mounts = fsinfo::mounts().unwrap_or_default();
+    for e in std::fs::read_dir(&cfg.work).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !dead(&name, "storm-", 3) {
+            continue;
+        }
+        let dir = e.path();
+        let mut below: Vec<&Path> = mounts
+            .iter()
+            .map(|m| m.mount_point.as_path())
+            .filter(|p| p.starts_with(&dir))
+            .collect();
+        below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in &below {
+            detach(m);
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => said.push(format!(
+                "removed {} ({} mounts detached), left by a storm that was killed",
+                dir.display(),
+                below.len()
+            )),
+            Err(e) => said.push(format!(
+                "{} was left by a storm that was killed and cannot be removed ({e}); \
+                 detach what is mounted below it (fusermount3 -u -z) and remove it",
+                dir.display()
+            )),
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    for e in std::fs::read_dir(&cfg.share)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !dead(&name, "loadgen-storm-", 2) {
+            continue;
+        }
+        let marker = std::fs::read_to_string(e.path().join(".loadgen-run")).unwrap_or_default();
+        let ours = serde_json::from_str::<serde_json::Value>(&marker)
+            .is_ok_and(|m| m["tool"] == "loadgen" && m["host"] == host.trim());
+        if !ours {
+            said.push(format!(
+                "{} is another storm's (another host's, or an older loadgen's); if it is over, remove it",
+                e.path().display()
+            ));
+            continue;
+        }
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => said.push(format!(
+                "removed {}, the homes of a storm that was killed",
+                e.path().display()
+            )),
+            Err(err) => said.push(format!(
+                "{} holds the homes of a storm that was killed and cannot be removed ({err})",
+                e.path().display()
+            )),
+        }
+    }
+    said
 }
 
 /// The daemon's pid in `ccfs mount`'s line "ccfs: mounted ... (cache ..., pid N)".
@@ -555,9 +670,13 @@ pub fn run(
     let run_on_share = cfg.share.join(&run_name);
     std::fs::create_dir(&run_on_share)
         .map_err(|e| format!("cannot create {}: {e}", run_on_share.display()))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     std::fs::write(
         run_on_share.join(".loadgen-run"),
-        "{\"tool\":\"loadgen\"}\n",
+        format!(
+            "{}\n",
+            serde_json::json!({"tool": "loadgen", "pid": std::process::id(), "host": host.trim()})
+        ),
     )
     .map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
     let mut reports = Vec::new();
@@ -888,10 +1007,16 @@ fn one_run(
         lat_session.merge(s);
     }
     let per_user: Vec<UserResult> = rs.into_iter().map(|r| r.0).collect();
-    let error = per_user
-        .iter()
-        .find_map(|u| u.error.as_ref().map(|e| format!("user{:03}: {e}", u.user)))
-        .or(meter_err);
+    // The first user's error that says more than the interrupt, if any.
+    let user_error = |skip_interrupt: bool| {
+        per_user.iter().find_map(|u| {
+            u.error
+                .as_ref()
+                .filter(|e| !(skip_interrupt && e.contains("interrupted")))
+                .map(|e| format!("user{:03}: {e}", u.user))
+        })
+    };
+    let error = user_error(true).or_else(|| user_error(false)).or(meter_err);
     let of = |f: fn(&UserResult) -> f64| Summary::of(&per_user.iter().map(f).collect::<Vec<_>>());
     let delta = |a: &Option<ShareCounts>, b: &Option<ShareCounts>| match (a, b) {
         (Some(a), Some(b)) => Some(b.minus(a).by_path_in_homes(homes)),

@@ -661,3 +661,115 @@ fn returning_users_find_their_local_cache() {
     }
     assert!(no_mounts_under(work.path()));
 }
+
+/// A storm killed outright (SIGKILL: no logout) leaves its users' live mounts, their
+/// daemons, its scratch space and its homes on the share; the next storm finds them, says
+/// so, detaches the mounts and removes the rest; and a user whose ccfs died mid-storm
+/// leaves no dead mount behind (it is detached, the run says why).
+#[test]
+fn a_killed_storm_is_cleaned_up_by_the_next() {
+    let Setup {
+        share,
+        work,
+        scratch: _keep,
+        profile,
+    } = setup(
+        "[home]\nfile .config/app.conf 10\n[login]\nreplace .config/app.conf 123\n\
+         [session 1]\nappend .history 3\n[logout]\n",
+    );
+    let work_name = work.path().display().to_string();
+    let mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .filter(|l| l.contains(&work_name))
+            .count()
+    };
+    let long_storm = || {
+        Command::new(loadgen_bin())
+            .arg("login-storm")
+            .arg("--share")
+            .arg(share.path())
+            .arg("--work")
+            .arg(work.path())
+            .arg("--ccfs")
+            .arg(common::ccfs_bin())
+            .args([
+                "--users",
+                "2",
+                "--session",
+                "300",
+                "--with-ccfs",
+                "--no-meter",
+            ])
+            .arg("--profile")
+            .arg(&profile)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("loadgen")
+    };
+    let mut child = long_storm();
+    common::wait_until(
+        "both users' mounts",
+        std::time::Duration::from_secs(60),
+        || mounts() == 2,
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    assert_eq!(mounts(), 2, "a killed storm leaves its users' mounts");
+    assert_eq!(entries(share.path()), 1, "and its homes");
+    let out = Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share.path())
+        .arg("--work")
+        .arg(work.path())
+        .arg("--ccfs")
+        .arg(common::ccfs_bin())
+        .args(["--users", "1", "--session", "1", "--no-meter"])
+        .arg("--profile")
+        .arg(&profile)
+        .output()
+        .expect("loadgen");
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("2 mounts detached") && err.contains("the homes of a storm that was killed"),
+        "{err}"
+    );
+    assert_eq!(mounts(), 0, "no mount left");
+    assert_eq!(entries(share.path()), 0, "no homes left");
+    assert_eq!(entries(work.path()), 0, "no scratch space left");
+
+    // A user's ccfs that dies mid-storm: the storm stops with that said, and detaches it.
+    let child = long_storm();
+    common::wait_until(
+        "both users' mounts",
+        std::time::Duration::from_secs(60),
+        || mounts() == 2,
+    );
+    let killed = Command::new("pkill")
+        .args(["-KILL", "-f"])
+        .arg(format!("ccfs .*{work_name}/storm-.*/home/user001"))
+        .status()
+        .expect("pkill");
+    assert!(killed.success(), "user001's daemon was running");
+    // A session tick meets the dead mount (ticks come every second), then Ctrl-C.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("output");
+    assert!(!out.status.success(), "{}", text(&out));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("user001") && said.contains("not connected"),
+        "the run says which user's mount died: {said}"
+    );
+    assert_eq!(mounts(), 0, "the dead mount is detached too");
+}
