@@ -196,8 +196,27 @@ fn a_hung_mount_ends_the_run_at_the_phase_timeout() {
     ]);
     wait_rounds(&json, 2);
     signal(bindfs_pid, libc::SIGSTOP);
-    let o = wait_within(child, Duration::from_secs(60), "hung run");
+    // The run reports and writes its JSON at the deadline; its process can end only once
+    // the calls stuck in the kernel come back (a FUSE request the daemon had taken is
+    // waited out), so the daemon is let go on after the report.
+    let start = Instant::now();
+    while !std::fs::read(&json)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| {
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("did not answer"))
+        })
+    {
+        if start.elapsed() > Duration::from_secs(60) {
+            signal(bindfs_pid, libc::SIGCONT);
+            panic!("no report of the hang within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     signal(bindfs_pid, libc::SIGCONT);
+    let o = wait_within(child, Duration::from_secs(60), "hung run");
     let _ = Command::new("umount").arg(&mnt).status();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = stderr(&o);
