@@ -1041,9 +1041,12 @@ fn the_record_says_what_was_really_done() {
             .expect("chmod");
     }
     let json = out.path().join("n.json");
+    // A copy the other user can run wherever the checkout is (its directory may be closed).
+    let bin = out.path().join("loadgen");
+    std::fs::copy(env!("CARGO_BIN_EXE_loadgen"), &bin).expect("copy loadgen");
     let o = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_loadgen"))
+        .arg(&bin)
         .args(["compilebench", dir.path().to_str().expect("utf8")])
         .args(["--scale", "0.01", "--phases", "create", "--json"])
         .arg(&json)
