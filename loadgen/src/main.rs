@@ -154,22 +154,12 @@ fn stream(a: &StreamArgs) -> Result<(), Error> {
         return Err(user("--direct needs a --size that is a multiple of 4K"));
     }
     let opts = RunOpts {
-        phases: None,
-        runs: None,
-        initial_dirs: None,
-        seed: 1,
-        scale: 1.0,
-        write_size: block as usize,
         fsync: a.fsync,
-        no_sync: true,
-        no_drop_caches: true,
-        read_other: false,
         limits: a.limits.clone(),
-        out: a.out.clone(),
         net: a.net.clone(),
-        client_base: 0,
         stream: Some(size),
         direct: a.direct,
+        ..RunOpts::plain(block as usize, a.out.clone())
     };
     if !opts.net.hosts.is_empty() && a.clients != [1] {
         return Err(user(
@@ -408,6 +398,31 @@ impl Default for Limits {
             threads: None,
             phase_timeout: 3600,
             io_timeout: 60,
+        }
+    }
+}
+
+impl RunOpts {
+    /// The options of a workload that is not compilebench's (access, stream): no phases or
+    /// random mode, no sync or cache drop, one machine, nothing else asked.
+    fn plain(write_size: usize, out: OutputOpts) -> Self {
+        Self {
+            phases: None,
+            runs: None,
+            initial_dirs: None,
+            seed: 1,
+            scale: 1.0,
+            write_size,
+            fsync: false,
+            no_sync: true,
+            no_drop_caches: true,
+            read_other: false,
+            limits: Limits::default(),
+            out,
+            net: HostOpts::default(),
+            client_base: 0,
+            stream: None,
+            direct: false,
         }
     }
 }
@@ -1530,24 +1545,7 @@ fn main() -> ExitCode {
                 if files == 0 {
                     return Err(user("--files must be at least 1"));
                 }
-                let opts = RunOpts {
-                    phases: None,
-                    runs: None,
-                    initial_dirs: None,
-                    seed: 1,
-                    scale: 1.0,
-                    write_size: 4096,
-                    fsync: false,
-                    no_sync: true,
-                    no_drop_caches: true,
-                    read_other: false,
-                    limits: Limits::default(),
-                    out,
-                    net: HostOpts::default(),
-                    stream: None,
-                    direct: false,
-                    client_base: 0,
-                };
+                let opts = RunOpts::plain(4096, out);
                 check_common(clients, &opts)?;
                 check_outputs(&opts.out)?;
                 let schedule = Schedule::Phases(vec![Phase::Create, Phase::DeleteTree]);

@@ -81,10 +81,42 @@ fn per_user_sum(r: &serde_json::Value, k: &str) -> u64 {
         .sum()
 }
 
-fn no_mounts_under(dir: &Path) -> bool {
+/// How many mounts are at or below `dir`.
+fn mounts_under(dir: &Path) -> usize {
     let mi = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let d = dir.display().to_string();
-    !mi.lines().any(|l| l.contains(&d))
+    mi.lines().filter(|l| l.contains(&d)).count()
+}
+
+fn no_mounts_under(dir: &Path) -> bool {
+    mounts_under(dir) == 0
+}
+
+/// A storm of two users through ccfs with a long session, started in the background.
+fn long_storm(share: &Path, work: &Path, profile: &Path, extra: &[&str]) -> std::process::Child {
+    Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share)
+        .arg("--work")
+        .arg(work)
+        .arg("--ccfs")
+        .arg(common::ccfs_bin())
+        .args([
+            "--users",
+            "2",
+            "--session",
+            "300",
+            "--with-ccfs",
+            "--no-meter",
+        ])
+        .args(extra)
+        .arg("--profile")
+        .arg(profile)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loadgen")
 }
 
 fn entries(dir: &Path) -> usize {
@@ -525,37 +557,8 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
         "[home]\nfile .config/app.conf 10\n[login]\nreplace .config/app.conf 123\n\
          [session 1]\nappend .history 3\n[logout]\n",
     );
-    let mut child = Command::new(loadgen_bin())
-        .arg("login-storm")
-        .arg("--share")
-        .arg(share.path())
-        .arg("--work")
-        .arg(work.path())
-        .arg("--ccfs")
-        .arg(common::ccfs_bin())
-        .args([
-            "--users",
-            "2",
-            "--session",
-            "300",
-            "--with-ccfs",
-            "--keep",
-            "--no-meter",
-        ])
-        .arg("--profile")
-        .arg(&profile)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("loadgen");
-    let work_name = work.path().display().to_string();
-    let mounts = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .expect("mountinfo")
-            .lines()
-            .filter(|l| l.contains(&work_name))
-            .count()
-    };
+    let mut child = long_storm(share.path(), work.path(), &profile, &["--keep"]);
+    let mounts = || mounts_under(work.path());
     // Both users' mounts (a timed run has no meter).
     common::wait_until(
         "both users' mounts",
@@ -678,37 +681,8 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
          [session 1]\nappend .history 3\n[logout]\n",
     );
     let work_name = work.path().display().to_string();
-    let mounts = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .expect("mountinfo")
-            .lines()
-            .filter(|l| l.contains(&work_name))
-            .count()
-    };
-    let long_storm = || {
-        Command::new(loadgen_bin())
-            .arg("login-storm")
-            .arg("--share")
-            .arg(share.path())
-            .arg("--work")
-            .arg(work.path())
-            .arg("--ccfs")
-            .arg(common::ccfs_bin())
-            .args([
-                "--users",
-                "2",
-                "--session",
-                "300",
-                "--with-ccfs",
-                "--no-meter",
-            ])
-            .arg("--profile")
-            .arg(&profile)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("loadgen")
-    };
+    let mounts = || mounts_under(work.path());
+    let long_storm = || long_storm(share.path(), work.path(), &profile, &[]);
     let mut child = long_storm();
     common::wait_until(
         "both users' mounts",
