@@ -20,6 +20,7 @@
 //! the share (a ccfs mount that caches nothing and counts every request it serves).
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Barrier, Mutex};
@@ -492,6 +493,51 @@ fn detach(mnt: &Path) {
         .output();
 }
 
+/// Pids of the live processes with an argument naming `dir` or a path below it.
+fn processes_naming(dir: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && !gone(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|&b| b == 0)
+                    .any(|a| Path::new(std::ffi::OsStr::from_bytes(a)).starts_with(dir))
+            })
+        })
+        .collect()
+}
+
+/// Waits up to `limit` for the processes naming `dir` to end; returns those still running.
+fn await_processes_naming(dir: &Path, limit: Duration) -> Vec<u32> {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let left = processes_naming(dir);
+        if left.is_empty() || std::time::Instant::now() >= until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `remove_dir_all`, tried again a few times when an entry appeared while it ran (a
+/// daemon's last log line, a lazily detached mount's last writer).
+fn remove_dir_settled(dir: &Path) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && tries < 5 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// What a storm killed earlier left, found and removed: in the scratch space, its run
 /// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
 /// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
@@ -523,7 +569,17 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
         for m in &below {
             detach(m);
         }
-        match std::fs::remove_dir_all(&dir) {
+        // A detached user's daemon still ends its session (its logout sync writes its
+        // cache and the share's home): removing under it would race it.
+        let left = await_processes_naming(&dir, Duration::from_secs(30));
+        if !left.is_empty() {
+            said.push(format!(
+                "{} still has daemons running after 30 s (pids {left:?}); stop them, then remove it",
+                dir.display()
+            ));
+            continue;
+        }
+        match remove_dir_settled(&dir) {
             Ok(()) => said.push(format!(
                 "removed {} ({} mounts detached), left by a storm that was killed",
                 dir.display(),
@@ -556,7 +612,7 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             ));
             continue;
         }
-        match std::fs::remove_dir_all(e.path()) {
+        match remove_dir_settled(&e.path()) {
             Ok(()) => said.push(format!(
                 "removed {}, the homes of a storm that was killed",
                 e.path().display()
