@@ -198,7 +198,10 @@ fn failing_rsync_config(fx: &Fixture, flag: &Path) -> PathBuf {
 }
 
 /// Scenario 5: after a sync that fails (rsync exit 23), a later change of the same path on
-/// the share by another workstation must still be seen as a conflict.
+/// the share by another workstation must still be seen as a conflict. A's second version
+/// is written before B's save reaches the share: written after it, A's clean copy would be
+/// let go for B's once the kernel's cache time ran out (A then edits B's version: no
+/// conflict), and the outcome would hang on how fast B's session ran.
 #[test]
 fn a_failed_sync_hides_no_later_conflict() {
     let fx = Fixture::new();
@@ -216,14 +219,14 @@ fn a_failed_sync_hides_no_later_conflict() {
         text(&out)
     );
     fs::remove_file(&flag).expect("rm flag");
+    write(&fx.m(".x"), "a, second\n");
     let b = fx.mount_at(&mnt_b, &cache_b, &[]);
     write(&mnt_b.join(".x"), "from b\n");
     let b_out = b.umount();
     ok(&b_out);
-    write(&fx.m(".x"), "a, second\n");
     let a_out = a.umount();
     ok(&a_out);
-    // What both logouts said, should this ever fail (it did once in CI, under load).
+    // What both logouts said, should this ever fail.
     assert_eq!(
         read(&fx.s(".x")),
         "from b\n",
