@@ -460,7 +460,7 @@ impl Default for HostOpts {
 /// Where results go and what loadgen may leave or touch; shared by every workload.
 #[derive(Debug, Args, Clone, Default)]
 struct OutputOpts {
-    /// Write results as JSON (schema loadgen-result/1), after every phase.
+    /// Write results as JSON (schema loadgen-result/2), after every phase.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write results as CSV.
