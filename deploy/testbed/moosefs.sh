@@ -61,6 +61,9 @@ CFG
   mfsmount -f -H "$SRV" -P 9421 "$MNT" > "$STATE/log/client.log" 2>&1 &
   record $!
   wait_for 30 mountpoint -q "$MNT" || { echo "testbed: mfsmount did not mount; see $STATE/log/client.log" >&2; exit 1; }
+  # A new MooseFS root is writable by everyone without the sticky bit: any user could
+  # rename what root makes there (loadgen refuses such a place as root). As /tmp instead.
+  chmod 1777 "$MNT"
   # Writing before the chunkservers report their space fails: wait for a usable size.
   wait_for 60 sh -c "[ \$(stat -f -c %b '$MNT') -gt 0 ] && dd if=/dev/zero of='$MNT/.probe' bs=4k count=1 status=none && rm -f '$MNT/.probe'" ||
     { echo "testbed: chunkservers did not come up; see $STATE/log" >&2; exit 1; }

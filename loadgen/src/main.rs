@@ -67,6 +67,10 @@ enum Cmd {
         opts: RunOpts,
         #[arg(long, default_value_t = 1)]
         clients: usize,
+        /// The coordinated run this agent is part of: the run directories of the other
+        /// agents of that run (hosts sharing DIR) are no leftovers to mention.
+        #[arg(long)]
+        run_group: Option<String>,
     },
     /// Sequential streaming per client: one large file each, written, written over, read and
     /// read again (iozone's write/rewrite/read/reread), at one or more client counts.
@@ -511,7 +515,11 @@ fn parse_target(dir: &Path, io_timeout: u64) -> Result<Target, Error> {
 }
 
 /// Checks the target and makes the run directory with its marker.
-fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Error> {
+fn prepare_run_dir(
+    target: &Target,
+    allow_nonempty: bool,
+    group: Option<&str>,
+) -> Result<PathBuf, Error> {
     let mut store = Store::connect(target);
     if let Store::Failed(e) = &store {
         return Err(user(e.clone()));
@@ -526,7 +534,12 @@ fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Err
     if kind != Kind::Dir {
         return Err(user(format!("{name} is not a directory; give a directory")));
     }
-    clear_leftovers(&mut store, &base);
+    if let Target::Local(_) = target {
+        if let Some(why) = unsafe_for_root(&base) {
+            return Err(user(why));
+        }
+    }
+    clear_leftovers(&mut store, &base, group);
     let empty = store
         .is_empty_dir(&base)
         .map_err(|e| user(format!("cannot list {name}: {e}")))?;
@@ -543,14 +556,14 @@ fn prepare_run_dir(target: &Target, allow_nonempty: bool) -> Result<PathBuf, Err
         ))
     })?;
     store
-        .put(&run.join(".loadgen-run"), &marker(false))
+        .put(&run.join(".loadgen-run"), &marker(false, group))
         .map_err(|e| Error::Failed(format!("cannot write in {}: {e}", run.display())))?;
     Ok(run)
 }
 
 /// Marks a run directory kept on purpose (--keep): a later run leaves it alone.
 fn mark_kept(target: &Target, run: &Path) {
-    let _ = Store::connect(target).put(&run.join(".loadgen-run"), &marker(true));
+    let _ = Store::connect(target).put(&run.join(".loadgen-run"), &marker(true, None));
 }
 
 fn hostname() -> String {
@@ -559,13 +572,55 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// A run directory's marker: whose it is (this process on this host), and whether the run
-/// ended and kept it on purpose (--keep).
-fn marker(kept: bool) -> Vec<u8> {
+/// Run as root, whether a user other than root could change `dir` or a directory above
+/// it: rename loadgen's run directory away and put a symbolic link in its place, and so
+/// steer where root creates, writes and deletes files. Says which directory and what to
+/// do; None when safe (not root, or every directory up to / only root can change: owned
+/// by root, and writable by a group other than root's or by others only with the sticky
+/// bit, as /tmp).
+fn unsafe_for_root(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let real = match std::fs::canonicalize(dir) {
+        Ok(p) => p,
+        Err(e) => return Some(format!("cannot resolve {}: {e}", dir.display())),
+    };
+    for p in real.ancestors() {
+        let m = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) => return Some(format!("cannot look at {}: {e}", p.display())),
+        };
+        let mode = m.mode();
+        let sticky = mode & 0o1000 != 0;
+        let others = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != 0);
+        if m.uid() != 0 || (others && !sticky) {
+            return Some(format!(
+                "{} can be changed by a user other than root (owner uid {}, mode {:o}): run as \
+                 root, loadgen would create and delete files in a place that user could swap \
+                 for a symbolic link; give a directory that only root can change, all the way \
+                 up (owned by root, not writable by others unless sticky, as /tmp), or run \
+                 loadgen as that user",
+                p.display(),
+                m.uid(),
+                mode & 0o7777
+            ));
+        }
+    }
+    None
+}
+
+/// A run directory's marker: whose it is (this process on this host, part of the
+/// coordinated run `group` if any), and whether the run ended and kept it on purpose
+/// (--keep).
+fn marker(kept: bool, group: Option<&str>) -> Vec<u8> {
     let v = serde_json::json!({
         "tool": "loadgen",
         "pid": std::process::id(),
         "host": hostname(),
+        "group": group,
         "kept": kept,
     });
     let mut b = v.to_string().into_bytes();
@@ -582,7 +637,7 @@ fn process_exists(pid: u64) -> bool {
 /// The run directories earlier runs left in `base`: one a run killed on this host left
 /// (its process gone, not kept on purpose) is removed, saying so; any other is named with
 /// how to remove it once its run is over.
-fn clear_leftovers(store: &mut Store, base: &Path) {
+fn clear_leftovers(store: &mut Store, base: &Path, group: Option<&str>) {
     let Ok(entries) = store.readdir(base) else {
         return;
     };
@@ -609,14 +664,33 @@ fn clear_leftovers(store: &mut Store, base: &Path) {
         };
         let pid = m["pid"].as_u64().unwrap_or(0);
         let host = m["host"].as_str().unwrap_or("").to_string();
+        if group.is_some() && m["group"].as_str() == group {
+            // Another agent of this very run, on a host sharing the directory.
+            continue;
+        }
         if m["kept"] == true {
             eprintln!(
                 "loadgen: note: {} was kept by an earlier run (--keep); remove it with `rm -r {}` when done with it",
                 dir.display(),
                 dir.display()
             );
+        } else if host == hostname()
+            && pid > 0
+            && !process_exists(pid)
+            && !ours_to_remove(store, &dir)
+        {
+            eprintln!(
+                "loadgen: note: {} looks left by a run that was killed, but is not this user's \
+                 own directory; left alone (remove it by hand if it is a leftover)",
+                dir.display()
+            );
         } else if host == hostname() && pid > 0 && !process_exists(pid) {
-            match loadgen::engine::remove_tree(store, &dir) {
+            let removed = match store {
+                // Without following a symbolic link put anywhere in it meanwhile.
+                Store::Local => std::fs::remove_dir_all(&dir),
+                _ => loadgen::engine::remove_tree(store, &dir),
+            };
+            match removed {
                 Ok(()) => eprintln!(
                     "loadgen: removed {}, left by a run that was killed (pid {pid})",
                     dir.display()
@@ -635,6 +709,21 @@ fn clear_leftovers(store: &mut Store, base: &Path) {
                 dir.display()
             );
         }
+    }
+}
+
+/// Whether a leftover run directory is this user's to remove: on a local target, a real
+/// directory (not a symbolic link) owned by this user, as the run directory loadgen made
+/// is; anyone can write a marker. (Over NFS, loadgen's own client follows no symbolic
+/// link, and the server checks every removal.)
+fn ours_to_remove(store: &Store, dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match store {
+        Store::Local => std::fs::symlink_metadata(dir).is_ok_and(|m| {
+            // SAFETY: geteuid has no preconditions.
+            m.is_dir() && m.uid() == unsafe { libc::geteuid() }
+        }),
+        _ => true,
     }
 }
 
@@ -913,7 +1002,7 @@ fn run_workload(
     let target = parse_target(dir, opts.limits.io_timeout)?;
     // With --hosts every agent makes its own run directory on its host.
     let run_dir = match &hosts {
-        None => prepare_run_dir(&target, opts.out.allow_nonempty)?,
+        None => prepare_run_dir(&target, opts.out.allow_nonempty, None)?,
         Some(_) => dir.to_path_buf(),
     };
     let names: Vec<&'static str> = workload
@@ -1010,7 +1099,11 @@ fn run_workload(
             (o.phases.len(), o.left, o.hung, None)
         }
         Some(h) => {
-            let args = agent_args(dir, schedule, opts);
+            let mut args = agent_args(dir, schedule, opts);
+            // The agents' run directories name this run: on a directory the hosts share,
+            // each sees the others' and knows them for its siblings.
+            let group = format!("{}-{}-{}", hostname(), std::process::id(), now_unix());
+            args.extend(["--run-group".to_string(), group]);
             match remote::run(
                 h,
                 &rounds,
@@ -1150,7 +1243,7 @@ fn agent_args(dir: &Path, schedule: &Schedule, opts: &RunOpts) -> Vec<String> {
 }
 
 /// One host's part of a multi-host run.
-fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
+fn agent(dir: &Path, opts: &RunOpts, clients: usize, group: Option<&str>) -> Result<(), Error> {
     check_common(clients, opts)?;
     let workload = match opts.stream {
         Some(size) => Workload::stream(size),
@@ -1158,7 +1251,7 @@ fn agent(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
     };
     // Several agents may share DIR (one filesystem, several hosts): allow it.
     let target = parse_target(dir, opts.limits.io_timeout)?;
-    let run_dir = prepare_run_dir(&target, true)?;
+    let run_dir = prepare_run_dir(&target, true, group)?;
     let drop = !opts.no_sync && !opts.no_drop_caches;
     let dropped = drop && engine::drop_caches();
     if drop && !dropped {
@@ -1533,7 +1626,12 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
-            Cmd::Agent { dir, opts, clients } => agent(&dir, &opts, clients),
+            Cmd::Agent {
+                dir,
+                opts,
+                clients,
+                run_group,
+            } => agent(&dir, &opts, clients, run_group.as_deref()),
             Cmd::LoginStorm(a) => login_storm(&a),
             Cmd::Stream(a) => stream(&a),
             Cmd::Access {

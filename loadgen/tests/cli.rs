@@ -362,6 +362,104 @@ fn a_killed_run_keeps_the_phases_it_finished() {
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
 }
 
+/// Run as root, loadgen refuses a directory another user could change (that user could
+/// swap its run directory for a symbolic link and steer root's writes and deletes), makes
+/// nothing there, and accepts a sticky one (as /tmp); a leftover "run directory" another
+/// user made, with a marker naming this host and a dead process, is left alone.
+#[test]
+fn root_never_works_where_another_user_can_steer_it() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the check applies to root only");
+        return;
+    }
+    let nobody = 65534;
+    let top = tempfile::tempdir().expect("tmp");
+    let run = |d: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "compilebench",
+            d.to_str().expect("utf8"),
+            "--scale",
+            "0.01",
+            "--phases",
+            "create",
+        ];
+        args.extend_from_slice(extra);
+        loadgen(&args)
+    };
+    // Owned by another user; then root's but writable by everyone (no sticky bit); then a
+    // safe directory below one another user owns.
+    let owned = top.path().join("owned");
+    std::fs::create_dir(&owned).expect("mkdir");
+    chown(&owned, Some(nobody), Some(nobody)).expect("chown");
+    let open = top.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let below = owned.join("bench");
+    std::fs::create_dir(&below).expect("mkdir");
+    for (d, culprit) in [(&owned, &owned), (&open, &open), (&below, &owned)] {
+        let o = run(d, &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!(
+                "{} can be changed by a user other than root",
+                culprit.display()
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&open).expect("ls").count(),
+        0,
+        "nothing made"
+    );
+    assert_eq!(
+        std::fs::read_dir(&below).expect("ls").count(),
+        0,
+        "nothing made"
+    );
+    // Sticky and world-writable, as /tmp: no user can rename root's entries there.
+    let sticky = top.path().join("sticky");
+    std::fs::create_dir(&sticky).expect("mkdir");
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    // Another user's planted leftover with a marker that claims this host and a dead run.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let planted = sticky.join("loadgen-run-1-999999999");
+    std::fs::create_dir(&planted).expect("mkdir");
+    std::fs::write(
+        planted.join(".loadgen-run"),
+        format!(
+            "{{\"tool\":\"loadgen\",\"pid\":999999999,\"host\":\"{}\",\"kept\":false}}",
+            host.trim()
+        ),
+    )
+    .expect("marker");
+    std::fs::write(planted.join("precious"), "theirs\n").expect("write");
+    chown(&planted, Some(nobody), Some(nobody)).expect("chown");
+    let o = run(&sticky, &["--allow-nonempty"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is not this user's own directory"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(planted.join("precious")).expect("still there"),
+        "theirs\n"
+    );
+    let names: Vec<_> = std::fs::read_dir(&sticky)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![planted.file_name().expect("name").to_owned()],
+        "the run cleaned up its own"
+    );
+}
+
 /// Runs the default phases with two clients on `target` and checks that every file written
 /// is read back and deleted, with non-zero rates; returns the JSON report.
 fn compilebench_accounts(target: &str, extra: &[&str]) -> serde_json::Value {
@@ -1066,6 +1164,8 @@ fn the_record_says_what_was_really_done() {
     );
     let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
     let json = out.path().join("r.json");
+    // A directory of root's own (root refuses one any user may change).
+    let dir = tempfile::tempdir().expect("tmp");
     let o = loadgen(&[
         "compilebench",
         dir.path().to_str().expect("utf8"),
