@@ -1369,6 +1369,11 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
             share.display()
         )));
     }
+    // Root makes the homes and the mount points there (fusermount3 mounts where a path
+    // leads): no other user may be able to swap them.
+    if let Some(why) = unsafe_for_root(&share) {
+        return Err(user(format!("--share: {why}")));
+    }
     let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
     let work_abs = std::env::current_dir()
         .map(|d| d.join(&a.work))
@@ -1376,6 +1381,13 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     // Checked before anything is made, and again once the path is resolved.
     if !outside(&work_abs) {
         return Err(user(WORK_OUTSIDE));
+    }
+    if let Some(why) = work_abs
+        .ancestors()
+        .find(|p| p.exists())
+        .and_then(unsafe_for_root)
+    {
+        return Err(user(format!("--work: {why}")));
     }
     let (profile, profile_name) = match &a.profile {
         None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),

@@ -420,6 +420,34 @@ fn root_never_works_where_another_user_can_steer_it() {
         0,
         "nothing made"
     );
+    // login-storm: root makes homes on --share and mounts in --work.
+    let safe = top.path().join("safe");
+    std::fs::create_dir(&safe).expect("mkdir");
+    let work = owned.join("work");
+    for (share, work, says) in [(&owned, &safe, "--share: "), (&safe, &work, "--work: ")] {
+        let o = loadgen(&[
+            "login-storm",
+            "--share",
+            share.to_str().expect("utf8"),
+            "--work",
+            work.to_str().expect("utf8"),
+            "--users",
+            "1",
+            "--no-meter",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("{says}{} can be changed", owned.display())),
+            "{err}"
+        );
+    }
+    assert!(!work.exists(), "--work not made");
+    assert_eq!(
+        std::fs::read_dir(&safe).expect("ls").count(),
+        0,
+        "nothing made"
+    );
     // Sticky and world-writable, as /tmp: no user can rename root's entries there.
     let sticky = top.path().join("sticky");
     std::fs::create_dir(&sticky).expect("mkdir");
