@@ -32,6 +32,8 @@ pub enum ChartError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("-o: {0}")]
+    Unsafe(String),
 }
 
 /// Registers the font every chart uses (once per process).
@@ -555,7 +557,22 @@ pub fn write_report(
     font: &Path,
 ) -> Result<Vec<PathBuf>, ChartError> {
     load_font(font)?;
+    // Where it is to be made, before anything is: then the directory itself.
+    if let Some(why) = dir
+        .ancestors()
+        .find(|p| p.exists())
+        .and_then(crate::safety::unsafe_for_root)
+    {
+        return Err(ChartError::Unsafe(why));
+    }
     std::fs::create_dir_all(dir).map_err(|source| ChartError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if let Some(why) = crate::safety::unsafe_for_root(dir) {
+        return Err(ChartError::Unsafe(why));
+    }
+    let dir = &crate::safety::resolved(dir).map_err(|source| ChartError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -565,21 +582,30 @@ pub fn write_report(
         let size = (1000, 560);
         let svg = bars_svg(&bars, size)?;
         let svg_path = dir.join(format!("{stem}.svg"));
-        std::fs::write(&svg_path, svg).map_err(|source| ChartError::Write {
-            path: svg_path.clone(),
-            source,
+        crate::safety::write_atomic(&svg_path, svg.as_bytes()).map_err(|source| {
+            ChartError::Write {
+                path: svg_path.clone(),
+                source,
+            }
         })?;
         let png_path = dir.join(format!("{stem}.png"));
+        // The PNG encoder opens its file by name: a link left at the name is removed
+        // first (the directory is one only this user can change).
+        if std::fs::symlink_metadata(&png_path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let _ = std::fs::remove_file(&png_path);
+        }
         bars_png(&bars, size, &png_path)?;
         written.push(svg_path);
         written.push(png_path);
         stems.push(stem);
     }
     let index = dir.join("index.html");
-    std::fs::write(&index, html(runs, storms, &stems)).map_err(|source| ChartError::Write {
-        path: index.clone(),
-        source,
-    })?;
+    crate::safety::write_atomic(&index, html(runs, storms, &stems).as_bytes()).map_err(
+        |source| ChartError::Write {
+            path: index.clone(),
+            source,
+        },
+    )?;
     written.push(index);
     Ok(written)
 }

@@ -10,6 +10,7 @@ pub mod login;
 pub mod pyrandom;
 pub mod remote;
 pub mod report;
+pub mod safety;
 pub mod store;
 pub mod storm;
 pub mod workload;

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use loadgen::engine::{self, Progress};
 use loadgen::remote;
 use loadgen::report::{self, Environment, RunConfig, RunReport};
+use loadgen::safety::unsafe_for_root;
 use loadgen::store::{Kind, Store, Target};
 use loadgen::workload::{self, Datasets, Entry, Phase, Schedule, Workload};
 
@@ -534,11 +535,17 @@ fn prepare_run_dir(
     if kind != Kind::Dir {
         return Err(user(format!("{name} is not a directory; give a directory")));
     }
-    if let Target::Local(_) = target {
-        if let Some(why) = unsafe_for_root(&base) {
-            return Err(user(why));
+    let base = match target {
+        Target::Local(_) => {
+            if let Some(why) = unsafe_for_root(&base) {
+                return Err(user(why));
+            }
+            // From here on the resolved path: no link in it left to swap.
+            loadgen::safety::resolved(&base)
+                .map_err(|e| user(format!("cannot resolve {name}: {e}")))?
         }
-    }
+        _ => base,
+    };
     clear_leftovers(&mut store, &base, group);
     let empty = store
         .is_empty_dir(&base)
@@ -570,46 +577,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
-}
-
-/// Run as root, whether a user other than root could change `dir` or a directory above
-/// it: rename loadgen's run directory away and put a symbolic link in its place, and so
-/// steer where root creates, writes and deletes files. Says which directory and what to
-/// do; None when safe (not root, or every directory up to / only root can change: owned
-/// by root, and writable by a group other than root's or by others only with the sticky
-/// bit, as /tmp).
-fn unsafe_for_root(dir: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let real = match std::fs::canonicalize(dir) {
-        Ok(p) => p,
-        Err(e) => return Some(format!("cannot resolve {}: {e}", dir.display())),
-    };
-    for p in real.ancestors() {
-        let m = match std::fs::symlink_metadata(p) {
-            Ok(m) => m,
-            Err(e) => return Some(format!("cannot look at {}: {e}", p.display())),
-        };
-        let mode = m.mode();
-        let sticky = mode & 0o1000 != 0;
-        let others = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != 0);
-        if m.uid() != 0 || (others && !sticky) {
-            return Some(format!(
-                "{} can be changed by a user other than root (owner uid {}, mode {:o}): run as \
-                 root, loadgen would create and delete files in a place that user could swap \
-                 for a symbolic link; give a directory that only root can change, all the way \
-                 up (owned by root, not writable by others unless sticky, as /tmp), or run \
-                 loadgen as that user",
-                p.display(),
-                m.uid(),
-                mode & 0o7777
-            ));
-        }
-    }
-    None
 }
 
 /// A run directory's marker: whose it is (this process on this host, part of the
@@ -885,9 +852,7 @@ fn check_outputs(out: &OutputOpts) -> Result<(), Error> {
 }
 
 fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path)
+    loadgen::safety::write_atomic(path, data)
 }
 
 /// A progress bar on the terminal (indicatif) for a run: the round, its phase, files
@@ -1371,7 +1336,7 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     }
     // Root makes the homes and the mount points there (fusermount3 mounts where a path
     // leads): no other user may be able to swap them.
-    if let Some(why) = unsafe_for_root(&share) {
+    if let Some(why) = unsafe_for_root(&a.share) {
         return Err(user(format!("--share: {why}")));
     }
     let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
@@ -1453,8 +1418,16 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         None => None,
     };
     // Made last: bad input changes nothing.
+    let existed = a.work.exists();
     std::fs::create_dir_all(&a.work)
         .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    // Again now that it exists: someone may have made it first.
+    if let Some(why) = unsafe_for_root(&a.work) {
+        if !existed {
+            let _ = std::fs::remove_dir(&a.work);
+        }
+        return Err(user(format!("--work: {why}")));
+    }
     let work = a
         .work
         .canonicalize()

@@ -493,6 +493,16 @@ fn detach(mnt: &Path) {
         .output();
 }
 
+/// Whether `p` is a real directory (not a symbolic link) owned by this user, as the ones a
+/// storm makes are: anyone can name a directory like them, or write a marker.
+fn owned_by_me(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| {
+        // SAFETY: geteuid has no preconditions.
+        m.is_dir() && m.uid() == unsafe { libc::geteuid() }
+    })
+}
+
 /// Pids of the live processes with an argument naming `dir` or a path below it.
 fn processes_naming(dir: &Path) -> Vec<u32> {
     let me = std::process::id();
@@ -560,6 +570,14 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             continue;
         }
         let dir = e.path();
+        if !owned_by_me(&dir) {
+            said.push(format!(
+                "{} looks left by a storm that was killed, but is not this user's own \
+                 directory; left alone (remove it by hand if it is a leftover)",
+                dir.display()
+            ));
+            continue;
+        }
         let mut below: Vec<&Path> = mounts
             .iter()
             .map(|m| m.mount_point.as_path())
@@ -603,8 +621,23 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             continue;
         }
         let marker = std::fs::read_to_string(e.path().join(".loadgen-run")).unwrap_or_default();
-        let ours = serde_json::from_str::<serde_json::Value>(&marker)
-            .is_ok_and(|m| m["tool"] == "loadgen" && m["host"] == host.trim());
+        let m = serde_json::from_str::<serde_json::Value>(&marker).unwrap_or_default();
+        let ours = m["tool"] == "loadgen" && m["host"] == host.trim();
+        if ours && m["kept"] == true {
+            said.push(format!(
+                "{} was kept by an earlier storm (--keep); remove it when done with it",
+                e.path().display()
+            ));
+            continue;
+        }
+        if ours && !owned_by_me(&e.path()) {
+            said.push(format!(
+                "{} looks left by a storm that was killed, but is not this user's own \
+                 directory; left alone (remove it by hand if it is a leftover)",
+                e.path().display()
+            ));
+            continue;
+        }
         if !ours {
             said.push(format!(
                 "{} is another storm's (another host's, or an older loadgen's); if it is over, remove it",
@@ -727,14 +760,18 @@ pub fn run(
     std::fs::create_dir(&run_on_share)
         .map_err(|e| format!("cannot create {}: {e}", run_on_share.display()))?;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    std::fs::write(
-        run_on_share.join(".loadgen-run"),
-        format!(
-            "{}\n",
-            serde_json::json!({"tool": "loadgen", "pid": std::process::id(), "host": host.trim()})
-        ),
-    )
-    .map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
+    let mark = |kept: bool| {
+        crate::safety::write_atomic(
+            &run_on_share.join(".loadgen-run"),
+            format!(
+                "{}\n",
+                serde_json::json!({"tool": "loadgen", "pid": std::process::id(),
+                    "host": host.trim(), "kept": kept})
+            )
+            .as_bytes(),
+        )
+    };
+    mark(false).map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
     let mut reports = Vec::new();
     let mut result = Ok(());
     for (i, &spec) in runs.iter().enumerate() {
@@ -781,7 +818,10 @@ pub fn run(
             let _ = std::fs::remove_dir_all(cfg.share.join(&homes));
         }
     }
-    if !cfg.keep {
+    if cfg.keep {
+        // Kept on purpose: the next storm leaves it (and says so).
+        let _ = mark(true);
+    } else {
         let _ = std::fs::remove_dir_all(&run_on_share);
     }
     result.map(|()| reports)

@@ -420,9 +420,92 @@ fn root_never_works_where_another_user_can_steer_it() {
         0,
         "nothing made"
     );
-    // login-storm: root makes homes on --share and mounts in --work.
+    // A symbolic link on the way that another user owns (a trailing slash follows it),
+    // and a directory whose ACL lets another user write.
     let safe = top.path().join("safe");
     std::fs::create_dir(&safe).expect("mkdir");
+    let link = top.path().join("link");
+    std::os::unix::fs::symlink(&safe, &link).expect("ln -s");
+    std::os::unix::fs::lchown(&link, Some(nobody), Some(nobody)).expect("lchown");
+    let acl = top.path().join("acl");
+    std::fs::create_dir(&acl).expect("mkdir");
+    let set = Command::new("setfacl")
+        .args(["-m", "u:65534:rwx"])
+        .arg(&acl)
+        .status()
+        .expect("setfacl (acl)");
+    assert!(set.success());
+    for (d, says) in [
+        (
+            format!("{}/", link.display()),
+            "is a symbolic link of uid 65534",
+        ),
+        (acl.display().to_string(), "with an ACL"),
+    ] {
+        let o = run(Path::new(&d), &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&safe).expect("ls").count(),
+        0,
+        "nothing made"
+    );
+    assert_eq!(
+        std::fs::read_dir(&acl).expect("ls").count(),
+        0,
+        "nothing made"
+    );
+    // Results are never written through a link someone put at their name (or at the
+    // name of a temporary file), and a user's own `.tmp` file stays.
+    let results = top.path().join("results");
+    std::fs::create_dir(&results).expect("mkdir");
+    let precious = top.path().join("precious");
+    std::fs::write(&precious, "root's\n").expect("write");
+    std::os::unix::fs::symlink(&precious, results.join("r.json")).expect("ln -s");
+    std::os::unix::fs::symlink(&precious, results.join("r.tmp")).expect("ln -s");
+    std::fs::write(results.join("r.csv.tmp"), "notes\n").expect("write");
+    let o = run(
+        &safe,
+        &[
+            "--json",
+            results.join("r.json").to_str().expect("utf8"),
+            "--csv",
+            results.join("r.csv").to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(&precious).expect("read"),
+        "root's\n"
+    );
+    assert!(std::fs::symlink_metadata(results.join("r.json"))
+        .expect("stat")
+        .is_file());
+    validate(&read_json(&results.join("r.json")));
+    assert_eq!(
+        std::fs::read_to_string(results.join("r.csv.tmp")).expect("read"),
+        "notes\n"
+    );
+    // A report into another user's directory is refused.
+    let o = loadgen(&[
+        "report",
+        results.join("r.json").to_str().expect("utf8"),
+        "-o",
+        owned.join("report").to_str().expect("utf8"),
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("can be changed by a user other than root"),
+        "{}",
+        text(&o)
+    );
+    assert!(!owned.join("report").exists(), "nothing made");
+    // login-storm: root makes homes on --share and mounts in --work.
     let work = owned.join("work");
     for (share, work, says) in [(&owned, &safe, "--share: "), (&safe, &work, "--work: ")] {
         let o = loadgen(&[
@@ -914,6 +997,47 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
 
 /// login-storm without ccfs needs no ccfs at all (--no-meter): its JSON follows
 /// schema/login-storm-v2.schema.json, and every user's home was written.
+/// A storm's homes kept on purpose (--keep) are no leftovers: the next storm leaves them
+/// and says so.
+#[test]
+fn a_kept_storm_is_left_by_the_next() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let storm = |keep: bool| {
+        let mut args = vec![
+            "login-storm",
+            "--share",
+            share.path().to_str().expect("utf8"),
+            "--work",
+            work.path().to_str().expect("utf8"),
+            "--users",
+            "1",
+            "--session",
+            "0",
+            "--no-meter",
+        ];
+        if keep {
+            args.push("--keep");
+        }
+        loadgen(&args)
+    };
+    let o = storm(true);
+    assert!(o.status.success(), "{}", text(&o));
+    let kept: Vec<_> = std::fs::read_dir(share.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let o = storm(false);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("kept by an earlier storm"),
+        "{}",
+        text(&o)
+    );
+    assert!(kept[0].is_dir(), "the kept homes stay");
+}
+
 #[test]
 fn login_storm_json_matches_its_schema() {
     let share = tempfile::tempdir().expect("share");

@@ -1,0 +1,150 @@
+//! What root must check before it works in a place: whether another user could steer it
+//! there (swap a directory for a symbolic link, plant a link where a result is written).
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Whether `p` carries a POSIX ACL (access or default): its group bits are then only a
+/// mask, and named users or groups may write there, or in what is made there.
+fn has_acl(p: &Path) -> bool {
+    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
+        return true;
+    };
+    ["system.posix_acl_access", "system.posix_acl_default"]
+        .iter()
+        .any(|name| {
+            let Ok(n) = CString::new(*name) else {
+                return true;
+            };
+            // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks for
+            // the size only.
+            let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+            r > 0
+        })
+}
+
+/// Run as root, whether a user other than root could change `dir` or a directory above
+/// it: rename what loadgen makes there and put a symbolic link in its place, and so steer
+/// where root creates, writes, deletes or mounts. Says which directory and what to do;
+/// None when safe (not root, or every directory up to / only root can change: owned by
+/// root, writable by a group other than root's or by others only with the sticky bit, as
+/// /tmp, and no ACL). The check is of the resolved path: use [`resolved`]'s path for the
+/// work, never the one given (a symbolic link in it could be swapped after the check).
+pub fn unsafe_for_root(dir: &Path) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let real = match std::fs::canonicalize(dir) {
+        Ok(p) => p,
+        Err(e) => return Some(format!("cannot resolve {}: {e}", dir.display())),
+    };
+    // The path as given, step by step (each step looked at without following its last
+    // component): a symbolic link on the way must be root's, in a directory only root can
+    // change (checked at the step before), and every directory passed through, the
+    // targets of links included, only root's to change. Then the resolved path, all the
+    // way up.
+    let given = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        match std::env::current_dir() {
+            Ok(d) => d.join(dir),
+            Err(e) => return Some(format!("cannot resolve {}: {e}", dir.display())),
+        }
+    };
+    let mut steps = Vec::new();
+    let mut at = PathBuf::new();
+    for c in given.components() {
+        at.push(c);
+        steps.push(at.clone());
+    }
+    for p in steps.iter().map(PathBuf::as_path).chain(real.ancestors()) {
+        let m = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) => return Some(format!("cannot look at {}: {e}", p.display())),
+        };
+        if m.file_type().is_symlink() {
+            if m.uid() != 0 {
+                return Some(format!(
+                    "{} is a symbolic link of uid {}: run as root, loadgen would work where \
+                     that user points it; give the directory itself",
+                    p.display(),
+                    m.uid()
+                ));
+            }
+            continue;
+        }
+        let mode = m.mode();
+        let sticky = mode & 0o1000 != 0;
+        let others = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != 0);
+        let acl = has_acl(p);
+        if m.uid() != 0 || (others && !sticky) || acl {
+            return Some(format!(
+                "{} can be changed by a user other than root (owner uid {}, mode {:o}{}): \
+                 run as root, loadgen would work in a place that user could swap for a \
+                 symbolic link; give a directory that only root can change, all the way up \
+                 (owned by root, not writable by others unless sticky, as /tmp, no ACL), or \
+                 run loadgen as that user",
+                p.display(),
+                m.uid(),
+                mode & 0o7777,
+                if acl { ", with an ACL" } else { "" }
+            ));
+        }
+    }
+    None
+}
+
+/// `dir` resolved (no symbolic link left in it): the path to work with once
+/// [`unsafe_for_root`] has passed it.
+pub fn resolved(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::canonicalize(dir)
+}
+
+/// Writes `data` to `path` whole or not at all: into a new file of its own (created
+/// exclusively, never through a link someone put there), then renamed over `path` (a
+/// symbolic link at `path` is replaced, not followed). No other file is touched: a
+/// `path.tmp` someone keeps stays.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    for n in 0..100u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let tmp = dir.join(format!(
+            ".{name}.loadgen-{}-{nanos}-{n}",
+            std::process::id()
+        ));
+        let mut f = match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(&tmp)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
+        let written = f.write_all(data).and_then(|()| f.sync_all());
+        drop(f);
+        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("cannot make a temporary file beside {}", path.display()),
+    ))
+}
