@@ -453,15 +453,29 @@ pub fn plan_mount(
         ));
     }
     if cache_exists {
-        let in_use = cache_in_use_as(&cache_dir, user.as_ref()).map_err(|e| {
-            user_error(
-                format!(
-                    "cannot tell whether cache dir {} is in use: {e}",
-                    LogPath(&cache_dir)
-                ),
-                "check the cache dir, or give another --cache-dir",
-            )
-        })?;
+        let ask = || {
+            cache_in_use_as(&cache_dir, user.as_ref()).map_err(|e| {
+                user_error(
+                    format!(
+                        "cannot tell whether cache dir {} is in use: {e}",
+                        LogPath(&cache_dir)
+                    ),
+                    "check the cache dir, or give another --cache-dir",
+                )
+            })
+        };
+        let mut in_use = ask()?;
+        // A daemon that died (killed, crashed) holds its lock until its last thread has
+        // ended, a moment after its process shows as gone: a login right after the crash
+        // waits for that (10 s at most), not for a daemon that still runs.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while let Some(pid) = in_use {
+            if pid == 0 || sys::process_alive(pid) || std::time::Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            in_use = ask()?;
+        }
         if let Some(pid) = in_use {
             return Err(user_error(
                 format!(
