@@ -836,6 +836,11 @@ fn check_outputs(out: &OutputOpts) -> Result<(), Error> {
                 path.display()
             )));
         }
+        // Root writes the file there: a directory another user can change would let that
+        // user say where (and over whose file).
+        if let Some(why) = unsafe_for_root(parent) {
+            return Err(user(format!("{flag} {}: {why}", path.display())));
+        }
         // SAFETY: access() only reads the NUL-terminated path.
         let writable = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
             .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
@@ -1417,6 +1422,15 @@ fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         }
         None => None,
     };
+    if let Some(j) = &a.json {
+        let parent = match j.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Some(why) = unsafe_for_root(parent) {
+            return Err(user(format!("--json {}: {why}", j.display())));
+        }
+    }
     // Made last: bad input changes nothing.
     let existed = a.work.exists();
     std::fs::create_dir_all(&a.work)
@@ -1515,6 +1529,10 @@ fn login_storm(a: &StormArgs) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
+    // What loadgen makes is its own to change: never writable by others, whatever the
+    // umask it was started with (root's 000 let a student swap a run directory).
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o022) };
     let cli = Cli::parse();
     if matches!(
         cli.command,

@@ -39,15 +39,28 @@ pub fn unsafe_for_root(dir: &Path) -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return None;
     }
+    let mounts = fsinfo::mounts().unwrap_or_default();
+    check_path(dir, &mounts, 0)
+}
+
+/// [`unsafe_for_root`] for one path; a symbolic link's target is checked as a path of its
+/// own (`depth` links deep).
+fn check_path(dir: &Path, mounts: &[fsinfo::MountEntry], depth: usize) -> Option<String> {
+    if depth > 40 {
+        return Some(format!(
+            "{}: too many levels of symbolic links",
+            dir.display()
+        ));
+    }
     let real = match std::fs::canonicalize(dir) {
         Ok(p) => p,
         Err(e) => return Some(format!("cannot resolve {}: {e}", dir.display())),
     };
     // The path as given, step by step (each step looked at without following its last
     // component): a symbolic link on the way must be root's, in a directory only root can
-    // change (checked at the step before), and every directory passed through, the
-    // targets of links included, only root's to change. Then the resolved path, all the
-    // way up.
+    // change (checked at the step before), and lead through such directories only (its
+    // target checked the same way); every directory passed through must be only root's
+    // to change. Then the resolved path, all the way up, and the filesystems it is on.
     let given = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -76,6 +89,17 @@ pub fn unsafe_for_root(dir: &Path) -> Option<String> {
                     m.uid()
                 ));
             }
+            let target = match std::fs::read_link(p) {
+                Ok(t) => t,
+                Err(e) => return Some(format!("cannot read the link {}: {e}", p.display())),
+            };
+            let target = match p.parent() {
+                Some(up) if target.is_relative() => up.join(target),
+                _ => target,
+            };
+            if let Some(why) = check_path(&target, mounts, depth + 1) {
+                return Some(why);
+            }
             continue;
         }
         let mode = m.mode();
@@ -93,6 +117,24 @@ pub fn unsafe_for_root(dir: &Path) -> Option<String> {
                 m.uid(),
                 mode & 0o7777,
                 if acl { ", with an ACL" } else { "" }
+            ));
+        }
+    }
+    // A FUSE filesystem another user mounted answers whatever owner and mode that user
+    // likes, and its entries change under root at that user's will.
+    for m in mounts.iter().filter(|m| real.starts_with(&m.mount_point)) {
+        let by = m
+            .options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|u| u.parse::<u32>().ok());
+        if m.fs_type.starts_with("fuse") && by.is_some_and(|u| u != 0) {
+            return Some(format!(
+                "{} is on a FUSE filesystem that uid {} mounted at {}: its owners and \
+                 modes are that user's to say; run as root only where root mounted",
+                real.display(),
+                by.unwrap_or(0),
+                m.mount_point.display()
             ));
         }
     }
@@ -147,4 +189,32 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
         std::io::ErrorKind::AlreadyExists,
         format!("cannot make a temporary file beside {}", path.display()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path on a FUSE filesystem another user mounted is refused, whatever owners and
+    /// modes it shows; one root mounted is not.
+    #[test]
+    fn a_fuse_mount_of_another_user_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let d = std::fs::canonicalize(std::env::temp_dir()).expect("tmp");
+        let mount = |user: u32| fsinfo::MountEntry {
+            mount_point: d.clone(),
+            fs_type: "fuse.bindfs".into(),
+            source: "bindfs".into(),
+            options: format!("rw,nosuid,nodev,rw,user_id={user},group_id={user}"),
+        };
+        assert_eq!(check_path(&d, &[mount(0)], 0), None);
+        let why = check_path(&d, &[mount(1000)], 0).expect("refused");
+        assert!(
+            why.contains("FUSE filesystem that uid 1000 mounted"),
+            "{why}"
+        );
+    }
 }

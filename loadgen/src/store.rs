@@ -346,7 +346,10 @@ impl Store {
         match self {
             Store::Local => OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 })
+                // O_NONBLOCK: a FIFO put in place of a file does not hang the open.
+                .custom_flags(
+                    libc::O_NOFOLLOW | libc::O_NONBLOCK | if direct { libc::O_DIRECT } else { 0 },
+                )
                 .open(p)
                 .map(Handle::Local),
             Store::Nfs(s) => {

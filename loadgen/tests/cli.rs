@@ -505,6 +505,48 @@ fn root_never_works_where_another_user_can_steer_it() {
         text(&o)
     );
     assert!(!owned.join("report").exists(), "nothing made");
+    // A root-owned link that leads through another user's link is theirs to point.
+    let theirs = top.path().join("theirs");
+    std::os::unix::fs::symlink(&safe, &theirs).expect("ln -s");
+    std::os::unix::fs::lchown(&theirs, Some(nobody), Some(nobody)).expect("lchown");
+    let chain = top.path().join("chain");
+    std::os::unix::fs::symlink(&theirs, &chain).expect("ln -s");
+    let o = run(Path::new(&format!("{}/", chain.display())), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is a symbolic link of uid 65534"),
+        "{}",
+        text(&o)
+    );
+    // Results into a directory another user can change: refused, nothing written.
+    let o = run(
+        &safe,
+        &["--json", owned.join("r.json").to_str().expect("utf8")],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!owned.join("r.json").exists());
+    assert_eq!(
+        std::fs::read_dir(&safe).expect("ls").count(),
+        0,
+        "nothing made"
+    );
+    // Started with umask 000, what loadgen makes is still only its own to change.
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 000; exec {} compilebench {} --scale 0.01 --phases create --keep",
+            env!("CARGO_BIN_EXE_loadgen"),
+            safe.display()
+        ))
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "{}", text(&o));
+    for e in std::fs::read_dir(&safe).expect("ls") {
+        let p = e.expect("entry").path();
+        let mode = std::fs::metadata(&p).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o022, 0, "{} is {mode:o}", p.display());
+        std::fs::remove_dir_all(&p).expect("rm kept run");
+    }
     // login-storm: root makes homes on --share and mounts in --work.
     let work = owned.join("work");
     for (share, work, says) in [(&owned, &safe, "--share: "), (&safe, &work, "--work: ")] {
@@ -549,8 +591,23 @@ fn root_never_works_where_another_user_can_steer_it() {
     .expect("marker");
     std::fs::write(planted.join("precious"), "theirs\n").expect("write");
     chown(&planted, Some(nobody), Some(nobody)).expect("chown");
-    let o = run(&sticky, &["--allow-nonempty"]);
+    // And another user's leftover whose marker is a FIFO: the scan does not hang on it.
+    let fifo_run = sticky.join("loadgen-run-1-999999998");
+    std::fs::create_dir(&fifo_run).expect("mkdir");
+    let made = Command::new("mkfifo")
+        .arg(fifo_run.join(".loadgen-run"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    chown(&fifo_run, Some(nobody), Some(nobody)).expect("chown");
+    let o = Command::new("timeout")
+        .args(["-s", "KILL", "120", env!("CARGO_BIN_EXE_loadgen")])
+        .args(["compilebench", sticky.to_str().expect("utf8")])
+        .args(["--scale", "0.01", "--phases", "create", "--allow-nonempty"])
+        .output()
+        .expect("timeout");
     assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_dir_all(&fifo_run).expect("rm");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("is not this user's own directory"),
         "{}",
@@ -1315,8 +1372,9 @@ fn the_record_says_what_was_really_done() {
         "{v}"
     );
     let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    // Directories of root's own (root refuses ones any user may change).
+    let out = tempfile::tempdir().expect("out");
     let json = out.path().join("r.json");
-    // A directory of root's own (root refuses one any user may change).
     let dir = tempfile::tempdir().expect("tmp");
     let o = loadgen(&[
         "compilebench",
