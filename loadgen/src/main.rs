@@ -684,12 +684,8 @@ fn clear_leftovers(store: &mut Store, base: &Path, group: Option<&str>) {
 /// is; anyone can write a marker. (Over NFS, loadgen's own client follows no symbolic
 /// link, and the server checks every removal.)
 fn ours_to_remove(store: &Store, dir: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
     match store {
-        Store::Local => std::fs::symlink_metadata(dir).is_ok_and(|m| {
-            // SAFETY: geteuid has no preconditions.
-            m.is_dir() && m.uid() == unsafe { libc::geteuid() }
-        }),
+        Store::Local => loadgen::safety::owned_by_me(dir),
         _ => true,
     }
 }

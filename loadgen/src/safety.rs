@@ -141,6 +141,15 @@ fn check_path(dir: &Path, mounts: &[fsinfo::MountEntry], depth: usize) -> Option
     None
 }
 
+/// Whether `p` is a real directory (not a symbolic link) owned by this user, as the ones
+/// loadgen makes are: anyone can name a directory like them, or write a marker in it.
+pub fn owned_by_me(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| {
+        // SAFETY: geteuid has no preconditions.
+        m.is_dir() && m.uid() == unsafe { libc::geteuid() }
+    })
+}
+
 /// `dir` resolved (no symbolic link left in it): the path to work with once
 /// [`unsafe_for_root`] has passed it.
 pub fn resolved(dir: &Path) -> std::io::Result<PathBuf> {

@@ -493,16 +493,6 @@ fn detach(mnt: &Path) {
         .output();
 }
 
-/// Whether `p` is a real directory (not a symbolic link) owned by this user, as the ones a
-/// storm makes are: anyone can name a directory like them, or write a marker.
-fn owned_by_me(p: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(p).is_ok_and(|m| {
-        // SAFETY: geteuid has no preconditions.
-        m.is_dir() && m.uid() == unsafe { libc::geteuid() }
-    })
-}
-
 /// Pids of the live processes with an argument naming `dir` or a path below it.
 fn processes_naming(dir: &Path) -> Vec<u32> {
     let me = std::process::id();
@@ -563,6 +553,13 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             && fields.iter().all(|f| f.parse::<u64>().is_ok())
             && !Path::new(&format!("/proc/{}", fields[1])).exists()
     };
+    let not_mine = |p: &Path| {
+        format!(
+            "{} looks left by a storm that was killed, but is not this user's own \
+             directory; left alone (remove it by hand if it is a leftover)",
+            p.display()
+        )
+    };
     let mounts = fsinfo::mounts().unwrap_or_default();
     for e in std::fs::read_dir(&cfg.work).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -570,12 +567,8 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             continue;
         }
         let dir = e.path();
-        if !owned_by_me(&dir) {
-            said.push(format!(
-                "{} looks left by a storm that was killed, but is not this user's own \
-                 directory; left alone (remove it by hand if it is a leftover)",
-                dir.display()
-            ));
+        if !crate::safety::owned_by_me(&dir) {
+            said.push(not_mine(&dir));
             continue;
         }
         let mut below: Vec<&Path> = mounts
@@ -630,12 +623,8 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             ));
             continue;
         }
-        if ours && !owned_by_me(&e.path()) {
-            said.push(format!(
-                "{} looks left by a storm that was killed, but is not this user's own \
-                 directory; left alone (remove it by hand if it is a leftover)",
-                e.path().display()
-            ));
+        if ours && !crate::safety::owned_by_me(&e.path()) {
+            said.push(not_mine(&e.path()));
             continue;
         }
         if !ours {

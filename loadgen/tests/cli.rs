@@ -375,6 +375,16 @@ fn root_never_works_where_another_user_can_steer_it() {
         return;
     }
     let nobody = 65534;
+    let nothing_in = |d: &Path| std::fs::read_dir(d).expect("ls").count() == 0;
+    // Refused as bad input (exit 2), saying `says`.
+    let refused = |o: &std::process::Output, says: &str| {
+        assert_eq!(o.status.code(), Some(2), "{}", text(o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{}",
+            text(o)
+        );
+    };
     let top = tempfile::tempdir().expect("tmp");
     let run = |d: &Path, extra: &[&str]| {
         let mut args = vec![
@@ -410,16 +420,8 @@ fn root_never_works_where_another_user_can_steer_it() {
             "{err}"
         );
     }
-    assert_eq!(
-        std::fs::read_dir(&open).expect("ls").count(),
-        0,
-        "nothing made"
-    );
-    assert_eq!(
-        std::fs::read_dir(&below).expect("ls").count(),
-        0,
-        "nothing made"
-    );
+    assert!(nothing_in(&open), "nothing made");
+    assert!(nothing_in(&below), "nothing made");
     // A symbolic link on the way that another user owns (a trailing slash follows it),
     // and a directory whose ACL lets another user write.
     let safe = top.path().join("safe");
@@ -443,23 +445,10 @@ fn root_never_works_where_another_user_can_steer_it() {
         (acl.display().to_string(), "with an ACL"),
     ] {
         let o = run(Path::new(&d), &[]);
-        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains(says),
-            "{}",
-            text(&o)
-        );
+        refused(&o, says);
     }
-    assert_eq!(
-        std::fs::read_dir(&safe).expect("ls").count(),
-        0,
-        "nothing made"
-    );
-    assert_eq!(
-        std::fs::read_dir(&acl).expect("ls").count(),
-        0,
-        "nothing made"
-    );
+    assert!(nothing_in(&safe), "nothing made");
+    assert!(nothing_in(&acl), "nothing made");
     // Results are never written through a link someone put at their name (or at the
     // name of a temporary file), and a user's own `.tmp` file stays.
     let results = top.path().join("results");
@@ -525,11 +514,7 @@ fn root_never_works_where_another_user_can_steer_it() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!owned.join("r.json").exists());
-    assert_eq!(
-        std::fs::read_dir(&safe).expect("ls").count(),
-        0,
-        "nothing made"
-    );
+    assert!(nothing_in(&safe), "nothing made");
     // Started with umask 000, what loadgen makes is still only its own to change.
     let o = Command::new("sh")
         .arg("-c")
@@ -568,11 +553,7 @@ fn root_never_works_where_another_user_can_steer_it() {
         );
     }
     assert!(!work.exists(), "--work not made");
-    assert_eq!(
-        std::fs::read_dir(&safe).expect("ls").count(),
-        0,
-        "nothing made"
-    );
+    assert!(nothing_in(&safe), "nothing made");
     // Sticky and world-writable, as /tmp: no user can rename root's entries there.
     let sticky = top.path().join("sticky");
     std::fs::create_dir(&sticky).expect("mkdir");
