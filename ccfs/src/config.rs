@@ -1,52 +1,19 @@
 //! The TOML configuration file, lowered into typed settings before anything runs.
 //!
-//! ```toml
-//! [paths]
-//! dotfiles_cached = true          # paths whose first component starts with "." are cached
-//! cached = []                     # more globs to cache, relative to the mount root
-//! passthrough = ["**/*.sqlite", "**/*.sqlite-wal", "**/*.sqlite-shm", "**/*.sqlite-journal"]
-//!                                 # globs forced straight to the share (wins over cached);
-//!                                 # the default passes SQLite databases through (a list
-//!                                 # given here replaces it; [] caches them too)
-//! local_only = [".cache/**"]      # kept in the cache only, never synced (wins over all)
-//!
-//! [sync]
-//! rsync = "rsync"                 # the rsync binary (name on PATH or absolute path)
-//! extra_args = []                 # appended to the rsync command line
-//! timeout_secs = 600              # rsync I/O timeout (--timeout)
-//! interval_secs = 600             # sync while mounted every N seconds (0: only at logout)
-//! keep_copies_mib = 256           # clean copies a logout keeps for the user's next login
-//!                                 # on this workstation, newest first (0: none)
-//!
-//! [mount]
-//! threads = 4                     # FUSE request threads
-//! attr_timeout_ms = 10000         # how long the kernel may keep names, attributes and
-//!                                 # missing names of what is on the share (another
-//!                                 # workstation of the same user may change them)
-//! cache_timeout_ms = 10000        # the same for what the cache holds (a sync that keeps
-//!                                 # the share's version shows the share's file there)
-//! kernel_passthrough = true       # the kernel reads and writes open files itself
-//!                                 # (Linux 6.9 or later; off: through the daemon)
-//! readdirplus = true              # a listing carries each entry's attributes, so a
-//!                                 # program that lists and then looks at each entry
-//!                                 # (ls -l, a file manager) needs no lookup per entry
-//! allow_other = false             # root's mounts for a user: let other local users (and
-//!                                 # root) in, with the usual permission checks; off, only
-//!                                 # the user gets in, so a daemon the user stops can hold
-//!                                 # up nobody else's programs
-//! count_paths = 0                 # `ccfs status` counts requests also by the first N
-//!                                 # components of their path (0: by kind only); for a
-//!                                 # meter in front of a share, as loadgen login-storm's
-//! ```
+//! Every key, its default and its meaning: `deploy/etc/ccfs.toml`, installed as
+//! [`SYSTEM_CONFIG`] (a test checks that file against the defaults here).
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::{Policy, PolicyError};
 
-#[derive(Debug, Clone, Deserialize)]
+/// The machine's configuration, read when no `--config` is given (if it exists).
+pub const SYSTEM_CONFIG: &str = "/etc/ccfs/ccfs.toml";
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PathsSection {
     pub dotfiles_cached: bool,
@@ -69,7 +36,7 @@ impl Default for PathsSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SyncSection {
     pub rsync: String,
@@ -91,7 +58,7 @@ impl Default for SyncSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MountSection {
     pub threads: usize,
@@ -117,13 +84,71 @@ impl Default for MountSection {
     }
 }
 
+/// Where the homes are: on the share, mounted, and where their caches go.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HomesSection {
+    pub share_root: PathBuf,
+    pub home_root: PathBuf,
+    pub cache_root: PathBuf,
+}
+
+impl Default for HomesSection {
+    fn default() -> Self {
+        Self {
+            share_root: PathBuf::from("/netshare/users"),
+            home_root: PathBuf::from("/home"),
+            cache_root: PathBuf::from("/var/tmp/ccfs"),
+        }
+    }
+}
+
+/// What a login does when ccfs cannot mount the home.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fallback {
+    /// The home on the share, bind-mounted at the home (no cache).
+    Share,
+    /// Nothing: the home stays what it was (usually an empty directory).
+    None,
+}
+
+/// The PAM session hook (`ccfs pam-session`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionSection {
+    pub min_uid: u32,
+    pub fallback: Fallback,
+    pub login_timeout_secs: u64,
+    pub wait_previous_secs: u64,
+    pub logout_timeout_secs: u64,
+    pub busy_timeout_secs: u64,
+    pub systemd_scope: bool,
+}
+
+impl Default for SessionSection {
+    fn default() -> Self {
+        Self {
+            min_uid: 1000,
+            fallback: Fallback::Share,
+            login_timeout_secs: 60,
+            wait_previous_secs: 20,
+            logout_timeout_secs: 300,
+            busy_timeout_secs: 5,
+            systemd_scope: true,
+        }
+    }
+}
+
 /// The raw file, as written by the admin.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConfigFile {
+    pub homes: HomesSection,
     pub paths: PathsSection,
     pub sync: SyncSection,
     pub mount: MountSection,
+    pub session: SessionSection,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +195,12 @@ pub struct Settings {
     pub allow_other: bool,
     /// Requests are counted by the first N components of their path too (0: not).
     pub count_paths: usize,
+    /// Where homes are (`[homes]`), for commands given a user instead of paths.
+    pub homes: HomesSection,
+    /// The PAM session hook's choices (`[session]`).
+    pub session: SessionSection,
+    /// The effective file: every key with its value (`ccfs config check` prints it).
+    pub file: ConfigFile,
 }
 
 impl Default for Settings {
@@ -188,6 +219,9 @@ impl Default for Settings {
             readdirplus: true,
             allow_other: false,
             count_paths: 0,
+            homes: HomesSection::default(),
+            session: SessionSection::default(),
+            file: ConfigFile::default(),
         }
     }
 }
@@ -195,9 +229,24 @@ impl Default for Settings {
 impl Settings {
     /// Parses and validates config text; `path` is only used in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let raw: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.message().to_string(),
+        let raw: ConfigFile = toml::from_str(text).map_err(|e| {
+            // The line the error is on, so the message names the key.
+            let place = e.span().map(|span| {
+                let line = text[..span.start.min(text.len())].matches('\n').count();
+                let shown: String = text
+                    .lines()
+                    .nth(line)
+                    .unwrap_or("")
+                    .trim()
+                    .chars()
+                    .take(80)
+                    .collect();
+                format!("line {} ({shown}): ", line + 1)
+            });
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: format!("{}{}", place.unwrap_or_default(), e.message()),
+            }
         })?;
         Self::lower(raw, path)
     }
@@ -302,6 +351,20 @@ impl Settings {
         if raw.sync.timeout_secs == 0 {
             return Err(value_err("[sync].timeout_secs must be at least 1"));
         }
+        check_homes(&raw.homes).map_err(|m| value_err(&m))?;
+        let s = &raw.session;
+        for (key, v, min, max) in [
+            ("login_timeout_secs", s.login_timeout_secs, 1, 3600),
+            ("wait_previous_secs", s.wait_previous_secs, 0, 600),
+            ("logout_timeout_secs", s.logout_timeout_secs, 1, 86_400),
+            ("busy_timeout_secs", s.busy_timeout_secs, 0, 600),
+        ] {
+            if v < min || v > max {
+                return Err(value_err(&format!(
+                    "[session].{key} must be between {min} and {max} seconds"
+                )));
+            }
+        }
         let policy = Policy::new(
             raw.paths.dotfiles_cached,
             &raw.paths.cached,
@@ -314,6 +377,9 @@ impl Settings {
         })?;
         Ok(Self {
             policy,
+            file: raw.clone(),
+            homes: raw.homes,
+            session: raw.session,
             rsync: raw.sync.rsync,
             rsync_extra_args: raw.sync.extra_args,
             rsync_timeout: Duration::from_secs(raw.sync.timeout_secs),
@@ -329,6 +395,39 @@ impl Settings {
             count_paths: raw.mount.count_paths,
         })
     }
+}
+
+/// `[homes]`: three absolute, distinct places, none inside another (a cache inside the
+/// share, or homes mounted inside the share, would feed ccfs its own output).
+fn check_homes(h: &HomesSection) -> Result<(), String> {
+    let keys = [
+        ("share_root", &h.share_root),
+        ("home_root", &h.home_root),
+        ("cache_root", &h.cache_root),
+    ];
+    for (key, p) in keys {
+        let normal = p
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !p.is_absolute() || !normal || p == Path::new("/") {
+            return Err(format!(
+                "[homes].{key} must be an absolute path below / without . or .. (it is {:?})",
+                p
+            ));
+        }
+    }
+    for (i, (a, pa)) in keys.iter().enumerate() {
+        for (b, pb) in &keys[i + 1..] {
+            if pa.starts_with(pb) || pb.starts_with(pa) {
+                return Err(format!(
+                    "[homes].{a} ({}) and [homes].{b} ({}) overlap: give each its own place",
+                    pa.display(),
+                    pb.display()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -419,6 +518,81 @@ mod tests {
         assert!(e.to_string().contains("local_only"), "{e}");
         let e = Settings::from_toml("not toml at all [", Path::new("c.toml")).expect_err("syntax");
         assert!(e.to_string().contains("c.toml"), "{e}");
+    }
+
+    /// The shipped /etc/ccfs/ccfs.toml documents every key with its default: as shipped
+    /// (all commented out) and with every key uncommented it gives the built-in defaults,
+    /// and it names every key there is.
+    #[test]
+    fn shipped_config_documents_every_key_with_its_default() {
+        let shipped = include_str!("../../deploy/etc/ccfs.toml");
+        let path = Path::new(SYSTEM_CONFIG);
+        let as_shipped = Settings::from_toml(shipped, path).expect("shipped file parses");
+        assert_eq!(as_shipped.file, ConfigFile::default());
+        let key = |l: &str| {
+            let rest = l.strip_prefix('#')?;
+            let (k, _) = rest.split_once(" = ")?;
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_')
+                .then(|| k.to_string())
+        };
+        let uncommented: String = shipped
+            .lines()
+            .map(|l| match key(l) {
+                Some(_) => format!("{}\n", &l[1..]),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        let all = Settings::from_toml(&uncommented, path).expect("uncommented file parses");
+        assert_eq!(
+            all.file,
+            ConfigFile::default(),
+            "a documented default is wrong"
+        );
+        let mut documented: Vec<String> = shipped.lines().filter_map(key).collect();
+        documented.sort();
+        let defaults = toml::Value::try_from(ConfigFile::default()).expect("serializes");
+        let mut known: Vec<String> = defaults
+            .as_table()
+            .expect("table")
+            .values()
+            .flat_map(|section| section.as_table().expect("section").keys().cloned())
+            .collect();
+        known.sort();
+        assert_eq!(documented, known, "keys documented vs keys that exist");
+    }
+
+    #[test]
+    fn homes_and_session_are_validated() {
+        let bad = |text: &str, want: &str| {
+            let e = Settings::from_toml(text, Path::new("c.toml")).expect_err(text);
+            assert!(e.to_string().contains(want), "{text}: {e}");
+        };
+        bad(
+            "[homes]\nshare_root = \"netshare\"\n",
+            "share_root must be an absolute",
+        );
+        bad(
+            "[homes]\nhome_root = \"/\"\n",
+            "home_root must be an absolute",
+        );
+        bad(
+            "[homes]\nhome_root = \"/home/../etc\"\n",
+            "home_root must be an absolute",
+        );
+        bad("[homes]\ncache_root = \"/netshare/users/.c\"\n", "overlap");
+        bad("[homes]\nshare_root = \"/home/share\"\n", "overlap");
+        bad("[session]\nlogin_timeout_secs = 0\n", "login_timeout_secs");
+        bad("[session]\nfallback = \"tmpfs\"\n", "fallback");
+        let s = Settings::from_toml(
+            "[homes]\nshare_root = \"/srv/homes\"\n[session]\nfallback = \"none\"\nmin_uid = 500\n",
+            Path::new("c.toml"),
+        )
+        .expect("valid");
+        assert_eq!(s.homes.share_root, Path::new("/srv/homes"));
+        assert_eq!(s.homes.home_root, Path::new("/home"), "the default");
+        assert_eq!(s.session.fallback, Fallback::None);
+        assert_eq!(s.session.min_uid, 500);
     }
 
     /// Root reads only a config that only root can change (these tests run as root).

@@ -79,11 +79,112 @@ pub fn ccfs_mounts() -> std::io::Result<Vec<PathBuf>> {
         .collect())
 }
 
-/// Where caches live unless `--cache-dir` says otherwise.
+/// The cache root of the config this command read (`[homes].cache_root`).
+static CONFIGURED_CACHE_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Where caches live unless `--cache-dir` says otherwise: `$CCFS_CACHE_ROOT`, else the
+/// config's `[homes].cache_root` (default `/var/tmp/ccfs`).
 pub fn cache_root() -> PathBuf {
     std::env::var_os("CCFS_CACHE_ROOT")
         .map(PathBuf::from)
+        .or_else(|| CONFIGURED_CACHE_ROOT.get().cloned())
         .unwrap_or_else(|| PathBuf::from("/var/tmp/ccfs"))
+}
+
+/// The configuration a command works with: the file given, else
+/// [`crate::config::SYSTEM_CONFIG`] when it exists, else the built-in defaults (no path).
+/// Root reads only a file only root can change. Sets the cache root for this process.
+pub fn effective_config(given: Option<&Path>) -> Result<(Option<PathBuf>, Settings), UserError> {
+    let path = match given {
+        Some(p) => Some(absolute(p)),
+        None => {
+            let system = Path::new(crate::config::SYSTEM_CONFIG);
+            fs::symlink_metadata(system)
+                .is_ok()
+                .then(|| system.to_path_buf())
+        }
+    };
+    let settings = match &path {
+        Some(p) => load_config(p)?,
+        None => Settings::default(),
+    };
+    let _ = CONFIGURED_CACHE_ROOT.set(settings.homes.cache_root.clone());
+    Ok((path, settings))
+}
+
+/// True for a login name ccfs may turn into a path component: letters, digits, `.`, `_`,
+/// `@` and `-`, not starting with `.` or `-`, at most 64 bytes.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
+}
+
+/// A user's home on the share and where it is mounted, from `[homes]`.
+pub fn home_paths(settings: &Settings, name: &str) -> Result<(PathBuf, PathBuf), UserError> {
+    if !valid_user_name(name) {
+        return Err(user_error(
+            format!(
+                "user name {:?} cannot name a home directory",
+                LogText(name).to_string()
+            ),
+            "give a login name of letters, digits, '.', '_', '@' and '-'",
+        ));
+    }
+    Ok((
+        settings.homes.share_root.join(name),
+        settings.homes.home_root.join(name),
+    ))
+}
+
+/// Makes the mount point `home_root/NAME` for a mount root makes for a user, if it is
+/// missing: root's, 0755, in a home root that must be root's and writable by nobody else
+/// (or another user could put a symlink or their own mount there). An existing mount
+/// point must be a directory, not a symlink.
+pub fn make_mount_point(home_root: &Path, name: &str) -> Result<(), UserError> {
+    let fix = "make the home root a directory of root's, not writable by others \
+               (chown root: HOME_ROOT; chmod 755 HOME_ROOT), or set [homes].home_root";
+    let root = DirFd::open(home_root).map_err(|e| {
+        user_error(
+            format!("home root {}: {e}", LogPath(home_root)),
+            "create it, or set [homes].home_root in the config",
+        )
+    })?;
+    let st = root
+        .stat()
+        .map_err(|e| user_error(format!("home root {}: {e}", LogPath(home_root)), fix))?;
+    if st.uid() != 0 || st.mode() & 0o022 != 0 {
+        return Err(user_error(
+            format!(
+                "home root {} belongs to uid {} with mode {:o}",
+                LogPath(home_root),
+                st.uid(),
+                st.mode() & 0o7777
+            ),
+            fix,
+        ));
+    }
+    let name = OsStr::new(name);
+    let here = home_root.join(name);
+    match root.entry(name) {
+        Ok(Some(e)) if e.is_dir() => Ok(()),
+        Ok(Some(_)) => Err(user_error(
+            format!("{} is not a directory", LogPath(&here)),
+            "remove it, so the home can be mounted there",
+        )),
+        Ok(None) => match root.mkdir(name, 0o755) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(user_error(
+                format!("cannot create the mount point {}: {e}", LogPath(&here)),
+                "check the home root",
+            )),
+        },
+        Err(e) => Err(user_error(format!("{}: {e}", LogPath(&here)), fix)),
+    }
 }
 
 /// The default cache directory of a mount point: `ROOT/UID/home-alice` for `/home/alice`.
@@ -345,10 +446,7 @@ pub fn plan_mount(
         .as_ref()
         .map(|u| u.uid)
         .unwrap_or_else(crate::sys::geteuid);
-    let settings = match config {
-        Some(c) => load_config(c)?,
-        None => Settings::default(),
-    };
+    let (config, settings) = effective_config(config)?;
     let share_meta = fs::metadata(share).map_err(|e| {
         user_error(
             format!("share {} is not reachable: {e}", LogPath(share)),
@@ -511,7 +609,7 @@ pub fn plan_mount(
         mountpoint,
         cache_dir,
         cache_exists,
-        config: config.map(absolute),
+        config,
         settings,
         rsync,
         user,
@@ -984,9 +1082,30 @@ fn open_daemon_log(cache_dir: &Path) {
     STAGE.store(STAGE_LOG_OPEN, Ordering::Release);
 }
 
+/// Tells systemd, when it started this daemon as a `Type=notify` service (`ccfs@.service`
+/// runs `ccfs mount --foreground`), how it is: `$NOTIFY_SOCKET`, a datagram. Never fails.
+fn notify_systemd(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let addr = match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(&path),
+    };
+    if let (Ok(addr), Ok(sock)) = (addr, UnixDatagram::unbound()) {
+        if let Err(e) = sock.send_to_addr(state.as_bytes(), &addr) {
+            tracing::warn!("cannot tell systemd the mount is live: {e}");
+        }
+    }
+}
+
 /// Tells the waiting `ccfs mount` that the mount is live, then sends standard output to
 /// the log as well (so `ccfs mount` sees the end of it).
 fn report_ready() {
+    notify_systemd("READY=1\nSTATUS=the mount is live");
     let stage = STAGE.load(Ordering::Acquire);
     if stage != STAGE_STARTING && stage != STAGE_LOG_OPEN {
         return;
@@ -1523,7 +1642,8 @@ fn recover_as_owner(
                 "fix the config file, or give one with --config",
             )
         })?,
-        _ => Settings::default(),
+        // The machine's config (as the cache's owner here), else the defaults.
+        _ => effective_config(None)?.1,
     };
     let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
     // A share that hangs (its server stopped, or one the cache's owner made hang) must not

@@ -17,6 +17,7 @@ pub mod journal;
 pub mod nodes;
 pub mod overlay;
 pub mod policy;
+pub mod session;
 pub mod state;
 pub mod sync;
 pub mod sys;

@@ -25,13 +25,25 @@ enum Cmd {
     Mount(MountArgs),
     /// Log out: unmount, sync the cache back; exit 0 only if everything reached the share.
     Umount {
-        /// The ccfs mount point.
-        mountpoint: PathBuf,
+        /// The ccfs mount point (or --user).
+        #[arg(required_unless_present = "user", conflicts_with = "user")]
+        mountpoint: Option<PathBuf>,
+        /// The home of this user: HOME_ROOT/NAME from the config's [homes].
+        #[arg(long)]
+        user: Option<String>,
+        /// The config file that gives [homes] (default /etc/ccfs/ccfs.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// How long to wait, once unmounted, for the daemon to say how its logout sync
         /// went (it goes on in the background past that; `ccfs recover` sends what it
         /// leaves).
         #[arg(long, value_name = "SECS", default_value_t = 600)]
         wait: u64,
+        /// When programs still use the mount: sync now, wait up to SECS for them to let
+        /// go, then detach the mount lazily (the daemon syncs again and exits once the
+        /// last of them ends). Without it a busy mount is refused.
+        #[arg(long, value_name = "SECS")]
+        busy_timeout: Option<u64>,
     },
     /// Sync the cache to the share now and stay mounted.
     Sync {
@@ -53,6 +65,27 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Check the configuration and print the one in effect.
+    Config {
+        #[command(subcommand)]
+        action: ConfigCmd,
+    },
+    /// The PAM session hook, run by pam_exec at open_session and close_session (root):
+    /// the first login of a user on this host recovers and mounts their home, the last
+    /// logout syncs and unmounts it; a login never fails because of ccfs.
+    PamSession {
+        /// The config file (default /etc/ccfs/ccfs.toml); only root may be able to change it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The PAM hook's fallback: bind-mount the user's home on the share at their home.
+    #[command(hide = true)]
+    BindHome {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Finish what an earlier session left unsynced (safe at boot and before every mount).
     /// Root works on each cache as its owner.
     Recover {
@@ -64,6 +97,16 @@ enum Cmd {
         user: Option<String>,
         /// The config file (default: for root the built-in defaults, for a user the one
         /// their mount used). Root reads only a file only root can change.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCmd {
+    /// Validate the config file and print every key with the value in effect.
+    Check {
+        /// The file (default /etc/ccfs/ccfs.toml, else the built-in defaults).
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -88,10 +131,12 @@ struct MountArgs {
     /// is live, log to CACHE/ccfs.log.
     #[arg(long, hide = true, requires = "foreground")]
     daemon: bool,
-    /// The user's home directory on the network share.
-    share: PathBuf,
-    /// Where to mount it (an empty directory).
-    mountpoint: PathBuf,
+    /// The user's home directory on the network share (default SHARE_ROOT/NAME from the
+    /// config's [homes], NAME the --user or you).
+    share: Option<PathBuf>,
+    /// Where to mount it, an empty directory (default HOME_ROOT/NAME, made if missing
+    /// when root mounts for a user).
+    mountpoint: Option<PathBuf>,
 }
 
 /// Logging that never takes the process down: a writer that swallows its errors (a full
@@ -150,10 +195,44 @@ fn from_anyhow(e: anyhow::Error) -> Error {
     }
 }
 
+/// The user a command without paths is about: `--user`, else whoever runs it.
+fn named_user(user: Option<&str>) -> Result<String, Error> {
+    match user {
+        Some(u) => Ok(u.to_string()),
+        None => ccfs::sys::user_by_uid(ccfs::sys::geteuid())
+            .ok()
+            .flatten()
+            .map(|a| a.name)
+            .ok_or_else(|| fail("cannot find your user name in the user database")),
+    }
+}
+
 fn mount(args: MountArgs) -> Result<(), Error> {
+    let (share, mountpoint) = match (args.share, args.mountpoint) {
+        (Some(s), Some(m)) => (s, m),
+        (Some(_), None) => {
+            return Err(user_error(
+                "a share was given without a mount point",
+                "give both SHARE and MOUNTPOINT, or neither to use the config's [homes]",
+            )
+            .into())
+        }
+        _ => {
+            let (_, settings) = daemon::effective_config(args.config.as_deref())?;
+            let name = named_user(args.user.as_deref())?;
+            let (share, home) = daemon::home_paths(&settings, &name)?;
+            // The mount point is made only for a request the checks below would not
+            // refuse for a missing user or share.
+            let user_exists = ccfs::sys::user_by_name(&name).ok().flatten().is_some();
+            if args.user.is_some() && ccfs::sys::geteuid() == 0 && user_exists && share.is_dir() {
+                daemon::make_mount_point(&settings.homes.home_root, &name)?;
+            }
+            (share, home)
+        }
+    };
     let plan = daemon::plan_mount(
-        &args.share,
-        &args.mountpoint,
+        &share,
+        &mountpoint,
         args.cache_dir.as_deref(),
         args.config.as_deref(),
         args.user.as_deref(),
@@ -387,34 +466,73 @@ fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
     }
 }
 
+/// How an unmount went.
+enum Unmounted {
+    Done,
+    /// Detached lazily: programs still use it.
+    Lazily,
+    /// Programs use it (fusermount3's words).
+    Busy(String),
+}
+
+fn fusermount(mp: &Path, args: &[&str]) -> Result<Result<(), String>, Error> {
+    let out = Command::new("fusermount3")
+        .args(args)
+        .arg(mp)
+        .output()
+        .map_err(|e| fail(format!("cannot run fusermount3: {e} (install fuse3)")))?;
+    Ok(if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    })
+}
+
 /// Unmounts `mp`. While the share is unreachable a busy mount is detached lazily (the
-/// programs holding it may be stuck on the share for good); returns whether it was.
-fn unmount_mount(mp: &Path, share_unreachable: bool) -> Result<bool, Error> {
-    let run = |args: &[&str]| {
-        Command::new("fusermount3")
-            .args(args)
-            .arg(mp)
-            .output()
-            .map_err(|e| fail(format!("cannot run fusermount3: {e} (install fuse3)")))
+/// programs holding it may be stuck on the share for good).
+fn unmount_mount(mp: &Path, share_unreachable: bool) -> Result<Unmounted, Error> {
+    let err = match fusermount(mp, &["-u"])? {
+        Ok(()) => return Ok(Unmounted::Done),
+        Err(err) => err,
     };
-    let out = run(&["-u"])?;
-    if out.status.success() {
-        return Ok(false);
-    }
-    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if share_unreachable && err.contains("busy") {
-        let lazy = run(&["-u", "-z"])?;
-        if lazy.status.success() {
-            return Ok(true);
-        }
-        let err = String::from_utf8_lossy(&lazy.stderr).trim().to_string();
+    if !err.contains("busy") {
         return Err(fail(format!("cannot unmount {}: {err}", mp.display())));
     }
-    Err(fail(format!(
-        "cannot unmount {}: {err}; close the programs using it (`fuser -vm {}`) and try again",
-        mp.display(),
-        mp.display()
-    )))
+    if !share_unreachable {
+        return Ok(Unmounted::Busy(err));
+    }
+    match fusermount(mp, &["-u", "-z"])? {
+        Ok(()) => Ok(Unmounted::Lazily),
+        Err(err) => Err(fail(format!("cannot unmount {}: {err}", mp.display()))),
+    }
+}
+
+/// The processes that use something below `mp` (working or root directory, program, open
+/// file), as "name (pid N)", at most `max`. Only /proc is read, never the mount itself.
+fn processes_using(mp: &Path, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    let below = |link: PathBuf| std::fs::read_link(link).is_ok_and(|t| t.starts_with(mp));
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let dir = p.path();
+        let uses = ["cwd", "root", "exe"].iter().any(|l| below(dir.join(l)))
+            || std::fs::read_dir(dir.join("fd"))
+                .map(|fds| fds.flatten().any(|fd| below(fd.path())))
+                .unwrap_or(false);
+        if uses {
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            out.push(format!("{} (pid {pid})", daemon::LogText(name.trim())));
+            if out.len() >= max {
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// Waits for the answer to `Wait` (the logout sync's outcome). Between slices it asks the
@@ -479,7 +597,7 @@ fn changes(n: usize) -> String {
     format!("{n} change{}", if n == 1 { "" } else { "s" })
 }
 
-fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
+fn umount(mountpoint: &Path, wait: Duration, busy_timeout: Option<Duration>) -> Result<(), Error> {
     let m = control_socket(mountpoint)?;
     let mp = m.mountpoint.clone();
     let status = control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e))?;
@@ -502,7 +620,24 @@ fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
     if ack["waiting"] != true {
         return Err(bad_answer(ack));
     }
-    if unmount_mount(&mp, outage.is_some())? {
+    let unmounted = match unmount_mount(&mp, outage.is_some())? {
+        Unmounted::Busy(err) => match busy_timeout {
+            None => {
+                return Err(fail(format!(
+                    "cannot unmount {}: {err}; close the programs using it (`fuser -vm {}`) and try again, or give --busy-timeout",
+                    mp.display(),
+                    mp.display()
+                )))
+            }
+            Some(limit) => match busy_logout(&m, &mp, wait, limit)? {
+                BusyEnd::Detached(result) => return result,
+                // Unmounted after all: the logout sync runs, as at any unmount.
+                BusyEnd::Unmounted => Unmounted::Done,
+            },
+        },
+        u => u,
+    };
+    if matches!(unmounted, Unmounted::Lazily) {
         // The session, and with it the logout sync, ends only once the last program lets
         // go of the mount: nothing to wait for here.
         let health = outage.map(|h| h.describe()).unwrap_or_default();
@@ -567,6 +702,69 @@ fn umount(mountpoint: &Path, wait: Duration) -> Result<(), Error> {
             m.cache_dir.display()
         )))
     }
+}
+
+/// A logout while programs still use the mount: what the session wrote is synced now,
+/// then the programs get `limit` to let go; past that the mount is detached lazily and the
+/// daemon, still serving them, syncs again and exits once the last one ends.
+fn busy_logout(
+    m: &control::MountRef,
+    mp: &Path,
+    wait: Duration,
+    limit: Duration,
+) -> Result<BusyEnd, Error> {
+    let answer =
+        control::request(m, &Request::Sync, Some(wait)).map_err(|e| daemon_error(m, &e))?;
+    let outcome: SyncOutcome = serde_json::from_value(answer).map_err(bad_answer)?;
+    if outcome.share_unreachable.is_none() {
+        print_outcome("sync", &outcome);
+    }
+    let until = Instant::now() + limit;
+    loop {
+        match fusermount(mp, &["-u"])? {
+            Ok(()) => return Ok(BusyEnd::Unmounted),
+            Err(err) if !err.contains("busy") => {
+                return Err(fail(format!("cannot unmount {}: {err}", mp.display())))
+            }
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => break,
+        }
+    }
+    let users = processes_using(mp, 10);
+    let pid = control::status(m, STATUS_TIMEOUT)
+        .map(|s| s.pid.to_string())
+        .unwrap_or_else(|_| "?".into());
+    if let Err(err) = fusermount(mp, &["-u", "-z"])? {
+        return Err(fail(format!("cannot detach {}: {err}", mp.display())));
+    }
+    let who = if users.is_empty() {
+        "programs".to_string()
+    } else {
+        users.join(", ")
+    };
+    let detached = format!(
+        "{} still in use after {} s by {who}; detached lazily: the daemon (pid {pid}) serves them and syncs again once the last one lets go",
+        mp.display(),
+        limit.as_secs()
+    );
+    Ok(BusyEnd::Detached(if outcome.ok {
+        println!("ccfs: everything written so far is on the share; {detached}");
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "the sync before detaching did not finish ({}); {detached}; what is left is kept in {}",
+            outcome.error.as_deref().unwrap_or("incomplete"),
+            m.cache_dir.display()
+        )))
+    }))
+}
+
+/// How a logout with a busy mount ended.
+enum BusyEnd {
+    /// The programs let go in time: unmounted the usual way.
+    Unmounted,
+    /// Detached lazily; the command's result.
+    Detached(Result<(), Error>),
 }
 
 fn sync_cmd(mountpoint: &Path) -> Result<(), Error> {
@@ -709,8 +907,10 @@ fn recover(
     user: Option<&str>,
     config: Option<&Path>,
 ) -> Result<(), Error> {
-    // Root reads only a config only root can change, and never one a cache names.
-    let settings = config.map(daemon::load_config).transpose()?;
+    // Root reads only a config only root can change, and never one a cache names. Without
+    // --config, the machine's /etc/ccfs/ccfs.toml when there is one.
+    let (path, settings) = daemon::effective_config(config)?;
+    let settings = path.is_some().then_some(settings);
     let dirs = match (cache_dir, user) {
         (Some(d), _) => {
             let meta = std::fs::symlink_metadata(d.join("meta.json"));
@@ -788,6 +988,83 @@ fn recover(
             "{held} cache(s) keep files still open for writing; the next sync or logout sends them"
         )));
     }
+    Ok(())
+}
+
+fn umount_cmd(
+    mountpoint: Option<PathBuf>,
+    user: Option<String>,
+    config: Option<PathBuf>,
+    wait: u64,
+    busy_timeout: Option<u64>,
+) -> Result<(), Error> {
+    let mountpoint = match (mountpoint, user) {
+        (Some(m), _) => m,
+        (None, user) => {
+            let (_, settings) = daemon::effective_config(config.as_deref())?;
+            let name = named_user(user.as_deref())?;
+            daemon::home_paths(&settings, &name)?.1
+        }
+    };
+    umount(
+        &mountpoint,
+        Duration::from_secs(wait),
+        busy_timeout.map(Duration::from_secs),
+    )
+}
+
+fn config_check(config: Option<&Path>) -> Result<(), Error> {
+    let (path, settings) = daemon::effective_config(config)?;
+    let text = toml::to_string_pretty(&settings.file)
+        .map_err(|e| fail(format!("cannot print the configuration: {e}")))?;
+    match &path {
+        Some(p) => println!("# ccfs configuration from {} (valid)", shown(p)),
+        None => println!(
+            "# ccfs configuration: the built-in defaults ({} does not exist)",
+            ccfs::config::SYSTEM_CONFIG
+        ),
+    }
+    print!("{text}");
+    Ok(())
+}
+
+/// `ccfs pam-session`: the hook reads only what pam_exec sets (PAM_TYPE, PAM_USER,
+/// PAM_SERVICE, PAM_TTY); it always exits 0 under PAM, so a login never fails for it.
+fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let kind = var("PAM_TYPE");
+    if kind.is_empty() {
+        return Err(user_error(
+            "PAM_TYPE is not set: this is the PAM session hook",
+            "put `session optional pam_exec.so /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
+        )
+        .into());
+    }
+    ccfs::session::run(&ccfs::session::Hook {
+        kind,
+        user: var("PAM_USER"),
+        service: var("PAM_SERVICE"),
+        tty: var("PAM_TTY"),
+        config,
+    });
+    Ok(())
+}
+
+fn bind_home(user: &str, config: Option<&Path>) -> Result<(), Error> {
+    if ccfs::sys::geteuid() != 0 {
+        return Err(user_error("bind-home needs root", "run it as root").into());
+    }
+    let (_, settings) = daemon::effective_config(config)?;
+    let account = ccfs::sys::user_by_name(user)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            user_error(
+                format!("no such user: {}", daemon::LogText(user)),
+                "give an existing login name",
+            )
+        })?;
+    ccfs::session::bind_home(&settings, &account)?;
     Ok(())
 }
 
@@ -922,7 +1199,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Mount(args) => mount(args),
-        Cmd::Umount { mountpoint, wait } => umount(&mountpoint, Duration::from_secs(wait)),
+        Cmd::Umount {
+            mountpoint,
+            user,
+            config,
+            wait,
+            busy_timeout,
+        } => umount_cmd(mountpoint, user, config, wait, busy_timeout),
+        Cmd::Config {
+            action: ConfigCmd::Check { config },
+        } => config_check(config.as_deref()),
+        Cmd::PamSession { config } => pam_session(config),
+        Cmd::BindHome { user, config } => bind_home(&user, config.as_deref()),
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
         Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
         Cmd::Demo { keep } => demo(keep),

@@ -1759,6 +1759,50 @@ pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
     }
 }
 
+// ---- syslog and bind mounts (the PAM session hook) -----------------------------------
+
+/// Logs one line to syslog as `ccfs-session` (facility authpriv). Never fails; without a
+/// syslog daemon the line is lost (the hook writes it to standard error too).
+pub fn syslog(priority: libc::c_int, line: &str) {
+    static OPENED: std::sync::Once = std::sync::Once::new();
+    OPENED.call_once(|| {
+        // SAFETY: the ident is a static C string, as openlog(3) keeps the pointer.
+        unsafe { libc::openlog(c"ccfs-session".as_ptr(), libc::LOG_PID, libc::LOG_AUTHPRIV) };
+    });
+    let Ok(text) = CString::new(line.replace('\0', " ")) else {
+        return;
+    };
+    // SAFETY: a constant "%s" format with one valid C string argument.
+    unsafe { libc::syslog(priority | libc::LOG_AUTHPRIV, c"%s".as_ptr(), text.as_ptr()) };
+}
+
+/// Bind-mounts `src` at `dst` (root), then makes the bind nosuid and nodev.
+pub fn bind_mount(src: &Path, dst: &Path) -> io::Result<()> {
+    let s = cstr(src)?;
+    let d = cstr(dst)?;
+    // SAFETY: valid NUL-terminated paths; no filesystem type or data for a bind mount.
+    check(unsafe {
+        libc::mount(
+            s.as_ptr(),
+            d.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: as above; a remount of the bind just made.
+    let _ = check(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            d.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+            std::ptr::null(),
+        )
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
