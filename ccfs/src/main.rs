@@ -1263,7 +1263,7 @@ mod tests {
         ])
         .expect("mount parses");
         assert!(
-            matches!(c.command, Cmd::Mount(ref a) if a.foreground && a.share == Path::new("/s"))
+            matches!(c.command, Cmd::Mount(ref a) if a.foreground && a.share.as_deref() == Some(Path::new("/s")))
         );
         assert!(Cli::try_parse_from(["ccfs", "umount", "/m"]).is_ok());
         assert!(Cli::try_parse_from(["ccfs", "sync", "/m"]).is_ok());
