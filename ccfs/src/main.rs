@@ -127,6 +127,15 @@ struct MountArgs {
     /// the user's uid and groups and the cache belongs to the user.
     #[arg(long)]
     user: Option<String>,
+    /// Give up when the mount is not live within SECS: the daemon is stopped and the
+    /// command fails (as the PAM hook does, so a login never waits on a hung share).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 600,
+        conflicts_with = "foreground"
+    )]
+    timeout: u64,
     /// Started by `ccfs mount` in the background: report on standard output when the mount
     /// is live, log to CACHE/ccfs.log.
     #[arg(long, hide = true, requires = "foreground")]
@@ -312,9 +321,16 @@ fn mount(args: MountArgs) -> Result<(), Error> {
                 if exited.is_none() {
                     exited = child.try_wait().ok().flatten().map(|s| (s, Instant::now()));
                 }
-                if start.elapsed() > Duration::from_secs(600) {
+                if exited.is_none() && start.elapsed() > Duration::from_secs(args.timeout) {
+                    // Stopped, so that it cannot mount later over whatever comes instead.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    if daemon::ccfs_mounts().is_ok_and(|m| m.contains(&plan.mountpoint)) {
+                        let _ = fusermount(&plan.mountpoint, &["-u", "-z"]);
+                    }
                     return Err(fail(format!(
-                        "the mount did not come up in 10 minutes; see {}/ccfs.log",
+                        "the mount did not come up within {} s (the share may hang); the daemon was stopped; see {}/ccfs.log",
+                        args.timeout,
                         shown(&plan.cache_dir)
                     )));
                 }

@@ -510,8 +510,19 @@ impl Ctx<'_> {
             return Err("no time left of [session].login_timeout_secs".into());
         }
         let exe = self.ccfs_exe()?;
-        let mut args: Vec<&OsStr> =
-            vec![OsStr::new("mount"), OsStr::new("--user"), OsStr::new(user)];
+        // ccfs mount gives up (and stops its daemon) a moment before this hook gives up on
+        // it; the hook's own limit is for a mount stuck before it started one.
+        let ready = limit
+            .saturating_sub(Duration::from_secs(2))
+            .max(Duration::from_secs(1));
+        let ready = ready.as_secs().to_string();
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("mount"),
+            OsStr::new("--timeout"),
+            OsStr::new(&ready),
+            OsStr::new("--user"),
+            OsStr::new(user),
+        ];
         if let Some(c) = &self.config {
             args.push(OsStr::new("--config"));
             args.push(c.as_os_str());
@@ -557,32 +568,18 @@ impl Ctx<'_> {
                 .ok_or_else(|| "ccfs mount said it mounted, but no ccfs mount is there".into()),
             Some(false) => Err(last_line(&r.output)),
             None => {
-                self.undo_late_mount();
+                if self.ccfs_mount_here(None).is_some() {
+                    let _ = run_limited(
+                        Path::new("fusermount3"),
+                        &[OsStr::new("-u"), OsStr::new("-z"), self.home.as_os_str()],
+                        Duration::from_secs(10),
+                    );
+                }
                 Err(format!(
                     "the mount did not come up within {} s",
                     limit.as_secs()
                 ))
             }
-        }
-    }
-
-    /// After a mount that took too long: a daemon that comes up later must not mount over
-    /// the fallback, so the one holding the home's cache is stopped and a mount it made
-    /// is detached.
-    fn undo_late_mount(&self) {
-        let cache = daemon::default_cache_dir(&self.home, self.account.uid);
-        if let Ok(Some(pid)) = daemon::cache_in_use_as(&cache, Some(&self.account)) {
-            if pid != 0 {
-                // SAFETY: kill(2) of the user's daemon, which this login started.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            }
-        }
-        if self.ccfs_mount_here(Some(&cache)).is_some() {
-            let _ = run_limited(
-                Path::new("fusermount3"),
-                &[OsStr::new("-u"), OsStr::new("-z"), self.home.as_os_str()],
-                Duration::from_secs(10),
-            );
         }
     }
 

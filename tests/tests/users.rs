@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -530,120 +529,6 @@ fn crash(mnt: &Path) {
         .args(["-u", "-z"])
         .arg(mnt)
         .output();
-}
-
-/// The shipped PAM hook, run as pam_exec runs it (PAM_TYPE, PAM_USER, nothing else of the
-/// environment), with its paths given on its command line.
-struct PamHook {
-    shares: PathBuf,
-    homes: PathBuf,
-    caches: PathBuf,
-}
-
-impl PamHook {
-    fn new(fx: &Fixture) -> Self {
-        let hook = Self {
-            shares: fx.tmp.path().join("shares"),
-            homes: fx.tmp.path().join("homes"),
-            caches: fx.tmp.path().join("caches"),
-        };
-        for d in [&hook.shares, &hook.homes] {
-            fs::create_dir(d).expect("mkdir");
-        }
-        hook
-    }
-
-    fn run(&self, pam_type: &str, user: &str) -> Output {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/pam/ccfs-session");
-        Command::new(script)
-            .env_clear()
-            .env("PAM_TYPE", pam_type)
-            .env("PAM_USER", user)
-            .env("PAM_SERVICE", "login")
-            .args([
-                OsStr::new("--share-root"),
-                self.shares.as_os_str(),
-                OsStr::new("--home-root"),
-                self.homes.as_os_str(),
-                OsStr::new("--cache-root"),
-                self.caches.as_os_str(),
-                OsStr::new("--ccfs"),
-                ccfs_bin().as_os_str(),
-            ])
-            .output()
-            .expect("run the PAM hook")
-    }
-}
-
-/// Login: the hook mounts the user's home as the user (daemon ids all the user's);
-/// logout: it syncs the cached dotfiles to the share and unmounts.
-#[test]
-fn the_pam_hook_mounts_as_the_user_and_syncs_at_logout() {
-    let alice = account("ccfs-alice");
-    let fx = Fixture::new();
-    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
-    let hook = PamHook::new(&fx);
-    let share = hook.shares.join("ccfs-alice");
-    fs::create_dir(&share).expect("mkdir");
-    std::os::unix::fs::chown(&share, Some(alice.uid), Some(alice.gid)).expect("chown");
-    let home = hook.homes.join("ccfs-alice");
-
-    let out = hook.run("open_session", "ccfs-alice");
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(is_mounted(&home), "login mounted the home: {}", text(&out));
-    let st = ccfs(&["status".as_ref(), "--json".as_ref(), home.as_os_str()]);
-    assert!(st.status.success(), "{}", text(&st));
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
-    let pid = v["pid"].as_u64().expect("pid") as u32;
-    assert_eq!(
-        ids_of(pid),
-        vec![alice.uid.to_string(); 4],
-        "the daemon is alice"
-    );
-    let out = as_user(
-        "ccfs-alice",
-        &format!("echo 'PS1=$ ' > {}/.profile", home.display()),
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        !share.join(".profile").exists(),
-        "a dotfile stays local until logout"
-    );
-
-    let out = hook.run("close_session", "ccfs-alice");
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(!is_mounted(&home), "logout unmounted the home");
-    assert_eq!(read(&share.join(".profile")), "PS1=$ \n");
-    assert_eq!(
-        fs::metadata(share.join(".profile")).expect("profile").uid(),
-        alice.uid
-    );
-}
-
-/// A login goes on when ccfs cannot mount (here: the share is missing): the hook says
-/// why and exits 0.
-#[test]
-fn the_pam_hook_never_fails_a_login() {
-    let fx = Fixture::new();
-    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
-    let hook = PamHook::new(&fx);
-    let out = hook.run("open_session", "ccfs-alice");
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("mount of"),
-        "the failure is logged: {}",
-        text(&out)
-    );
-    assert!(!is_mounted(&hook.homes.join("ccfs-alice")));
-    let out = hook.run("open_session", "../../etc");
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("refusing user name"),
-        "{}",
-        text(&out)
-    );
-    let out = hook.run("close_session", "ccfs-alice");
-    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// Databases pass through to the share by default, also where the user made their dot

@@ -1,0 +1,528 @@
+//! The PAM session hook through the real PAM stack: `pamtester` opens and closes sessions
+//! of a PAM service whose session line is the shipped one (`deploy/pam/ccfs`; with
+//! `CCFS_PAM_INSTALLED=1`, the installed `/usr/share/pam-configs/ccfs` and `/usr/bin/ccfs`),
+//! made `required` so that a hook that failed would fail the login, with `--config` naming
+//! this test's homes. A second module in the stack holds each session open until the test
+//! lets it close (pamtester itself opens and closes at once).
+//!
+//! Needs pamtester and the user ccfs-alice (scripts/setup installs and creates them).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The hook keeps its state per user in /run/ccfs/sessions: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const USER: &str = "ccfs-alice";
+
+/// A throwaway machine: share root, home root, cache root, a config, a PAM service.
+struct Lab {
+    dir: PathBuf,
+    service: String,
+    config: PathBuf,
+}
+
+/// An open session: a pamtester process held in its open_session.
+struct Session {
+    child: Child,
+    go: PathBuf,
+}
+
+fn installed() -> bool {
+    std::env::var_os("CCFS_PAM_INSTALLED").is_some_and(|v| v == "1")
+}
+
+impl Lab {
+    fn new(extra_config: &str) -> Self {
+        let n = {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        };
+        let dir = PathBuf::from(format!("/var/tmp/ccfs-pam-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for d in ["", "share", "home"] {
+            fs::create_dir_all(dir.join(d)).expect("mkdir");
+            fs::set_permissions(dir.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let config = dir.join("ccfs.toml");
+        fs::write(
+            &config,
+            format!(
+                "[homes]\nshare_root = \"{d}/share\"\nhome_root = \"{d}/home\"\ncache_root = \"{d}/cache\"\n\
+                 [session]\nmin_uid = 100\nsystemd_scope = false\n{extra_config}",
+                d = dir.display()
+            ),
+        )
+        .expect("config");
+        let pause = dir.join("hold");
+        fs::write(
+            &pause,
+            format!(
+                "#!/bin/sh\n[ \"$PAM_TYPE\" = open_session ] || exit 0\n\
+                 t=$(printf %s \"$PAM_TTY\" | tr -cd a-z0-9)\n\
+                 touch {d}/opened-$t\n\
+                 i=0; while [ ! -e {d}/go-$t ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n",
+                d = dir.display()
+            ),
+        )
+        .expect("hold script");
+        fs::set_permissions(&pause, fs::Permissions::from_mode(0o755)).expect("chmod");
+        let service = format!("ccfs-test-{}-{n}", std::process::id());
+        let pam = format!(
+            "auth required pam_permit.so\naccount required pam_permit.so\n{}\nsession required pam_exec.so {}\n",
+            Self::hook_line(&dir, &config),
+            pause.display()
+        );
+        fs::write(Path::new("/etc/pam.d").join(&service), pam).expect("PAM service");
+        Self {
+            dir,
+            service,
+            config,
+        }
+    }
+
+    /// The shipped session line, `required`, logging to the lab, with the lab's config.
+    fn hook_line(dir: &Path, config: &Path) -> String {
+        let shipped = if installed() {
+            PathBuf::from("/usr/share/pam-configs/ccfs")
+        } else {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/pam/ccfs")
+        };
+        let text = fs::read_to_string(&shipped).expect("the shipped pam-configs file");
+        let line = text
+            .lines()
+            .skip_while(|l| *l != "Session:")
+            .nth(1)
+            .expect("a Session: line");
+        let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        assert_eq!(words[0], "optional", "a login never fails for ccfs: {line}");
+        assert_eq!(words[1], "pam_exec.so", "{line}");
+        assert_eq!(words[2], "/usr/bin/ccfs", "{line}");
+        words[0] = "required".into();
+        words.insert(2, format!("log={}/hook.log", dir.display()));
+        if !installed() {
+            words[3] = ccfs_bin().display().to_string();
+        }
+        format!("session {} --config {}", words.join(" "), config.display())
+    }
+
+    fn share(&self) -> PathBuf {
+        self.dir.join("share").join(USER)
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.join("home").join(USER)
+    }
+
+    /// Makes the user's home on the share (theirs, 0700) with a document in it.
+    fn with_user_share(self) -> Self {
+        let a = account(USER);
+        fs::create_dir(self.share()).expect("mkdir");
+        write(&self.share().join("doc.txt"), "doc\n");
+        for p in [self.share(), self.share().join("doc.txt")] {
+            std::os::unix::fs::chown(&p, Some(a.uid), Some(a.gid)).expect("chown");
+        }
+        fs::set_permissions(self.share(), fs::Permissions::from_mode(0o700)).expect("chmod");
+        self
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("hook.log")).unwrap_or_default()
+    }
+
+    /// Opens a session of `user` on `tty` and waits until it is open (the hook done).
+    fn open_as(&self, user: &str, tty: &str, limit: Duration) -> Session {
+        let child = Command::new("pamtester")
+            .args(["-I", &format!("tty={tty}"), &self.service, user])
+            .args(["open_session", "close_session"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("pamtester (scripts/setup installs it)");
+        let opened = self.dir.join(format!("opened-{tty}"));
+        let start = Instant::now();
+        let mut s = Session {
+            child,
+            go: self.dir.join(format!("go-{tty}")),
+        };
+        while !opened.exists() {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                panic!(
+                    "pamtester ended ({st}) before the session was open: {}",
+                    self.log()
+                );
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the login did not finish within {limit:?}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn open(&self, tty: &str) -> Session {
+        self.open_as(USER, tty, Duration::from_secs(120))
+    }
+
+    fn mounted(&self) -> Option<fsinfo::MountEntry> {
+        fsinfo::mounts()
+            .expect("mount table")
+            .into_iter()
+            .rev()
+            .find(|m| m.mount_point == self.home())
+    }
+
+    fn state(&self, uid: u32) -> Option<serde_json::Value> {
+        let text = fs::read_to_string(format!("/run/ccfs/sessions/{uid}.json")).ok()?;
+        Some(serde_json::from_str(&text).expect("state json"))
+    }
+}
+
+impl Session {
+    /// Lets the session close and waits for pamtester (bounded).
+    fn close(mut self) -> Output {
+        fs::write(&self.go, "").expect("go");
+        let start = Instant::now();
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "the logout did not end within 3 minutes"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().expect("true"))
+            .wait_with_output()
+            .expect("pamtester output");
+        assert!(
+            out.status.success(),
+            "pamtester failed: a login or logout failed because of ccfs: {}",
+            text(&out)
+        );
+        out
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(Path::new("/etc/pam.d").join(&self.service));
+        for m in fsinfo::mounts().unwrap_or_default().iter().rev() {
+            if m.mount_point.starts_with(&self.dir) {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(&m.mount_point)
+                    .output();
+            }
+        }
+        let _ = fs::remove_file(format!("/run/ccfs/sessions/{}.json", account(USER).uid));
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn as_alice(script: &str) -> Output {
+    let out = as_user(USER, script);
+    assert!(out.status.success(), "{script}: {}", text(&out));
+    out
+}
+
+fn daemon_uid(home: &Path) -> u32 {
+    let st = ccfs(&["status".as_ref(), "--json".as_ref(), home.as_os_str()]);
+    assert!(st.status.success(), "{}", text(&st));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
+    let pid = v["pid"].as_u64().expect("pid");
+    fs::metadata(format!("/proc/{pid}")).expect("daemon").uid()
+}
+
+/// A login mounts the home through ccfs as the user; a second session (GUI + SSH) shares
+/// that mount; the first logout leaves it for the other session; the last one syncs the
+/// dotfiles written during the sessions to the share and unmounts.
+#[test]
+fn two_sessions_share_one_mount_and_the_last_logout_syncs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("").with_user_share();
+    let alice = account(USER);
+    let home = lab.home();
+    assert!(!home.exists(), "the hook makes the mount point");
+
+    let gui = lab.open("gui");
+    let m = lab.mounted().expect("the login mounted the home");
+    assert_eq!(m.fs_type, "fuse.ccfs", "{m:?}");
+    assert_eq!(daemon_uid(&home), alice.uid, "the daemon works as the user");
+    as_alice(&format!(
+        "cat {h}/doc.txt && echo 'alias ll=ls' > {h}/.bashrc && echo report > {h}/report.txt",
+        h = home.display()
+    ));
+    assert_eq!(
+        read(&lab.share().join("report.txt")),
+        "report\n",
+        "documents go straight through"
+    );
+    assert!(
+        !lab.share().join(".bashrc").exists(),
+        "a dotfile stays local until the logout"
+    );
+
+    let ssh = lab.open("ssh");
+    let state = lab.state(alice.uid).expect("sessions recorded");
+    assert_eq!(
+        state["sessions"].as_array().map(Vec::len),
+        Some(2),
+        "{state}"
+    );
+    assert_eq!(lab.mounted().map(|m| m.fs_type), Some("fuse.ccfs".into()));
+    assert_eq!(
+        fsinfo::mounts()
+            .expect("mounts")
+            .iter()
+            .filter(|m| m.mount_point == home)
+            .count(),
+        1,
+        "the second session mounted nothing more"
+    );
+    as_alice(&format!("echo second >> {}/.bashrc", home.display()));
+
+    ssh.close();
+    assert!(
+        lab.mounted().is_some(),
+        "the first logout leaves the home of the other session"
+    );
+    assert!(
+        !lab.share().join(".bashrc").exists(),
+        "and syncs nothing yet"
+    );
+    as_alice(&format!("cat {}/.bashrc", home.display()));
+
+    gui.close();
+    assert!(
+        lab.mounted().is_none(),
+        "the last logout unmounted the home: {}",
+        lab.log()
+    );
+    assert_eq!(read(&lab.share().join(".bashrc")), "alias ll=ls\nsecond\n");
+    assert_eq!(
+        fs::metadata(lab.share().join(".bashrc")).expect("rc").uid(),
+        alice.uid
+    );
+    assert!(lab.state(alice.uid).is_none(), "no session left recorded");
+    let log = lab.log();
+    assert!(log.contains("mounted through ccfs"), "{log}");
+    assert!(log.contains("1 other session(s) still open"), "{log}");
+    assert!(log.contains("all changes are on the share"), "{log}");
+}
+
+/// Programs still using the home at the last logout: the sync runs, the wait for them is
+/// bounded, the home is detached lazily and the daemon syncs what they write later once
+/// they end. A login meanwhile waits for that daemon (bounded) and mounts afresh.
+#[test]
+fn a_home_still_in_use_at_logout_is_synced_detached_and_synced_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("busy_timeout_secs = 1\nwait_previous_secs = 120\n").with_user_share();
+    let home = lab.home();
+    let s = lab.open("one");
+    as_alice(&format!("echo v1 > {}/.profile", home.display()));
+    // A program of the session that outlives it, its working directory in the home.
+    let mut lingering = Command::new("setpriv")
+        .args([
+            "--reuid",
+            USER,
+            "--regid",
+            USER,
+            "--init-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "cd {} && read line; echo late > .late; read line",
+            home.display()
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("lingering program");
+    wait_until("the program in the home", Duration::from_secs(10), || {
+        fs::read_link(format!("/proc/{}/cwd", lingering.id())).is_ok_and(|c| c == home)
+    });
+    s.close();
+    assert!(lab.mounted().is_none(), "detached: {}", lab.log());
+    assert_eq!(
+        read(&lab.share().join(".profile")),
+        "v1\n",
+        "synced before detaching"
+    );
+    let log = lab.log();
+    assert!(
+        log.contains("detached lazily") && log.contains("(pid "),
+        "{log}"
+    );
+
+    // A new login while the program still holds the old mount: it waits for the old
+    // daemon, which ends (and syncs) once the program writes and ends.
+    let opening = std::thread::spawn({
+        let dir = lab.dir.clone();
+        let service = lab.service.clone();
+        move || {
+            Command::new("pamtester")
+                .args([
+                    "-I",
+                    "tty=two",
+                    &service,
+                    USER,
+                    "open_session",
+                    "close_session",
+                ])
+                .stdin(Stdio::null())
+                .output()
+                .map(|o| (o, dir))
+        }
+    });
+    wait_until(
+        "the login to wait for the old daemon",
+        Duration::from_secs(60),
+        || lab.log().contains("still serves programs of it"),
+    );
+    {
+        use std::io::Write;
+        let mut stdin = lingering.stdin.take().expect("stdin");
+        stdin.write_all(b"1\n").expect("write");
+        // Dropped: its second read ends, and so does the program.
+    }
+    let _ = lingering.wait();
+    wait_until("the new login's mount", Duration::from_secs(60), || {
+        lab.dir.join("opened-two").exists()
+    });
+    assert_eq!(
+        read(&lab.share().join(".late")),
+        "late\n",
+        "the old daemon synced the late write"
+    );
+    assert_eq!(lab.mounted().map(|m| m.fs_type), Some("fuse.ccfs".into()));
+    fs::write(lab.dir.join("go-two"), "").expect("go");
+    let (out, _) = opening.join().expect("thread").expect("pamtester");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(lab.mounted().is_none(), "{}", lab.log());
+}
+
+/// A login whose home ccfs cannot mount (here the config names an rsync that does not
+/// exist) goes on: with fallback "share" the home on the share is bind-mounted there and
+/// works without the cache; with "none" nothing is mounted. Either way the reason is
+/// logged and the logout cleans up.
+#[test]
+fn a_login_ccfs_cannot_mount_falls_back_to_what_the_admin_chose() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let broken = "[sync]\nrsync = \"/nonexistent/rsync\"\n";
+    let lab = Lab::new(&format!("fallback = \"share\"\n{broken}")).with_user_share();
+    let s = lab.open("one");
+    let m = lab.mounted().expect("the share's home is bind-mounted");
+    assert_ne!(m.fs_type, "fuse.ccfs", "{m:?}");
+    as_alice(&format!("echo direct > {}/.direct", lab.home().display()));
+    assert_eq!(
+        read(&lab.share().join(".direct")),
+        "direct\n",
+        "no cache: straight to the share"
+    );
+    let log = lab.log();
+    assert!(
+        log.contains("rsync") && log.contains("fallback \"share\""),
+        "{log}"
+    );
+    s.close();
+    assert!(
+        lab.mounted().is_none(),
+        "the logout unmounted the bind: {}",
+        lab.log()
+    );
+    drop(lab);
+
+    let lab = Lab::new(&format!("fallback = \"none\"\n{broken}")).with_user_share();
+    let s = lab.open("one");
+    assert!(lab.mounted().is_none(), "fallback none mounts nothing");
+    assert!(lab.log().contains("fallback \"none\""), "{}", lab.log());
+    s.close();
+    assert!(lab.log().contains("nothing was mounted"), "{}", lab.log());
+}
+
+/// A share that hangs (its server stopped) delays a login by the configured time only:
+/// the mount and the fallback are given up on, the login goes on, the log says why.
+#[test]
+fn a_hung_share_delays_a_login_by_the_configured_time_only() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("login_timeout_secs = 3\nwait_previous_secs = 0\n");
+    // The share root: a ccfs of root's passing a plain directory through, frozen below.
+    let backing = lab.dir.join("backing");
+    fs::create_dir(&backing).expect("mkdir");
+    let alice = account(USER);
+    fs::create_dir(backing.join(USER)).expect("mkdir");
+    std::os::unix::fs::chown(backing.join(USER), Some(alice.uid), Some(alice.gid)).expect("chown");
+    let out = ccfs(&[
+        "mount".as_ref(),
+        "--cache-dir".as_ref(),
+        lab.dir.join("server-cache").as_os_str(),
+        backing.as_os_str(),
+        lab.dir.join("share").as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let share_mount = lab.dir.join("share");
+    let st = ccfs(&[
+        "status".as_ref(),
+        "--json".as_ref(),
+        share_mount.as_os_str(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
+    let server = v["pid"].as_u64().expect("pid") as u32;
+    kill(server, libc::SIGSTOP);
+    let start = Instant::now();
+    let s = lab.open_as(USER, "one", Duration::from_secs(90));
+    let took = start.elapsed();
+    kill(server, libc::SIGCONT);
+    let log = lab.log();
+    assert!(log.contains("did not come up within"), "{log}");
+    assert!(log.contains("fallback \"share\" failed too"), "{log}");
+    assert!(
+        lab.mounted().is_none(),
+        "nothing mounted over the home: {log}"
+    );
+    s.close();
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&share_mount)
+        .output();
+    eprintln!("login with a hung share took {took:?}");
+}
+
+/// Root and system accounts (below min_uid) are left alone; the hook run outside PAM
+/// refuses with a clear message.
+#[test]
+fn system_accounts_are_left_alone_and_the_hook_needs_pam() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("");
+    let s = lab.open_as("root", "root", Duration::from_secs(60));
+    assert!(fsinfo::mounts()
+        .expect("mounts")
+        .iter()
+        .all(|m| !m.mount_point.starts_with(&lab.dir)));
+    assert!(lab.state(0).is_none(), "no state for root");
+    s.close();
+    assert!(
+        !lab.log().contains("ccfs-session:"),
+        "nothing to say about root: {}",
+        lab.log()
+    );
+
+    let out = ccfs(&[
+        "pam-session".as_ref(),
+        "--config".as_ref(),
+        lab.config.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("PAM_TYPE is not set"), "{}", text(&out));
+}
