@@ -78,6 +78,9 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Write man pages and shell completions into DIR (for packaging).
+    #[command(hide = true)]
+    GenerateDocs { dir: PathBuf },
     /// The PAM hook's fallback: bind-mount the user's home on the share at their home.
     #[command(hide = true)]
     BindHome {
@@ -1227,6 +1230,11 @@ fn main() -> ExitCode {
         } => config_check(config.as_deref()),
         Cmd::PamSession { config } => pam_session(config),
         Cmd::BindHome { user, config } => bind_home(&user, config.as_deref()),
+        Cmd::GenerateDocs { dir } => {
+            use clap::CommandFactory;
+            clidocs::generate(Cli::command(), &dir)
+                .map_err(|e| fail(format!("cannot write to {}: {e}", dir.display())))
+        }
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
         Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
         Cmd::Demo { keep } => demo(keep),

@@ -79,6 +79,9 @@ enum Cmd {
     /// A class logging in at once: N homes on the share, every user's login burst, session
     /// and logout together, straight on the share or through ccfs (or both, --compare).
     LoginStorm(StormArgs),
+    /// Write man pages and shell completions into DIR (for packaging).
+    #[command(hide = true)]
+    GenerateDocs { dir: PathBuf },
     /// The CNES access-time test: create N empty files, then remove them.
     Access {
         dir: PathBuf,
@@ -1576,6 +1579,11 @@ fn main() -> ExitCode {
                 }
                 print!("{}", report::sweep_table(&runs));
                 finish_runs(&runs, &opts.out, true, "--scale")
+            }
+            Cmd::GenerateDocs { dir } => {
+                use clap::CommandFactory;
+                clidocs::generate(Cli::command(), &dir)
+                    .map_err(|e| Error::Failed(format!("cannot write to {}: {e}", dir.display())))
             }
             Cmd::Report { results, out, font } => {
                 let mut runs: Vec<RunReport> = Vec::new();
