@@ -1052,6 +1052,17 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
 fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let kind = var("PAM_TYPE");
+    // Of the environment pam_exec passes (which may hold what a user put in the PAM
+    // environment), only PAM's own items are used; the rest goes before anything runs.
+    for (k, _) in std::env::vars_os() {
+        if !k.to_string_lossy().starts_with("PAM_") {
+            std::env::remove_var(&k);
+        }
+    }
+    std::env::set_var(
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    );
     if kind.is_empty() {
         return Err(user_error(
             "PAM_TYPE is not set: this is the PAM session hook",

@@ -11,7 +11,6 @@
 
 use std::ffi::OsStr;
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -777,22 +776,6 @@ impl Store {
 pub fn bind_home(settings: &Settings, account: &Account) -> Result<(), daemon::UserError> {
     let (share, home) = daemon::home_paths(settings, &account.name)?;
     daemon::make_mount_point(&settings.homes.home_root, &account.name)?;
-    let m = std::fs::symlink_metadata(&share).map_err(|e| {
-        daemon::user_error(
-            format!("the home on the share {}: {e}", LogPath(&share)),
-            "mount the share, or create the user's home there",
-        )
-    })?;
-    if !m.is_dir() || m.uid() != account.uid {
-        return Err(daemon::user_error(
-            format!(
-                "{} is not a directory of {}'s",
-                LogPath(&share),
-                account.name
-            ),
-            "make the user's home on the share a directory they own",
-        ));
-    }
     if fsinfo::is_mount_point(&home).unwrap_or(true) {
         return Err(daemon::user_error(
             format!("{} is already mounted", LogPath(&home)),
@@ -808,10 +791,17 @@ pub fn bind_home(settings: &Settings, account: &Account) -> Result<(), daemon::U
             "empty the mount point, so no local files are hidden",
         ));
     }
-    sys::bind_mount(&share, &home).map_err(|e| {
+    let name = OsStr::new(&account.name);
+    sys::bind_mount_dir(
+        &settings.homes.share_root,
+        &settings.homes.home_root,
+        name,
+        account.uid,
+    )
+    .map_err(|e| {
         daemon::user_error(
             format!("cannot bind {} at {}: {e}", LogPath(&share), LogPath(&home)),
-            "check the share",
+            "make the user's home on the share a directory they own (not a symlink)",
         )
     })
 }

@@ -1776,10 +1776,51 @@ pub fn syslog(priority: libc::c_int, line: &str) {
     unsafe { libc::syslog(priority | libc::LOG_AUTHPRIV, c"%s".as_ptr(), text.as_ptr()) };
 }
 
-/// Bind-mounts `src` at `dst` (root), then makes the bind nosuid and nodev.
-pub fn bind_mount(src: &Path, dst: &Path) -> io::Result<()> {
-    let s = cstr(src)?;
-    let d = cstr(dst)?;
+/// Opens `dir/name` as an O_PATH directory descriptor, never through a symlink at `name`.
+fn open_path_dir(dir: &Path, name: &OsStr) -> io::Result<OwnedFd> {
+    let d = cstr(dir)?;
+    // SAFETY: a valid NUL-terminated path; the descriptor is owned below.
+    let parent = unsafe {
+        libc::open(
+            d.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    check(parent)?;
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+    let n = component(name)?;
+    // SAFETY: valid descriptor and name; the result is owned below.
+    let fd = unsafe {
+        libc::openat(
+            parent.as_raw_fd(),
+            n.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    check(fd)?;
+    // SAFETY: as above.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Bind-mounts the directory `src_dir/name` at `dst_dir/name` (root), nosuid and nodev.
+/// Both are opened first without following a symlink at `name`, the source is checked to
+/// belong to `owner`, and the mount is made through the open descriptors: a name swapped
+/// after the check cannot redirect it.
+pub fn bind_mount_dir(src_dir: &Path, dst_dir: &Path, name: &OsStr, owner: u32) -> io::Result<()> {
+    let src = open_path_dir(src_dir, name)?;
+    let dst = open_path_dir(dst_dir, name)?;
+    let st = fstat(&src)?;
+    if st.uid() != owner {
+        return Err(io::Error::other(format!(
+            "it belongs to uid {}, not {owner}",
+            st.uid()
+        )));
+    }
+    let s = CString::new(format!("/proc/self/fd/{}", src.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let d = CString::new(format!("/proc/self/fd/{}", dst.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid NUL-terminated paths; no filesystem type or data for a bind mount.
     check(unsafe {
         libc::mount(
@@ -1790,11 +1831,14 @@ pub fn bind_mount(src: &Path, dst: &Path) -> io::Result<()> {
             std::ptr::null(),
         )
     })?;
-    // SAFETY: as above; a remount of the bind just made.
+    // SAFETY: as above; a remount of the bind just made, at the path it now covers.
+    let target = CString::new(dst_dir.join(name).into_os_string().into_vec())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid NUL-terminated path.
     let _ = check(unsafe {
         libc::mount(
             std::ptr::null(),
-            d.as_ptr(),
+            target.as_ptr(),
             std::ptr::null(),
             libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
             std::ptr::null(),
