@@ -483,7 +483,9 @@ impl Ctx<'_> {
     /// Waits for it (a user manager stopping after logout ends its programs), at most
     /// `limit`.
     fn wait_for_previous(&self, limit: Duration) {
-        let cache = daemon::default_cache_dir(&self.home, self.account.uid);
+        // Named as `ccfs mount` names it: after the resolved mount point.
+        let home = std::fs::canonicalize(&self.home).unwrap_or_else(|_| self.home.clone());
+        let cache = daemon::default_cache_dir(&home, self.account.uid);
         let held = || {
             daemon::cache_in_use_as(&cache, Some(&self.account))
                 .ok()
