@@ -483,8 +483,12 @@ impl Ctx<'_> {
     /// Waits for it (a user manager stopping after logout ends its programs), at most
     /// `limit`.
     fn wait_for_previous(&self, limit: Duration) {
-        // Named as `ccfs mount` names it: after the resolved mount point.
-        let home = std::fs::canonicalize(&self.home).unwrap_or_else(|_| self.home.clone());
+        // Named as `ccfs mount` names it, after the resolved mount point: the home root is
+        // resolved (root's), never the home itself (whatever is mounted there may hang).
+        let root = &self.settings.homes.home_root;
+        let home = std::fs::canonicalize(root)
+            .unwrap_or_else(|_| root.clone())
+            .join(self.user());
         let cache = daemon::default_cache_dir(&home, self.account.uid);
         let held = || {
             daemon::cache_in_use_as(&cache, Some(&self.account))
