@@ -145,6 +145,7 @@ struct MountArgs {
     daemon: bool,
     /// The user's home directory on the network share (default SHARE_ROOT/NAME from the
     /// config's [homes], NAME the --user or you).
+    #[arg(requires = "mountpoint")]
     share: Option<PathBuf>,
     /// Where to mount it, an empty directory (default HOME_ROOT/NAME, made if missing
     /// when root mounts for a user).
