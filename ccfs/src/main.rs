@@ -1051,33 +1051,26 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
 /// `ccfs pam-session`: the hook reads only what pam_exec sets (PAM_TYPE, PAM_USER,
 /// PAM_SERVICE, PAM_TTY); it always exits 0 under PAM, so a login never fails for it.
 fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
-    let kind = var("PAM_TYPE");
+    let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
     // Of the environment pam_exec passes (which may hold what a user put in the PAM
     // environment), only PAM's own items are used; the rest goes before anything runs.
-    for (k, _) in std::env::vars_os() {
+    for (k, _) in &env {
         if !k.to_string_lossy().starts_with("PAM_") {
-            std::env::remove_var(&k);
+            std::env::remove_var(k);
         }
     }
     std::env::set_var(
         "PATH",
         "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     );
-    if kind.is_empty() {
+    if !env.iter().any(|(k, _)| k == "PAM_TYPE") {
         return Err(user_error(
             "PAM_TYPE is not set: this is the PAM session hook",
             "put `session optional pam_exec.so /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
         )
         .into());
     }
-    ccfs::session::run(&ccfs::session::Hook {
-        kind,
-        user: var("PAM_USER"),
-        service: var("PAM_SERVICE"),
-        tty: var("PAM_TTY"),
-        config,
-    });
+    ccfs::session::run_from_env(&env, config);
     Ok(())
 }
 

@@ -207,7 +207,44 @@ pub struct Hook {
     pub config: Option<PathBuf>,
 }
 
-/// Runs the hook; never fails (a login must not). Returns what happened, for tests.
+/// The PAM items pam_exec passes in the environment. pam_exec puts the PAM environment
+/// (`pam_getenvlist`: what pam_env set, possibly from a user's file) first and its own
+/// items after: an item that appears with two values was set by someone else too, and
+/// the hook then trusts none of them.
+pub fn hook_from_env(
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+    config: Option<PathBuf>,
+) -> Result<Hook, String> {
+    let item = |key: &str| -> Result<String, String> {
+        let mut values = env.iter().filter(|(k, _)| k == key).map(|(_, v)| v);
+        let first = values.next();
+        if values.any(|v| Some(v) != first) {
+            return Err(format!(
+                "{key} appears twice with different values in the environment (set in the PAM environment, by pam_env or a user's file?); the hook does nothing for this session"
+            ));
+        }
+        Ok(first
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default())
+    };
+    Ok(Hook {
+        kind: item("PAM_TYPE")?,
+        user: item("PAM_USER")?,
+        service: item("PAM_SERVICE")?,
+        tty: item("PAM_TTY")?,
+        config,
+    })
+}
+
+/// Runs the hook from pam_exec's environment; never fails (a login must not).
+pub fn run_from_env(env: &[(std::ffi::OsString, std::ffi::OsString)], config: Option<PathBuf>) {
+    match hook_from_env(env, config) {
+        Ok(hook) => run(&hook),
+        Err(msg) => error(&msg),
+    }
+}
+
+/// Runs the hook; never fails (a login must not).
 pub fn run(hook: &Hook) {
     if let Err(msg) = run_inner(hook) {
         error(&msg);
@@ -232,6 +269,14 @@ fn run_inner(hook: &Hook) -> Result<(), String> {
         .ok()
         .flatten()
         .ok_or_else(|| format!("no such user {}; ccfs not used", hook.user))?;
+    // One name per account: a name service that also answers to another spelling (case,
+    // an alias) would give the same uid other paths and confuse its session count.
+    if account.name != hook.user {
+        return Err(format!(
+            "PAM_USER {} is an alias of {}; ccfs not used (give PAM the account's own name)",
+            hook.user, account.name
+        ));
+    }
     if account.uid < settings.session.min_uid {
         // Root and system accounts (cron, display manager greeters): not ours.
         return Ok(());
@@ -841,6 +886,30 @@ mod tests {
         );
         assert!(st.close(&entry(10, 1)));
         assert_eq!(st.sessions, vec![entry(12, 7)]);
+    }
+
+    #[test]
+    fn pam_items_set_twice_are_trusted_for_nothing() {
+        let pair = |k: &str, v: &str| (std::ffi::OsString::from(k), std::ffi::OsString::from(v));
+        let env = vec![
+            pair("LANG", "C"),
+            pair("PAM_TYPE", "open_session"),
+            pair("PAM_USER", "alice"),
+        ];
+        let h = hook_from_env(&env, None).expect("plain");
+        assert_eq!(
+            (h.kind.as_str(), h.user.as_str()),
+            ("open_session", "alice")
+        );
+        // pam_env put its PAM_USER before pam_exec's own.
+        let mut forged = vec![pair("PAM_USER", "victim")];
+        forged.extend(env.clone());
+        let e = hook_from_env(&forged, None).err().expect("refused");
+        assert!(e.contains("PAM_USER appears twice"), "{e}");
+        // The same value twice is no forgery.
+        let mut same = vec![pair("PAM_TYPE", "open_session")];
+        same.extend(env);
+        assert!(hook_from_env(&same, None).is_ok());
     }
 
     #[test]

@@ -42,6 +42,11 @@ fn installed() -> bool {
 
 impl Lab {
     fn new(extra_config: &str) -> Self {
+        Self::new_with(extra_config, "")
+    }
+
+    /// A lab whose PAM service has `before_hook` (session lines) before the hook.
+    fn new_with(extra_config: &str, before_hook: &str) -> Self {
         let n = {
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -77,7 +82,7 @@ impl Lab {
         fs::set_permissions(&pause, fs::Permissions::from_mode(0o755)).expect("chmod");
         let service = format!("ccfs-test-{}-{n}", std::process::id());
         let pam = format!(
-            "auth required pam_permit.so\naccount required pam_permit.so\n{}\nsession required pam_exec.so {}\n",
+            "auth required pam_permit.so\naccount required pam_permit.so\n{before_hook}\n{}\nsession required pam_exec.so {}\n",
             Self::hook_line(&dir, &config),
             pause.display()
         );
@@ -116,6 +121,15 @@ impl Lab {
 
     fn share(&self) -> PathBuf {
         self.dir.join("share").join(USER)
+    }
+
+    /// Makes `user`'s home on the share (theirs, 0700).
+    fn share_of(&self, user: &str) -> PathBuf {
+        let a = account(user);
+        let p = self.dir.join("share").join(user);
+        fs::create_dir(&p).expect("mkdir");
+        std::os::unix::fs::chown(&p, Some(a.uid), Some(a.gid)).expect("chown");
+        p
     }
 
     fn home(&self) -> PathBuf {
@@ -525,4 +539,37 @@ fn system_accounts_are_left_alone_and_the_hook_needs_pam() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("PAM_TYPE is not set"), "{}", text(&out));
+}
+
+/// A PAM_USER or PAM_TYPE set in the PAM environment (pam_env, perhaps from a user's own
+/// file) comes before pam_exec's own items: the hook trusts none of them and does nothing,
+/// so nobody's home is mounted for another user's login.
+#[test]
+fn pam_items_set_in_the_pam_environment_are_not_trusted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let conf = format!("/var/tmp/ccfs-pam-env-{}.conf", std::process::id());
+    fs::write(&conf, "PAM_USER DEFAULT=ccfs-bob\n").expect("pam_env conf");
+    let lab = Lab::new_with(
+        "",
+        &format!("session required pam_env.so readenv=0 user_readenv=0 conffile={conf}"),
+    )
+    .with_user_share();
+    lab.share_of("ccfs-bob");
+    let s = lab.open("one");
+    assert!(
+        fsinfo::mounts()
+            .expect("mounts")
+            .iter()
+            .all(|m| !m.mount_point.starts_with(&lab.dir)),
+        "nothing mounted, for alice or bob: {}",
+        lab.log()
+    );
+    assert!(
+        lab.log().contains("PAM_USER appears twice"),
+        "{}",
+        lab.log()
+    );
+    assert!(lab.state(account("ccfs-bob").uid).is_none());
+    s.close();
+    let _ = fs::remove_file(&conf);
 }
