@@ -797,6 +797,12 @@ fn account_of(uid: u32) -> io::Result<Account> {
 /// Takes the cache's lock for the life of this process and writes our pid in it. The
 /// lock file is opened without following a symlink and must be a regular file of ours.
 pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
+    lock_cache_or_held(dir).map_err(|(e, _)| e)
+}
+
+/// [`lock_cache`], telling apart a lock another process holds (true) from a lock file that
+/// cannot be used at all (false: nothing to wait for).
+fn lock_cache_or_held(dir: &Path) -> Result<File, (UserError, bool)> {
     let path = dir.join("lock");
     let cannot = |why: String| {
         user_error(
@@ -812,25 +818,31 @@ pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
-        .map_err(|e| cannot(e.to_string()))?;
-    let st = sys::fstat(&f).map_err(|e| cannot(e.to_string()))?;
+        .map_err(|e| (cannot(e.to_string()), false))?;
+    let st = sys::fstat(&f).map_err(|e| (cannot(e.to_string()), false))?;
     if !st.is_file() || st.uid() != sys::geteuid() {
-        return Err(cannot(format!(
-            "not a regular file of uid {} (a file of uid {}, mode {:o})",
-            sys::geteuid(),
-            st.uid(),
-            st.mode()
-        )));
+        return Err((
+            cannot(format!(
+                "not a regular file of uid {} (a file of uid {}, mode {:o})",
+                sys::geteuid(),
+                st.uid(),
+                st.mode()
+            )),
+            false,
+        ));
     }
     match sys::try_lock_exclusive(&f) {
         Ok(true) => {}
-        _ => {
-            return Err(user_error(
-                format!(
-                    "cache dir {} is in use by another ccfs process",
-                    LogPath(dir)
+        held => {
+            return Err((
+                user_error(
+                    format!(
+                        "cache dir {} is in use by another ccfs process",
+                        LogPath(dir)
+                    ),
+                    "wait for it to finish, or unmount the mount that uses it",
                 ),
-                "wait for it to finish, or unmount the mount that uses it",
+                held.is_ok(),
             ))
         }
     }
@@ -841,16 +853,17 @@ pub fn lock_cache(dir: &Path) -> Result<File, UserError> {
 
 /// The cache's lock for a recovery: when the daemon that held it is gone but processes it
 /// started still hold it (an rsync of a killed daemon finishing its write), waits for them
-/// (up to `patience`) rather than racing them on the share.
+/// (up to `patience`) rather than racing them on the share. A lock file that cannot be
+/// used (a symlink, a directory: what a user may plant) is no reason to wait.
 pub fn lock_for_recovery(dir: &Path, patience: Duration) -> Result<File, UserError> {
     let start = std::time::Instant::now();
     loop {
-        match lock_cache(dir) {
+        match lock_cache_or_held(dir) {
             Ok(f) => return Ok(f),
-            Err(e) => {
+            Err((e, held)) => {
                 let daemon_alive =
                     cache_owner(dir).is_some_and(|pid| pid != 0 && crate::sys::process_alive(pid));
-                if daemon_alive || start.elapsed() >= patience {
+                if !held || daemon_alive || start.elapsed() >= patience {
                     return Err(e);
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -1552,7 +1565,11 @@ impl ChildError {
 /// who owns the directory. Root uses `settings` or the defaults, never the config a
 /// cache's meta.json names (the user can write that file); a user recovering their own
 /// cache may use the config their mount used.
-pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::Result<Recovered> {
+pub fn recover_cache(
+    cache_dir: &Path,
+    settings: Option<&Settings>,
+    patience: Duration,
+) -> anyhow::Result<Recovered> {
     let not_a_cache = || {
         user_error(
             format!("{} is not a ccfs cache directory", LogPath(cache_dir)),
@@ -1568,7 +1585,7 @@ pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::R
     let owner = if euid == 0 { md.uid() } else { euid };
     check_cache_path(cache_dir, owner)?;
     if euid != 0 {
-        return recover_as_owner(cache_dir, settings, true);
+        return recover_as_owner(cache_dir, settings, true, patience);
     }
     // Root works on each cache in a child process, its own caches too: whatever a cache
     // leads to (a share that hangs holds a thread for good) stays in that child, and the
@@ -1583,7 +1600,8 @@ pub fn recover_cache(cache_dir: &Path, settings: Option<&Settings>) -> anyhow::R
         )
     })?;
     let answer = sys::run_as_user(&account, || {
-        let r = recover_as_owner(cache_dir, settings, false).map_err(ChildError::from_anyhow);
+        let r =
+            recover_as_owner(cache_dir, settings, false, patience).map_err(ChildError::from_anyhow);
         serde_json::to_vec(&r).unwrap_or_default()
     })?;
     let r: Result<Recovered, ChildError> = serde_json::from_slice(&answer).map_err(|e| {
@@ -1627,6 +1645,7 @@ fn recover_as_owner(
     cache_dir: &Path,
     settings: Option<&Settings>,
     use_cache_config: bool,
+    patience: Duration,
 ) -> anyhow::Result<Recovered> {
     // A lock held by processes of a dead daemon (its rsync finishing) is waited for below;
     // only a live owner (or a lock that names none) means a running mount.
@@ -1645,7 +1664,7 @@ fn recover_as_owner(
         // The machine's config (as the cache's owner here), else the defaults.
         _ => effective_config(None)?.1,
     };
-    let _lock = lock_for_recovery(cache_dir, Duration::from_secs(60))?;
+    let _lock = lock_for_recovery(cache_dir, patience)?;
     // A share that hangs (its server stopped, or one the cache's owner made hang) must not
     // hold up the recovery of every later cache: one look, waited for a bounded time.
     if let Err(why) = control::look_within(&meta.share, control::PROBE_TIMEOUT) {
@@ -1781,6 +1800,24 @@ mod tests {
 
     /// A symlink planted in a directory anyone can write (like /var/tmp) is never
     /// followed when the cache directory is made: nothing appears where it points.
+    #[test]
+    fn a_lock_file_that_cannot_be_used_is_not_waited_for() {
+        // With an hour of patience: a wait would hold the test up, not a second.
+        for plant in ["symlink", "dir"] {
+            let tmp = tempfile::tempdir().expect("tmp");
+            let lock = tmp.path().join("lock");
+            if plant == "symlink" {
+                std::os::unix::fs::symlink("/nonexistent", &lock).expect("symlink");
+            } else {
+                fs::create_dir(&lock).expect("mkdir");
+            }
+            let e = lock_for_recovery(tmp.path(), Duration::from_secs(3600))
+                .err()
+                .expect("refused");
+            assert!(e.to_string().contains("cannot use"), "{plant}: {e}");
+        }
+    }
+
     #[test]
     fn cache_dir_creation_follows_no_planted_symlink() {
         let tmp = tempfile::tempdir().expect("tmp");

@@ -964,11 +964,21 @@ fn recover(
         }
         (None, None) => daemon::all_caches(),
     };
+    // A cache whose lock processes of a dead daemon still hold (its rsync finishing) is
+    // waited for, a minute at most, when one cache or one user's are recovered. Recovering
+    // every cache (at boot, before logins) waits for none: no process of a daemon from
+    // before the boot is left, and a lock some user's process holds must not hold up the
+    // boot; such a cache is left for its user's next login.
+    let patience = if cache_dir.is_none() && user.is_none() {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(60)
+    };
     let mut failed = 0;
     let mut held = 0;
     for d in &dirs {
         let name = shown(d);
-        match daemon::recover_cache(d, settings.as_ref()) {
+        match daemon::recover_cache(d, settings.as_ref(), patience) {
             Ok(Recovered::Nothing) => println!("ccfs: {name}: nothing to recover"),
             Ok(Recovered::InUse(pid)) => {
                 println!("ccfs: {name}: in use by a running mount (pid {pid}); skipped")

@@ -795,3 +795,92 @@ while True:
         wait_until("the daemon to end", Duration::from_secs(60), || !alive(pid));
     }
 }
+
+/// Caches a user plants to hold up the recovery of every cache (the boot's, which logins
+/// wait for): one whose lock is a symlink, one whose lock the user's own process holds
+/// naming a pid that is gone. Root's recovery goes past both at once, naming them, and
+/// recovers the real cache too. (The run is bounded by a minute, the wait each planted
+/// cache used to cost.)
+#[test]
+fn planted_caches_do_not_hold_up_the_recovery_of_every_cache() {
+    let (fx, alice) = alice_fixture();
+    let root = fx.tmp.path().join("cache-root");
+    let env = [("CCFS_CACHE_ROOT", root.as_os_str())];
+    let out = ccfs_with_env(
+        &env,
+        &[
+            "mount".as_ref(),
+            "--user".as_ref(),
+            "ccfs-alice".as_ref(),
+            fx.share.as_os_str(),
+            fx.mnt.as_os_str(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo unsynced > {}/.vimrc", fx.mnt.display()),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    crash(&fx.mnt);
+    let user_dir = root.join(alice.uid.to_string());
+    let real = fs::read_dir(&user_dir)
+        .expect("user dir")
+        .next()
+        .expect("the real cache")
+        .expect("entry")
+        .path();
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "set -e; cd {u}
+             mkdir fake-link fake-held
+             cp {real}/meta.json fake-link/; cp {real}/meta.json fake-held/
+             ln -s /nonexistent fake-link/lock
+             : > fake-held/lock",
+            u = user_dir.display(),
+            real = real.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let held = user_dir.join("fake-held/lock");
+    let mut holder = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "ccfs-alice",
+            "--regid",
+            "ccfs-alice",
+            "--init-groups",
+        ])
+        .arg("flock")
+        .arg(&held)
+        .args([
+            "-c",
+            &format!("echo 999999 > {}; exec sleep 120", held.display()),
+        ])
+        .spawn()
+        .expect("holder");
+    wait_until("the planted lock held", Duration::from_secs(10), || {
+        read(&held).trim() == "999999"
+    });
+    let mut cmd = Command::new(ccfs_bin());
+    cmd.arg("recover").env("CCFS_CACHE_ROOT", &root);
+    let out =
+        run_bounded(&mut cmd).expect("root's recovery of every cache did not end in a minute");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let said = text(&out);
+    assert!(
+        said.contains("fake-link") && said.contains("cannot use"),
+        "{said}"
+    );
+    assert!(
+        said.contains("fake-held") && said.contains("in use"),
+        "{said}"
+    );
+    assert_eq!(
+        read(&fx.s(".vimrc")),
+        "unsynced\n",
+        "the real cache recovered: {said}"
+    );
+}
