@@ -1055,7 +1055,52 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
         ),
     }
     print!("{text}");
-    Ok(())
+    // The places [homes] names, as the PAM hook and `ccfs mount --user` will find them.
+    let mut problems = Vec::new();
+    let h = &settings.homes;
+    for (key, dir, missing) in [
+        (
+            "cache_root",
+            &h.cache_root,
+            "made at the first mount; better now, before any user can make it: mkdir -m 755",
+        ),
+        (
+            "home_root",
+            &h.home_root,
+            "mount points are made in it: mkdir -m 755",
+        ),
+    ] {
+        match std::fs::symlink_metadata(dir) {
+            Err(_) => println!(
+                "# note: [homes].{key} {} does not exist ({missing} {})",
+                shown(dir),
+                shown(dir)
+            ),
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt;
+                if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+                    problems.push(format!(
+                        "[homes].{key} {} must be a directory of root's that nobody else can write (it is uid {}, mode {:o}{}): another user could take what is made in it",
+                        shown(dir),
+                        m.uid(),
+                        m.mode() & 0o7777,
+                        if m.is_dir() { "" } else { ", not a directory" }
+                    ));
+                }
+            }
+        }
+    }
+    if std::fs::symlink_metadata(&h.share_root).is_err() {
+        println!(
+            "# note: [homes].share_root {} is not there (is the share mounted?)",
+            shown(&h.share_root)
+        );
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(fail(problems.join("; ")))
+    }
 }
 
 /// `ccfs pam-session`: the hook reads only what pam_exec sets (PAM_TYPE, PAM_USER,

@@ -356,3 +356,74 @@ fn configs_others_can_change_are_refused_for_root() {
         );
     }
 }
+
+/// `ccfs config check` prints every key in effect and where it came from; a bad value is
+/// named with its line (exit 2); a cache root another user could make things in is a
+/// problem (exit 1), a missing share a note.
+#[test]
+fn config_check_prints_the_configuration_and_names_its_problems() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cache_root = tmp.path().join("caches");
+    std::fs::create_dir(&cache_root).expect("mkdir");
+    std::fs::set_permissions(&cache_root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let good = tmp.path().join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "[homes]\nshare_root = \"{0}/share\"\ncache_root = \"{0}/caches\"\n[sync]\ninterval_secs = 60\n",
+            tmp.path().display()
+        ),
+    )
+    .expect("write");
+    let out = ccfs(&[
+        "config".as_ref(),
+        "check".as_ref(),
+        "--config".as_ref(),
+        good.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("from {} (valid)", good.display())),
+        "{said}"
+    );
+    assert!(
+        said.contains("interval_secs = 60"),
+        "the value given: {said}"
+    );
+    assert!(said.contains("threads = 4"), "a default: {said}");
+    assert!(
+        said.contains("share_root") && said.contains("is not there"),
+        "{said}"
+    );
+
+    std::fs::set_permissions(&cache_root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let out = ccfs(&[
+        "config".as_ref(),
+        "check".as_ref(),
+        "--config".as_ref(),
+        good.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("cache_root") && text(&out).contains("1777"),
+        "{}",
+        text(&out)
+    );
+
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, "[session]\n\nfallback = \"tmpfs\"\n").expect("write");
+    let out = ccfs(&[
+        "config".as_ref(),
+        "check".as_ref(),
+        "--config".as_ref(),
+        bad.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("line 3 (fallback = \"tmpfs\")"),
+        "{}",
+        text(&out)
+    );
+}
