@@ -1811,9 +1811,7 @@ mod tests {
             } else {
                 fs::create_dir(&lock).expect("mkdir");
             }
-            let e = lock_for_recovery(tmp.path(), Duration::from_secs(3600))
-                .err()
-                .expect("refused");
+            let e = lock_for_recovery(tmp.path(), Duration::from_secs(3600)).expect_err("refused");
             assert!(e.to_string().contains("cannot use"), "{plant}: {e}");
         }
     }
