@@ -1202,7 +1202,8 @@ impl UserMount {
     fn mount(plan: &MountPlan, config: &fuser::Config, user: &Account) -> anyhow::Result<Self> {
         let fusermount = sync::find_program("fusermount3")
             .ok_or_else(|| user_error("fusermount3 is not installed", "install fuse3"))?;
-        let m = kernel_mount(config)?;
+        let mut m = kernel_mount(config)?;
+        m.flags |= sys::restrictions_of(&plan.share).unwrap_or(0) & libc::MS_NOSYMFOLLOW;
         let channel = sys::mount_fuse(&plan.mountpoint, &m, user.uid, user.gid)
             .map_err(|e| anyhow::anyhow!("cannot mount {}: {e}", LogPath(&plan.mountpoint)))?;
         Ok(Self {
@@ -1316,6 +1317,16 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,
     ];
+    // The share's own restrictions hold for the home too (else the home would be a way
+    // around a noexec or read-only share); nosymfollow, which fuser cannot pass, is added
+    // to a mount root makes itself (`UserMount`).
+    let restrictions = sys::restrictions_of(&plan.share).unwrap_or(0);
+    if restrictions & libc::MS_NOEXEC != 0 {
+        config.mount_options.push(fuser::MountOption::NoExec);
+    }
+    if restrictions & libc::MS_RDONLY != 0 {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
     if started_as_root && (plan.user.is_none() || plan.settings.allow_other) {
         // Root's own daemon (no --user: nobody else can stop it), or asked for ([mount]
         // allow_other): other local users get through to the kernel's permission checks

@@ -1759,6 +1759,29 @@ pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
     }
 }
 
+/// The per-mount restrictions of the mount `path` is on, as mount(2) flags: read-only,
+/// noexec, nosymfollow (what a mount over it must keep, so the home is no way around them).
+pub fn restrictions_of(path: &Path) -> io::Result<u64> {
+    let c = cstr(path)?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    /// ST_NOSYMFOLLOW (Linux 5.10).
+    const ST_NOSYMFOLLOW: u64 = 0x2000;
+    let mut flags = 0;
+    if st.f_flag & libc::ST_RDONLY != 0 {
+        flags |= libc::MS_RDONLY;
+    }
+    if st.f_flag & libc::ST_NOEXEC != 0 {
+        flags |= libc::MS_NOEXEC;
+    }
+    if st.f_flag & ST_NOSYMFOLLOW != 0 {
+        flags |= libc::MS_NOSYMFOLLOW;
+    }
+    Ok(flags)
+}
+
 // ---- syslog and bind mounts (the PAM session hook) -----------------------------------
 
 /// Logs one line to syslog as `ccfs-session` (facility authpriv). Never fails; without a
@@ -1803,10 +1826,13 @@ fn open_path_dir(dir: &Path, name: &OsStr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Bind-mounts the directory `src_dir/name` at `dst_dir/name` (root), nosuid and nodev.
-/// Both are opened first without following a symlink at `name`, the source is checked to
-/// belong to `owner`, and the mount is made through the open descriptors: a name swapped
-/// after the check cannot redirect it.
+/// Bind-mounts the directory `src_dir/name` at `dst_dir/name` (root), nosuid and nodev,
+/// keeping the source mount's own restrictions (read-only, noexec, nosymfollow). Both are
+/// opened first without following a symlink at `name`, the source is checked to belong to
+/// `owner`, and the mount is made through the open descriptors: a name swapped after the
+/// check cannot redirect it. The bind is a clone of the source's mount, given nosuid and
+/// nodev before it is attached (open_tree, mount_setattr, move_mount), so it is never
+/// visible without them.
 pub fn bind_mount_dir(src_dir: &Path, dst_dir: &Path, name: &OsStr, owner: u32) -> io::Result<()> {
     let src = open_path_dir(src_dir, name)?;
     let dst = open_path_dir(dst_dir, name)?;
@@ -1817,33 +1843,57 @@ pub fn bind_mount_dir(src_dir: &Path, dst_dir: &Path, name: &OsStr, owner: u32) 
             st.uid()
         )));
     }
-    let s = CString::new(format!("/proc/self/fd/{}", src.as_raw_fd()))
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let d = CString::new(format!("/proc/self/fd/{}", dst.as_raw_fd()))
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid NUL-terminated paths; no filesystem type or data for a bind mount.
-    check(unsafe {
-        libc::mount(
-            s.as_ptr(),
-            d.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
+    let empty = c"";
+    // SAFETY: open_tree(2) on a valid descriptor with an empty path; the result is a new
+    // descriptor owned below.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            src.as_raw_fd(),
+            empty.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint,
         )
-    })?;
-    // SAFETY: as above; a remount of the bind just made, at the path it now covers.
-    let target = CString::new(dst_dir.join(name).into_os_string().into_vec())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a valid NUL-terminated path.
-    let _ = check(unsafe {
-        libc::mount(
-            std::ptr::null(),
-            target.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
-            std::ptr::null(),
+    };
+    if tree < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr(2) on the detached tree, with a valid mount_attr and its size.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
-    });
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: move_mount(2) from the tree's descriptor onto the destination's, both valid,
+    // empty paths.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            dst.as_raw_fd(),
+            empty.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 

@@ -573,3 +573,40 @@ fn pam_items_set_in_the_pam_environment_are_not_trusted() {
     s.close();
     let _ = fs::remove_file(&conf);
 }
+
+/// The share's own mount restrictions (noexec, nosymfollow) hold for the home too, through
+/// ccfs and through the fallback bind, which is also nosuid and nodev: the home is no way
+/// around them.
+#[test]
+fn the_home_keeps_the_shares_mount_restrictions() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let opts = |m: &fsinfo::MountEntry| -> Vec<String> {
+        m.options.split(',').map(str::to_string).collect()
+    };
+    for broken in [false, true] {
+        let extra = if broken {
+            "[sync]\nrsync = \"/nonexistent/rsync\"\n"
+        } else {
+            ""
+        };
+        let lab = Lab::new(extra);
+        let share_root = lab.dir.join("share");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "noexec,nosymfollow,mode=755", "share"])
+            .arg(&share_root)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "{}", text(&out));
+        let lab = lab.with_user_share();
+        let s = lab.open("one");
+        let m = lab.mounted().expect("the home is mounted");
+        assert_eq!(m.fs_type == "fuse.ccfs", !broken, "{m:?}: {}", lab.log());
+        let o = opts(&m);
+        for want in ["noexec", "nosymfollow", "nosuid", "nodev"] {
+            assert!(o.iter().any(|x| x == want), "{want} missing on {m:?}");
+        }
+        s.close();
+        assert!(lab.mounted().is_none(), "{}", lab.log());
+        let _ = Command::new("umount").arg(&share_root).output();
+    }
+}
