@@ -56,6 +56,10 @@ pub struct UserState {
     /// The cache of the ccfs mount (`Ccfs`, `Foreign`): the mount at the home is taken for
     /// this one only if the mount table names this cache.
     pub cache_dir: Option<PathBuf>,
+    /// How many mounts were at the home once the login's own was made (its own the top):
+    /// what a user stacks on it later is detached before the logout unmounts it.
+    #[serde(default)]
+    pub layer: usize,
     pub sessions: Vec<Entry>,
 }
 
@@ -352,13 +356,13 @@ struct Ctx<'a> {
     home: PathBuf,
 }
 
-/// What is mounted at a path: the topmost entry of the mount table there.
-fn mounted_at(p: &Path) -> Option<fsinfo::MountEntry> {
+/// The mounts at a path, the lowest first.
+fn layers(p: &Path) -> Vec<fsinfo::MountEntry> {
     fsinfo::mounts()
-        .ok()?
+        .unwrap_or_default()
         .into_iter()
-        .rev()
-        .find(|m| m.mount_point == p)
+        .filter(|m| m.mount_point == p)
+        .collect()
 }
 
 impl Ctx<'_> {
@@ -390,15 +394,55 @@ impl Ctx<'_> {
     }
 
     /// The ccfs mount at the home, if it is one and names `cache` (any cache if None).
+    /// The ccfs mount at the home (at any layer: a user may have stacked a mount on it)
+    /// that names `cache`, or any ccfs mount there if None; the cache it names.
     fn ccfs_mount_here(&self, cache: Option<&Path>) -> Option<PathBuf> {
-        let m = mounted_at(&self.home)?;
-        if !daemon::is_ccfs_mount(&m) {
-            return None;
+        layers(&self.home)
+            .iter()
+            .rev()
+            .filter(|m| daemon::is_ccfs_mount(m))
+            .filter_map(|m| crate::control::cache_dir_of_source(&m.source))
+            .find(|dir| cache.is_none_or(|c| c == dir))
+    }
+
+    /// Whether the bind mount of the login (layer `layer`) is still at the home.
+    fn bind_here(&self, layer: usize) -> bool {
+        layer > 0
+            && layers(&self.home)
+                .get(layer - 1)
+                .is_some_and(|m| !daemon::is_ccfs_mount(m))
+    }
+
+    /// Detaches what was mounted on the home above the login's own mount (layer `layer`),
+    /// so the logout unmounts the login's mount and not something a user put on it.
+    fn detach_stacked(&self, layer: usize) {
+        let mut detached = 0;
+        for _ in 0..16 {
+            if layer == 0 || layers(&self.home).len() <= layer {
+                break;
+            }
+            let r = run_limited(
+                Path::new("umount"),
+                &[OsStr::new("-l"), self.home.as_os_str()],
+                Duration::from_secs(10),
+            );
+            if r.ok != Some(true) {
+                error(&format!(
+                    "logout of {}: cannot detach a mount stacked on {}: {}",
+                    self.user(),
+                    LogPath(&self.home),
+                    last_line(&r.output)
+                ));
+                break;
+            }
+            detached += 1;
         }
-        let dir = crate::control::cache_dir_of_source(&m.source)?;
-        match cache {
-            Some(c) if c != dir => None,
-            _ => Some(dir),
+        if detached > 0 {
+            info(&format!(
+                "logout of {}: detached {detached} mount(s) stacked on {} after the login",
+                self.user(),
+                LogPath(&self.home)
+            ));
         }
     }
 
@@ -410,7 +454,7 @@ impl Ctx<'_> {
                 Mode::Ccfs | Mode::Foreign => {
                     self.ccfs_mount_here(st.cache_dir.as_deref()).is_some()
                 }
-                Mode::Bind => mounted_at(&self.home).is_some_and(|m| !daemon::is_ccfs_mount(&m)),
+                Mode::Bind => self.bind_here(st.layer),
                 Mode::Nothing => false,
             };
             // What an earlier login mounted is still there (its sessions may all have
@@ -459,6 +503,7 @@ impl Ctx<'_> {
             return UserState {
                 mode: Mode::Foreign,
                 cache_dir: Some(dir),
+                layer: 0,
                 sessions: Vec::new(),
             };
         }
@@ -485,6 +530,7 @@ impl Ctx<'_> {
                 return UserState {
                     mode: Mode::Ccfs,
                     cache_dir: Some(dir),
+                    layer: layers(&self.home).len(),
                     sessions: Vec::new(),
                 };
             }
@@ -519,6 +565,11 @@ impl Ctx<'_> {
         UserState {
             mode,
             cache_dir: None,
+            layer: if mode == Mode::Bind {
+                layers(&self.home).len()
+            } else {
+                0
+            },
             sessions: Vec::new(),
         }
     }
@@ -652,6 +703,7 @@ impl Ctx<'_> {
                     ));
                     return;
                 }
+                self.detach_stacked(st.layer);
                 let home = self.home.to_string_lossy().to_string();
                 let wait = s.logout_timeout_secs.to_string();
                 let busy = s.busy_timeout_secs.to_string();
@@ -671,13 +723,14 @@ impl Ctx<'_> {
                 }
             }
             Mode::Bind => {
-                if mounted_at(&self.home).is_none_or(|m| daemon::is_ccfs_mount(&m)) {
+                if !self.bind_here(st.layer) {
                     error(&format!(
                         "logout of {user}: the bind mount at {} is gone; nothing unmounted",
                         LogPath(&self.home)
                     ));
                     return;
                 }
+                self.detach_stacked(st.layer);
                 let home = self.home.as_os_str();
                 let until = Instant::now() + Duration::from_secs(s.busy_timeout_secs);
                 loop {
@@ -875,6 +928,7 @@ mod tests {
         let mut st = UserState {
             mode: Mode::Ccfs,
             cache_dir: None,
+            layer: 1,
             sessions: vec![entry(10, 1), entry(11, 5), entry(12, 7)],
         };
         // pid 11 now runs another process (started at 9): that session is gone.

@@ -610,3 +610,39 @@ fn the_home_keeps_the_shares_mount_restrictions() {
         let _ = Command::new("umount").arg(&share_root).output();
     }
 }
+
+/// A mount stacked on the home during the session (a user may mount a FUSE filesystem on
+/// a directory of theirs): the logout detaches it, then syncs and unmounts the login's own
+/// mount, through ccfs and through the fallback bind; nothing is left at the home.
+#[test]
+fn a_mount_stacked_on_the_home_is_detached_and_the_logout_still_syncs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for broken in [false, true] {
+        let extra = if broken {
+            "[sync]\nrsync = \"/nonexistent/rsync\"\n"
+        } else {
+            ""
+        };
+        let lab = Lab::new(extra).with_user_share();
+        let s = lab.open("one");
+        as_alice(&format!("echo kept > {}/.kept", lab.home().display()));
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=777", "stacked"])
+            .arg(lab.home())
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(lab.mounted().map(|m| m.fs_type), Some("tmpfs".into()));
+        s.close();
+        let log = lab.log();
+        assert!(
+            fsinfo::mounts()
+                .expect("mounts")
+                .iter()
+                .all(|m| m.mount_point != lab.home()),
+            "nothing left at the home: {log}"
+        );
+        assert!(log.contains("detached 1 mount(s) stacked"), "{log}");
+        assert_eq!(read(&lab.share().join(".kept")), "kept\n", "{log}");
+    }
+}
