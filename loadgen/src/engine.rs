@@ -381,7 +381,10 @@ struct Task {
 
 /// A worker's own buffer and histograms.
 struct Worker {
+    /// What writes send: the run's data, never written into (reads go to `rbuf`), so a
+    /// file's bytes do not depend on what the worker read before.
     buf: Aligned,
+    rbuf: Aligned,
     lat: Latencies,
 }
 
@@ -816,7 +819,7 @@ fn read_to_end(store: &mut Store, w: &mut Worker, h: &mut Handle) -> io::Result<
     let half = w.buf.len() / 2;
     let mut total = 0u64;
     loop {
-        let buf = &mut w.buf[..half];
+        let buf = &mut w.rbuf[..half];
         let t = Instant::now();
         let n = store.read(h, buf)?;
         w.lat
@@ -1221,6 +1224,7 @@ pub fn run_with_gate(
             .map(|_| {
                 Mutex::new(Worker {
                     buf: Aligned::new(&buf),
+                    rbuf: Aligned::new(&vec![0u8; buf.len() / 2]),
                     lat: Latencies::new(),
                 })
             })

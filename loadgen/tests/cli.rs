@@ -1382,3 +1382,47 @@ fn the_record_says_what_was_really_done() {
         "{v}"
     );
 }
+
+/// What a file holds depends on the file only, not on which worker thread wrote it or what
+/// that worker read before (a patch reads a file whole before it writes): the same run
+/// with one worker thread and with one per client writes the same bytes. (The NFS test
+/// compares a tree written through NFS with one written locally.)
+#[test]
+fn a_files_bytes_do_not_depend_on_the_worker_that_wrote_it() {
+    let trees: Vec<_> = ["1", "2"]
+        .iter()
+        .map(|threads| {
+            let dir = tempfile::tempdir().expect("tmp");
+            let o = loadgen(&[
+                "compilebench",
+                dir.path().to_str().expect("utf8"),
+                "--clients",
+                "2",
+                "--threads",
+                threads,
+                "--scale",
+                "0.02",
+                "--phases",
+                "create,compile,patch,patch",
+                "--write-size",
+                "10000",
+                "--no-sync",
+                "--keep",
+            ]);
+            assert!(o.status.success(), "{}", text(&o));
+            (run_tree(dir.path()), dir)
+        })
+        .collect();
+    let (one, two) = (&trees[0].0, &trees[1].0);
+    assert!(one.len() > 100, "{} files", one.len());
+    assert_eq!(
+        one.keys().collect::<Vec<_>>(),
+        two.keys().collect::<Vec<_>>()
+    );
+    for (name, data) in one {
+        assert!(
+            two[name] == *data,
+            "{name} differs between 1 and 2 worker threads"
+        );
+    }
+}
