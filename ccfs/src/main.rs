@@ -8,6 +8,23 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 
 use ccfs::control::{self, Request, Status, SyncOutcome};
+
+/// A line on standard output that never panics: a reader that went away (`ccfs status |
+/// head -1`) costs the rest of the output, not the command (println! would panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`say!`] without the line break.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
 use ccfs::daemon::{self, user_error, Recovered, UserError};
 
 /// ccfs keeps writes to configuration files (dotfiles) of a home directory mounted from a
@@ -311,7 +328,7 @@ fn mount(args: MountArgs) -> Result<(), Error> {
     loop {
         match lines.recv_timeout(Duration::from_millis(100)) {
             Ok(line) if line == daemon::READY_LINE => {
-                println!(
+                say!(
                     "ccfs: mounted {} at {} (cache {}, pid {})",
                     shown(&plan.share),
                     shown(&plan.mountpoint),
@@ -430,34 +447,34 @@ fn bad_answer(e: impl std::fmt::Display) -> Error {
 fn print_outcome(what: &str, o: &SyncOutcome) {
     match (&o.report, &o.error) {
         (Some(r), _) => {
-            println!(
+            say!(
                 "ccfs: {what}: sent {} paths, deleted {} on the share in {:.2}s; left unsynced: {} paths, {} deletions",
                 r.sent, r.deleted, r.seconds, r.remaining_dirty, r.remaining_deletions
             );
             match r.unchanged {
                 0 => {}
-                1 => println!("ccfs: {what}: 1 changed file was on the share as it is: not sent"),
-                n => println!(
-                    "ccfs: {what}: {n} changed files were on the share as they are: not sent"
-                ),
+                1 => say!("ccfs: {what}: 1 changed file was on the share as it is: not sent"),
+                n => {
+                    say!("ccfs: {what}: {n} changed files were on the share as they are: not sent")
+                }
             }
             for e in &r.errors {
-                println!("ccfs: {what}: {}", daemon::LogText(e));
+                say!("ccfs: {what}: {}", daemon::LogText(e));
             }
             for c in &r.conflicts {
-                println!("ccfs: {what}: {}", describe_conflict(c));
+                say!("ccfs: {what}: {}", describe_conflict(c));
             }
             for p in &r.kept_open {
-                println!(
+                say!(
                     "ccfs: {what}: kept {} in the cache: it is still open for writing (a program of the ended session may write it still); the next sync or logout sends it",
                     shown(p)
                 );
             }
         }
         (None, Some(e)) if o.share_unreachable.is_some() => {
-            println!("ccfs: {what} not started: {}", daemon::LogText(e))
+            say!("ccfs: {what} not started: {}", daemon::LogText(e))
         }
-        (None, Some(e)) => println!("ccfs: {what} failed: {}", daemon::LogText(e)),
+        (None, Some(e)) => say!("ccfs: {what} failed: {}", daemon::LogText(e)),
         (None, None) => {}
     }
 }
@@ -709,7 +726,7 @@ fn umount(mountpoint: &Path, wait: Duration, busy_timeout: Option<Duration>) -> 
     }
     print_outcome("logout sync", &outcome);
     if outcome.ok {
-        println!(
+        say!(
             "ccfs: unmounted {}; all changes are on the share",
             mp.display()
         );
@@ -768,7 +785,7 @@ fn busy_logout(
         limit.as_secs()
     );
     Ok(BusyEnd::Detached(if outcome.ok {
-        println!("ccfs: everything written so far is on the share; {detached}");
+        say!("ccfs: everything written so far is on the share; {detached}");
         Ok(())
     } else {
         Err(fail(format!(
@@ -844,7 +861,7 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             Ok(st) => all.push(st),
             // Listing every mount: one that cannot be asked is reported, not fatal.
             Err(Error::Failure(Failure(msg))) if mountpoint.is_none() => {
-                eprintln!("ccfs: {msg}")
+                daemon::report_fatal(&format!("ccfs: {msg}"))
             }
             Err(e) => return Err(e),
         }
@@ -854,14 +871,14 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             (Some(_), Some(st)) => serde_json::to_string_pretty(st),
             _ => serde_json::to_string_pretty(&all),
         };
-        println!("{}", text.map_err(|e| fail(e.to_string()))?);
+        say!("{}", text.map_err(|e| fail(e.to_string()))?);
         return Ok(());
     }
     if listed == 0 {
-        println!("no ccfs mounts");
+        say!("no ccfs mounts");
     }
     for st in all {
-        println!(
+        say!(
             "{}  share {}  cache {}  pid {}",
             st.mountpoint.display(),
             st.share.display(),
@@ -869,14 +886,14 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             st.pid
         );
         match &st.share_health {
-            Some(h) if h.is_reachable() => println!("  share: reachable"),
-            Some(h) => println!(
+            Some(h) if h.is_reachable() => say!("  share: reachable"),
+            Some(h) => say!(
                 "  share: unreachable: {}; syncs are not started, the cache keeps the changes",
                 h.describe()
             ),
-            None => println!("  share: not known (an older daemon)"),
+            None => say!("  share: not known (an older daemon)"),
         }
-        println!(
+        say!(
             "  dirty: {} paths, {}   pending deletions: {}{}",
             st.dirty_files,
             human_bytes(st.dirty_bytes),
@@ -890,7 +907,7 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             }
         );
         let r = &st.requests;
-        println!(
+        say!(
             "  requests served: {} ({} changing), read {}, written {}",
             r.total,
             r.mutating,
@@ -898,12 +915,12 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
             human_bytes(r.write_bytes)
         );
         for c in &st.conflicts {
-            println!("  {}", describe_conflict(c));
+            say!("  {}", describe_conflict(c));
         }
         match &st.last_sync {
-            None => println!("  last sync: none yet"),
+            None => say!("  last sync: none yet"),
             Some(o) => match (&o.report, &o.error) {
-                (Some(r), _) => println!(
+                (Some(r), _) => say!(
                     "  last sync: {} ({} sent, {} deleted, {:.2}s, unix time {})",
                     if o.ok { "ok" } else { "incomplete" },
                     r.sent,
@@ -912,9 +929,9 @@ fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
                     r.finished_at
                 ),
                 (None, Some(_)) if o.share_unreachable.is_some() => {
-                    println!("  last sync: not started (share unreachable)")
+                    say!("  last sync: not started (share unreachable)")
                 }
-                (None, Some(e)) => println!("  last sync: failed: {e}"),
+                (None, Some(e)) => say!("  last sync: failed: {e}"),
                 (None, None) => {}
             },
         }
@@ -979,9 +996,9 @@ fn recover(
     for d in &dirs {
         let name = shown(d);
         match daemon::recover_cache(d, settings.as_ref(), patience) {
-            Ok(Recovered::Nothing) => println!("ccfs: {name}: nothing to recover"),
+            Ok(Recovered::Nothing) => say!("ccfs: {name}: nothing to recover"),
             Ok(Recovered::InUse(pid)) => {
-                println!("ccfs: {name}: in use by a running mount (pid {pid}); skipped")
+                say!("ccfs: {name}: in use by a running mount (pid {pid}); skipped")
             }
             Ok(Recovered::Synced(o)) => {
                 print_outcome(&format!("{name}: recover"), &o);
@@ -999,11 +1016,11 @@ fn recover(
             Err(e) => match from_anyhow(e) {
                 Error::User(u) if cache_dir.is_some() => return Err(Error::User(u)),
                 Error::User(u) => {
-                    println!("ccfs: {name}: {u}");
+                    say!("ccfs: {name}: {u}");
                     failed += 1;
                 }
                 Error::Failure(Failure(m)) => {
-                    println!("ccfs: {name}: recover failed: {m}");
+                    say!("ccfs: {name}: recover failed: {m}");
                     failed += 1;
                 }
             },
@@ -1048,13 +1065,13 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
     let text = toml::to_string_pretty(&settings.file)
         .map_err(|e| fail(format!("cannot print the configuration: {e}")))?;
     match &path {
-        Some(p) => println!("# ccfs configuration from {} (valid)", shown(p)),
-        None => println!(
+        Some(p) => say!("# ccfs configuration from {} (valid)", shown(p)),
+        None => say!(
             "# ccfs configuration: the built-in defaults ({} does not exist)",
             ccfs::config::SYSTEM_CONFIG
         ),
     }
-    print!("{text}");
+    say_raw!("{text}");
     // The places [homes] names, as the PAM hook and `ccfs mount --user` will find them.
     let mut problems = Vec::new();
     let h = &settings.homes;
@@ -1071,7 +1088,7 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
         ),
     ] {
         match std::fs::symlink_metadata(dir) {
-            Err(_) => println!(
+            Err(_) => say!(
                 "# note: [homes].{key} {} does not exist ({missing} {})",
                 shown(dir),
                 shown(dir)
@@ -1091,7 +1108,7 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
         }
     }
     if std::fs::symlink_metadata(&h.share_root).is_err() {
-        println!(
+        say!(
             "# note: [homes].share_root {} is not there (is the share mounted?)",
             shown(&h.share_root)
         );
@@ -1191,10 +1208,10 @@ fn demo(keep: bool) -> Result<(), Error> {
     )
     .map_err(io)?;
     std::fs::create_dir_all(share.join("Documents")).map_err(io)?;
-    println!("== ccfs demo in {}", base.display());
-    println!("share (the file server):  {}", share.display());
-    println!("home  (the ccfs mount):   {}\n", home.display());
-    print!(
+    say!("== ccfs demo in {}", base.display());
+    say!("share (the file server):  {}", share.display());
+    say!("home  (the ccfs mount):   {}\n", home.display());
+    say_raw!(
         "{}",
         run_self(&[
             "mount".as_ref(),
@@ -1215,34 +1232,34 @@ fn demo(keep: bool) -> Result<(), Error> {
         std::fs::create_dir_all(home.join(".cache/thumbnails")).map_err(io)?;
         std::fs::write(home.join(".cache/thumbnails/1.png"), "not really a png").map_err(io)?;
         std::fs::write(home.join("Documents/essay.txt"), "My essay, first draft.\n").map_err(io)?;
-        println!(
+        say!(
             "\n-- during the session (the user wrote four files through {}):",
             home.display()
         );
-        println!("{}", show("  home  prefs.js", &home.join(prefs)));
-        println!(
+        say!("{}", show("  home  prefs.js", &home.join(prefs)));
+        say!(
             "{}",
             show("  share prefs.js  (still the old one)", &share.join(prefs))
         );
-        println!(
+        say!(
             "{}",
             show("  share .bashrc   (not there yet)", &share.join(".bashrc"))
         );
-        println!(
+        say!(
             "{}",
             show(
                 "  share Documents/essay.txt (written at once)",
                 &share.join("Documents/essay.txt")
             )
         );
-        println!("\n-- ccfs status:");
-        print!("{}", run_self(&["status".as_ref(), home.as_os_str()])?);
-        println!("\n-- logout (ccfs umount):");
-        print!("{}", run_self(&["umount".as_ref(), home.as_os_str()])?);
-        println!("\n-- after logout, on the share:");
-        println!("{}", show("  share prefs.js", &share.join(prefs)));
-        println!("{}", show("  share .bashrc", &share.join(".bashrc")));
-        println!(
+        say!("\n-- ccfs status:");
+        say_raw!("{}", run_self(&["status".as_ref(), home.as_os_str()])?);
+        say!("\n-- logout (ccfs umount):");
+        say_raw!("{}", run_self(&["umount".as_ref(), home.as_os_str()])?);
+        say!("\n-- after logout, on the share:");
+        say!("{}", show("  share prefs.js", &share.join(prefs)));
+        say!("{}", show("  share .bashrc", &share.join(".bashrc")));
+        say!(
             "{}",
             show(
                 "  share .cache/thumbnails/1.png (local only)",
@@ -1257,7 +1274,7 @@ fn demo(keep: bool) -> Result<(), Error> {
         if !synced {
             return Err(fail("the share does not hold what the session wrote"));
         }
-        println!("\nccfs demo: ok");
+        say!("\nccfs demo: ok");
         Ok(())
     })();
     if daemon::ccfs_mounts()
@@ -1267,7 +1284,7 @@ fn demo(keep: bool) -> Result<(), Error> {
         let _ = Command::new("fusermount3").arg("-u").arg(&home).status();
     }
     if keep {
-        println!("\nkept {}", base.display());
+        say!("\nkept {}", base.display());
     } else {
         let _ = std::fs::remove_dir_all(&base);
     }

@@ -427,3 +427,20 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
         text(&out)
     );
 }
+
+/// A reader that goes away (`ccfs config check | head -1`) ends the output, not in a panic.
+#[test]
+fn a_closed_standard_output_is_no_panic() {
+    // Standard output: a pipe whose reader has gone before the command writes.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(ccfs_bin())
+        .args(["config", "check"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("ccfs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
