@@ -382,9 +382,18 @@ pub fn cache_owner(cache_dir: &Path) -> Option<u32> {
 /// [`cache_owner`], done by `user` in a child process when root asks about a user's
 /// cache: root opens nothing in a directory the user controls.
 pub fn cache_in_use_as(cache_dir: &Path, user: Option<&Account>) -> io::Result<Option<u32>> {
+    cache_in_use_within(cache_dir, user, None)
+}
+
+/// [`cache_in_use_as`], with the user's child given at most `limit` to answer.
+pub fn cache_in_use_within(
+    cache_dir: &Path,
+    user: Option<&Account>,
+    limit: Option<Duration>,
+) -> io::Result<Option<u32>> {
     match user {
         Some(u) if sys::geteuid() == 0 && u.uid != 0 => {
-            let answer = sys::run_as_user(u, || {
+            let answer = sys::run_as_user_within(u, limit, || {
                 serde_json::to_vec(&cache_owner(cache_dir)).unwrap_or_default()
             })?;
             serde_json::from_slice(&answer).map_err(io::Error::other)

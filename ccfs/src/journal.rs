@@ -381,8 +381,24 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 impl Journal {
     /// Opens (creating if needed) the journal and replays it. A corrupt tail is cut off.
     pub fn open(path: &Path) -> io::Result<(Self, OverlayState)> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
+        // Never through a symlink, never waiting on a FIFO: only a regular file is a
+        // journal (a recovery of a cache a user planted must not hang on it).
+        let text = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => {
+                if !f.metadata()?.is_file() {
+                    return Err(io::Error::other(format!(
+                        "{} is not a regular file",
+                        path.display()
+                    )));
+                }
+                let mut t = Vec::new();
+                io::Read::read_to_end(&mut &f, &mut t)?;
+                t
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e),
         };

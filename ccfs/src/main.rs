@@ -238,6 +238,8 @@ fn named_user(user: Option<&str>) -> Result<String, Error> {
 }
 
 fn mount(args: MountArgs) -> Result<(), Error> {
+    // --timeout counts from here: the checks below look at the share too.
+    let start = Instant::now();
     let (share, mountpoint) = match (args.share, args.mountpoint) {
         (Some(s), Some(m)) => (s, m),
         (Some(_), None) => {
@@ -322,7 +324,6 @@ fn mount(args: MountArgs) -> Result<(), Error> {
             }
         }
     });
-    let start = Instant::now();
     let mut said: Vec<String> = Vec::new();
     let mut exited = None;
     loop {
@@ -1107,6 +1108,26 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
             }
         }
     }
+    // Each ROOT/UID must be a directory of that uid (root makes it, then hands it over):
+    // anything else there was made by someone else, in a cache root that was not root's.
+    if problems.is_empty() {
+        for e in std::fs::read_dir(&h.cache_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            use std::os::unix::fs::MetadataExt;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ok = std::fs::symlink_metadata(e.path())
+                .is_ok_and(|m| m.is_dir() && name.parse::<u32>().is_ok_and(|uid| uid == m.uid()));
+            if !ok {
+                problems.push(format!(
+                    "{} is not a directory of the uid it is named for; remove it (ccfs makes each user's)",
+                    shown(&e.path())
+                ));
+            }
+        }
+    }
     if std::fs::symlink_metadata(&h.share_root).is_err() {
         say!(
             "# note: [homes].share_root {} is not there (is the share mounted?)",
@@ -1123,6 +1144,12 @@ fn config_check(config: Option<&Path>) -> Result<(), Error> {
 /// `ccfs pam-session`: the hook reads only what pam_exec sets (PAM_TYPE, PAM_USER,
 /// PAM_SERVICE, PAM_TTY); it always exits 0 under PAM, so a login never fails for it.
 fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
+    // Root alone: pam_exec without `seteuid` keeps the calling user's real ids (`su` run
+    // by a user), which would let that user signal the hook and its daemon and make
+    // umount(8) and access checks judge the user, not root.
+    if ccfs::sys::geteuid() == 0 {
+        ccfs::sys::become_root_alone();
+    }
     let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
     // Of the environment pam_exec passes (which may hold what a user put in the PAM
     // environment), only PAM's own items are used; the rest goes before anything runs.
@@ -1138,7 +1165,7 @@ fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
     if !env.iter().any(|(k, _)| k == "PAM_TYPE") {
         return Err(user_error(
             "PAM_TYPE is not set: this is the PAM session hook",
-            "put `session optional pam_exec.so /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
+            "put `session optional pam_exec.so seteuid /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
         )
         .into());
     }

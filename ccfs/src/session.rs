@@ -286,6 +286,11 @@ fn run_inner(hook: &Hook) -> Result<(), String> {
         return Ok(());
     }
     let (_, home) = daemon::home_paths(&settings, &hook.user).map_err(|e| e.to_string())?;
+    // As the mount table and `ccfs mount` name it: the home root resolved (root's), never
+    // the home itself (whatever is mounted there may hang).
+    let home = std::fs::canonicalize(&settings.homes.home_root)
+        .map(|r| r.join(&hook.user))
+        .unwrap_or(home);
     let ctx = Ctx {
         hook,
         config,
@@ -579,15 +584,11 @@ impl Ctx<'_> {
     /// Waits for it (a user manager stopping after logout ends its programs), at most
     /// `limit`.
     fn wait_for_previous(&self, limit: Duration) {
-        // Named as `ccfs mount` names it, after the resolved mount point: the home root is
-        // resolved (root's), never the home itself (whatever is mounted there may hang).
-        let root = &self.settings.homes.home_root;
-        let home = std::fs::canonicalize(root)
-            .unwrap_or_else(|_| root.clone())
-            .join(self.user());
-        let cache = daemon::default_cache_dir(&home, self.account.uid);
+        let cache = daemon::default_cache_dir(&self.home, self.account.uid);
+        // Asked as the user, in a child given a few seconds: the cache is the user's, and
+        // what they put there (a mount that hangs) must not hold up the login.
         let held = || {
-            daemon::cache_in_use_as(&cache, Some(&self.account))
+            daemon::cache_in_use_within(&cache, Some(&self.account), Some(Duration::from_secs(5)))
                 .ok()
                 .flatten()
                 .filter(|&pid| pid != 0 && sys::process_alive(pid))
@@ -707,7 +708,8 @@ impl Ctx<'_> {
                 let home = self.home.to_string_lossy().to_string();
                 let wait = s.logout_timeout_secs.to_string();
                 let busy = s.busy_timeout_secs.to_string();
-                let limit = Duration::from_secs(s.logout_timeout_secs + s.busy_timeout_secs + 60);
+                // ccfs umount's own bounds (status and answers, the busy wait) and a margin.
+                let limit = Duration::from_secs(s.logout_timeout_secs + s.busy_timeout_secs + 120);
                 let r = self.ccfs(
                     &["umount", "--wait", &wait, "--busy-timeout", &busy, &home],
                     limit,

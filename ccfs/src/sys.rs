@@ -1041,6 +1041,17 @@ fn thread_count() -> Option<usize> {
 /// The calling process must run a single thread (a lock held by another thread at the
 /// fork would stay locked in the child for ever); otherwise an error is returned.
 pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
+    run_as_user_within(acct, None, f)
+}
+
+/// [`run_as_user`], waiting for the answer at most `limit`: a child that has not answered
+/// by then (stuck on a filesystem the user made hang) is killed and left, and the answer
+/// is a timeout error.
+pub fn run_as_user_within(
+    acct: &Account,
+    limit: Option<std::time::Duration>,
+    f: impl FnOnce() -> Vec<u8>,
+) -> io::Result<Vec<u8>> {
     use std::io::Read;
     if thread_count() != Some(1) {
         return Err(io::Error::other(
@@ -1064,6 +1075,29 @@ pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Ve
         unsafe { libc::_exit(code) }
     }
     drop(writer);
+    if let Some(limit) = limit {
+        let mut pfd = libc::pollfd {
+            fd: reader.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLHUP,
+            revents: 0,
+        };
+        let ms = i32::try_from(limit.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if ready <= 0 {
+            // SAFETY: kill(2) of our own child; it is not waited for (it may not die
+            // before what holds it lets go), so a stuck child costs nothing here.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the child process working as {} did not answer within {} s",
+                    acct.name,
+                    limit.as_secs()
+                ),
+            ));
+        }
+    }
     let mut out = Vec::new();
     let read = reader.read_to_end(&mut out);
     let status = wait_child(pid)?;
@@ -1780,6 +1814,16 @@ pub fn restrictions_of(path: &Path) -> io::Result<u64> {
         flags |= libc::MS_NOSYMFOLLOW;
     }
     Ok(flags)
+}
+
+/// Sets every user and group id to root's (from an effective root with another real id).
+/// Never fails: a process that cannot is root's already or not root at all.
+pub fn become_root_alone() {
+    // SAFETY: setresgid/setresuid with plain ids have no memory preconditions.
+    unsafe {
+        libc::setresgid(0, 0, 0);
+        libc::setresuid(0, 0, 0);
+    }
 }
 
 // ---- syslog and bind mounts (the PAM session hook) -----------------------------------

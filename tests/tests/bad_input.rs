@@ -398,6 +398,22 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
         "{said}"
     );
 
+    // An entry that is not a directory of the uid it is named for.
+    std::os::unix::fs::symlink("/dev/shm", cache_root.join("1234")).expect("symlink");
+    let out = ccfs(&[
+        "config".as_ref(),
+        "check".as_ref(),
+        "--config".as_ref(),
+        good.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("caches/1234 is not a directory of the uid"),
+        "{}",
+        text(&out)
+    );
+    std::fs::remove_file(cache_root.join("1234")).expect("rm");
+
     std::fs::set_permissions(&cache_root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     let out = ccfs(&[
         "config".as_ref(),

@@ -110,11 +110,12 @@ impl Lab {
         let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
         assert_eq!(words[0], "optional", "a login never fails for ccfs: {line}");
         assert_eq!(words[1], "pam_exec.so", "{line}");
-        assert_eq!(words[2], "/usr/bin/ccfs", "{line}");
+        assert_eq!(words[2], "seteuid", "the hook runs as root alone: {line}");
+        assert_eq!(words[3], "/usr/bin/ccfs", "{line}");
         words[0] = "required".into();
         words.insert(2, format!("log={}/hook.log", dir.display()));
         if !installed() {
-            words[3] = ccfs_bin().display().to_string();
+            words[4] = ccfs_bin().display().to_string();
         }
         format!("session {} --config {}", words.join(" "), config.display())
     }

@@ -798,7 +798,7 @@ while True:
 
 /// Caches a user plants to hold up the recovery of every cache (the boot's, which logins
 /// wait for): one whose lock is a symlink, one whose lock the user's own process holds
-/// naming a pid that is gone. Root's recovery goes past both at once, naming them, and
+/// naming a pid that is gone, one whose journal is a FIFO nobody writes. Root's recovery goes past both at once, naming them, and
 /// recovers the real cache too. (The run is bounded by a minute, the wait each planted
 /// cache used to cost.)
 #[test]
@@ -834,10 +834,12 @@ fn planted_caches_do_not_hold_up_the_recovery_of_every_cache() {
         "ccfs-alice",
         &format!(
             "set -e; cd {u}
-             mkdir fake-link fake-held
+             mkdir fake-link fake-held fake-fifo
              cp {real}/meta.json fake-link/; cp {real}/meta.json fake-held/
+             cp {real}/meta.json fake-fifo/
              ln -s /nonexistent fake-link/lock
-             : > fake-held/lock",
+             : > fake-held/lock
+             mkfifo fake-fifo/journal",
             u = user_dir.display(),
             real = real.display()
         ),
@@ -876,6 +878,10 @@ fn planted_caches_do_not_hold_up_the_recovery_of_every_cache() {
     );
     assert!(
         said.contains("fake-held") && said.contains("in use"),
+        "{said}"
+    );
+    assert!(
+        said.contains("fake-fifo") && said.contains("not a regular file"),
         "{said}"
     );
     assert_eq!(
