@@ -362,6 +362,14 @@ fn configs_others_can_change_are_refused_for_root() {
 /// problem (exit 1), a missing share a note.
 #[test]
 fn config_check_prints_the_configuration_and_names_its_problems() {
+    let check = |config: &Path| {
+        ccfs(&[
+            "config".as_ref(),
+            "check".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])
+    };
     let tmp = tempfile::tempdir().expect("tmp");
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let cache_root = tmp.path().join("caches");
@@ -376,12 +384,7 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
         ),
     )
     .expect("write");
-    let out = ccfs(&[
-        "config".as_ref(),
-        "check".as_ref(),
-        "--config".as_ref(),
-        good.as_os_str(),
-    ]);
+    let out = check(&good);
     assert!(out.status.success(), "{}", text(&out));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -400,12 +403,7 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
 
     // An entry that is not a directory of the uid it is named for.
     std::os::unix::fs::symlink("/dev/shm", cache_root.join("1234")).expect("symlink");
-    let out = ccfs(&[
-        "config".as_ref(),
-        "check".as_ref(),
-        "--config".as_ref(),
-        good.as_os_str(),
-    ]);
+    let out = check(&good);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         text(&out).contains("caches/1234 is not a directory of the uid"),
@@ -415,12 +413,7 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
     std::fs::remove_file(cache_root.join("1234")).expect("rm");
 
     std::fs::set_permissions(&cache_root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let out = ccfs(&[
-        "config".as_ref(),
-        "check".as_ref(),
-        "--config".as_ref(),
-        good.as_os_str(),
-    ]);
+    let out = check(&good);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         text(&out).contains("cache_root") && text(&out).contains("1777"),
@@ -430,12 +423,7 @@ fn config_check_prints_the_configuration_and_names_its_problems() {
 
     let bad = tmp.path().join("bad.toml");
     std::fs::write(&bad, "[session]\n\nfallback = \"tmpfs\"\n").expect("write");
-    let out = ccfs(&[
-        "config".as_ref(),
-        "check".as_ref(),
-        "--config".as_ref(),
-        bad.as_os_str(),
-    ]);
+    let out = check(&bad);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("line 3 (fallback = \"tmpfs\")"),

@@ -45,6 +45,21 @@ fn mount_for_alice(fx: &Fixture, extra: &[&str]) -> Output {
     ccfs(&args)
 }
 
+/// `ccfs mount --user ccfs-alice` with the default cache dir (under $CCFS_CACHE_ROOT
+/// from `env`).
+fn mount_for_alice_in(fx: &Fixture, env: &[(&str, &OsStr)]) -> Output {
+    ccfs_with_env(
+        env,
+        &[
+            "mount".as_ref(),
+            "--user".as_ref(),
+            "ccfs-alice".as_ref(),
+            fx.share.as_os_str(),
+            fx.mnt.as_os_str(),
+        ],
+    )
+}
+
 fn umount(mnt: &Path) -> Output {
     let out = ccfs(&["umount".as_ref(), mnt.as_os_str()]);
     if is_mounted(mnt) {
@@ -448,16 +463,7 @@ fn swapping_the_cache_dir_for_symlinks_never_hands_root_files_to_the_user() {
     let root = fx.tmp.path().join("cache-root");
     let env = [("CCFS_CACHE_ROOT", root.as_os_str())];
     // Root makes ROOT (root's) and ROOT/UID (alice's) with a first mount.
-    let out = ccfs_with_env(
-        &env,
-        &[
-            "mount".as_ref(),
-            "--user".as_ref(),
-            "ccfs-alice".as_ref(),
-            fx.share.as_os_str(),
-            fx.mnt.as_os_str(),
-        ],
-    );
+    let out = mount_for_alice_in(&fx, &env);
     assert!(out.status.success(), "{}", text(&out));
     assert!(umount(&fx.mnt).status.success());
     let user_dir = root.join(alice.uid.to_string());
@@ -798,24 +804,15 @@ while True:
 
 /// Caches a user plants to hold up the recovery of every cache (the boot's, which logins
 /// wait for): one whose lock is a symlink, one whose lock the user's own process holds
-/// naming a pid that is gone, one whose journal is a FIFO nobody writes. Root's recovery goes past both at once, naming them, and
-/// recovers the real cache too. (The run is bounded by a minute, the wait each planted
-/// cache used to cost.)
+/// naming a pid that is gone, one whose journal is a FIFO nobody writes. Root's recovery
+/// goes past all three at once, naming them, and recovers the real cache too. (The run is
+/// bounded by a minute, the wait each planted cache used to cost.)
 #[test]
 fn planted_caches_do_not_hold_up_the_recovery_of_every_cache() {
     let (fx, alice) = alice_fixture();
     let root = fx.tmp.path().join("cache-root");
     let env = [("CCFS_CACHE_ROOT", root.as_os_str())];
-    let out = ccfs_with_env(
-        &env,
-        &[
-            "mount".as_ref(),
-            "--user".as_ref(),
-            "ccfs-alice".as_ref(),
-            fx.share.as_os_str(),
-            fx.mnt.as_os_str(),
-        ],
-    );
+    let out = mount_for_alice_in(&fx, &env);
     assert!(out.status.success(), "{}", text(&out));
     let out = as_user(
         "ccfs-alice",
