@@ -240,7 +240,14 @@ impl Drop for Lab {
             }
         }
         let _ = fs::remove_file(format!("/run/ccfs/sessions/{}.json", account(USER).uid));
-        let _ = fs::remove_dir_all(&self.dir);
+        // A daemon that just let go of a mount in here may still be ending: try again a
+        // moment later, so no lab is left behind.
+        for _ in 0..50 {
+            if fs::remove_dir_all(&self.dir).is_ok() || !self.dir.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
