@@ -63,19 +63,9 @@ pub struct UserState {
     pub sessions: Vec<Entry>,
 }
 
-/// A process's start time (clock ticks since boot, /proc/PID/stat field 22); None when it
-/// is gone.
-pub fn process_start(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold anything: count from
-    // the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Whether the session's process still runs (the same process: same pid, same start).
 fn alive(e: &Entry) -> bool {
-    process_start(e.pid) == Some(e.start)
+    sys::process_start(e.pid) == Some(e.start)
 }
 
 impl UserState {
@@ -300,7 +290,7 @@ fn run_inner(hook: &Hook) -> Result<(), String> {
     };
     let me = Entry {
         pid: std::os::unix::process::parent_id(),
-        start: process_start(std::os::unix::process::parent_id()).unwrap_or(0),
+        start: sys::process_start(std::os::unix::process::parent_id()).unwrap_or(0),
         service: hook.service.clone(),
         tty: hook.tty.clone(),
     };
@@ -390,12 +380,18 @@ impl Ctx<'_> {
                 }
             }
         };
-        let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        let all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        run_limited(&exe, &self.with_config(all), limit)
+    }
+
+    /// `args` and, when the hook was given one, `--config FILE`: every ccfs the hook
+    /// starts reads the same config.
+    fn with_config<'a>(&'a self, mut args: Vec<&'a OsStr>) -> Vec<&'a OsStr> {
         if let Some(c) = &self.config {
-            all.push(OsStr::new("--config"));
-            all.push(c.as_os_str());
+            args.push(OsStr::new("--config"));
+            args.push(c.as_os_str());
         }
-        run_limited(&exe, &all, limit)
+        args
     }
 
     /// The ccfs mount at the home, if it is one and names `cache` (any cache if None).
@@ -618,17 +614,13 @@ impl Ctx<'_> {
             .saturating_sub(Duration::from_secs(2))
             .max(Duration::from_secs(1));
         let ready = ready.as_secs().to_string();
-        let mut args: Vec<&OsStr> = vec![
+        let args = self.with_config(vec![
             OsStr::new("mount"),
             OsStr::new("--timeout"),
             OsStr::new(&ready),
             OsStr::new("--user"),
             OsStr::new(user),
-        ];
-        if let Some(c) = &self.config {
-            args.push(OsStr::new("--config"));
-            args.push(c.as_os_str());
-        }
+        ]);
         let scope = self.settings.session.systemd_scope
             && std::fs::symlink_metadata("/run/systemd/system").is_ok_and(|m| m.is_dir());
         let r = if scope {
@@ -971,8 +963,8 @@ mod tests {
     #[test]
     fn own_process_start_is_read() {
         let me = std::process::id();
-        let a = process_start(me).expect("own start");
-        assert_eq!(process_start(me), Some(a), "stable");
-        assert!(process_start(u32::MAX - 1).is_none());
+        let a = sys::process_start(me).expect("own start");
+        assert_eq!(sys::process_start(me), Some(a), "stable");
+        assert!(sys::process_start(u32::MAX - 1).is_none());
     }
 }

@@ -331,16 +331,27 @@ fn lease_refused(file: &File, kind: libc::c_int) -> io::Result<bool> {
     Ok(false)
 }
 
+/// The fields of /proc/PID/stat after the command name ("PID (comm) S ..."; the name may
+/// hold anything, so they start after the last ") "), the state first; None when the
+/// process is gone.
+fn stat_fields(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(") ")
+            .map_or("", |(_, rest)| rest)
+            .to_string(),
+    )
+}
+
 /// True when `pid` names a live process (a zombie counts as gone).
 pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses: "PID (comm) S ...".
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-            .unwrap_or(true),
-        Err(_) => false,
-    }
+    stat_fields(pid).is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// A process's start time (clock ticks since boot, field 22 of /proc/PID/stat): with the
+/// pid, it names one process, whatever later reuses the pid. None when it is gone.
+pub fn process_start(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.split_whitespace().nth(19)?.parse().ok()
 }
 
 // ---- confined access below a root directory -------------------------------------------
