@@ -467,7 +467,7 @@ fn print_outcome(what: &str, o: &SyncOutcome) {
             }
             for p in &r.kept_open {
                 say!(
-                    "ccfs: {what}: kept {} in the cache: it is still open for writing (a program of the ended session may write it still); the next sync or logout sends it",
+                    "ccfs: {what}: {} was sent as it was, and is kept as unsynced work: a program may still write it (it is open for writing, or mapped); the next sync, logout or recovery sends what it writes",
                     shown(p)
                 );
             }

@@ -180,9 +180,10 @@ pub struct SyncReport {
     /// share before they serve).
     #[serde(default)]
     pub cache_dropped: bool,
-    /// Files the cache was not emptied of because they were still open for writing (a
-    /// program of a session whose daemon ended writes them through kernel passthrough):
-    /// kept as unsynced work for the next sync.
+    /// Files sent but kept as unsynced work because something could still write them:
+    /// open for writing (a program, a shared mapping whose descriptor was closed, a
+    /// program of a session whose daemon ended, writing through kernel passthrough), or
+    /// written after they were handed to rsync. The next sync sends them again.
     #[serde(default)]
     pub kept_open: Vec<PathBuf>,
     pub ok: bool,
@@ -550,10 +551,15 @@ pub fn run_sync(
     report.errors = settled.errors;
     report.errors.extend(why);
     report.not_sent = settled.not_sent;
+    report.kept_open = settled.still_written;
     if mode != SyncMode::Session {
         let emptied = overlay.drop_clean_cache(&handed)?;
         report.cache_dropped = emptied.dropped;
-        report.kept_open = emptied.kept_open;
+        for p in emptied.kept_open {
+            if !report.kept_open.contains(&p) {
+                report.kept_open.push(p);
+            }
+        }
     }
     if !report.cache_dropped {
         if let Err(e) = overlay.compact() {

@@ -77,6 +77,10 @@ pub struct Settled {
     /// Deletions found to conflict when applied (the share's version is kept).
     pub conflicts: Vec<Conflict>,
     pub errors: Vec<String>,
+    /// Paths sent but left unsynced because something could write them meanwhile: open
+    /// for writing (a program, a shared mapping whose descriptor was closed), or written
+    /// after they were handed over. The next sync sends them again.
+    pub still_written: Vec<PathBuf>,
 }
 
 /// A sync in progress (see the module documentation).
@@ -93,6 +97,10 @@ pub struct SyncSession<'a> {
     sent: Vec<Option<Sent>>,
     /// Each file's [`Stat::version`] when handed over (same order as `files`).
     versions: Vec<Version>,
+    /// Whether each file was open for writing nowhere when handed over (same order as
+    /// `files`; see [`written_elsewhere`]): only such a file can be as rsync read it once
+    /// the sync ends.
+    quiet: Vec<bool>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -320,6 +328,7 @@ impl Overlay {
             stale: Vec::new(),
             sent: Vec::new(),
             versions: Vec::new(),
+            quiet: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             carries: Carries {
@@ -390,6 +399,16 @@ impl Overlay {
             })
             .collect();
         session.versions = present.iter().map(|(_, m)| m.version()).collect();
+        // Asked after the versions are taken: a writer seen by neither has closed the
+        // file, and all it wrote is in what rsync reads.
+        session.quiet = present
+            .iter()
+            .map(|(p, m)| {
+                !m.is_file()
+                    || (!inner.writers.contains_key(&m.ino())
+                        && !written_elsewhere(&self.cache, &up(p)))
+            })
+            .collect();
         let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
         session.carries.acls = acls;
         session.carries.xattrs = xattrs;
@@ -474,6 +493,11 @@ impl Overlay {
         if !ours.is_file() || ours.nlink() != 1 || ours.len() != base.size {
             return Ok(Unchanged::Send);
         }
+        // A file open for writing anywhere (a shared mapping's, whose writes the daemon
+        // never sees) may change after the comparison: rsync's part, and it stays dirty.
+        if written_elsewhere(&self.cache, &up(p)) {
+            return Ok(Unchanged::Send);
+        }
         // Extended attributes (ACLs too) on either side: rsync's part (a removal here
         // must reach the share).
         let none = |names: io::Result<Vec<OsString>>| names.is_ok_and(|n| n.is_empty());
@@ -540,7 +564,9 @@ impl Overlay {
         if !inner.state.is_dirty(p)
             || inner.touched.contains(p)
             || inner.writers.contains_key(&ours.ino())
+            || inner.released.contains(&ours.ino())
             || still.map(|m| m.version()) != Some(ours.version())
+            || written_elsewhere(&self.cache, &up(p))
         {
             return Ok(Unchanged::Send);
         }
@@ -1661,7 +1687,13 @@ impl SyncSession<'_> {
                     clean.push(Record::Clean(p.clone()));
                 }
             }
-            for ((p, ok), handed) in self.files.iter().zip(&landed).zip(&self.versions) {
+            for (((p, ok), handed), quiet) in self
+                .files
+                .iter()
+                .zip(&landed)
+                .zip(&self.versions)
+                .zip(&self.quiet)
+            {
                 if !ok {
                     out.not_sent.push(p.clone());
                     continue;
@@ -1673,12 +1705,21 @@ impl SyncSession<'_> {
                     continue;
                 };
                 let ino = meta.ino();
-                // Still open for writing; or let go of during the sync and no longer as it
-                // was handed over (a RELEASE that comes late, for a handle closed before
-                // the sync began, leaves the file as it was: it is clean).
-                if inner.writers.contains_key(&ino)
-                    || (inner.released.contains(&ino) && meta.version() != *handed)
+                // Clean only when nothing could write it from the hand-over to now: no
+                // writable descriptor anywhere then (a program's, the daemon's, or the
+                // one a shared mapping holds after its descriptor was closed: under
+                // kernel passthrough the kernel sends RELEASE at the close, and the
+                // mapping writes the cache's file without the daemon), none opened
+                // through the mount since (a new one is counted, or let go of during
+                // the sync), and none now. A write through a mapping may change neither
+                // the size nor the times (tmpfs), so the version alone cannot tell.
+                if !quiet
+                    || inner.writers.contains_key(&ino)
+                    || inner.released.contains(&ino)
+                    || meta.version() != *handed
+                    || (meta.is_file() && written_elsewhere(&o.cache, &up(p)))
                 {
+                    out.still_written.push(p.clone());
                     continue;
                 }
                 clean.push(Record::Clean(p.clone()));
@@ -1808,6 +1849,27 @@ fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> boo
             true
         }
         _ => false,
+    }
+}
+
+/// Whether the regular file at `rel` (below `root`) is open for writing anywhere: by a
+/// program, by the daemon, or by the kernel for a shared mapping whose descriptor was
+/// closed (a lease tells, see [`crate::sys::open_for_writing`]). True when it cannot be
+/// told. Opened as in [`must_stay`]: read-only, without following a symlink, blocking on
+/// nothing.
+fn written_elsewhere(root: &Root, rel: &Path) -> bool {
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+    match root.open_file(rel, flags, 0) {
+        Ok(file) => match crate::sys::fstat(&file) {
+            Ok(st) if !st.is_file() => false,
+            Ok(_) => crate::sys::open_for_writing(&file).unwrap_or(true),
+            Err(_) => true,
+        },
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => false,
+        // Its owner may not read it (mode 0200, 0000): nor could a passthrough open or a
+        // mapping have been made of it, which both need it open for reading and writing.
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => false,
+        Err(_) => true,
     }
 }
 
