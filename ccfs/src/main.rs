@@ -1151,6 +1151,16 @@ fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
         ccfs::sys::become_root_alone();
     }
     let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+    // Started without its launcher (ccfs-clean-exec), the loader has already acted on
+    // whatever of these the PAM environment held: say so, loudly.
+    let loader: Vec<String> = env
+        .iter()
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .filter(|k| k.starts_with("LD_") || k == "GLIBC_TUNABLES")
+        .collect();
+    if !loader.is_empty() {
+        ccfs::session::warn_unlaunched(&loader);
+    }
     // Of the environment pam_exec passes (which may hold what a user put in the PAM
     // environment), only PAM's own items are used; the rest goes before anything runs.
     for (k, _) in &env {
@@ -1165,7 +1175,7 @@ fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
     if !env.iter().any(|(k, _)| k == "PAM_TYPE") {
         return Err(user_error(
             "PAM_TYPE is not set: this is the PAM session hook",
-            "put `session optional pam_exec.so seteuid /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
+            "put `session optional pam_exec.so seteuid /usr/libexec/ccfs/ccfs-clean-exec /usr/bin/ccfs pam-session` in a PAM service (see ADMIN.md)",
         )
         .into());
     }

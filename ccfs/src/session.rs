@@ -230,6 +230,15 @@ pub fn hook_from_env(
     })
 }
 
+/// The hook was started with loader variables in its environment (`names`): not through
+/// its static launcher, so the dynamic loader may have run what they name as root.
+pub fn warn_unlaunched(names: &[String]) {
+    error(&format!(
+        "started with {} in its environment: the dynamic loader may have acted on them before the hook ran; start the hook through its launcher (`pam_exec.so seteuid /usr/libexec/ccfs/ccfs-clean-exec /usr/bin/ccfs pam-session`, see ADMIN.md)",
+        names.join(", ")
+    ));
+}
+
 /// Runs the hook from pam_exec's environment; never fails (a login must not).
 pub fn run_from_env(env: &[(std::ffi::OsString, std::ffi::OsString)], config: Option<PathBuf>) {
     match hook_from_env(env, config) {

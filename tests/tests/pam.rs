@@ -36,6 +36,22 @@ struct Session {
     go: PathBuf,
 }
 
+/// The hook's static launcher: the installed one, or the one `scripts/test` builds for the
+/// musl target.
+fn clean_exec_bin() -> PathBuf {
+    if installed() {
+        return PathBuf::from("/usr/libexec/ccfs/ccfs-clean-exec");
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/x86_64-unknown-linux-musl/debug/ccfs-clean-exec");
+    assert!(
+        p.is_file(),
+        "{} not found: build it with `cargo build -p cleanexec --target x86_64-unknown-linux-musl` (scripts/test does)",
+        p.display()
+    );
+    p
+}
+
 fn installed() -> bool {
     std::env::var_os("CCFS_PAM_INSTALLED").is_some_and(|v| v == "1")
 }
@@ -47,6 +63,12 @@ impl Lab {
 
     /// A lab whose PAM service has `before_hook` (session lines) before the hook.
     fn new_with(extra_config: &str, before_hook: &str) -> Self {
+        Self::new_wrapped(extra_config, before_hook, None)
+    }
+
+    /// [`Lab::new_with`], the hook's launcher starting a shell script of body `wrapper`
+    /// (its arguments: ccfs and the hook's own) instead of ccfs itself.
+    fn new_wrapped(extra_config: &str, before_hook: &str, wrapper: Option<&str>) -> Self {
         let n = {
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -57,6 +79,12 @@ impl Lab {
             fs::create_dir_all(dir.join(d)).expect("mkdir");
             fs::set_permissions(dir.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
         }
+        let wrapper = wrapper.map(|body| {
+            let p = dir.join("hook-wrapper");
+            fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("wrapper");
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
+            p
+        });
         let config = dir.join("ccfs.toml");
         fs::write(
             &config,
@@ -71,7 +99,7 @@ impl Lab {
         fs::write(
             &pause,
             format!(
-                "#!/bin/sh\n[ \"$PAM_TYPE\" = open_session ] || exit 0\n\
+                "#!/bin/sh\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n[ \"$PAM_TYPE\" = open_session ] || exit 0\n\
                  t=$(printf %s \"$PAM_TTY\" | tr -cd a-z0-9)\n\
                  touch {d}/opened-$t\n\
                  i=0; while [ ! -e {d}/go-$t ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n",
@@ -83,7 +111,7 @@ impl Lab {
         let service = format!("ccfs-test-{}-{n}", std::process::id());
         let pam = format!(
             "auth required pam_permit.so\naccount required pam_permit.so\n{before_hook}\n{}\nsession required pam_exec.so {}\n",
-            Self::hook_line(&dir, &config),
+            Self::hook_line(&dir, &config, wrapper.as_deref()),
             pause.display()
         );
         fs::write(Path::new("/etc/pam.d").join(&service), pam).expect("PAM service");
@@ -95,7 +123,7 @@ impl Lab {
     }
 
     /// The shipped session line, `required`, logging to the lab, with the lab's config.
-    fn hook_line(dir: &Path, config: &Path) -> String {
+    fn hook_line(dir: &Path, config: &Path, wrapper: Option<&Path>) -> String {
         let shipped = if installed() {
             PathBuf::from("/usr/share/pam-configs/ccfs")
         } else {
@@ -111,11 +139,21 @@ impl Lab {
         assert_eq!(words[0], "optional", "a login never fails for ccfs: {line}");
         assert_eq!(words[1], "pam_exec.so", "{line}");
         assert_eq!(words[2], "seteuid", "the hook runs as root alone: {line}");
-        assert_eq!(words[3], "/usr/bin/ccfs", "{line}");
+        assert_eq!(
+            words[3], "/usr/libexec/ccfs/ccfs-clean-exec",
+            "the hook starts through its static launcher: {line}"
+        );
+        assert_eq!(words[4], "/usr/bin/ccfs", "{line}");
         words[0] = "required".into();
         words.insert(2, format!("log={}/hook.log", dir.display()));
         if !installed() {
-            words[4] = ccfs_bin().display().to_string();
+            words[4] = clean_exec_bin().display().to_string();
+            words[5] = ccfs_bin().display().to_string();
+        }
+        if let Some(w) = wrapper {
+            // A program the launcher starts in front of ccfs: see
+            // `no_loader_variable_of_the_pam_environment_reaches_the_hook`.
+            words.insert(5, w.display().to_string());
         }
         format!("session {} --config {}", words.join(" "), config.display())
     }
@@ -653,4 +691,202 @@ fn a_mount_stacked_on_the_home_is_detached_and_the_logout_still_syncs() {
         assert!(log.contains("detached 1 mount(s) stacked"), "{log}");
         assert_eq!(read(&lab.share().join(".kept")), "kept\n", "{log}");
     }
+}
+
+/// A library that marks where it was loaded: by the loader as a preload (its
+/// constructor), as an audit library (`la_version`), or in place of libgcc_s (found
+/// through LD_LIBRARY_PATH). Each mark is a line `WHAT EXE` appended to `marks`.
+fn planted_library(dir: &Path, out: &Path, what: &str, soname: Option<&str>, marks: &Path) {
+    let src = dir.join(format!("{what}.c"));
+    fs::write(
+        &src,
+        format!(
+            r#"#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+static void mark(const char *what) {{
+    char exe[512];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n < 0) n = 0;
+    exe[n] = 0;
+    int fd = open("{marks}", O_WRONLY | O_CREAT | O_APPEND, 0666);
+    if (fd < 0) return;
+    write(fd, what, strlen(what));
+    write(fd, " ", 1);
+    write(fd, exe, (size_t)n);
+    write(fd, "\n", 1);
+    close(fd);
+}}
+__attribute__((constructor)) static void on_load(void) {{ mark("{what}"); }}
+unsigned int la_version(unsigned int v) {{ mark("{what}-audit"); return v; }}
+"#,
+            marks = marks.display()
+        ),
+    )
+    .expect("library source");
+    let mut cc = Command::new("gcc");
+    cc.args(["-shared", "-fPIC", "-o"]).arg(out).arg(&src);
+    if let Some(s) = soname {
+        cc.arg(format!("-Wl,-soname,{s}"));
+    }
+    let built = cc.output().expect("gcc (scripts/setup installs it)");
+    assert!(built.status.success(), "{}", text(&built));
+}
+
+/// pam_exec runs the hook as root with the PAM environment, which `pam_env user_readenv=1`
+/// fills from the user's own file. A student who plants `LD_PRELOAD`, `LD_AUDIT`,
+/// `LD_LIBRARY_PATH` and `GLIBC_TUNABLES` there reaches the loader of every dynamically
+/// linked program that PAM starts (a shell started the same way just before the hook
+/// loads her libraries: the test's proof that the plant works), but not the hook's: its
+/// launcher is static, passes PAM's items and a fixed PATH alone, and ccfs then mounts
+/// and syncs the home as usual.
+#[test]
+fn no_loader_variable_of_the_pam_environment_reaches_the_hook() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tools = PathBuf::from(format!("/var/tmp/ccfs-loader-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tools);
+    fs::create_dir_all(tools.join("lib")).expect("mkdir");
+    fs::set_permissions(&tools, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let marks = tools.join("marks");
+    planted_library(&tools, &tools.join("preload.so"), "preload", None, &marks);
+    planted_library(&tools, &tools.join("audit.so"), "audit", None, &marks);
+    planted_library(
+        &tools,
+        &tools.join("lib/libgcc_s.so.1"),
+        "libpath",
+        Some("libgcc_s.so.1"),
+        &marks,
+    );
+    // A recorder of the PAM environment, started by pam_exec as the hook is, but with
+    // bash (dynamically linked), so that its marks are told apart from any other's.
+    let recorder = tools.join("record-pam-env");
+    fs::write(
+        &recorder,
+        format!(
+            "#!/bin/bash\n/usr/bin/env > {}/pam-env-$PAM_TYPE\n",
+            tools.display()
+        ),
+    )
+    .expect("recorder");
+    fs::set_permissions(&recorder, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // The student's own file, where pam_env reads it: in her home (passwd's).
+    let alice = account(USER);
+    let pw_home = PathBuf::from(format!("/home/{USER}"));
+    let made_home = !pw_home.exists();
+    if made_home {
+        fs::create_dir_all(&pw_home).expect("mkdir home");
+        std::os::unix::fs::chown(&pw_home, Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    let envfile = format!(".pam_environment-ccfs-test-{}", std::process::id());
+    fs::write(
+        pw_home.join(&envfile),
+        format!(
+            "LD_PRELOAD DEFAULT={t}/preload.so\nLD_AUDIT DEFAULT={t}/audit.so\n\
+             LD_LIBRARY_PATH DEFAULT={t}/lib\nGLIBC_TUNABLES DEFAULT=glibc.malloc.check=3:glibc.malloc.perturb=165\n\
+             PATH DEFAULT={t}/lib\n",
+            t = tools.display()
+        ),
+    )
+    .expect("plant");
+    std::os::unix::fs::chown(pw_home.join(&envfile), Some(alice.uid), Some(alice.gid))
+        .expect("chown");
+    let lab = Lab::new_wrapped(
+        "",
+        &format!(
+            "session required pam_env.so readenv=0 user_readenv=1 user_envfile={envfile}\n\
+             session required pam_exec.so {}",
+            recorder.display()
+        ),
+        Some(&format!(
+            "env > {}/hook-env-$PAM_TYPE\nexec \"$@\"",
+            tools.display()
+        )),
+    )
+    .with_user_share();
+    let s = lab.open("one");
+    let mounted = lab.mounted().map(|m| m.fs_type);
+    as_alice(&format!("echo planted > {}/.bashrc", lab.home().display()));
+    s.close();
+    let log = lab.log();
+    let _ = fs::remove_file(pw_home.join(&envfile));
+    if made_home {
+        let _ = fs::remove_dir(&pw_home);
+    }
+    let read_or_empty = |p: PathBuf| fs::read_to_string(p).unwrap_or_default();
+    let pam_env = read_or_empty(tools.join("pam-env-open_session"));
+    let marks_seen = read_or_empty(marks.clone());
+    let hook_env = [
+        read_or_empty(tools.join("hook-env-open_session")),
+        read_or_empty(tools.join("hook-env-close_session")),
+    ];
+    let _ = fs::remove_dir_all(&tools);
+
+    for v in [
+        "LD_PRELOAD=",
+        "LD_AUDIT=",
+        "LD_LIBRARY_PATH=",
+        "GLIBC_TUNABLES=",
+    ] {
+        assert!(
+            pam_env.lines().any(|l| l.starts_with(v)),
+            "pam_env did not plant {v} (the test proves nothing): {pam_env}"
+        );
+    }
+    assert!(
+        marks_seen.lines().any(|l| l.starts_with("preload ") && l.ends_with("bash")),
+        "the loader of a dynamically linked program started by pam_exec did not load the planted preload (the test proves nothing): {marks_seen:?}"
+    );
+    // The programs pam_exec starts around the hook (the recorder, the test's own session
+    // holder, and what they run) load them; ccfs never does. (The shell in front of ccfs
+    // is started by the launcher: its environment is checked below.)
+    let foreign: Vec<&str> = marks_seen
+        .lines()
+        .filter(|l| l.ends_with("/ccfs") || l.ends_with("/ccfs-clean-exec"))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "a planted library was loaded into the hook: {foreign:?}"
+    );
+    for (when, env) in ["login", "logout"].iter().zip(&hook_env) {
+        assert!(!env.is_empty(), "the hook did not run at {when}: {log}");
+        let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+        for n in &names {
+            assert!(
+                n.starts_with("PAM_") || *n == "PATH" || *n == "PWD" || *n == "SHLVL" || *n == "_",
+                "the hook's environment at {when} holds {n}: {env}"
+            );
+        }
+        assert!(
+            env.lines()
+                .any(|l| l == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+            "the hook's PATH at {when} is not root's own: {env}"
+        );
+    }
+    assert_eq!(mounted.as_deref(), Some("fuse.ccfs"), "{log}");
+    assert_eq!(read(&lab.share().join(".bashrc")), "planted\n", "{log}");
+}
+
+/// The launcher the PAM profile names is statically linked: no program interpreter (the
+/// dynamic loader) is named in its program headers, so no loader runs before it.
+#[test]
+fn the_hooks_launcher_has_no_dynamic_loader() {
+    let bin = fs::read(clean_exec_bin()).expect("launcher");
+    assert_eq!(&bin[..4], b"\x7fELF", "not an ELF file");
+    assert_eq!(bin[4], 2, "not a 64-bit ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes([bin[o], bin[o + 1]]) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes([bin[o], bin[o + 1], bin[o + 2], bin[o + 3]]);
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bin[o..o + 8]);
+        u64::from_le_bytes(b) as usize
+    };
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
+    assert!(phnum > 0, "no program headers");
+    const PT_INTERP: u32 = 3;
+    let types: Vec<u32> = (0..phnum).map(|i| u32_at(phoff + i * phentsize)).collect();
+    assert!(
+        !types.contains(&PT_INTERP),
+        "{} names a program interpreter: it is dynamically linked",
+        clean_exec_bin().display()
+    );
 }
