@@ -140,6 +140,28 @@ impl Default for SessionSection {
     }
 }
 
+/// Root's recovery of every cache (`ccfs recover` without a cache or user: the boot's,
+/// before logins).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoverySection {
+    /// The longest the recovery of all caches takes; caches not reached by then are left
+    /// for their users' next logins.
+    pub all_caches_secs: u64,
+    /// The longest one cache's recovery takes in it; one not done by then is stopped
+    /// (as a crash would stop it: nothing is lost) and left for its user's next login.
+    pub per_cache_secs: u64,
+}
+
+impl Default for RecoverySection {
+    fn default() -> Self {
+        Self {
+            all_caches_secs: 120,
+            per_cache_secs: 30,
+        }
+    }
+}
+
 /// The raw file, as written by the admin.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -149,6 +171,7 @@ pub struct ConfigFile {
     pub sync: SyncSection,
     pub mount: MountSection,
     pub session: SessionSection,
+    pub recovery: RecoverySection,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +222,8 @@ pub struct Settings {
     pub homes: HomesSection,
     /// The PAM session hook's choices (`[session]`).
     pub session: SessionSection,
+    /// The time limits of root's recovery of every cache (`[recovery]`).
+    pub recovery: RecoverySection,
     /// The effective file: every key with its value (`ccfs config check` prints it).
     pub file: ConfigFile,
 }
@@ -221,6 +246,7 @@ impl Default for Settings {
             count_paths: 0,
             homes: HomesSection::default(),
             session: SessionSection::default(),
+            recovery: RecoverySection::default(),
             file: ConfigFile::default(),
         }
     }
@@ -365,6 +391,22 @@ impl Settings {
                 )));
             }
         }
+        let r = &raw.recovery;
+        for (key, v) in [
+            ("all_caches_secs", r.all_caches_secs),
+            ("per_cache_secs", r.per_cache_secs),
+        ] {
+            if !(1..=3600).contains(&v) {
+                return Err(value_err(&format!(
+                    "[recovery].{key} must be between 1 and 3600 seconds"
+                )));
+            }
+        }
+        if r.per_cache_secs > r.all_caches_secs {
+            return Err(value_err(
+                "[recovery].per_cache_secs must be at most all_caches_secs",
+            ));
+        }
         let policy = Policy::new(
             raw.paths.dotfiles_cached,
             &raw.paths.cached,
@@ -380,6 +422,7 @@ impl Settings {
             file: raw.clone(),
             homes: raw.homes,
             session: raw.session,
+            recovery: raw.recovery,
             rsync: raw.sync.rsync,
             rsync_extra_args: raw.sync.extra_args,
             rsync_timeout: Duration::from_secs(raw.sync.timeout_secs),
@@ -583,6 +626,11 @@ mod tests {
         bad("[homes]\ncache_root = \"/netshare/users/.c\"\n", "overlap");
         bad("[homes]\nshare_root = \"/home/share\"\n", "overlap");
         bad("[session]\nlogin_timeout_secs = 0\n", "login_timeout_secs");
+        bad("[recovery]\nall_caches_secs = 0\n", "all_caches_secs");
+        bad(
+            "[recovery]\nall_caches_secs = 10\nper_cache_secs = 20\n",
+            "per_cache_secs must be at most all_caches_secs",
+        );
         bad("[session]\nfallback = \"tmpfs\"\n", "fallback");
         let s = Settings::from_toml(
             "[homes]\nshare_root = \"/srv/homes\"\n[session]\nfallback = \"none\"\nmin_uid = 500\n",

@@ -1,6 +1,6 @@
 //! Mounting: input checks (before anything changes), the daemon's life cycle, recovery.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -1585,10 +1585,15 @@ impl ChildError {
 /// who owns the directory. Root uses `settings` or the defaults, never the config a
 /// cache's meta.json names (the user can write that file); a user recovering their own
 /// cache may use the config their mount used.
+///
+/// `limit`: how long root waits for the child (None: as long as it takes); one that has
+/// not answered by then is killed, as a crash would stop it (the journal keeps what is
+/// left for the next recovery), and the error is an [`io::ErrorKind::TimedOut`].
 pub fn recover_cache(
     cache_dir: &Path,
     settings: Option<&Settings>,
     patience: Duration,
+    limit: Option<Duration>,
 ) -> anyhow::Result<Recovered> {
     let not_a_cache = || {
         user_error(
@@ -1619,7 +1624,7 @@ pub fn recover_cache(
             "remove the cache or restore the account",
         )
     })?;
-    let answer = sys::run_as_user(&account, || {
+    let answer = sys::run_as_user_within(&account, limit, || {
         let r =
             recover_as_owner(cache_dir, settings, false, patience).map_err(ChildError::from_anyhow);
         serde_json::to_vec(&r).unwrap_or_default()
@@ -1723,6 +1728,35 @@ pub fn all_caches() -> Vec<PathBuf> {
     list_caches(None)
 }
 
+/// `caches` (paths ROOT/UID/NAME, sorted) in turns, one cache of each owner's directory a
+/// turn: the first cache of every user comes before anyone's second, so that one user
+/// with many caches cannot take the recovery's whole time from the others.
+pub fn in_turns(caches: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut index: HashMap<PathBuf, usize> = HashMap::new();
+    let mut by_owner: Vec<VecDeque<PathBuf>> = Vec::new();
+    for c in caches {
+        let owner = c.parent().map(Path::to_path_buf).unwrap_or_default();
+        let i = *index.entry(owner).or_insert_with(|| {
+            by_owner.push(VecDeque::new());
+            by_owner.len() - 1
+        });
+        by_owner[i].push_back(c);
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut any = false;
+        for q in by_owner.iter_mut() {
+            if let Some(c) = q.pop_front() {
+                out.push(c);
+                any = true;
+            }
+        }
+        if !any {
+            return out;
+        }
+    }
+}
+
 /// The caches of one user: ROOT/UID/NAME where ROOT/UID is named for them and theirs.
 pub fn user_caches(uid: u32) -> Vec<PathBuf> {
     list_caches(Some(uid))
@@ -1765,6 +1799,31 @@ fn list_caches(only: Option<u32>) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn caches_are_taken_in_turns_one_of_each_owner_a_turn() {
+        let p = |s: &str| PathBuf::from(s);
+        let got = in_turns(vec![
+            p("/c/1000/a"),
+            p("/c/1000/b"),
+            p("/c/1000/c"),
+            p("/c/1001/a"),
+            p("/c/1002/a"),
+            p("/c/1002/b"),
+        ]);
+        assert_eq!(
+            got,
+            [
+                "/c/1000/a",
+                "/c/1001/a",
+                "/c/1002/a",
+                "/c/1000/b",
+                "/c/1002/b",
+                "/c/1000/c"
+            ]
+            .map(PathBuf::from)
+        );
+    }
 
     #[test]
     fn a_log_event_is_one_line() {

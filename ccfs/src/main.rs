@@ -980,7 +980,7 @@ fn recover(
                 })?;
             daemon::user_caches(account.uid)
         }
-        (None, None) => daemon::all_caches(),
+        (None, None) => daemon::in_turns(daemon::all_caches()),
     };
     // A cache whose lock processes of a dead daemon still hold (its rsync finishing) is
     // waited for, a minute at most, when one cache or one user's are recovered. Recovering
@@ -992,11 +992,41 @@ fn recover(
     } else {
         Duration::from_secs(60)
     };
+    // Every cache (the boot's recovery, which logins wait for) is bounded in all and per
+    // cache ([recovery]); a cache not done in time is left for its user's next login,
+    // which recovers that user's caches before it mounts.
+    let every = cache_dir.is_none() && user.is_none();
+    let limits = settings
+        .as_ref()
+        .map(|s| s.recovery.clone())
+        .unwrap_or_default();
+    let started = Instant::now();
+    let budget = Duration::from_secs(limits.all_caches_secs);
+    let per_cache = Duration::from_secs(limits.per_cache_secs);
     let mut failed = 0;
     let mut held = 0;
-    for d in &dirs {
+    for (i, d) in dirs.iter().enumerate() {
         let name = shown(d);
-        match daemon::recover_cache(d, settings.as_ref(), patience) {
+        let limit = if every {
+            let left = budget.saturating_sub(started.elapsed());
+            if left < Duration::from_millis(200) {
+                let rest = &dirs[i..];
+                let named: Vec<String> = rest.iter().take(20).map(|d| shown(d)).collect();
+                say!(
+                    "ccfs: the recovery of every cache reached its limit ([recovery] all_caches_secs = {}): {} cache(s) not reached, left for their users' next logins: {}{}",
+                    limits.all_caches_secs,
+                    rest.len(),
+                    named.join(", "),
+                    if rest.len() > named.len() { ", ..." } else { "" }
+                );
+                failed += rest.len();
+                break;
+            }
+            Some(left.min(per_cache))
+        } else {
+            None
+        };
+        match daemon::recover_cache(d, settings.as_ref(), patience, limit) {
             Ok(Recovered::Nothing) => say!("ccfs: {name}: nothing to recover"),
             Ok(Recovered::InUse(pid)) => {
                 say!("ccfs: {name}: in use by a running mount (pid {pid}); skipped")
@@ -1013,6 +1043,16 @@ fn recover(
                 } else if !o.ok {
                     failed += 1;
                 }
+            }
+            Err(e)
+                if e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) =>
+            {
+                say!(
+                    "ccfs: {name}: not done within {} s ([recovery] per_cache_secs, or what was left of all_caches_secs): stopped as a crash would stop it, nothing lost; left for its user's next login",
+                    limit.unwrap_or_default().as_secs()
+                );
+                failed += 1;
             }
             Err(e) => match from_anyhow(e) {
                 Error::User(u) if cache_dir.is_some() => return Err(Error::User(u)),

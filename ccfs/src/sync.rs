@@ -534,7 +534,14 @@ pub fn run_sync(
     // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
     // without the daemon, see `Overlay::drop_clean_cache`).
     let handed = session.handed();
-    let (transfer, why) = if session.files.is_empty() {
+    // Files that are mostly holes are sent by ccfs itself, at the cost of their data (see
+    // `overlay/sparse.rs`); rsync sends the others.
+    let (sparse, files): (Vec<PathBuf>, Vec<PathBuf>) = session
+        .files
+        .iter()
+        .cloned()
+        .partition(|p| overlay.sent_as_sparse(p));
+    let (mut transfer, mut why) = if files.is_empty() {
         (Transfer::Complete, None)
     } else {
         // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
@@ -542,8 +549,32 @@ pub fn run_sync(
         opts.caps.acls &= session.carries.acls;
         opts.caps.xattrs &= session.carries.xattrs;
         opts.implied_dirs |= session.carries.implied_dirs;
-        run_rsync(&opts, overlay.upper(), overlay.share(), &session.files)?
+        run_rsync(&opts, overlay.upper(), overlay.share(), &files)?
     };
+    let mut put = HashMap::new();
+    for p in &sparse {
+        match overlay.send_sparse(p) {
+            Ok(what) => {
+                put.insert(p.clone(), what);
+            }
+            Err(e) => {
+                let e = format!("cannot send {}: {e}", crate::journal::escape(p));
+                why = Some(why.map_or(e.clone(), |w| format!("{w}; {e}")));
+            }
+        }
+    }
+    if !sparse.is_empty() {
+        transfer = match transfer {
+            Transfer::Complete if put.len() == sparse.len() => Transfer::Complete,
+            // A file of ours that did not land: every path is compared with what was
+            // handed over (a file rsync sent has the cache copy's size and mtime).
+            Transfer::Complete | Transfer::Incomplete => Transfer::Incomplete,
+            Transfer::Reported(mut listed) => {
+                listed.extend(put);
+                Transfer::Reported(listed)
+            }
+        };
+    }
     let settled = session.finish(transfer)?;
     report.cleaned = settled.cleaned + report.unchanged;
     report.deleted = settled.deleted;

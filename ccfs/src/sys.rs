@@ -1045,6 +1045,9 @@ fn thread_count() -> Option<usize> {
         .and_then(|n| n.trim().parse().ok())
 }
 
+/// The most of a child's answer [`run_as_user_within`] reads.
+pub const CHILD_ANSWER_MAX: usize = 16 << 20;
+
 /// Runs `f` in a child process that first becomes `acct` for good ([`drop_privileges`])
 /// and sets no_new_privs, and returns the bytes `f` returned. The caller keeps its own
 /// credentials; whatever `f` opens, runs or writes, it does as the user.
@@ -1086,31 +1089,56 @@ pub fn run_as_user_within(
         unsafe { libc::_exit(code) }
     }
     drop(writer);
-    if let Some(limit) = limit {
-        let mut pfd = libc::pollfd {
-            fd: reader.as_raw_fd(),
-            events: libc::POLLIN | libc::POLLHUP,
-            revents: 0,
-        };
-        let ms = i32::try_from(limit.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd for the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if ready <= 0 {
-            // SAFETY: kill(2) of our own child; it is not waited for (it may not die
-            // before what holds it lets go), so a stuck child costs nothing here.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the child process working as {} did not answer within {} s",
-                    acct.name,
-                    limit.as_secs()
-                ),
-            ));
-        }
-    }
+    // The answer is read to its end (the child's exit closes the pipe) within `limit`
+    // in all, and at most CHILD_ANSWER_MAX bytes of it: the child runs as the user, who
+    // may stop it (SIGSTOP) or make it write more than any answer holds.
+    let deadline = limit.map(|l| std::time::Instant::now() + l);
     let mut out = Vec::new();
-    let read = reader.read_to_end(&mut out);
+    let mut buf = [0u8; 64 * 1024];
+    let read: io::Result<()> = loop {
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: reader.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLHUP,
+                revents: 0,
+            };
+            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd for the call.
+            let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if ready < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if ready <= 0 {
+                // SAFETY: kill(2) of our own child; it is not waited for (it may not die
+                // before what holds it lets go), so a stuck child costs nothing here.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the child process working as {} did not answer within {} s",
+                        acct.name,
+                        limit.unwrap_or_default().as_secs()
+                    ),
+                ));
+            }
+        }
+        match reader.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) if out.len() + n > CHILD_ANSWER_MAX => {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                break Err(io::Error::other(format!(
+                    "the child process working as {} answered more than {} MiB",
+                    acct.name,
+                    CHILD_ANSWER_MAX >> 20
+                )));
+            }
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
     let status = wait_child(pid)?;
     read?;
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {

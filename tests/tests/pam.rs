@@ -890,3 +890,189 @@ fn the_hooks_launcher_has_no_dynamic_loader() {
         clean_exec_bin().display()
     );
 }
+
+impl Session {
+    /// The machine goes down with the session open (power loss, reset): pamtester is
+    /// killed before its logout, the daemon of `home` too, its mount detached, and /run
+    /// (the session counts) forgotten, as at the next boot.
+    fn power_loss(mut self, lab: &Lab) {
+        let st = ccfs(&["status".as_ref(), "--json".as_ref(), lab.home().as_os_str()]);
+        assert!(st.status.success(), "{}", text(&st));
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
+        let pid = v["pid"].as_u64().expect("pid") as u32;
+        kill(pid, libc::SIGKILL);
+        wait_until("the daemon's death", Duration::from_secs(10), || {
+            !alive(pid)
+        });
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        fs::write(&self.go, "").expect("go");
+        let _ = Command::new("umount").arg("-l").arg(lab.home()).output();
+        let _ = fs::remove_file(format!("/run/ccfs/sessions/{}.json", account(USER).uid));
+    }
+}
+
+/// `count` caches of `user` planted under the lab's cache root (ROOT/UID/NAME, with a
+/// meta.json): what a student who made tens of thousands leaves for root's recovery.
+fn plant_caches(lab: &Lab, user: &str, count: usize) {
+    let a = account(user);
+    let root = lab.dir.join("cache").join(a.uid.to_string());
+    fs::create_dir_all(&root).expect("mkdir");
+    std::os::unix::fs::chown(&root, Some(a.uid), Some(a.gid)).expect("chown");
+    for i in 0..count {
+        let c = root.join(format!("planted-{i:05}"));
+        fs::create_dir(&c).expect("mkdir");
+        fs::write(c.join("meta.json"), "{}").expect("meta");
+        std::os::unix::fs::chown(&c, Some(a.uid), Some(a.gid)).expect("chown");
+        std::os::unix::fs::chown(c.join("meta.json"), Some(a.uid), Some(a.gid)).expect("chown");
+    }
+}
+
+/// Runs root's recovery of every cache (what ccfs-recover.service runs at boot) with the
+/// config `config`, in the background, its output to a file of the lab (a journal reads
+/// it as it comes; a pipe nobody reads would hold it up).
+fn boot_recovery(lab: &Lab, config: &Path) -> (Child, PathBuf) {
+    let log = lab.dir.join(format!(
+        "boot-{}.log",
+        config
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let out = fs::File::create(&log).expect("log");
+    let err = out.try_clone().expect("log");
+    let child = Command::new(ccfs_bin())
+        .arg("recover")
+        .arg("--config")
+        .arg(config)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("ccfs recover");
+    (child, log)
+}
+
+/// Waits for `child` at most `limit` (a guard against a hang, not a speed target): its
+/// exit status and what it wrote to `log`, or None when it had not ended (it is killed).
+fn ended_within(
+    (mut child, log): (Child, PathBuf),
+    limit: Duration,
+) -> Option<(std::process::ExitStatus, String)> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return Some((st, fs::read_to_string(&log).unwrap_or_default()));
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A student makes a 15 TiB dotfile of holes and 20,000 caches of her own, and the
+/// machine goes down with her logged in. Root's recovery at boot (which logins wait for)
+/// keeps to its limits: it sends her file at the cost of its data, takes caches in
+/// turns (one of each user's first), stops at [recovery] all_caches_secs naming what it
+/// did not reach, and a login goes through while it runs.
+#[test]
+fn the_boots_recovery_keeps_to_its_limits_whatever_a_student_plants() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("[recovery]\nall_caches_secs = 8\nper_cache_secs = 4\n").with_user_share();
+    let s = lab.open("one");
+    let big = lab.home().join(".big");
+    as_alice(&format!(
+        "truncate -s 15T {b} && printf end | dd of={b} bs=1 seek=$((15 * 1024 * 1024 * 1024 * 1024 - 3)) conv=notrunc status=none && echo crashed > {h}/.bashrc",
+        b = big.display(),
+        h = lab.home().display()
+    ));
+    s.power_loss(&lab);
+    lab.share_of("ccfs-bob");
+    plant_caches(&lab, "ccfs-bob", 20_000);
+
+    let boot = boot_recovery(&lab, &lab.config);
+    // A login meanwhile (hers: it recovers what the boot's recovery has not).
+    std::thread::sleep(Duration::from_millis(500));
+    let s = lab.open_as(USER, "two", Duration::from_secs(90));
+    assert_eq!(
+        lab.mounted().map(|m| m.fs_type).as_deref(),
+        Some("fuse.ccfs"),
+        "{}",
+        lab.log()
+    );
+    let seen = as_alice(&format!("cat {}/.bashrc", lab.home().display()));
+    assert_eq!(String::from_utf8_lossy(&seen.stdout), "crashed\n");
+    let (status, said) = ended_within(boot, Duration::from_secs(8 + 60))
+        .expect("the boot's recovery did not keep to its limit of 8 s (a minute's grace)");
+    let said = said
+        .lines()
+        .filter(|l| !l.contains("planted-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + &said
+            .lines()
+            .filter(|l| l.contains("not reached"))
+            .collect::<Vec<_>>()
+            .join("\n");
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains("reached its limit") && said.contains("not reached"),
+        "the caches left were not named: {said}"
+    );
+    let share_big = fs::metadata(lab.share().join(".big")).expect("the 15 TiB file was sent");
+    assert_eq!(share_big.len(), 15 << 40);
+    assert!(
+        share_big.blocks() * 512 < 64 << 20,
+        "the share's copy is not sparse: {} blocks",
+        share_big.blocks()
+    );
+    let tail = Command::new("tail")
+        .args(["-c", "3"])
+        .arg(lab.share().join(".big"))
+        .output()
+        .expect("tail");
+    assert_eq!(tail.stdout, b"end");
+    assert_eq!(read(&lab.share().join(".bashrc")), "crashed\n");
+    s.close();
+}
+
+/// One cache whose recovery takes longer than [recovery] per_cache_secs (here rsync
+/// itself is slow: root's config names a wrapper that waits) is stopped as a crash would
+/// stop it and named; nothing of it is lost: a recovery without the limit sends it all.
+#[test]
+fn a_cache_over_its_time_is_stopped_named_and_loses_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::new("").with_user_share();
+    let s = lab.open("one");
+    as_alice(&format!("echo unsent > {}/.profile", lab.home().display()));
+    s.power_loss(&lab);
+    let slow = lab.dir.join("slow-rsync");
+    fs::write(&slow, "#!/bin/sh\nsleep 30\nexec rsync \"$@\"\n").expect("wrapper");
+    fs::set_permissions(&slow, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let limited = lab.dir.join("limited.toml");
+    let base = fs::read_to_string(&lab.config).expect("config");
+    fs::write(
+        &limited,
+        format!(
+            "{base}[recovery]\nall_caches_secs = 10\nper_cache_secs = 2\n[sync]\nrsync = \"{}\"\n",
+            slow.display()
+        ),
+    )
+    .expect("config");
+    let boot = boot_recovery(&lab, &limited);
+    let (status, said) =
+        ended_within(boot, Duration::from_secs(10 + 60)).expect("it kept to its limit");
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("not done within 2 s"), "{said}");
+    assert!(!lab.share().join(".profile").exists(), "{said}");
+    // What a crash leaves, the next recovery finishes.
+    let out = ccfs(&[
+        "recover".as_ref(),
+        "--config".as_ref(),
+        lab.config.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&lab.share().join(".profile")), "unsent\n");
+}

@@ -163,6 +163,7 @@ mod listing;
 mod lookup;
 mod namespace;
 mod session;
+mod sparse;
 
 #[cfg(test)]
 mod crash_tests;

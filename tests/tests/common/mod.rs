@@ -192,6 +192,11 @@ impl Mount<'_> {
         self.abandon();
     }
 
+    /// Forgets the mount: the test unmounted it itself.
+    pub fn forget(mut self) {
+        self.active = false;
+    }
+
     /// Forgets the mount without unmounting (after the test killed the daemon).
     pub fn abandon(mut self) {
         self.active = false;

@@ -1,0 +1,87 @@
+//! Sparse files sent by the sync itself. rsync reads every byte of a file it sends, holes
+//! included (`--sparse` only keeps them holes on the share): a 15 TiB file of holes (`truncate
+//! -s 15T ~/.big`) costs a read of 15 TiB, at every sync and at root's recovery of every
+//! cache at boot. A file whose holes are most of it is sent here instead, as rsync would
+//! put it (a new file beside the old, renamed over it, with the cache copy's mode, owner
+//! and mtime), copying its data extents alone: it costs what its data costs.
+
+use super::*;
+use crate::sync::{Put, PARTIAL_DIR};
+
+/// Below this length a file goes to rsync whatever its holes.
+pub const SPARSE_MIN_LEN: u64 = 64 << 20;
+
+impl Overlay {
+    /// Whether the sync sends the cache's `rel` itself (see the module documentation): a
+    /// regular file of one name, at least [`SPARSE_MIN_LEN`] long, with less than an
+    /// eighth of its length in blocks, and no extended attributes (ACLs included), which
+    /// rsync carries.
+    pub fn sent_as_sparse(&self, rel: &Path) -> bool {
+        let Ok(Some(m)) = self.upper_stat(rel) else {
+            return false;
+        };
+        m.is_file()
+            && m.nlink() == 1
+            && m.len() >= SPARSE_MIN_LEN
+            && m.blocks().saturating_mul(512).saturating_mul(8) < m.len()
+            && self
+                .cache
+                .listxattr(&up(rel))
+                .is_ok_and(|names| names.is_empty())
+    }
+
+    /// Sends the cache's `rel` to the share (see the module documentation): its data
+    /// extents are copied into the holding directory of its directory on the share (the
+    /// one rsync uses, so an interrupted send is cleaned up as rsync's are), given the
+    /// copy's mode, owner (when root) and mtime, written to disk, and renamed over the
+    /// share's file. Returns what was put there, as rsync's report would say it.
+    pub fn send_sparse(&self, rel: &Path) -> io::Result<Put> {
+        let src = self.cache.open_file(
+            &up(rel),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let meta = sys::fstat(&src)?;
+        if !meta.is_file() {
+            return Err(io::Error::other("no longer a regular file"));
+        }
+        let name = rel
+            .file_name()
+            .ok_or_else(|| io::Error::other("no file name"))?;
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        let holding = parent.join(PARTIAL_DIR);
+        match self.share.mkdir(&holding, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        let tmp = holding.join(name);
+        match self.share.unlink(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        let sent = (|| -> io::Result<()> {
+            let dst = self.share.open_file(
+                &tmp,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                0o600,
+            )?;
+            sys::copy_data(&src, &dst, meta.len())?;
+            if self.as_root {
+                self.share.fchown(&dst, meta.uid(), meta.gid())?;
+            }
+            self.share.chmod(&tmp, meta.mode() & 0o7777)?;
+            let (secs, nsecs) = meta.mtime();
+            sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
+            dst.sync_all()?;
+            self.share.rename(&tmp, rel, 0)
+        })();
+        if sent.is_err() {
+            let _ = self.share.unlink(&tmp);
+        }
+        let _ = self.share.rmdir(&holding);
+        sent?;
+        Ok(Put::File(meta.mtime().0))
+    }
+}
