@@ -201,11 +201,58 @@ pub fn default_cache_dir(mountpoint: &Path, uid: u32) -> PathBuf {
         name
     };
     let root = if std::env::var_os("CCFS_CACHE_ROOT").is_none() && crate::sys::geteuid() != 0 {
-        PathBuf::from(format!("/var/tmp/ccfs-{uid}"))
+        user_cache_root(Path::new("/var/tmp"), uid)
     } else {
         cache_root()
     };
     root.join(uid.to_string()).join(name)
+}
+
+/// The cache root of a user who mounts by themselves, in `base` (/var/tmp, which anyone
+/// may write): `ccfs-UID` when it is free or theirs. Another user may have made that name
+/// first (and it would be refused for good): then the first `ccfs-UID-*` that is theirs,
+/// else a new name with a random part nobody can make before them.
+pub fn user_cache_root(base: &Path, uid: u32) -> PathBuf {
+    let usable = |p: &Path| match fs::symlink_metadata(p) {
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+        Ok(m) => m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0,
+    };
+    let plain = base.join(format!("ccfs-{uid}"));
+    if usable(&plain) {
+        return plain;
+    }
+    let prefix = format!("ccfs-{uid}-");
+    let mut theirs: Vec<PathBuf> = fs::read_dir(base)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .filter(|p| fs::symlink_metadata(p).is_ok() && usable(p))
+                .collect()
+        })
+        .unwrap_or_default();
+    theirs.sort();
+    if let Some(p) = theirs.into_iter().next() {
+        return p;
+    }
+    let mut bytes = [0u8; 8];
+    let random = fs::File::open("/dev/urandom")
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes))
+        .is_ok();
+    let tag: String = if random {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    } else {
+        format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        )
+    };
+    base.join(format!("{prefix}{tag}"))
 }
 
 /// Refuses a cache path another user could tamper with: the cache directory must not be a
@@ -1799,6 +1846,45 @@ fn list_caches(only: Option<u32>) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_users_cache_root_another_user_made_first_is_passed_over() {
+        let base = tempfile::tempdir().expect("tmp");
+        let (me, other) = (4242, 4343);
+        let plain = base.path().join(format!("ccfs-{me}"));
+        assert_eq!(
+            user_cache_root(base.path(), me),
+            plain,
+            "free: the plain name"
+        );
+        fs::create_dir(&plain).expect("mkdir");
+        std::os::unix::fs::chown(&plain, Some(me), Some(me)).expect("chown (root)");
+        fs::set_permissions(&plain, fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(
+            user_cache_root(base.path(), me),
+            plain,
+            "ours: the plain name"
+        );
+        // Another user made it first, and a name of ours with a suffix too.
+        std::os::unix::fs::chown(&plain, Some(other), Some(other)).expect("chown");
+        let planted = base.path().join(format!("ccfs-{me}-0000"));
+        fs::create_dir(&planted).expect("mkdir");
+        std::os::unix::fs::chown(&planted, Some(other), Some(other)).expect("chown");
+        let chosen = user_cache_root(base.path(), me);
+        assert_ne!(chosen, plain);
+        assert_ne!(chosen, planted);
+        let name = chosen
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with(&format!("ccfs-{me}-")), "{name}");
+        // Once made (by the mount), the same one is found again.
+        fs::create_dir(&chosen).expect("mkdir");
+        std::os::unix::fs::chown(&chosen, Some(me), Some(me)).expect("chown");
+        fs::set_permissions(&chosen, fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(user_cache_root(base.path(), me), chosen);
+    }
 
     #[test]
     fn caches_are_taken_in_turns_one_of_each_owner_a_turn() {

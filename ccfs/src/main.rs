@@ -115,8 +115,10 @@ enum Cmd {
         /// Only this user's caches (root only, as from a PAM session hook).
         #[arg(long, conflicts_with = "cache_dir")]
         user: Option<String>,
-        /// The config file (default: for root the built-in defaults, for a user the one
-        /// their mount used). Root reads only a file only root can change.
+        /// The config file (default: /etc/ccfs/ccfs.toml when it exists; else, for a user,
+        /// the one their mount used, and for root the built-in defaults). Root reads only
+        /// a file only root can change. Root's recovery of every cache keeps to the
+        /// file's [recovery] time limits.
         #[arg(long)]
         config: Option<PathBuf>,
     },

@@ -203,12 +203,29 @@ pub struct Hook {
 
 /// The PAM items pam_exec passes in the environment. pam_exec puts the PAM environment
 /// (`pam_getenvlist`: what pam_env set, possibly from a user's file) first and its own
-/// items after: an item that appears with two values was set by someone else too, and
-/// the hook then trusts none of them.
+/// items after, in one order: PAM_SERVICE (always set), PAM_USER, PAM_TTY, PAM_RHOST and
+/// PAM_RUSER where PAM has them, and PAM_TYPE last. Only that block is pam_exec's: an item
+/// found only before it (a PAM_TTY the user set where PAM has none) is taken as unset,
+/// and an item that appears with two values was set by someone else too: the hook then
+/// trusts none of them.
 pub fn hook_from_env(
     env: &[(std::ffi::OsString, std::ffi::OsString)],
     config: Option<PathBuf>,
 ) -> Result<Hook, String> {
+    // Only the PAM_ entries, in their order (the launcher puts its PATH after them).
+    let pam: Vec<&(std::ffi::OsString, std::ffi::OsString)> = env
+        .iter()
+        .filter(|(k, _)| k.as_encoded_bytes().starts_with(b"PAM_"))
+        .collect();
+    let ours = match pam.iter().rposition(|(k, _)| k == "PAM_SERVICE") {
+        Some(i) if pam.last().is_some_and(|(k, _)| k == "PAM_TYPE") => &pam[i..],
+        _ => {
+            return Err(
+                "the environment does not end with pam_exec's items (PAM_SERVICE ... PAM_TYPE); the hook does nothing for this session (start it with pam_exec, see ADMIN.md)"
+                    .into(),
+            )
+        }
+    };
     let item = |key: &str| -> Result<String, String> {
         let mut values = env.iter().filter(|(k, _)| k == key).map(|(_, v)| v);
         let first = values.next();
@@ -217,8 +234,10 @@ pub fn hook_from_env(
                 "{key} appears twice with different values in the environment (set in the PAM environment, by pam_env or a user's file?); the hook does nothing for this session"
             ));
         }
-        Ok(first
-            .map(|v| v.to_string_lossy().into_owned())
+        Ok(ours
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
             .unwrap_or_default())
     };
     Ok(Hook {
@@ -228,6 +247,28 @@ pub fn hook_from_env(
         tty: item("PAM_TTY")?,
         config,
     })
+}
+
+/// systemd-run's options for the scope of `user`'s daemon (uid `uid`): a unit of its own,
+/// so that it outlives the session that started it and is stopped in order at shutdown,
+/// in the user's own slice, so that the limits set for the user's processes (tasks,
+/// memory, CPU) hold for the daemon and its rsync too.
+fn scope_args(user: &str, uid: u32) -> Vec<String> {
+    vec![
+        "--scope".into(),
+        "--quiet".into(),
+        "--collect".into(),
+        format!("--slice=user-{uid}.slice"),
+        format!(
+            "--unit=ccfs-home-{}-{}",
+            user.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        ),
+        format!("--description=ccfs home of {user}"),
+    ]
 }
 
 /// The hook was started with loader variables in its environment (`names`): not through
@@ -633,24 +674,10 @@ impl Ctx<'_> {
         let scope = self.settings.session.systemd_scope
             && std::fs::symlink_metadata("/run/systemd/system").is_ok_and(|m| m.is_dir());
         let r = if scope {
-            let unit = format!(
-                "--unit=ccfs-home-{}-{}",
-                user.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0)
-            );
-            let description = format!("--description=ccfs home of {user}");
-            let mut all: Vec<&OsStr> = vec![
-                OsStr::new("--scope"),
-                OsStr::new("--quiet"),
-                OsStr::new("--collect"),
-                OsStr::new(&unit),
-                OsStr::new(&description),
-                OsStr::new("--"),
-                exe.as_os_str(),
-            ];
+            let scope_args = scope_args(user, self.account.uid);
+            let mut all: Vec<&OsStr> = scope_args.iter().map(OsStr::new).collect();
+            all.push(OsStr::new("--"));
+            all.push(exe.as_os_str());
             all.extend(&args);
             let r = run_limited(Path::new("systemd-run"), &all, limit);
             if r.ok == Some(false) && r.output.contains("transient") {
@@ -950,8 +977,10 @@ mod tests {
         let pair = |k: &str, v: &str| (std::ffi::OsString::from(k), std::ffi::OsString::from(v));
         let env = vec![
             pair("LANG", "C"),
-            pair("PAM_TYPE", "open_session"),
+            pair("PAM_SERVICE", "login"),
             pair("PAM_USER", "alice"),
+            pair("PAM_TYPE", "open_session"),
+            pair("PATH", "/usr/bin"),
         ];
         let h = hook_from_env(&env, None).expect("plain");
         assert_eq!(
@@ -967,6 +996,44 @@ mod tests {
         let mut same = vec![pair("PAM_TYPE", "open_session")];
         same.extend(env);
         assert!(hook_from_env(&same, None).is_ok());
+    }
+
+    #[test]
+    fn the_daemons_scope_is_in_the_users_own_slice() {
+        let a = scope_args("al.ice", 1234);
+        assert!(a.contains(&"--slice=user-1234.slice".to_string()), "{a:?}");
+        assert!(
+            a.iter().any(|x| x.starts_with("--unit=ccfs-home-al_ice-")),
+            "{a:?}"
+        );
+        assert!(a.contains(&"--scope".to_string()));
+    }
+
+    #[test]
+    fn a_pam_item_only_the_pam_environment_holds_is_taken_as_unset() {
+        let pair = |k: &str, v: &str| (std::ffi::OsString::from(k), std::ffi::OsString::from(v));
+        // PAM has no TTY (an SSH command, a cron job): pam_exec passes none, and the
+        // user's PAM_TTY sits before pam_exec's block.
+        let env = vec![
+            pair("PAM_TTY", "/dev/tty1"),
+            pair("PAM_SERVICE", "sshd"),
+            pair("PAM_USER", "alice"),
+            pair("PAM_TYPE", "open_session"),
+        ];
+        let h = hook_from_env(&env, None).expect("hook");
+        assert_eq!(h.tty, "", "a user-set PAM_TTY was taken");
+        assert_eq!((h.user.as_str(), h.service.as_str()), ("alice", "sshd"));
+        // pam_exec's own PAM_TTY is taken.
+        let env = vec![
+            pair("PAM_SERVICE", "login"),
+            pair("PAM_USER", "alice"),
+            pair("PAM_TTY", "/dev/tty2"),
+            pair("PAM_TYPE", "close_session"),
+        ];
+        assert_eq!(hook_from_env(&env, None).expect("hook").tty, "/dev/tty2");
+        // Not pam_exec's shape at all: nothing is trusted.
+        let env = vec![pair("PAM_USER", "alice"), pair("PAM_TYPE", "open_session")];
+        assert!(hook_from_env(&env, None).is_err());
     }
 
     #[test]

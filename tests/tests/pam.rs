@@ -66,9 +66,9 @@ impl Lab {
         Self::new_wrapped(extra_config, before_hook, None)
     }
 
-    /// [`Lab::new_with`], the hook's launcher starting a shell script of body `wrapper`
-    /// (its arguments: ccfs and the hook's own) instead of ccfs itself.
-    fn new_wrapped(extra_config: &str, before_hook: &str, wrapper: Option<&str>) -> Self {
+    /// [`Lab::new_with`], the hook's launcher starting the program `wrapper` (its
+    /// arguments: ccfs and the hook's own) instead of ccfs itself.
+    fn new_wrapped(extra_config: &str, before_hook: &str, wrapper: Option<&Path>) -> Self {
         let n = {
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -79,12 +79,6 @@ impl Lab {
             fs::create_dir_all(dir.join(d)).expect("mkdir");
             fs::set_permissions(dir.join(d), fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        let wrapper = wrapper.map(|body| {
-            let p = dir.join("hook-wrapper");
-            fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("wrapper");
-            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
-            p
-        });
         let config = dir.join("ccfs.toml");
         fs::write(
             &config,
@@ -111,7 +105,7 @@ impl Lab {
         let service = format!("ccfs-test-{}-{n}", std::process::id());
         let pam = format!(
             "auth required pam_permit.so\naccount required pam_permit.so\n{before_hook}\n{}\nsession required pam_exec.so {}\n",
-            Self::hook_line(&dir, &config, wrapper.as_deref()),
+            Self::hook_line(&dir, &config, wrapper),
             pause.display()
         );
         fs::write(Path::new("/etc/pam.d").join(&service), pam).expect("PAM service");
@@ -769,6 +763,41 @@ fn no_loader_variable_of_the_pam_environment_reaches_the_hook() {
     )
     .expect("recorder");
     fs::set_permissions(&recorder, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // In front of ccfs, started by the launcher: a program that writes down its
+    // environment in order (a shell would reorder it) and runs ccfs with it.
+    let recorder_of_the_hook = tools.join("record-env");
+    fs::write(
+        tools.join("record-env.c"),
+        format!(
+            r#"#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+extern char **environ;
+int main(int argc, char **argv) {{
+    const char *type = getenv("PAM_TYPE");
+    char path[4096];
+    snprintf(path, sizeof path, "{t}/hook-env-%s", type ? type : "none");
+    FILE *f = fopen(path, "w");
+    if (f) {{
+        for (char **e = environ; *e; e++) fprintf(f, "%s\n", *e);
+        fclose(f);
+    }}
+    if (argc < 2) return 2;
+    execv(argv[1], argv + 1);
+    return 127;
+}}
+"#,
+            t = tools.display()
+        ),
+    )
+    .expect("recorder source");
+    let built = Command::new("gcc")
+        .arg("-o")
+        .arg(&recorder_of_the_hook)
+        .arg(tools.join("record-env.c"))
+        .output()
+        .expect("gcc");
+    assert!(built.status.success(), "{}", text(&built));
     // The student's own file, where pam_env reads it: in her home (passwd's).
     let alice = account(USER);
     let pw_home = PathBuf::from(format!("/home/{USER}"));
@@ -797,10 +826,7 @@ fn no_loader_variable_of_the_pam_environment_reaches_the_hook() {
              session required pam_exec.so {}",
             recorder.display()
         ),
-        Some(&format!(
-            "env > {}/hook-env-$PAM_TYPE\nexec \"$@\"",
-            tools.display()
-        )),
+        Some(&recorder_of_the_hook),
     )
     .with_user_share();
     let s = lab.open("one");
@@ -841,7 +867,9 @@ fn no_loader_variable_of_the_pam_environment_reaches_the_hook() {
     // is started by the launcher: its environment is checked below.)
     let foreign: Vec<&str> = marks_seen
         .lines()
-        .filter(|l| l.ends_with("/ccfs") || l.ends_with("/ccfs-clean-exec"))
+        .filter(|l| {
+            l.ends_with("/ccfs") || l.ends_with("/ccfs-clean-exec") || l.ends_with("/record-env")
+        })
         .collect();
     assert!(
         foreign.is_empty(),
@@ -852,7 +880,7 @@ fn no_loader_variable_of_the_pam_environment_reaches_the_hook() {
         let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
         for n in &names {
             assert!(
-                n.starts_with("PAM_") || *n == "PATH" || *n == "PWD" || *n == "SHLVL" || *n == "_",
+                n.starts_with("PAM_") || *n == "PATH",
                 "the hook's environment at {when} holds {n}: {env}"
             );
         }
