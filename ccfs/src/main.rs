@@ -994,10 +994,11 @@ fn recover(
     } else {
         Duration::from_secs(60)
     };
-    // Every cache (the boot's recovery, which logins wait for) is bounded in all and per
-    // cache ([recovery]); a cache not done in time is left for its user's next login,
-    // which recovers that user's caches before it mounts.
-    let every = cache_dir.is_none() && user.is_none();
+    // Every cache (the boot's recovery, which logins wait for), and every cache of a user
+    // (a login's, ccfs@.service's before logins), is bounded in all and per cache
+    // ([recovery]); a cache not done in time is left for its user's next login, which
+    // recovers that user's caches before it mounts.
+    let every = cache_dir.is_none();
     let limits = settings
         .as_ref()
         .map(|s| s.recovery.clone())
@@ -1015,7 +1016,8 @@ fn recover(
                 let rest = &dirs[i..];
                 let named: Vec<String> = rest.iter().take(20).map(|d| shown(d)).collect();
                 say!(
-                    "ccfs: the recovery of every cache reached its limit ([recovery] all_caches_secs = {}): {} cache(s) not reached, left for their users' next logins: {}{}",
+                    "ccfs: the recovery of {} reached its limit ([recovery] all_caches_secs = {}): {} cache(s) not reached, left for their users' next logins: {}{}",
+                    if user.is_some() { "the user's caches" } else { "every cache" },
                     limits.all_caches_secs,
                     rest.len(),
                     named.join(", "),

@@ -402,6 +402,21 @@ pub fn run_rsync(
     share: &Path,
     files: &[PathBuf],
 ) -> Result<(Transfer, Option<String>), SyncError> {
+    rsync_reported(opts, upper, share, files).map(|(t, why, _)| (t, why))
+}
+
+/// rsync's report of what it put at each path.
+type Listed = HashMap<PathBuf, Put>;
+
+/// [`run_rsync`], with rsync's report of what it put where besides (None when it could
+/// not be read to its end): the report says what landed of a transfer that completed too,
+/// which is what a sync of several transfers needs (see [`both`]).
+fn rsync_reported(
+    opts: &RsyncOptions,
+    upper: &Path,
+    share: &Path,
+    files: &[PathBuf],
+) -> Result<(Transfer, Option<String>, Option<Listed>), SyncError> {
     let args = rsync_args(opts, upper, share);
     tracing::info!(files = files.len(), "rsync to share");
     let mut cmd = Command::new(&opts.binary);
@@ -441,16 +456,23 @@ pub fn run_rsync(
     // What rsync said it sent settles a transfer that did not complete; without a
     // report read to its end, or one that names no file, each path is compared with
     // what was handed over.
-    let partial = match report {
-        Ok(sent) if !sent.is_empty() => Transfer::Reported(sent),
-        Ok(_) => Transfer::Incomplete,
+    let listed = match report {
+        Ok(sent) => Some(sent),
         Err(e) => {
             tracing::warn!("cannot read rsync's report of what it sent: {e}");
-            Transfer::Incomplete
+            None
         }
     };
+    let partial = match &listed {
+        Some(sent) if !sent.is_empty() => Transfer::Reported(sent.clone()),
+        _ => Transfer::Incomplete,
+    };
     if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
-        return Ok((partial, Some(format!("rsync was killed by signal {sig}"))));
+        return Ok((
+            partial,
+            Some(format!("rsync was killed by signal {sig}")),
+            listed,
+        ));
     }
     let code = out.status.code().unwrap_or(-1);
     if code == 23 && fed.is_ok() {
@@ -467,7 +489,7 @@ pub fn run_rsync(
                     "rsync exit 23 for the default ACL of what is no longer a directory: {}",
                     tail(&out.stderr, 4)
                 );
-                return Ok((partial, None));
+                return Ok((partial, None, listed));
             }
         }
     }
@@ -475,15 +497,17 @@ pub fn run_rsync(
         return Ok((
             partial,
             Some(format!("rsync exit {code}: {}", tail(&out.stderr, 4))),
+            listed,
         ));
     }
     if let Err(e) = fed {
         return Ok((
             partial,
             Some(format!("cannot pass the file list to rsync: {e}")),
+            listed,
         ));
     }
-    Ok((Transfer::Complete, None))
+    Ok((Transfer::Complete, None, listed))
 }
 
 /// The paths named when every error line rsync wrote (beside its exit-23 summary) is its
@@ -513,6 +537,28 @@ fn source_is_not_a_directory(upper: &Path, rel: &Path) -> bool {
     std::fs::symlink_metadata(upper.join(rel)).is_ok_and(|m| !m.is_dir())
 }
 
+/// What two transfers of one sync (of different files, each with the report of what it
+/// put where, when it was read) came to together: complete when both are; else what the
+/// two reports say (a transfer that completed reported every file it was given); else,
+/// with a report missing, each path is compared with what was handed over.
+fn both(a: (Transfer, Option<Listed>), b: (Transfer, Option<Listed>)) -> Transfer {
+    let listed = |t: Transfer, l: Option<Listed>| match t {
+        Transfer::Reported(m) => Some(m),
+        Transfer::Complete => l,
+        Transfer::Incomplete => None,
+    };
+    match (a, b) {
+        ((Transfer::Complete, _), (Transfer::Complete, _)) => Transfer::Complete,
+        ((ta, la), (tb, lb)) => match (listed(ta, la), listed(tb, lb)) {
+            (Some(mut x), Some(y)) => {
+                x.extend(y);
+                Transfer::Reported(x)
+            }
+            _ => Transfer::Incomplete,
+        },
+    }
+}
+
 /// Sends what the journal says the cache has and the share lacks, after checking each path
 /// against the share (conflicts keep both versions). Paths that cannot be checked or sent
 /// are reported and stay in the cache; the others go on. A logout or a recovery that put
@@ -536,21 +582,52 @@ pub fn run_sync(
     let handed = session.handed();
     // Files that are mostly holes are sent by ccfs itself, at the cost of their data (see
     // `overlay/sparse.rs`); rsync sends the others.
+    // Files being written go from their snapshots (see `overlay/snapshot.rs`).
     let (sparse, files): (Vec<PathBuf>, Vec<PathBuf>) = session
         .files
         .iter()
+        .filter(|p| !session.snapshots.contains(p))
         .cloned()
         .partition(|p| overlay.sent_as_sparse(p));
-    let (mut transfer, mut why) = if files.is_empty() {
-        (Transfer::Complete, None)
+    // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
+    let mut rsync_opts = opts.clone();
+    rsync_opts.caps.acls &= session.carries.acls;
+    rsync_opts.caps.xattrs &= session.carries.xattrs;
+    rsync_opts.implied_dirs |= session.carries.implied_dirs;
+    // The snapshots go first, into directories the share has (no directory is made for
+    // them: the cache's may be gone by now), and the cache's files after them: where the
+    // two views of a path differ (a file written, then renamed away and a directory made
+    // at its name while the sync took its snapshots), the later one stands, as when
+    // rsync reads everything from the cache.
+    let (mut transfer, mut why, mut listed) = if session.snapshots.is_empty() {
+        (Transfer::Complete, None, Some(HashMap::new()))
     } else {
-        // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
-        let mut opts = opts.clone();
-        opts.caps.acls &= session.carries.acls;
-        opts.caps.xattrs &= session.carries.xattrs;
-        opts.implied_dirs |= session.carries.implied_dirs;
-        run_rsync(&opts, overlay.upper(), overlay.share(), &files)?
+        let mut snapshot_opts = rsync_opts.clone();
+        snapshot_opts.implied_dirs = false;
+        let sent = rsync_reported(
+            &snapshot_opts,
+            &overlay.snapshot_root(),
+            overlay.share(),
+            &session.snapshots,
+        );
+        overlay.drop_snapshots();
+        sent?
     };
+    if !files.is_empty() {
+        let (t, w, l) = rsync_reported(&rsync_opts, overlay.upper(), overlay.share(), &files)?;
+        transfer = both((transfer, listed.clone()), (t, l.clone()));
+        listed = match (listed, l) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            _ => None,
+        };
+        why = match (why, w) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+    }
     let mut put = HashMap::new();
     for p in &sparse {
         match overlay.send_sparse(p) {
@@ -564,16 +641,12 @@ pub fn run_sync(
         }
     }
     if !sparse.is_empty() {
-        transfer = match transfer {
-            Transfer::Complete if put.len() == sparse.len() => Transfer::Complete,
-            // A file of ours that did not land: every path is compared with what was
-            // handed over (a file rsync sent has the cache copy's size and mtime).
-            Transfer::Complete | Transfer::Incomplete => Transfer::Incomplete,
-            Transfer::Reported(mut listed) => {
-                listed.extend(put);
-                Transfer::Reported(listed)
-            }
+        let ours = if put.len() == sparse.len() {
+            Transfer::Complete
+        } else {
+            Transfer::Reported(put.clone())
         };
+        transfer = both((transfer, listed), (ours, Some(put)));
     }
     let settled = session.finish(transfer)?;
     report.cleaned = settled.cleaned + report.unchanged;

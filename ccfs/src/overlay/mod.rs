@@ -163,6 +163,7 @@ mod listing;
 mod lookup;
 mod namespace;
 mod session;
+mod snapshot;
 mod sparse;
 
 #[cfg(test)]

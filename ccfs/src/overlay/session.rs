@@ -101,6 +101,9 @@ pub struct SyncSession<'a> {
     /// `files`; see [`written_elsewhere`]): only such a file can be as rsync read it once
     /// the sync ends.
     quiet: Vec<bool>,
+    /// Files handed over as a snapshot (see `overlay/snapshot.rs`): rsync sends them from
+    /// [`Overlay::snapshot_root`].
+    pub snapshots: Vec<PathBuf>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -329,6 +332,7 @@ impl Overlay {
             sent: Vec::new(),
             versions: Vec::new(),
             quiet: Vec::new(),
+            snapshots: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             carries: Carries {
@@ -409,6 +413,35 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
+        // A file open for writing is sent as a copy taken now (a file that changes while
+        // rsync reads it is discarded by rsync's check): what is handed over is the copy.
+        self.drop_snapshots();
+        for (i, (p, m)) in present.iter().enumerate() {
+            // (A file of several names goes as it is: rsync keeps its names one file. So
+            // does one whose directory the share lacks: rsync would make it there from the
+            // snapshot, where the cache's may be gone by the time it runs.)
+            if session.quiet[i] || !m.is_file() || m.nlink() > 1 || self.sent_as_sparse(p) {
+                continue;
+            }
+            let parent = p.parent().unwrap_or(Path::new(""));
+            if !matches!(self.share.stat(parent), Ok(Some(d)) if d.is_dir()) {
+                continue;
+            }
+            match self.snapshot(p) {
+                Ok(copy) => {
+                    session.sent[i] = Some(Sent {
+                        size: copy.len(),
+                        mtime: copy.mtime(),
+                        since: Some(handed_over),
+                    });
+                    session.snapshots.push(p.clone());
+                }
+                // Sent as it is, as before (rsync may discard it; it stays dirty).
+                Err(e) => {
+                    tracing::warn!(path = %shown(p), "cannot take a snapshot of a file being written: {e}")
+                }
+            }
+        }
         let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
         session.carries.acls = acls;
         session.carries.xattrs = xattrs;
