@@ -201,14 +201,14 @@ impl<'a> Fsx<'a> {
             }
             Op::MapRead(off, len) => {
                 let f = self.open(false);
-                let map = Map::new(&f, self.shadow.len(), false);
+                let map = SharedMap::of_file(&f, self.shadow.len(), false);
                 drop(f);
-                let got = map.read(off, len);
+                let got = map.read(off as usize, len as usize);
                 self.check(off, &got, "read through a mapping");
             }
             Op::MapWrite(off, len, sync_between) => {
                 let f = self.open(true);
-                let map = Map::new(&f, self.shadow.len(), true);
+                let map = SharedMap::of_file(&f, self.shadow.len(), true);
                 // The descriptor goes first, as mmap users close it: under kernel
                 // passthrough the kernel releases the open now, and the mapping writes
                 // the cache's file without the daemon.
@@ -217,7 +217,7 @@ impl<'a> Fsx<'a> {
                     self.sync();
                 }
                 let data = self.bytes(len);
-                map.write(off, &data);
+                map.write(off as usize, &data);
                 map.sync();
                 drop(map);
                 self.shadow[off as usize..(off + len) as usize].copy_from_slice(&data);
@@ -275,69 +275,6 @@ impl<'a> Fsx<'a> {
                 .unwrap_or(0);
             self.fail(format!("{when}: the share's file differs at byte {at}"));
         }
-    }
-}
-
-/// A shared mapping of the first `len` bytes of a file; unmapped when dropped.
-struct Map {
-    at: *mut u8,
-    len: usize,
-}
-
-impl Map {
-    fn new(f: &fs::File, len: usize, write: bool) -> Map {
-        let len = len.max(1);
-        let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
-        // SAFETY: a new shared mapping of an open file; used within `len` bytes (and
-        // within the file's length, which the test keeps) until `Drop` unmaps it.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            at,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Map { at: at.cast(), len }
-    }
-
-    fn read(&self, off: u64, len: u64) -> Vec<u8> {
-        assert!((off + len) as usize <= self.len);
-        let mut v = vec![0u8; len as usize];
-        // SAFETY: within the mapping, which lies within the file.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.at.add(off as usize), v.as_mut_ptr(), v.len())
-        };
-        v
-    }
-
-    fn write(&self, off: u64, data: &[u8]) {
-        assert!(off as usize + data.len() <= self.len);
-        // SAFETY: as in `read`; the mapping is writable.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.at.add(off as usize), data.len())
-        };
-    }
-
-    fn sync(&self) {
-        // SAFETY: the mapping made in `new`.
-        let rc = unsafe { libc::msync(self.at.cast(), self.len, libc::MS_SYNC) };
-        assert_eq!(rc, 0, "msync: {}", std::io::Error::last_os_error());
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.at.cast(), self.len) };
     }
 }
 

@@ -9,72 +9,8 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::fd::AsRawFd;
-use std::path::Path;
 
 const LEN: usize = 8192;
-
-/// A `MAP_SHARED` read-write mapping of a file whose descriptor is already closed, as an
-/// mmap user leaves it; unmapped when dropped.
-struct Mapping {
-    at: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    /// Opens `p` read-write, maps its first `len` bytes shared, and closes the descriptor.
-    fn of(p: &Path, len: usize) -> Mapping {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(p)
-            .expect("open read-write");
-        // SAFETY: a fresh shared mapping of a file open for reading and writing; the
-        // pointer is only used within `len` bytes, until `Drop` unmaps it.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            at,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        drop(f);
-        Mapping { at: at.cast(), len }
-    }
-
-    /// Writes `bytes` at `offset` through the mapping.
-    fn write(&self, offset: usize, bytes: &[u8]) {
-        assert!(offset + bytes.len() <= self.len);
-        // SAFETY: within the mapping (checked above); nothing else in this process holds a
-        // reference to these bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.add(offset), bytes.len()) };
-    }
-}
-
-impl Mapping {
-    /// Writes the mapping's dirty pages out and waits for them (msync `MS_SYNC`).
-    fn sync(&self) {
-        // SAFETY: the mapping made in `of`, still mapped.
-        let rc = unsafe { libc::msync(self.at.cast(), self.len, libc::MS_SYNC) };
-        assert_eq!(rc, 0, "msync: {}", std::io::Error::last_os_error());
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `of`, unmapped once.
-        unsafe { libc::munmap(self.at.cast(), self.len) };
-    }
-}
 
 /// The expected bytes: `LEN` bytes of `b'.'` with each `(offset, bytes)` written over them.
 fn expected(writes: &[(usize, &[u8])]) -> Vec<u8> {
@@ -104,7 +40,7 @@ fn count(m: &Mount<'_>, key: &str) -> u64 {
 /// the cache's copy is made first (a write through the mount), and an open that still
 /// went through the daemon (the kernel's release of an earlier open not yet answered:
 /// its pages would reach the daemon at `msync`) is let go of and made again.
-fn passthrough_mapping(fx: &Fixture, m: &Mount<'_>) -> Mapping {
+fn passthrough_mapping(fx: &Fixture, m: &Mount<'_>) -> SharedMap {
     if !fx.cache.join("upper/.x").exists() {
         fs::write(fx.m(".x"), vec![b'.'; LEN]).expect("copy up");
     }
@@ -115,7 +51,7 @@ fn passthrough_mapping(fx: &Fixture, m: &Mount<'_>) -> Mapping {
             || count(m, "open") + count(m, "create") == count(m, "release"),
         );
         let before = count(m, "write_bytes");
-        let map = Mapping::of(&fx.m(".x"), LEN);
+        let map = SharedMap::of(&fx.m(".x"), LEN);
         map.write(LEN - 1, b".");
         map.sync();
         if count(m, "write_bytes") == before {

@@ -56,40 +56,7 @@ impl Overlay {
                 }
             }
         }
-        let dst_rel = base.join(rel);
-        let src = self.cache.open_file(
-            &up(rel),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )?;
-        let meta = sys::fstat(&src)?;
-        if !meta.is_file() {
-            return Err(io::Error::other("no longer a regular file"));
-        }
-        match self.cache.unlink(&dst_rel) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let dst = self.cache.open_file(
-            &dst_rel,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-            0o600,
-        )?;
-        sys::copy_data(&src, &dst, meta.len())?;
-        for name in self.cache.listxattr(&up(rel)).unwrap_or_default() {
-            if let Ok(value) = self.cache.getxattr(&up(rel), &name) {
-                // One the cache's filesystem takes from the owner (user.*, ACLs); others
-                // (security.*) stay behind as rsync would leave them.
-                let _ = self.cache.setxattr(&dst_rel, &name, &value, 0);
-            }
-        }
-        if self.as_root {
-            self.cache.fchown(&dst, meta.uid(), meta.gid())?;
-        }
-        self.cache.chmod(&dst_rel, meta.mode() & 0o7777)?;
-        let (secs, nsecs) = meta.mtime();
-        sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
+        let (dst, _) = self.fresh_copy(rel, &self.cache, &base.join(rel), true)?;
         sys::fstat(&dst)
     }
 }

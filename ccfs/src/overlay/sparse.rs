@@ -36,15 +36,6 @@ impl Overlay {
     /// copy's mode, owner (when root) and mtime, written to disk, and renamed over the
     /// share's file. Returns what was put there, as rsync's report would say it.
     pub fn send_sparse(&self, rel: &Path) -> io::Result<Put> {
-        let src = self.cache.open_file(
-            &up(rel),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )?;
-        let meta = sys::fstat(&src)?;
-        if !meta.is_file() {
-            return Err(io::Error::other("no longer a regular file"));
-        }
         let name = rel
             .file_name()
             .ok_or_else(|| io::Error::other("no file name"))?;
@@ -56,32 +47,66 @@ impl Overlay {
             Err(e) => return Err(e),
         }
         let tmp = holding.join(name);
-        match self.share.unlink(&tmp) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-        let sent = (|| -> io::Result<()> {
-            let dst = self.share.open_file(
-                &tmp,
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                0o600,
-            )?;
-            sys::copy_data(&src, &dst, meta.len())?;
-            if self.as_root {
-                self.share.fchown(&dst, meta.uid(), meta.gid())?;
-            }
-            self.share.chmod(&tmp, meta.mode() & 0o7777)?;
-            let (secs, nsecs) = meta.mtime();
-            sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
+        let sent = (|| -> io::Result<Stat> {
+            let (dst, meta) = self.fresh_copy(rel, &self.share, &tmp, false)?;
             dst.sync_all()?;
-            self.share.rename(&tmp, rel, 0)
+            self.share.rename(&tmp, rel, 0)?;
+            Ok(meta)
         })();
         if sent.is_err() {
             let _ = self.share.unlink(&tmp);
         }
         let _ = self.share.rmdir(&holding);
-        sent?;
-        Ok(Put::File(meta.mtime().0))
+        Ok(Put::File(sent?.mtime().0))
+    }
+
+    /// A new file at `dst_rel` in `root` (whatever was at that name goes) with the data
+    /// (holes kept), extended attributes (`xattrs`; those the owner may set), mode, owner
+    /// (when root) and mtime of the cache's regular file `rel`, opened without following
+    /// a link and without blocking. Returns the copy, open for writing, and the attributes
+    /// of the cache's file it was made from.
+    pub(super) fn fresh_copy(
+        &self,
+        rel: &Path,
+        root: &Root,
+        dst_rel: &Path,
+        xattrs: bool,
+    ) -> io::Result<(File, Stat)> {
+        let src = self.cache.open_file(
+            &up(rel),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let meta = sys::fstat(&src)?;
+        if !meta.is_file() {
+            return Err(io::Error::other("no longer a regular file"));
+        }
+        match root.unlink(dst_rel) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let dst = root.open_file(
+            dst_rel,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        )?;
+        sys::copy_data(&src, &dst, meta.len())?;
+        if xattrs {
+            for name in self.cache.listxattr(&up(rel)).unwrap_or_default() {
+                if let Ok(value) = self.cache.getxattr(&up(rel), &name) {
+                    // One the filesystem takes from the owner (user.*, ACLs); others
+                    // (security.*) stay behind as rsync would leave them.
+                    let _ = root.setxattr(dst_rel, &name, &value, 0);
+                }
+            }
+        }
+        if self.as_root {
+            root.fchown(&dst, meta.uid(), meta.gid())?;
+        }
+        root.chmod(dst_rel, meta.mode() & 0o7777)?;
+        let (secs, nsecs) = meta.mtime();
+        sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
+        Ok((dst, meta))
     }
 }

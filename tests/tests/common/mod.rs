@@ -481,3 +481,80 @@ pub fn the_conflict_copy(dir: &Path, name: &str) -> String {
     assert_eq!(copies.len(), 1, "one conflict copy of {name}: {copies:?}");
     read(&copies[0])
 }
+
+/// A `MAP_SHARED` mapping of the first `len` bytes of a file (at least one byte); the
+/// descriptor it was made from may be closed at once, as mmap users do. Unmapped when
+/// dropped.
+pub struct SharedMap {
+    at: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    /// Maps `f`, read-write when `write`.
+    pub fn of_file(f: &std::fs::File, len: usize, write: bool) -> SharedMap {
+        use std::os::fd::AsRawFd;
+        let len = len.max(1);
+        let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a new shared mapping of an open file; the pointer is used within `len`
+        // bytes (callers keep them within the file) until `Drop` unmaps it.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            at,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        SharedMap { at: at.cast(), len }
+    }
+
+    /// Opens `p` read-write, maps its first `len` bytes shared, and closes the descriptor.
+    pub fn of(p: &Path, len: usize) -> SharedMap {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .expect("open read-write");
+        SharedMap::of_file(&f, len, true)
+    }
+
+    /// `len` bytes at `off`, read through the mapping.
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.len);
+        let mut v = vec![0u8; len];
+        // SAFETY: within the mapping (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(self.at.add(off), v.as_mut_ptr(), len) };
+        v
+    }
+
+    /// Writes `bytes` at `off` through the (writable) mapping.
+    pub fn write(&self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len);
+        // SAFETY: within the mapping (checked above); nothing else in this process holds
+        // a reference to these bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.add(off), bytes.len()) };
+    }
+
+    /// Writes the mapping's dirty pages out and waits for them (msync `MS_SYNC`).
+    pub fn sync(&self) {
+        // SAFETY: the mapping made in `of_file`, still mapped.
+        let rc = unsafe { libc::msync(self.at.cast(), self.len, libc::MS_SYNC) };
+        assert_eq!(rc, 0, "msync: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of_file`, unmapped once.
+        unsafe { libc::munmap(self.at.cast(), self.len) };
+    }
+}
