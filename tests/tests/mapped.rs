@@ -21,9 +21,14 @@ fn expected(writes: &[(usize, &[u8])]) -> Vec<u8> {
     v
 }
 
-/// The file of the test: `.x`, a dotfile on the share, `LEN` bytes.
-fn share_with_x(fx: &Fixture) {
+/// A fixture whose share has the file of the test, `.x` (a dotfile, `LEN` bytes), and
+/// whose cache is on a small tmpfs (which does not change a file's times for a write
+/// through a mapping) or on the test's own directory.
+fn fixture_with_x(tmpfs: bool) -> (Fixture, Option<SmallTmpfs>) {
+    let fx = Fixture::new();
     fs::write(fx.s(".x"), vec![b'.'; LEN]).expect("share file");
+    let cache = tmpfs.then(|| SmallTmpfs::mount(&fx.cache, "64m"));
+    (fx, cache)
 }
 
 /// A request count of the mount's daemon (`ccfs status`).
@@ -95,19 +100,11 @@ fn sync(fx: &Fixture) {
     );
 }
 
-/// A cache on a small tmpfs (which does not change a file's times for a write through a
-/// mapping), or on the test's own directory.
-fn cache_on(fx: &Fixture, tmpfs: bool) -> Option<SmallTmpfs> {
-    tmpfs.then(|| SmallTmpfs::mount(&fx.cache, "64m"))
-}
-
 /// The file is mapped and its descriptor closed; a sync runs; the program writes through
 /// the mapping after the sync and unmaps; the logout sends what it wrote, and the next
 /// login shows it.
 fn a_write_after_a_sync(tmpfs: bool) {
-    let fx = Fixture::new();
-    share_with_x(&fx);
-    let _cache = cache_on(&fx, tmpfs);
+    let (fx, _cache) = fixture_with_x(tmpfs);
     let m = fx.mount();
     let map = passthrough_mapping(&fx, &m);
     map.write(0, b"first");
@@ -148,9 +145,7 @@ fn a_write_through_a_mapping_after_a_sync_reaches_the_share_with_the_cache_on_tm
 #[test]
 fn every_sync_while_a_mapping_lives_sends_and_the_last_write_is_not_lost() {
     for tmpfs in [false, true] {
-        let fx = Fixture::new();
-        share_with_x(&fx);
-        let _cache = cache_on(&fx, tmpfs);
+        let (fx, _cache) = fixture_with_x(tmpfs);
         let m = fx.mount();
         let map = passthrough_mapping(&fx, &m);
         let mut writes: Vec<(usize, &[u8])> = Vec::new();
@@ -190,9 +185,7 @@ fn every_sync_while_a_mapping_lives_sends_and_the_last_write_is_not_lost() {
 #[test]
 fn writes_through_a_mapping_before_and_after_a_crash_are_recovered() {
     for tmpfs in [false, true] {
-        let fx = Fixture::new();
-        share_with_x(&fx);
-        let _cache = cache_on(&fx, tmpfs);
+        let (fx, _cache) = fixture_with_x(tmpfs);
         let m = fx.mount();
         let map = passthrough_mapping(&fx, &m);
         map.write(0, b"before");
@@ -225,9 +218,7 @@ fn writes_through_a_mapping_before_and_after_a_crash_are_recovered() {
 #[test]
 fn a_mapping_that_outlives_the_logout_loses_nothing() {
     for tmpfs in [false, true] {
-        let fx = Fixture::new();
-        share_with_x(&fx);
-        let _cache = cache_on(&fx, tmpfs);
+        let (fx, _cache) = fixture_with_x(tmpfs);
         let m = fx.mount();
         let map = passthrough_mapping(&fx, &m);
         map.write(0, b"in the session");
