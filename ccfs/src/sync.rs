@@ -610,7 +610,11 @@ pub fn run_sync(
             overlay.share(),
             &session.snapshots,
         );
-        overlay.drop_snapshots();
+        // (The snapshots stay until the session is settled: a file found as its
+        // snapshot then is clean, see `SyncSession::finish`.)
+        if sent.is_err() {
+            overlay.drop_snapshots();
+        }
         sent?
     };
     if !files.is_empty() {
@@ -648,7 +652,9 @@ pub fn run_sync(
         };
         transfer = both((transfer, listed), (ours, Some(put)));
     }
-    let settled = session.finish(transfer)?;
+    let settled = session.finish(transfer);
+    overlay.drop_snapshots();
+    let settled = settled?;
     report.cleaned = settled.cleaned + report.unchanged;
     report.deleted = settled.deleted;
     report.conflicts.extend(settled.conflicts);

@@ -628,7 +628,7 @@ fn a_write_through_a_descriptor_held_across_a_crash_and_recovery_is_kept() {
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     if passthrough {
         assert!(
-            said.contains("kept .config/app.log in the cache"),
+            said.contains(".config/app.log was sent as it was, and is kept as unsynced work"),
             "the recovery names the file it keeps: {}",
             text(&out)
         );

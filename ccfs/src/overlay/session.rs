@@ -1720,12 +1720,13 @@ impl SyncSession<'_> {
                     clean.push(Record::Clean(p.clone()));
                 }
             }
-            for (((p, ok), handed), quiet) in self
+            for ((((p, ok), handed), quiet), sent) in self
                 .files
                 .iter()
                 .zip(&landed)
                 .zip(&self.versions)
                 .zip(&self.quiet)
+                .zip(&self.sent)
             {
                 if !ok {
                     out.not_sent.push(p.clone());
@@ -1746,11 +1747,23 @@ impl SyncSession<'_> {
                 // through the mount since (a new one is counted, or let go of during
                 // the sync), and none now. A write through a mapping may change neither
                 // the size nor the times (tmpfs), so the version alone cannot tell.
-                if !quiet
-                    || inner.writers.contains_key(&ino)
-                    || inner.released.contains(&ino)
-                    || meta.version() != *handed
-                    || (meta.is_file() && written_elsewhere(&o.cache, &up(p)))
+                // A file open for writing when the sync took it was sent as a snapshot: it
+                // is clean if nothing can write it now and it is, byte for byte and to
+                // the mtime, the snapshot the share got (a handle closed during the sync
+                // without a write: the kernel's RELEASE of a handle closed just before a
+                // sync often arrives during it).
+                let as_sent = !quiet
+                    && self.snapshots.contains(p)
+                    && !inner.writers.contains_key(&ino)
+                    && sent.is_some_and(|s| (s.size, s.mtime) == (meta.len(), meta.mtime()))
+                    && !written_elsewhere(&o.cache, &up(p))
+                    && o.same_as_snapshot(p);
+                if !as_sent
+                    && (!quiet
+                        || inner.writers.contains_key(&ino)
+                        || inner.released.contains(&ino)
+                        || meta.version() != *handed
+                        || (meta.is_file() && written_elsewhere(&o.cache, &up(p))))
                 {
                     out.still_written.push(p.clone());
                     continue;
@@ -1895,7 +1908,14 @@ fn written_elsewhere(root: &Root, rel: &Path) -> bool {
     match root.open_file(rel, flags, 0) {
         Ok(file) => match crate::sys::fstat(&file) {
             Ok(st) if !st.is_file() => false,
-            Ok(_) => crate::sys::open_for_writing(&file).unwrap_or(true),
+            // Asked a few times: a process forking (a program starting another) holds a
+            // copy of its descriptors for a moment.
+            Ok(_) => (0..3).all(|i| {
+                if i > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                crate::sys::open_for_writing(&file).unwrap_or(true)
+            }),
             Err(_) => true,
         },
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => false,

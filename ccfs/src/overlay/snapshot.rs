@@ -28,6 +28,34 @@ impl Overlay {
         let _ = remove_tree(&self.cache, Path::new(SNAPSHOT_DIR));
     }
 
+    /// Whether the cache's `rel` holds the same bytes as its snapshot of this sync.
+    pub(super) fn same_as_snapshot(&self, rel: &Path) -> bool {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let (Ok(a), Ok(b)) = (
+            self.cache.open_file(&up(rel), flags, 0),
+            self.cache
+                .open_file(&Path::new(SNAPSHOT_DIR).join(rel), flags, 0),
+        ) else {
+            return false;
+        };
+        let (mut a, mut b) = (io::BufReader::new(a), io::BufReader::new(b));
+        loop {
+            let (x, y) = match (io::BufRead::fill_buf(&mut a), io::BufRead::fill_buf(&mut b)) {
+                (Ok(x), Ok(y)) => (x.to_vec(), y.to_vec()),
+                _ => return false,
+            };
+            if x.is_empty() || y.is_empty() {
+                return x.is_empty() && y.is_empty();
+            }
+            let n = x.len().min(y.len());
+            if x[..n] != y[..n] {
+                return false;
+            }
+            io::BufRead::consume(&mut a, n);
+            io::BufRead::consume(&mut b, n);
+        }
+    }
+
     /// Copies the cache's `rel` to the snapshot tree with its mode, owner (when root),
     /// mtime and extended attributes, and returns the copy's attributes. The directories
     /// above it are made with the modes of the cache's (and made writable by their owner
