@@ -1450,13 +1450,17 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     overlay.set_keep_copies(plan.settings.keep_copies);
     let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
-    if let Some(outcome) = recover_overlay(&overlay, &rsync) {
-        if outcome.ok {
-            tracing::info!("recovered the unsynced changes of an earlier session");
-        } else {
+    // What an earlier session left unsent is shown at once and sent once the mount is
+    // live, in the background (a sync of this session): a login waits for no transfer,
+    // however large (a mount that sent it first could not come up within a login's time,
+    // and every login then fell back to the share without the user's changes). A cache
+    // with nothing unsent is emptied of what it need not keep, as a recovery does.
+    let earlier_work = overlay.has_unsynced_work();
+    if !earlier_work {
+        if let Some(outcome) = recover_overlay(&overlay, &rsync) {
             tracing::warn!(
-                error = %LogText(outcome.error.as_deref().unwrap_or("deletions left")),
-                "could not sync an earlier session's changes; they stay in the cache and are shown"
+                error = %LogText(outcome.error.as_deref().unwrap_or("")),
+                "files of an earlier session are still open for writing; they stay in the cache"
             );
         }
     }
@@ -1530,6 +1534,22 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     );
     *live = true;
     report_ready();
+    if earlier_work {
+        let daemon = daemon.clone();
+        std::thread::Builder::new()
+            .name("ccfs-earlier-work".into())
+            .spawn(move || {
+                let outcome = daemon.sync_now(crate::sync::SyncMode::Session);
+                if outcome.ok {
+                    tracing::info!("sent the unsynced changes of an earlier session");
+                } else {
+                    tracing::warn!(
+                        error = %LogText(outcome.error.as_deref().unwrap_or("changes left")),
+                        "could not send all of an earlier session's changes; they stay in the cache and are shown"
+                    );
+                }
+            })?;
+    }
     // A session that ended with an error (a request the FUSE library could not read, a
     // failed read of the device) ends the mount all the same: what the cache holds is
     // synced as at any logout, not left for the next login's recovery.

@@ -559,7 +559,10 @@ impl Ctx<'_> {
             };
         }
         self.wait_for_previous(Duration::from_secs(s.wait_previous_secs).min(left()));
-        let r = self.ccfs(&["recover", "--user", user], left());
+        // A third of the login's time at most: the mount shows what is left unsent at
+        // once and sends it in the background, so a large transfer need not hold the
+        // login (it would then fall back to the share, without the user's changes).
+        let r = self.ccfs(&["recover", "--user", user], left().min(budget / 3));
         match r.ok {
             Some(true) => {}
             Some(false) => error(&format!(

@@ -1104,3 +1104,56 @@ fn a_cache_over_its_time_is_stopped_named_and_loses_nothing() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(read(&lab.share().join(".profile")), "unsent\n");
 }
+
+/// A session whose logout could not send a large change (the machine went down) leaves it
+/// to the next boot and login, whose recoveries keep to their limits: the next login is
+/// not held up by it and does not fall back to the share. It mounts through ccfs at once,
+/// shows the unsent changes (large and small), and sends them in the background.
+#[test]
+fn a_large_unsent_cache_is_shown_at_the_next_login_and_sent_meanwhile() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // rsync at 4 MB/s: the 48 MiB change takes about 12 s to send, more than a cache's
+    // recovery may take, and a third of the login's time.
+    let lab = Lab::new(
+        "login_timeout_secs = 20\n[recovery]\nall_caches_secs = 20\nper_cache_secs = 3\n\
+         [sync]\nextra_args = [\"--bwlimit=4000\"]\n",
+    )
+    .with_user_share();
+    let s = lab.open("one");
+    as_alice(&format!(
+        "head -c 50331648 /dev/urandom > {h}/.big && echo important > {h}/.small",
+        h = lab.home().display()
+    ));
+    s.power_loss(&lab);
+    let (status, said) = ended_within(boot_recovery(&lab, &lab.config), Duration::from_secs(80))
+        .expect("the boot's recovery kept to its limit");
+    assert!(
+        !status.success() && said.contains("not done within"),
+        "{said}"
+    );
+
+    let s = lab.open_as(USER, "two", Duration::from_secs(60));
+    assert_eq!(
+        lab.mounted().map(|m| m.fs_type).as_deref(),
+        Some("fuse.ccfs"),
+        "the login fell back: {}",
+        lab.log()
+    );
+    let seen = as_alice(&format!(
+        "cat {h}/.small && stat -c %s {h}/.big",
+        h = lab.home().display()
+    ));
+    assert_eq!(
+        String::from_utf8_lossy(&seen.stdout),
+        "important\n50331648\n"
+    );
+    wait_until(
+        "the earlier session's changes on the share",
+        Duration::from_secs(120),
+        || {
+            fs::read_to_string(lab.share().join(".small")).is_ok_and(|t| t == "important\n")
+                && fs::metadata(lab.share().join(".big")).is_ok_and(|m| m.len() == 50331648)
+        },
+    );
+    s.close();
+}

@@ -420,7 +420,14 @@ impl Overlay {
             // (A file of several names goes as it is: rsync keeps its names one file. So
             // does one whose directory the share lacks: rsync would make it there from the
             // snapshot, where the cache's may be gone by the time it runs.)
-            if session.quiet[i] || !m.is_file() || m.nlink() > 1 || self.sent_as_sparse(p) {
+            // A large file goes as it is too: its copy would take the lock (and the cache's
+            // room) for long; what rsync discards of it stays dirty for the next sync.
+            if session.quiet[i]
+                || !m.is_file()
+                || m.nlink() > 1
+                || m.len() > super::snapshot::SNAPSHOT_MAX_LEN
+                || self.sent_as_sparse(p)
+            {
                 continue;
             }
             let parent = p.parent().unwrap_or(Path::new(""));

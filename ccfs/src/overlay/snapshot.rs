@@ -10,6 +10,10 @@
 
 use super::*;
 
+/// The largest file a sync takes a snapshot of (the copy is made under the overlay's
+/// lock, and takes room in the cache).
+pub const SNAPSHOT_MAX_LEN: u64 = 64 << 20;
+
 /// Where the snapshots of one sync live, below the cache directory.
 pub(super) const SNAPSHOT_DIR: &str = "work/sync-snapshot";
 
