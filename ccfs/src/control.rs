@@ -1009,6 +1009,20 @@ pub fn daemon_gone(e: &std::io::Error) -> bool {
     )
 }
 
+/// True for an error that means the daemon went away during a request: gone already
+/// ([`daemon_gone`]), or ending as it was asked: it closed the connection without an
+/// answer (end of file), or ended before it even read the question, which makes the
+/// kernel reset the connection (ECONNRESET; EPIPE when the question is written after).
+pub fn daemon_ending(e: &std::io::Error) -> bool {
+    daemon_gone(e)
+        || matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+        )
+}
+
 /// True for an error that means the daemon did not answer in time.
 pub fn timed_out(e: &std::io::Error) -> bool {
     matches!(

@@ -621,11 +621,10 @@ fn wait_logout_answer(
                 }
                 Ok(_) => {}
                 // Between its answer on the other connection and its exit (it may take
-                // this connection and end before answering it): that connection has the
-                // answer, or ends without one.
-                Err(e)
-                    if control::daemon_gone(&e)
-                        || e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+                // this connection and end before answering it, or end before it read the
+                // question: the kernel then resets this connection): that connection has
+                // the answer, or ends without one.
+                Err(e) if control::daemon_ending(&e) => {}
                 Err(e) => return Err(daemon_error(m, &e)),
             },
             Err(e) => return Err(ended(&e)),

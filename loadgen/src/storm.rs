@@ -356,6 +356,8 @@ fn now_unix() -> u64 {
 struct CcfsMount {
     ccfs: PathBuf,
     mnt: PathBuf,
+    /// The cache directory (its `ccfs.log` is the daemon's log).
+    cache: PathBuf,
     mounted: bool,
     /// The daemon's process id, as `ccfs mount` printed it.
     pid: Option<u32>,
@@ -397,6 +399,7 @@ impl CcfsMount {
         Ok(Self {
             ccfs: ccfs.to_path_buf(),
             mnt: mnt.to_path_buf(),
+            cache: cache.to_path_buf(),
             mounted: true,
             pid: daemon_pid(&String::from_utf8_lossy(&out.stdout)),
             cpu_s: None,
@@ -421,15 +424,40 @@ impl CcfsMount {
             }
             let err = String::from_utf8_lossy(&out.stderr);
             tries += 1;
-            if self.pid.is_some_and(gone) || mount_dead(&self.mnt) {
-                // The user's daemon died mid-storm: its mount is dead; detach it so that
-                // nothing is left mounted (its cache stays, with what it held).
+            let dead_mount = mount_dead(&self.mnt);
+            if dead_mount || self.pid.is_some_and(gone) {
+                // Its daemon has ended. Unmounted (the mount table no longer has it) and
+                // exited 0, it ended as every logout ends, with everything on the share:
+                // only `ccfs umount`'s report of it failed. Else it died mid-storm: its
+                // mount is detached so that nothing is left mounted (its cache stays).
+                let ended = self
+                    .pid
+                    .take()
+                    .and_then(|pid| reap(pid, Duration::from_secs(5)));
+                let unmounted = !dead_mount && !is_mounted(&self.mnt);
+                if unmounted && ended.is_some_and(|(status, _)| status == 0) {
+                    self.mounted = false;
+                    self.cpu_s = ended.map(|(_, cpu)| cpu);
+                    eprintln!(
+                        "loadgen login-storm: ccfs umount {} failed ({}), but its daemon unmounted, synced everything and exited 0",
+                        self.mnt.display(),
+                        err.trim()
+                    );
+                    return Ok(());
+                }
                 detach(&self.mnt);
                 self.mounted = false;
-                self.pid = None;
                 return Err(format!(
-                    "the ccfs daemon of {} had died; its mount was detached",
-                    self.mnt.display()
+                    "the ccfs daemon of {} had died ({}); its mount was detached; its log: {}; ccfs umount said: {}",
+                    self.mnt.display(),
+                    match ended {
+                        Some((st, _)) if libc::WIFSIGNALED(st) =>
+                            format!("killed by signal {}", libc::WTERMSIG(st)),
+                        Some((st, _)) => format!("exit status {}", libc::WEXITSTATUS(st)),
+                        None => "its exit status unknown: not this process's child".to_string(),
+                    },
+                    self.cache.join("ccfs.log").display(),
+                    err.trim()
                 ));
             }
             if !err.contains("busy") || tries == 20 {
@@ -567,6 +595,14 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             continue;
         }
         let dir = e.path();
+        if std::fs::symlink_metadata(dir.join(KEPT_MARK)).is_ok() {
+            said.push(format!(
+                "{} was kept by an earlier storm that failed (its error is in {}); remove it when done with it",
+                dir.display(),
+                dir.join(KEPT_MARK).display()
+            ));
+            continue;
+        }
         if !crate::safety::owned_by_me(&dir) {
             said.push(not_mine(&dir));
             continue;
@@ -648,11 +684,55 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
     said
 }
 
+/// The name of the file that marks a storm's run directory as kept (a failed run's
+/// evidence): [`clear_leftovers`] leaves it.
+pub const KEPT_MARK: &str = ".loadgen-kept";
+
+/// Marks the run directory `work` as kept, with the error that kept it.
+fn keep_evidence(work: &Path, error: &str) {
+    if let Err(e) =
+        crate::safety::write_atomic(&work.join(KEPT_MARK), format!("{error}\n").as_bytes())
+    {
+        eprintln!(
+            "loadgen login-storm: cannot mark {} as kept ({e}); a later storm may remove it",
+            work.display()
+        );
+    }
+}
+
 /// The daemon's pid in `ccfs mount`'s line "ccfs: mounted ... (cache ..., pid N)".
 fn daemon_pid(stdout: &str) -> Option<u32> {
     let line = stdout.lines().find(|l| l.starts_with("ccfs: mounted"))?;
     let at = line.rfind("pid ")?;
     line[at + 4..].trim_end_matches(')').trim().parse().ok()
+}
+
+/// Whether something is mounted at `mnt` (the mount table; the mount is not touched).
+fn is_mounted(mnt: &Path) -> bool {
+    fsinfo::mounts()
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.mount_point == mnt)
+}
+
+/// Waits (at most `limit`) for our child `pid` to exit: its wait status and CPU seconds.
+fn reap(pid: u32, limit: Duration) -> Option<(i32, f64)> {
+    let t = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: rusage is plain data, filled by the kernel.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on one pid with valid pointers.
+        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid as libc::pid_t {
+            let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+            return Some((status, secs(ru.ru_utime) + secs(ru.ru_stime)));
+        }
+        if r != 0 || t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Waits (at most `limit`) for our child `pid` to exit and returns its CPU seconds, user
@@ -763,6 +843,7 @@ pub fn run(
     mark(false).map_err(|e| format!("cannot write in {}: {e}", run_on_share.display()))?;
     let mut reports = Vec::new();
     let mut result = Ok(());
+    let mut failed_kept = false;
     for (i, &spec) in runs.iter().enumerate() {
         if interrupted() {
             break;
@@ -777,11 +858,17 @@ pub fn run(
                 match r.error.as_mut() {
                     // A user's failed logout leaves its unsynced changes in its cache,
                     // and the caches hold the daemons' logs: they stay (but after
-                    // Ctrl-C, which asks for everything to go).
-                    Some(e) if !interrupted() => e.push_str(&format!(
-                        " (the run's mount points and caches are kept in {})",
-                        work.display()
-                    )),
+                    // Ctrl-C, which asks for everything to go), and no later storm
+                    // takes them for a killed storm's leftovers.
+                    Some(e) if !interrupted() => {
+                        e.push_str(&format!(
+                            " (the run's mount points and caches are kept in {}, its homes in {})",
+                            work.display(),
+                            run_on_share.display()
+                        ));
+                        keep_evidence(&work, e);
+                        failed_kept = true;
+                    }
                     _ => {
                         let _ = std::fs::remove_dir_all(&work);
                     }
@@ -796,10 +883,23 @@ pub fn run(
             Err(e) => {
                 // What a failed logout left unsynced (and the caches' logs) stays
                 // where the error says.
-                result = Err(format!(
-                    "{e} (the run's mount points and caches are kept in {})",
-                    work.display()
-                ));
+                // (A run that failed before it made anything, a --remount that failed
+                // say, leaves nothing to keep.)
+                let made = std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some());
+                let e = if made {
+                    let e = format!(
+                        "{e} (the run's mount points and caches are kept in {}, its homes in {})",
+                        work.display(),
+                        run_on_share.display()
+                    );
+                    keep_evidence(&work, &e);
+                    failed_kept = true;
+                    e
+                } else {
+                    let _ = std::fs::remove_dir(&work);
+                    e
+                };
+                result = Err(e);
                 break;
             }
         }
@@ -807,8 +907,9 @@ pub fn run(
             let _ = std::fs::remove_dir_all(cfg.share.join(&homes));
         }
     }
-    if cfg.keep {
-        // Kept on purpose: the next storm leaves it (and says so).
+    if cfg.keep || failed_kept {
+        // Kept on purpose, or as a failed run's evidence: the next storm leaves it (and
+        // says so).
         let _ = mark(true);
     } else {
         let _ = std::fs::remove_dir_all(&run_on_share);

@@ -747,3 +747,117 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
     );
     assert_eq!(mounts(), 0, "the dead mount is detached too");
 }
+
+/// A user's daemon that ends badly at logout (killed here, as it is told to log out) fails
+/// the storm with the daemon's end (the signal) and its log named; what the failed run
+/// kept (its caches and their logs, its homes) is evidence: the next storm on the same
+/// scratch space and share leaves it in place and says so.
+#[test]
+fn a_failed_storm_keeps_its_evidence_and_names_how_the_daemon_ended() {
+    let Setup {
+        share,
+        work,
+        scratch,
+        profile,
+    } = setup("[home]\nfile .app.conf 10\n[login]\nreplace .app.conf 123\n[session 1]\n[logout]\n");
+    let real = common::ccfs_bin();
+    let wrapper = scratch.path().join("ccfs-killed-at-logout");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = umount ]; then\n  pid=$('{r}' status --json \"$2\" | grep -o '\"pid\": *[0-9]*' | head -1 | tr -cd 0-9)\n  [ -n \"$pid\" ] && kill -9 \"$pid\" && sleep 0.5\nfi\nexec '{r}' \"$@\"\n",
+            r = real.display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let run = |ccfs: &Path| {
+        Command::new(loadgen_bin())
+            .arg("login-storm")
+            .arg("--share")
+            .arg(share.path())
+            .arg("--work")
+            .arg(work.path())
+            .arg("--ccfs")
+            .arg(ccfs)
+            .args([
+                "--users",
+                "1",
+                "--session",
+                "1",
+                "--no-meter",
+                "--with-ccfs",
+            ])
+            .arg("--profile")
+            .arg(&profile)
+            .output()
+            .expect("loadgen")
+    };
+    let out = run(&wrapper);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("had died (killed by signal 9)") && said.contains("ccfs.log"),
+        "the error says how the daemon ended and names its log: {said}"
+    );
+    let kept: Vec<PathBuf> = std::fs::read_dir(work.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join(".loadgen-kept").is_file())
+        .collect();
+    assert_eq!(
+        kept.len(),
+        1,
+        "the failed run's scratch space is marked kept: {said}"
+    );
+    let logs_before = logs_below(&kept[0]);
+    assert!(
+        !logs_before.is_empty(),
+        "the failed run kept its daemons' logs"
+    );
+    assert_eq!(entries(share.path()), 1, "and its homes");
+
+    let out = run(&real);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("kept by an earlier storm that failed"),
+        "the next storm says what it left: {said}"
+    );
+    assert_eq!(
+        logs_below(&kept[0]),
+        logs_before,
+        "the evidence is still there"
+    );
+    assert!(
+        std::fs::read_dir(share.path()).expect("ls").any(|e| e
+            .expect("entry")
+            .path()
+            .join(".loadgen-run")
+            .is_file()),
+        "the failed run's homes are still there"
+    );
+}
+
+/// Every `ccfs.log` below `dir`.
+fn logs_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let ft = e.file_type().expect("type");
+            if ft.is_dir() {
+                todo.push(p);
+            } else if p.file_name().is_some_and(|n| n == "ccfs.log") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
