@@ -1049,6 +1049,13 @@ fn the_boots_recovery_keeps_to_its_limits_whatever_a_student_plants() {
         said.contains("reached its limit") && said.contains("not reached"),
         "the caches left were not named: {said}"
     );
+    // Sent by the boot's recovery, or (when the login took her cache first) by the login's
+    // recovery or its mount, in the background.
+    wait_until(
+        "the 15 TiB file on the share",
+        Duration::from_secs(60),
+        || fs::metadata(lab.share().join(".big")).is_ok_and(|m| m.len() == 15 << 40),
+    );
     let share_big = fs::metadata(lab.share().join(".big")).expect("the 15 TiB file was sent");
     assert_eq!(share_big.len(), 15 << 40);
     assert!(
@@ -1062,7 +1069,9 @@ fn the_boots_recovery_keeps_to_its_limits_whatever_a_student_plants() {
         .output()
         .expect("tail");
     assert_eq!(tail.stdout, b"end");
-    assert_eq!(read(&lab.share().join(".bashrc")), "crashed\n");
+    wait_until("her .bashrc on the share", Duration::from_secs(60), || {
+        fs::read_to_string(lab.share().join(".bashrc")).is_ok_and(|t| t == "crashed\n")
+    });
     s.close();
 }
 
