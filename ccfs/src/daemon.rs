@@ -1457,10 +1457,10 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // with nothing unsent is emptied of what it need not keep, as a recovery does.
     let earlier_work = overlay.has_unsynced_work();
     if !earlier_work {
-        if let Some(outcome) = recover_overlay(&overlay, &rsync) {
+        if let Some(kept) = recover_overlay(&overlay, &rsync).and_then(|o| o.report) {
             tracing::warn!(
-                error = %LogText(outcome.error.as_deref().unwrap_or("")),
-                "files of an earlier session are still open for writing; they stay in the cache"
+                files = kept.kept_open.len(),
+                "files of an earlier session are still open for writing; they stay in the cache as unsynced work"
             );
         }
     }

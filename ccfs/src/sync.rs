@@ -537,26 +537,22 @@ fn source_is_not_a_directory(upper: &Path, rel: &Path) -> bool {
     std::fs::symlink_metadata(upper.join(rel)).is_ok_and(|m| !m.is_dir())
 }
 
-/// What two transfers of one sync (of different files, each with the report of what it
-/// put where, when it was read) came to together: complete when both are; else what the
-/// two reports say (a transfer that completed reported every file it was given); else,
-/// with a report missing, each path is compared with what was handed over.
-fn both(a: (Transfer, Option<Listed>), b: (Transfer, Option<Listed>)) -> Transfer {
-    let listed = |t: Transfer, l: Option<Listed>| match t {
-        Transfer::Reported(m) => Some(m),
-        Transfer::Complete => l,
-        Transfer::Incomplete => None,
-    };
-    match (a, b) {
-        ((Transfer::Complete, _), (Transfer::Complete, _)) => Transfer::Complete,
-        ((ta, la), (tb, lb)) => match (listed(ta, la), listed(tb, lb)) {
-            (Some(mut x), Some(y)) => {
-                x.extend(y);
-                Transfer::Reported(x)
-            }
-            _ => Transfer::Incomplete,
-        },
+/// What the transfers of one sync (of different files, each with the report of what it
+/// put where, when it was read) came to together: complete when each is (or there are
+/// none); else what the reports say (a transfer that completed reported every file it was
+/// given); else, with a report missing, each path is compared with what was handed over.
+fn all_of(parts: Vec<(Transfer, Option<Listed>)>) -> Transfer {
+    if parts.iter().all(|(t, _)| *t == Transfer::Complete) {
+        return Transfer::Complete;
     }
+    let mut all = Listed::new();
+    for (t, listed) in parts {
+        match (t, listed) {
+            (Transfer::Reported(m), _) | (Transfer::Complete, Some(m)) => all.extend(m),
+            _ => return Transfer::Incomplete,
+        }
+    }
+    Transfer::Reported(all)
 }
 
 /// Sends what the journal says the cache has and the share lacks, after checking each path
@@ -580,28 +576,29 @@ pub fn run_sync(
     // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
     // without the daemon, see `Overlay::drop_clean_cache`).
     let handed = session.handed();
-    // Files that are mostly holes are sent by ccfs itself, at the cost of their data (see
-    // `overlay/sparse.rs`); rsync sends the others.
-    // Files being written go from their snapshots (see `overlay/snapshot.rs`).
-    let (sparse, files): (Vec<PathBuf>, Vec<PathBuf>) = session
+    // Three kinds of transfer, each with what it says landed: the snapshots of files
+    // being written (see `overlay/snapshot.rs`), the cache's files, and the files that
+    // are mostly holes, which ccfs sends itself (see `overlay/sparse.rs`).
+    let files: Vec<PathBuf> = session
         .files
         .iter()
-        .filter(|p| !session.snapshots.contains(p))
+        .filter(|p| !session.snapshots.contains(p) && !session.sparse.contains(p))
         .cloned()
-        .partition(|p| overlay.sent_as_sparse(p));
+        .collect();
     // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
     let mut rsync_opts = opts.clone();
     rsync_opts.caps.acls &= session.carries.acls;
     rsync_opts.caps.xattrs &= session.carries.xattrs;
     rsync_opts.implied_dirs |= session.carries.implied_dirs;
+    let mut parts: Vec<(Transfer, Option<Listed>)> = Vec::new();
+    let mut why: Vec<String> = Vec::new();
     // The snapshots go first, into directories the share has (no directory is made for
     // them: the cache's may be gone by now), and the cache's files after them: where the
     // two views of a path differ (a file written, then renamed away and a directory made
     // at its name while the sync took its snapshots), the later one stands, as when
-    // rsync reads everything from the cache.
-    let (mut transfer, mut why, mut listed) = if session.snapshots.is_empty() {
-        (Transfer::Complete, None, Some(HashMap::new()))
-    } else {
+    // rsync reads everything from the cache. (The snapshots stay until the session is
+    // settled: a file found as its snapshot then is clean, see `SyncSession::finish`.)
+    if !session.snapshots.is_empty() {
         let mut snapshot_opts = rsync_opts.clone();
         snapshot_opts.implied_dirs = false;
         let sent = rsync_reported(
@@ -610,48 +607,37 @@ pub fn run_sync(
             overlay.share(),
             &session.snapshots,
         );
-        // (The snapshots stay until the session is settled: a file found as its
-        // snapshot then is clean, see `SyncSession::finish`.)
         if sent.is_err() {
             overlay.drop_snapshots();
         }
-        sent?
-    };
+        let (t, w, l) = sent?;
+        parts.push((t, l));
+        why.extend(w);
+    }
     if !files.is_empty() {
         let (t, w, l) = rsync_reported(&rsync_opts, overlay.upper(), overlay.share(), &files)?;
-        transfer = both((transfer, listed.clone()), (t, l.clone()));
-        listed = match (listed, l) {
-            (Some(mut a), Some(b)) => {
-                a.extend(b);
-                Some(a)
-            }
-            _ => None,
-        };
-        why = match (why, w) {
-            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-            (a, b) => a.or(b),
-        };
+        parts.push((t, l));
+        why.extend(w);
     }
-    let mut put = HashMap::new();
-    for p in &sparse {
-        match overlay.send_sparse(p) {
-            Ok(what) => {
-                put.insert(p.clone(), what);
-            }
-            Err(e) => {
-                let e = format!("cannot send {}: {e}", crate::journal::escape(p));
-                why = Some(why.map_or(e.clone(), |w| format!("{w}; {e}")));
+    if !session.sparse.is_empty() {
+        let mut put = HashMap::new();
+        for p in &session.sparse {
+            match overlay.send_sparse(p) {
+                Ok(what) => {
+                    put.insert(p.clone(), what);
+                }
+                Err(e) => why.push(format!("cannot send {}: {e}", crate::journal::escape(p))),
             }
         }
-    }
-    if !sparse.is_empty() {
-        let ours = if put.len() == sparse.len() {
+        let t = if put.len() == session.sparse.len() {
             Transfer::Complete
         } else {
             Transfer::Reported(put.clone())
         };
-        transfer = both((transfer, listed), (ours, Some(put)));
+        parts.push((t, Some(put)));
     }
+    let transfer = all_of(parts);
+    let why = (!why.is_empty()).then(|| why.join("; "));
     let settled = session.finish(transfer);
     overlay.drop_snapshots();
     let settled = settled?;
@@ -692,6 +678,44 @@ pub fn run_sync(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_transfers_of_one_sync_settle_together() {
+        let one = |p: &str, t: i64| Listed::from([(PathBuf::from(p), Put::File(t))]);
+        assert_eq!(all_of(Vec::new()), Transfer::Complete);
+        assert_eq!(
+            all_of(vec![
+                (Transfer::Complete, Some(one(".a", 1))),
+                (Transfer::Complete, None)
+            ]),
+            Transfer::Complete
+        );
+        // One complete, one cut short: what each reported.
+        let mut both = one(".a", 1);
+        both.extend(one(".b", 2));
+        assert_eq!(
+            all_of(vec![
+                (Transfer::Complete, Some(one(".a", 1))),
+                (Transfer::Reported(one(".b", 2)), Some(one(".b", 2)))
+            ]),
+            Transfer::Reported(both)
+        );
+        // A complete one whose report was not read: nothing to go by but the hand-over.
+        assert_eq!(
+            all_of(vec![
+                (Transfer::Complete, None),
+                (Transfer::Reported(one(".b", 2)), None)
+            ]),
+            Transfer::Incomplete
+        );
+        assert_eq!(
+            all_of(vec![
+                (Transfer::Incomplete, None),
+                (Transfer::Complete, None)
+            ]),
+            Transfer::Incomplete
+        );
+    }
 
     fn opts(caps: ShareCaps) -> RsyncOptions {
         RsyncOptions {

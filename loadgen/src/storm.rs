@@ -715,7 +715,9 @@ fn is_mounted(mnt: &Path) -> bool {
         .any(|m| m.mount_point == mnt)
 }
 
-/// Waits (at most `limit`) for our child `pid` to exit: its wait status and CPU seconds.
+/// Waits (at most `limit`) for our child `pid` to exit: its wait status and CPU seconds,
+/// user and system, its reaped children's included; None when it is not ours or did not
+/// exit.
 fn reap(pid: u32, limit: Duration) -> Option<(i32, f64)> {
     let t = Instant::now();
     loop {
@@ -738,22 +740,7 @@ fn reap(pid: u32, limit: Duration) -> Option<(i32, f64)> {
 /// Waits (at most `limit`) for our child `pid` to exit and returns its CPU seconds, user
 /// and system, its reaped children's included; None when it is not ours or did not exit.
 fn reap_cpu(pid: u32, limit: Duration) -> Option<f64> {
-    let t = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: rusage is plain data, filled by the kernel.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: wait4 on one pid with valid pointers.
-        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, libc::WNOHANG, &mut ru) };
-        if r == pid as libc::pid_t {
-            let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-            return Some(secs(ru.ru_utime) + secs(ru.ru_stime));
-        }
-        if r != 0 || t.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    reap(pid, limit).map(|(_, cpu)| cpu)
 }
 
 /// Makes this process the reaper of its orphaned descendants: the ccfs daemons, whose

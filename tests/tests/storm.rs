@@ -13,6 +13,11 @@ fn loadgen_bin() -> PathBuf {
 }
 
 fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
+    storm_with(&common::ccfs_bin(), share, work, extra)
+}
+
+/// [`storm`] with the given `ccfs` program.
+fn storm_with(ccfs: &Path, share: &Path, work: &Path, extra: &[&str]) -> Output {
     Command::new(loadgen_bin())
         .arg("login-storm")
         .arg("--share")
@@ -20,7 +25,7 @@ fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
         .arg("--work")
         .arg(work)
         .arg("--ccfs")
-        .arg(common::ccfs_bin())
+        .arg(ccfs)
         .args(extra)
         .output()
         .expect("run loadgen")
@@ -775,27 +780,23 @@ fn a_failed_storm_keeps_its_evidence_and_names_how_the_daemon_ended() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
+    let profile = profile.to_str().expect("utf8").to_string();
     let run = |ccfs: &Path| {
-        Command::new(loadgen_bin())
-            .arg("login-storm")
-            .arg("--share")
-            .arg(share.path())
-            .arg("--work")
-            .arg(work.path())
-            .arg("--ccfs")
-            .arg(ccfs)
-            .args([
+        storm_with(
+            ccfs,
+            share.path(),
+            work.path(),
+            &[
                 "--users",
                 "1",
                 "--session",
                 "1",
                 "--no-meter",
                 "--with-ccfs",
-            ])
-            .arg("--profile")
-            .arg(&profile)
-            .output()
-            .expect("loadgen")
+                "--profile",
+                &profile,
+            ],
+        )
     };
     let out = run(&wrapper);
     let said = text(&out);

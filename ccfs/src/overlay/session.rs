@@ -104,6 +104,8 @@ pub struct SyncSession<'a> {
     /// Files handed over as a snapshot (see `overlay/snapshot.rs`): rsync sends them from
     /// [`Overlay::snapshot_root`].
     pub snapshots: Vec<PathBuf>,
+    /// Files that are mostly holes, which the sync sends itself (see `overlay/sparse.rs`).
+    pub sparse: Vec<PathBuf>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -333,6 +335,7 @@ impl Overlay {
             versions: Vec::new(),
             quiet: Vec::new(),
             snapshots: Vec::new(),
+            sparse: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             carries: Carries {
@@ -413,10 +416,15 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
-        // A file open for writing is sent as a copy taken now (a file that changes while
-        // rsync reads it is discarded by rsync's check): what is handed over is the copy.
+        // A file that is mostly holes is sent by the sync itself; one open for writing
+        // as a copy taken now (a file that changes while rsync reads it is discarded by
+        // rsync's check): what is handed over is the copy.
         self.drop_snapshots();
         for (i, (p, m)) in present.iter().enumerate() {
+            if self.sent_as_sparse(p, m) {
+                session.sparse.push(p.clone());
+                continue;
+            }
             // (A file of several names goes as it is: rsync keeps its names one file. So
             // does one whose directory the share lacks: rsync would make it there from the
             // snapshot, where the cache's may be gone by the time it runs.)
@@ -426,7 +434,6 @@ impl Overlay {
                 || !m.is_file()
                 || m.nlink() > 1
                 || m.len() > super::snapshot::SNAPSHOT_MAX_LEN
-                || self.sent_as_sparse(p)
             {
                 continue;
             }
@@ -1759,19 +1766,16 @@ impl SyncSession<'_> {
                 // the mtime, the snapshot the share got (a handle closed during the sync
                 // without a write: the kernel's RELEASE of a handle closed just before a
                 // sync often arrives during it).
-                let as_sent = !quiet
-                    && self.snapshots.contains(p)
-                    && !inner.writers.contains_key(&ino)
-                    && sent.is_some_and(|s| (s.size, s.mtime) == (meta.len(), meta.mtime()))
-                    && !written_elsewhere(&o.cache, &up(p))
-                    && o.same_as_snapshot(p);
-                if !as_sent
-                    && (!quiet
-                        || inner.writers.contains_key(&ino)
-                        || inner.released.contains(&ino)
-                        || meta.version() != *handed
-                        || (meta.is_file() && written_elsewhere(&o.cache, &up(p))))
-                {
+                let writable_now = inner.writers.contains_key(&ino)
+                    || (meta.is_file() && written_elsewhere(&o.cache, &up(p)));
+                let unchanged = if *quiet {
+                    !inner.released.contains(&ino) && meta.version() == *handed
+                } else {
+                    self.snapshots.contains(p)
+                        && sent.is_some_and(|s| (s.size, s.mtime) == (meta.len(), meta.mtime()))
+                        && o.same_as_snapshot(p)
+                };
+                if writable_now || !unchanged {
                     out.still_written.push(p.clone());
                     continue;
                 }
@@ -1844,57 +1848,28 @@ pub struct Emptied {
 /// Whether the regular file at `rel` (below `root`) must stay: it is still open for
 /// writing somewhere (or that cannot be told: the reason is logged), or it is not as it
 /// was when a sync handed it to rsync just before (`handed`, by path from the mount root):
-/// a program wrote it without the daemon in the meantime. The lease is asked before the
-/// file is looked at: a writer it does not see has closed the file, and its writes are all
-/// in what the look sees. The file is opened read-only, without following a symlink,
-/// blocking on nothing (a FIFO put in its place, a lease someone holds on it), by the
-/// cache's owner (the daemon after dropping root, or the recovery child), never by root
-/// for a user.
+/// a program wrote it without the daemon in the meantime. The lease is asked first
+/// ([`written_elsewhere`]), the file looked at after: a writer the lease does not see has
+/// closed the file, and its writes are all in what the look sees. Both run as the cache's
+/// owner (the daemon after dropping root, or the recovery child), never as root for a
+/// user.
 fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> bool {
     let path = rel.strip_prefix("upper").unwrap_or(rel);
-    let unknown = |e: &dyn std::fmt::Display| {
-        tracing::warn!(
-            path = %shown(path),
-            "cannot tell whether a cache file is still open for writing ({e}); it is kept"
-        );
-        true
-    };
-    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-    let now = match root.open_file(rel, flags, 0) {
-        Ok(file) => {
-            match crate::sys::fstat(&file) {
-                Ok(st) if !st.is_file() => return false,
-                Ok(_) => {}
-                Err(e) => return unknown(&e),
-            }
-            match crate::sys::open_for_writing(&file) {
-                Ok(true) => {
-                    tracing::warn!(path = %shown(path), "still open for writing");
-                    return true;
-                }
-                Ok(false) => {}
-                Err(e) => return unknown(&e),
-            }
-            match crate::sys::fstat(&file) {
-                Ok(st) => st.version(),
-                Err(e) => return unknown(&e),
-            }
-        }
+    if written_elsewhere(root, rel) {
+        tracing::warn!(path = %shown(path), "still open for writing");
+        return true;
+    }
+    let now = match root.stat(rel) {
+        Ok(Some(st)) if st.is_file() => st.version(),
         // Gone, or something else than a file now: nothing of a writer's to keep.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => {
-            return false
+        Ok(_) => return false,
+        Err(e) => {
+            tracing::warn!(
+                path = %shown(path),
+                "cannot tell whether a cache file was written since it was sent ({e}); it is kept"
+            );
+            return true;
         }
-        // Someone holds a write lease on it: it is open, for writing as far as we know.
-        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => return true,
-        // Its owner may not read it (mode 0200, 0000): nor could the daemon open it for
-        // reading and writing, which a passthrough open needs; only its version is looked
-        // at.
-        Err(e) if e.raw_os_error() == Some(libc::EACCES) => match root.stat(rel) {
-            Ok(Some(st)) if st.is_file() => st.version(),
-            Ok(_) => return false,
-            Err(e) => return unknown(&e),
-        },
-        Err(e) => return unknown(&e),
     };
     match handed.get(path) {
         Some(then) if *then != now => {
@@ -1911,6 +1886,13 @@ fn must_stay(root: &Root, rel: &Path, handed: &HashMap<PathBuf, Version>) -> boo
 /// told. Opened as in [`must_stay`]: read-only, without following a symlink, blocking on
 /// nothing.
 fn written_elsewhere(root: &Root, rel: &Path) -> bool {
+    let unknown = |e: &io::Error| {
+        tracing::warn!(
+            path = %shown(rel.strip_prefix("upper").unwrap_or(rel)),
+            "cannot tell whether a cache file is open for writing ({e}); taken as written"
+        );
+        true
+    };
     let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
     match root.open_file(rel, flags, 0) {
         Ok(file) => match crate::sys::fstat(&file) {
@@ -1921,15 +1903,17 @@ fn written_elsewhere(root: &Root, rel: &Path) -> bool {
                 if i > 0 {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                crate::sys::open_for_writing(&file).unwrap_or(true)
+                crate::sys::open_for_writing(&file).unwrap_or_else(|e| unknown(&e))
             }),
-            Err(_) => true,
+            Err(e) => unknown(&e),
         },
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => false,
         // Its owner may not read it (mode 0200, 0000): nor could a passthrough open or a
         // mapping have been made of it, which both need it open for reading and writing.
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => false,
-        Err(_) => true,
+        // Someone holds a write lease on it: open, for writing as far as we know.
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => true,
+        Err(e) => unknown(&e),
     }
 }
 

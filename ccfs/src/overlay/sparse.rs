@@ -16,10 +16,8 @@ impl Overlay {
     /// regular file of one name, at least [`SPARSE_MIN_LEN`] long, with less than an
     /// eighth of its length in blocks, and no extended attributes (ACLs included), which
     /// rsync carries.
-    pub fn sent_as_sparse(&self, rel: &Path) -> bool {
-        let Ok(Some(m)) = self.upper_stat(rel) else {
-            return false;
-        };
+    /// `m`: the cache file's attributes, as the sync took them.
+    pub(super) fn sent_as_sparse(&self, rel: &Path, m: &Stat) -> bool {
         m.is_file()
             && m.nlink() == 1
             && m.len() >= SPARSE_MIN_LEN
