@@ -18,7 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::state::{Origin, OverlayState, Record, Sent, ShareId};
+use crate::state::{Content, Origin, OverlayState, Record, Sent, ShareId};
 
 fn fnv1a(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -102,6 +102,11 @@ fn body(record: &Record) -> String {
         Record::Sending(p, None) => format!("S {}", escape(p)),
         Record::SyncEnd => "E .".to_string(),
         Record::Forget(p) => format!("F {}", escape(p)),
+        Record::Racy(p, Content::Unknown) => format!("H {} -", escape(p)),
+        Record::Racy(p, Content::Sha256(d)) => {
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            format!("H {} {hex}", escape(p))
+        }
     }
 }
 
@@ -169,12 +174,28 @@ fn parse_body(b: &str) -> Option<Record> {
         },
         "E" => Record::SyncEnd,
         "F" => Record::Forget(path),
+        "H" => Record::Racy(path, parse_content(it.next()?)?),
         _ => return None,
     };
     if it.next().is_some() {
         return None;
     }
     Some(rec)
+}
+
+/// A [`Content`] as [`body`] writes it: `-` or 64 hex digits.
+fn parse_content(s: &str) -> Option<Content> {
+    if s == "-" {
+        return Some(Content::Unknown);
+    }
+    if s.len() != 64 {
+        return None;
+    }
+    let mut d = [0u8; 32];
+    for (i, b) in d.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(Content::Sha256(d))
 }
 
 /// Decodes journal text; stops at the first torn, corrupt or unknown line.
@@ -760,6 +781,8 @@ mod tests {
                     })
                 )),
             Just(Record::SyncEnd),
+            (arb_path(), any::<Option<[u8; 32]>>())
+                .prop_map(|(p, d)| Record::Racy(p, d.map_or(Content::Unknown, Content::Sha256))),
         ]
     }
 

@@ -24,6 +24,14 @@ pub struct ShareId {
     pub ctime: (i64, i64),
 }
 
+/// What a whole-second base stands for (see [`Record::Racy`]): the content the share's
+/// file had, or unknown (then the base is taken for changed whenever it is racy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Content {
+    Unknown,
+    Sha256([u8; 32]),
+}
+
 /// What a sync handed to rsync for one path: the cache copy's size and mtime at that moment,
 /// and when (this machine's clock). After a sync that failed or was cut short, a share file
 /// with that size and mtime is our own transfer, and so is one with an mtime from `since`
@@ -65,6 +73,11 @@ pub enum Record {
     /// since): what the session took over there is forgotten, and the next change there
     /// takes the share's object over afresh.
     Forget(PathBuf),
+    /// The base of `path` was taken on a share that keeps whole seconds while its second
+    /// may still have been running there: another write in that second leaves the same
+    /// look, so the base stands only while the share's file has this content. Follows
+    /// the `Base` it qualifies; the next `Base` of the path (or a `Forget`) ends it.
+    Racy(PathBuf, Content),
 }
 
 /// The record of unsynced work.
@@ -75,6 +88,7 @@ pub struct OverlayState {
     origins: BTreeMap<PathBuf, Origin>,
     bases: BTreeMap<PathBuf, Option<ShareId>>,
     sending: BTreeMap<PathBuf, Option<Sent>>,
+    racy: BTreeMap<PathBuf, Content>,
 }
 
 /// Keys of `set` equal to `root` or below it.
@@ -113,6 +127,13 @@ impl OverlayState {
             }
             Record::Base(p, b) => {
                 self.bases.insert(p.clone(), *b);
+                self.racy.remove(p);
+            }
+            Record::Racy(p, c) => {
+                // Only of a file's base (a record out of order qualifies nothing).
+                if self.base(p).is_some() {
+                    self.racy.insert(p.clone(), *c);
+                }
             }
             Record::Delete { path, whiteout } => {
                 for k in subtree_set(&self.dirty, path) {
@@ -164,6 +185,9 @@ impl OverlayState {
                 for k in subtree(&self.bases, p) {
                     self.bases.remove(&k);
                 }
+                for k in subtree(&self.racy, p) {
+                    self.racy.remove(&k);
+                }
                 for k in subtree(&self.origins, p) {
                     self.origins.remove(&k);
                 }
@@ -194,6 +218,9 @@ impl OverlayState {
         }
         for (p, b) in &self.bases {
             out.push(Record::Base(p.clone(), *b));
+            if let Some(c) = self.racy.get(p) {
+                out.push(Record::Racy(p.clone(), *c));
+            }
         }
         for p in &self.dirty {
             out.push(Record::Dirty(p.clone()));
@@ -234,6 +261,11 @@ impl OverlayState {
     /// (None: nothing, or never taken over: then anything there now is someone else's).
     pub fn base(&self, p: &Path) -> Option<ShareId> {
         self.bases.get(p).copied().flatten()
+    }
+
+    /// What the base of `p` stands for when it is racy (see [`Record::Racy`]).
+    pub fn racy(&self, p: &Path) -> Option<Content> {
+        self.racy.get(p).copied()
     }
 
     /// True when anything at or below `root` is dirty, deleted or being sent.

@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::*;
 
@@ -81,52 +81,6 @@ fn a_dotfile_on_the_share_opened_by_a_create_leaves_other_opens_working() {
     assert_eq!(read(&fx.m(".lk")), "share-content\nappended\n");
     drop(holder);
     assert_eq!(read(&fx.m(".lk")), "share-content\nappended\n");
-}
-
-/// A share whose timestamps are whole seconds (ext4 with 128-byte inodes, as MooseFS keeps
-/// them), loop-mounted at the fixture's share; unmounted when dropped.
-struct CoarseShare(std::path::PathBuf);
-
-impl CoarseShare {
-    fn mount(fx: &Fixture) -> Self {
-        let img = fx.tmp.path().join("coarse.img");
-        let f = fs::File::create(&img).expect("image");
-        f.set_len(64 << 20).expect("size");
-        let ok = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-I", "128"])
-            .arg(&img)
-            .status()
-            .expect("mkfs.ext4");
-        assert!(ok.success(), "mkfs.ext4");
-        let ok = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&fx.share)
-            .status()
-            .expect("mount");
-        assert!(ok.success(), "loop mount (needs root)");
-        CoarseShare(fx.share.clone())
-    }
-}
-
-impl Drop for CoarseShare {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Waits for the start of a second of the clock that stamps the share's files.
-fn start_of_a_second() {
-    loop {
-        let ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .subsec_nanos();
-        if ns < 100_000_000 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn listing(p: &Path) -> Vec<String> {

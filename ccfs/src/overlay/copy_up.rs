@@ -2,6 +2,7 @@
 //! (made in `work/`, then renamed into `upper/`), journaled before the cache changes.
 
 use super::*;
+use crate::state::Content;
 
 /// A copy made ahead of a copy-up (see [`Overlay::prepare_copy_up`]): in `work/`, and the
 /// share file's attributes when it was read.
@@ -15,6 +16,8 @@ pub(super) struct Prepared<'a> {
     /// serve as the copy-up's look at the share if none started since (see
     /// [`Overlay::look_before_lock`]).
     syncs: u64,
+    /// [`Overlay::share_second`] before the share's file was opened (see [`super::racy`]).
+    second: i64,
 }
 
 impl Prepared<'_> {
@@ -201,14 +204,24 @@ impl Overlay {
         rel: &Path,
         meta: &Stat,
     ) -> FsResult<()> {
-        let records = self.copy_up_records(inner, rel, meta)?;
+        // The base is the object a handle had open, which the share no longer has at the
+        // name: a conflict at the next sync, whatever its content.
+        let records = self.copy_up_records(inner, rel, meta, i64::MIN)?;
         self.record(inner, &records)?;
         self.copied_up(inner, rel);
         Ok(())
     }
 
-    /// The records of [`Overlay::journal_copy_up`].
-    fn copy_up_records(&self, inner: &Inner, rel: &Path, meta: &Stat) -> FsResult<Vec<Record>> {
+    /// The records of [`Overlay::journal_copy_up`]; `second` is [`Overlay::share_second`]
+    /// before `meta` was looked at. A racy base is marked with its content unknown: the
+    /// copy-up records it once the copy is made (see [`Overlay::copy_up_of`]).
+    fn copy_up_records(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        meta: &Stat,
+        second: i64,
+    ) -> FsResult<Vec<Record>> {
         let mut records = vec![Record::Origin(
             rel.to_path_buf(),
             Origin {
@@ -217,10 +230,11 @@ impl Overlay {
             },
         )];
         if !inner.state.taken_over(rel) {
-            records.push(Record::Base(
-                rel.to_path_buf(),
-                Some(session::share_id_of(meta)),
-            ));
+            let base = session::share_id_of(meta);
+            records.push(Record::Base(rel.to_path_buf(), Some(base)));
+            if meta.is_file() && Self::is_racy(&base, second) {
+                records.push(Record::Racy(rel.to_path_buf(), Content::Unknown));
+            }
         }
         records.extend(self.database_base(inner, rel)?);
         records.push(Record::Dirty(rel.to_path_buf()));
@@ -264,6 +278,7 @@ impl Overlay {
             }
         }
         let syncs = self.syncs_started.load(Ordering::SeqCst);
+        let second = self.share_second();
         let input = self.share.open_file(rel, libc::O_RDONLY, 0).ok()?;
         let meta = sys::fstat(&input).ok()?;
         if !meta.is_file() {
@@ -284,6 +299,7 @@ impl Overlay {
             tmp,
             meta,
             syncs,
+            second,
         };
         // Not whole: dropped (and removed).
         matches!(made, Ok(true)).then_some(prepared)
@@ -314,6 +330,7 @@ impl Overlay {
         }
         // The share's version: the prepared copy's if that look still stands (no share
         // look under the lock), else asked now.
+        let second_now = self.share_second();
         let looked = prepared
             .as_ref()
             .filter(|_| with_data && !inner.state.hidden(rel))
@@ -324,9 +341,9 @@ impl Overlay {
                 })
             })
             .flatten();
-        let share_now = match looked {
-            Some(m) => Some(m),
-            None => self.lower_meta(&inner, rel)?,
+        let (share_now, second) = match looked {
+            Some(m) => (Some(m), prepared.as_ref().map_or(i64::MIN, |p| p.second)),
+            None => (self.lower_meta(&inner, rel)?, second_now),
         };
         let meta = match (share_now, object) {
             (Some(m), Some(o)) if o != (m.dev(), m.ino()) => return Ok((inner, false)),
@@ -339,20 +356,41 @@ impl Overlay {
         }
         let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
         // Write-ahead: the records on disk before the copy is in place.
-        let records = self.copy_up_records(&inner, rel, &meta)?;
+        let records = self.copy_up_records(&inner, rel, &meta, second)?;
+        let racy = records.iter().any(|r| matches!(r, Record::Racy(..)));
         let names = held.iter().map(|p| p.to_path_buf()).collect();
         let flight = self.in_flight(&mut inner, names, records)?;
         self.copied_up(&mut inner, rel);
         drop(inner);
         let flight = flight.durable()?;
         let dst = up(rel);
+        // A racy base's content: the copy's (what the user's changes start from), or the
+        // share's file's when no data is copied (a truncating open).
+        let mut content = Content::Unknown;
         let placed = match ready {
-            Some(p) => p.install(self, &dst),
+            Some(p) => {
+                if racy {
+                    content = self.content_in_cache(&p.tmp);
+                }
+                p.install(self, &dst)
+            }
             None => {
                 let tmp = self.tmp_rel();
                 let result = self
                     .copy_object(rel, &meta, &tmp, with_data)
-                    .and_then(|()| self.install_synced(&tmp, &dst));
+                    .and_then(|()| {
+                        if racy {
+                            content = if with_data {
+                                self.content_in_cache(&tmp)
+                            } else {
+                                self.share
+                                    .open_file(rel, libc::O_RDONLY | libc::O_NONBLOCK, 0)
+                                    .and_then(|f| racy::content_of(&f))
+                                    .unwrap_or(Content::Unknown)
+                            };
+                        }
+                        self.install_synced(&tmp, &dst)
+                    });
                 if result.is_err() {
                     let _ = remove_tree(&self.cache, &tmp);
                 }
@@ -362,8 +400,19 @@ impl Overlay {
         let mut inner = self.lock_any();
         flight.end(&mut inner);
         placed?;
+        if content != Content::Unknown && inner.state.racy(rel) == Some(Content::Unknown) {
+            self.record(&mut inner, &[Record::Racy(rel.to_path_buf(), content)])?;
+        }
         tracing::debug!(path = %rel.display(), "copied up");
         Ok((inner, true))
+    }
+
+    /// The content of the cache's file at `rel` (unknown when it cannot be read).
+    pub(super) fn content_in_cache(&self, rel: &Path) -> Content {
+        self.cache
+            .open_file(rel, libc::O_RDONLY | libc::O_NONBLOCK, 0)
+            .and_then(|f| racy::content_of(&f))
+            .unwrap_or(Content::Unknown)
     }
 
     /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.

@@ -3,7 +3,7 @@
 
 use super::session::{share_id_of, shown};
 use super::*;
-use crate::state::ShareId;
+use crate::state::{Content, ShareId};
 
 /// How long a request waits for the share's root attributes before the cache's
 /// stand-in answers instead (see [`Overlay::share_root`]).
@@ -227,8 +227,9 @@ impl Overlay {
         }
         match self.clean_copy_of(&inner, rel, &found.meta) {
             Some(base) => {
+                let racy = inner.state.racy(rel);
                 drop(inner);
-                self.revalidate(rel, found, base)
+                self.revalidate(rel, found, base, racy)
             }
             None => Ok(found),
         }
@@ -240,14 +241,28 @@ impl Overlay {
     /// workstation's logout, an edit over SSH): the cache lets go of its copy, which
     /// holds nothing of this session's, and the path shows what the share has, as for a
     /// path the cache never held (the next change takes it over afresh). A share that
-    /// does not answer leaves the copy serving.
-    fn revalidate(&self, rel: &Path, found: Found, base: ShareId) -> FsResult<Found> {
-        let now = match self.share.stat(rel) {
+    /// does not answer leaves the copy serving. `racy`: what a racy base stands for (see
+    /// [`super::racy`]), which the share's file must still hold.
+    fn revalidate(
+        &self,
+        rel: &Path,
+        found: Found,
+        base: ShareId,
+        racy: Option<Content>,
+    ) -> FsResult<Found> {
+        let second = self.share_second();
+        let now = match self.share_look(rel) {
             Ok(now) => now,
             Err(e) if gate::is_outage(&e) => return Ok(found),
             // The share's answer (EACCES, ELOOP, ...) stands, as for any path.
             Err(e) => return Err(e.into()),
         };
+        // A racy base (see [`super::racy`]) stands only while the share's file has the
+        // content it stands for: read without the lock.
+        let mut holds = now.as_ref().map(share_id_of) == Some(base);
+        if let Some(content) = racy.filter(|_| holds) {
+            holds = self.racy_base_holds(rel, base, content, second)?;
+        }
         let mut inner = self.lock_for(&[rel]);
         let still = self.upper_stat(rel)?;
         // Something changed the cache's say meanwhile: look again.
@@ -258,7 +273,7 @@ impl Overlay {
         if self.clean_copy_of(&inner, rel, &meta) != Some(base) {
             return Ok(self.found(rel, Layer::Upper, meta));
         }
-        if now.as_ref().map(share_id_of) == Some(base) {
+        if holds {
             inner
                 .validated
                 .insert(rel.to_path_buf(), std::time::Instant::now());
@@ -281,6 +296,31 @@ impl Overlay {
         tracing::info!(path = %shown(rel), "changed on the share: the cache's clean copy is let go");
         drop(inner);
         self.resolve(rel)
+    }
+
+    /// The share's object at `rel` for a look at a clean copy. On NFS the file is opened
+    /// and its open descriptor asked: an open revalidates the client's cached attributes
+    /// (close-to-open), which a plain lookup may answer from its cache for a minute.
+    fn share_look(&self, rel: &Path) -> io::Result<Option<Stat>> {
+        if !self.share_is_nfs {
+            return self.share.stat(rel);
+        }
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        match self.share.open_file(rel, flags, 0) {
+            Ok(f) => sys::fstat(&f).map(Some),
+            // Not a file it may open (a symbolic link, a mode without read access): as
+            // looked at.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ELOOP | libc::EACCES | libc::EPERM | libc::ENXIO)
+                ) =>
+            {
+                self.share.stat(rel)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Checks that `parent` is a directory in the merged view (a stale node may not be).
@@ -319,8 +359,9 @@ impl Overlay {
                     let inner = self.lock_for(&[rel]);
                     if let Some(found) = said(&inner)? {
                         if let Some(base) = self.clean_copy_due(&inner, rel, &found) {
+                            let racy = inner.state.racy(rel);
                             drop(inner);
-                            return self.revalidate(rel, found, base);
+                            return self.revalidate(rel, found, base, racy);
                         }
                         if self.clean_dir_due(&inner, rel, &found) {
                             drop(inner);

@@ -162,6 +162,7 @@ mod handles;
 mod listing;
 mod lookup;
 mod namespace;
+mod racy;
 mod session;
 mod snapshot;
 mod sparse;
@@ -255,6 +256,11 @@ pub struct Overlay {
     recent_looks: Mutex<HashMap<PathBuf, RecentLook>>,
     /// How long a kept look answers, in milliseconds (see [`Overlay::set_recent_look`]).
     recent_look_ms: AtomicU64,
+    /// The share is an NFS mount: a clean copy's look at it opens the file (see
+    /// [`Overlay::share_look`]).
+    share_is_nfs: bool,
+    /// The share's clock as last told (see [`racy`]). A leaf lock.
+    share_clock: Mutex<Option<racy::ShareClock>>,
 }
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
@@ -510,6 +516,8 @@ impl Overlay {
         let share_meta = share
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        // NFS_SUPER_MAGIC
+        let share_is_nfs = fsinfo::statfs(share.path()).is_ok_and(|s| s.fs_type == 0x6969);
         let root_look = spawn_root_look(Root::open_gated(share.path(), gate.clone())?)?;
         let overlay = Self {
             share,
@@ -545,7 +553,10 @@ impl Overlay {
             holds: AtomicU64::new(0),
             recent_looks: Mutex::new(HashMap::new()),
             recent_look_ms: AtomicU64::new(RECENT_LOOK.as_millis() as u64),
+            share_clock: Mutex::new(None),
+            share_is_nfs,
         };
+        overlay.ask_share_clock(&share_meta);
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
         overlay.copy_meta(
@@ -803,24 +814,37 @@ impl Overlay {
     /// our own sync settles the path), and for a database's journal or WAL, the
     /// database's base too (see [`Overlay::database_base`]).
     fn take_over(&self, inner: &Inner, rel: &Path) -> io::Result<Vec<Record>> {
-        self.take_over_seen(inner, rel, None)
+        self.take_over_seen(inner, rel, None, i64::MIN)
     }
 
     /// [`Overlay::take_over`], when the caller looked at the share's `rel` already under
-    /// the same hold of the lock (`seen`: what the share had there): no second look.
+    /// the same hold of the lock (`seen`: what the share had there, looked at after
+    /// [`Overlay::share_second`] gave `second`): no second look. A racy base (see
+    /// [`racy`]) gets the content the share's file has now (the version the user
+    /// replaces or deletes here; unknown if the share has another object by then).
     fn take_over_seen(
         &self,
         inner: &Inner,
         rel: &Path,
         seen: Option<Option<&Stat>>,
+        second: i64,
     ) -> io::Result<Vec<Record>> {
         let mut out = Vec::new();
         if !inner.state.taken_over(rel) {
-            let now = match seen {
-                Some(seen) => seen.map(session::share_id_of),
-                None => self.share.stat(rel)?.as_ref().map(session::share_id_of),
+            let (now, second) = match seen {
+                Some(seen) => (seen.copied(), second),
+                None => {
+                    let second = self.share_second();
+                    (self.share.stat(rel)?, second)
+                }
             };
-            out.push(Record::Base(rel.to_path_buf(), now));
+            let base = now.as_ref().map(session::share_id_of);
+            out.push(Record::Base(rel.to_path_buf(), base));
+            if let Some(b) = base
+                .filter(|b| now.as_ref().is_some_and(|m| m.is_file()) && Self::is_racy(b, second))
+            {
+                out.push(Record::Racy(rel.to_path_buf(), self.share_content(rel, b)));
+            }
         }
         out.extend(self.database_base(inner, rel)?);
         Ok(out)

@@ -291,7 +291,8 @@ impl Overlay {
                 // The take-over and the mark, in one journal append. On disk before the
                 // answer, not before the cache's new name: a crash between loses an
                 // unanswered create, whose name the journal then does not send.
-                let mut records = self.take_over_seen(&inner, &rel, seen)?;
+                // Nothing was there (a file there is no base of a name found free).
+                let mut records = self.take_over_seen(&inner, &rel, seen, i64::MIN)?;
                 if !inner.state.is_dirty(&rel) {
                     records.push(Record::Dirty(rel.clone()));
                 }
@@ -582,7 +583,7 @@ impl Overlay {
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let _ = self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);
-                let bases = self.take_over_seen(&inner, &rel, seen)?;
+                let bases = self.take_over_seen(&inner, &rel, seen, i64::MIN)?;
                 if !bases.is_empty() {
                     self.record(&mut inner, &bases)?;
                 }
@@ -614,6 +615,8 @@ impl Overlay {
     }
 
     pub(super) fn remove(&self, parent: &Path, name: &OsStr, dir: bool) -> FsResult<()> {
+        // Before any look at the share this removal makes (see [`super::racy`]).
+        let second = self.share_second();
         let rel = parent.join(name);
         if self.policy.classify(&rel) == PathClass::Passthrough {
             // The share tells a directory from a file itself (unlink: EISDIR, rmdir:
@@ -670,7 +673,7 @@ impl Overlay {
             // What we mean to delete on the share (unless an earlier take-over recorded
             // what the user started from): a later change there is a conflict.
             let seen = share_now.as_ref().map(Some);
-            records.extend(self.take_over_seen(&inner, &rel, seen)?);
+            records.extend(self.take_over_seen(&inner, &rel, seen, second)?);
         }
         let others = if !dir && found.layer == Layer::Upper {
             self.other_names_changed(&inner, &rel, &found.meta)?
@@ -727,6 +730,8 @@ impl Overlay {
         flags: u32,
     ) -> FsResult<()> {
         self.refuse_reserved(to_parent, to_name)?;
+        // Before any look at the share this rename makes (see [`super::racy`]).
+        let second = self.share_second();
         let from = from_parent.join(from_name);
         let to = to_parent.join(to_name);
         let class = self.policy.classify(&from);
@@ -840,7 +845,12 @@ impl Overlay {
         // not the base our moved file replaces.
         let mut records: Vec<Record> = Vec::new();
         let seen_to = self.still_stands(look_to);
-        records.extend(self.take_over_seen(&inner, &to, seen_to.as_ref().map(Option::as_ref))?);
+        records.extend(self.take_over_seen(
+            &inner,
+            &to,
+            seen_to.as_ref().map(Option::as_ref),
+            second,
+        )?);
         if let Some(d) = dst.as_ref().filter(|d| d.layer == Layer::Upper) {
             records.extend(self.other_names_changed(&inner, &to, &d.meta)?);
         }

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use super::{remove_tree_keeping, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::{PathClass, Policy};
-use crate::state::{Record, Sent, ShareId};
+use crate::state::{Content, Record, Sent, ShareId};
 use crate::sync::Put;
 use crate::sys::{self, Root, Stat, Version};
 
@@ -495,19 +495,19 @@ impl Overlay {
         held: &mut HashSet<PathBuf>,
         errors: &mut Vec<String>,
     ) -> FsResult<usize> {
-        let candidates: Vec<(PathBuf, ShareId)> = {
+        let candidates: Vec<(PathBuf, ShareId, Option<Content>)> = {
             let inner = self.lock();
             inner
                 .state
                 .dirty()
                 .filter(|p| self.policy.classify(p) == PathClass::Cached && !held.contains(*p))
-                .filter_map(|p| Some((p.clone(), inner.state.base(p)?)))
-                .filter(|(_, b)| b.size <= SAME_BYTES_LIMIT)
+                .filter_map(|p| Some((p.clone(), inner.state.base(p)?, inner.state.racy(p))))
+                .filter(|(_, b, _)| b.size <= SAME_BYTES_LIMIT)
                 .collect()
         };
         let mut settled = 0;
-        for (p, base) in candidates {
-            match self.unchanged_on_share(&p, base) {
+        for (p, base, racy) in candidates {
+            match self.unchanged_on_share(&p, base, racy) {
                 Ok(Unchanged::Settled) => settled += 1,
                 Ok(Unchanged::Send) => {}
                 Ok(Unchanged::Hold) => {
@@ -533,7 +533,12 @@ impl Overlay {
     /// our own, not a conflict). After the stamp the bytes are read again: a write made
     /// there in place meanwhile leaves the path dirty with its old base, and the next
     /// sync meets it as a conflict.
-    fn unchanged_on_share(&self, p: &Path, base: ShareId) -> FsResult<Unchanged> {
+    fn unchanged_on_share(
+        &self,
+        p: &Path,
+        base: ShareId,
+        racy: Option<Content>,
+    ) -> FsResult<Unchanged> {
         let Some(ours) = self.upper_stat(p)? else {
             return Ok(Unchanged::Send);
         };
@@ -574,7 +579,13 @@ impl Overlay {
             Ok(v)
         };
         let mine = read_all(&self.cache.open_file(&up(p), flags, 0)?)?;
-        if mine.len() as u64 != ours.len() || read_all(&theirs_file)? != mine {
+        let theirs_bytes = read_all(&theirs_file)?;
+        // A racy base (see [`super::racy`]) whose content the share's file no longer has:
+        // written there in the second of the look, a change rsync would overwrite.
+        if racy.is_some_and(|c| super::racy::content_of_bytes(&theirs_bytes) != c) {
+            return Ok(Unchanged::Hold);
+        }
+        if mine.len() as u64 != ours.len() || theirs_bytes != mine {
             return Ok(Unchanged::Send);
         }
         if theirs.mtime() != ours.mtime() {
@@ -596,6 +607,7 @@ impl Overlay {
         }
         #[cfg(test)]
         super::interleave_tests::after_unchanged_stamp(self);
+        let second = self.share_second();
         let stamped = sys::fstat(&theirs_file)?;
         if read_all(&theirs_file)? != mine
             || sys::fstat(&theirs_file)?.version() != stamped.version()
@@ -617,13 +629,16 @@ impl Overlay {
         {
             return Ok(Unchanged::Send);
         }
-        self.record(
-            &mut inner,
-            &[
-                Record::Base(p.to_path_buf(), Some(share_id_of(&stamped))),
-                Record::Clean(p.to_path_buf()),
-            ],
-        )?;
+        let id = share_id_of(&stamped);
+        let mut records = vec![Record::Base(p.to_path_buf(), Some(id))];
+        if Self::is_racy(&id, second) {
+            records.push(Record::Racy(
+                p.to_path_buf(),
+                super::racy::content_of_bytes(&mine),
+            ));
+        }
+        records.push(Record::Clean(p.to_path_buf()));
+        self.record(&mut inner, &records)?;
         Ok(Unchanged::Settled)
     }
 
@@ -699,12 +714,14 @@ impl Overlay {
                 continue;
             }
             // The share is asked without the lock held; the answer is compared under it.
+            let second = self.share_second();
             let Some(cur) = self.share_now(&p, session, &mut held) else {
                 continue;
             };
+            let stands = self.still_base(&p, cur, second)?;
             let mut inner = self.lock();
             let base = inner.state.base(&p);
-            if cur == base || !inner.state.is_dirty(&p) {
+            if (cur == base && stands) || !inner.state.is_dirty(&p) {
                 continue;
             }
             let ours = match self.upper_stat(&p) {
@@ -773,13 +790,15 @@ impl Overlay {
                     continue;
                 }
             }
+            let second = self.share_second();
             let Some(cur) = self.share_now(&w, session, &mut held) else {
                 continue;
             };
+            let stands = self.still_base(&w, cur, second)?;
             let mut inner = self.lock();
             if !inner.state.is_whiteout(&w)
                 || cur.is_none()
-                || cur == inner.state.base(&w)
+                || (cur == inner.state.base(&w) && stands)
                 || self.upper_stat(&w)?.is_some()
             {
                 continue;
@@ -986,6 +1005,7 @@ impl Overlay {
             {
                 continue;
             }
+            let second = self.share_second();
             let cur = match self.share.stat(&db) {
                 Ok(m) => m.as_ref().map(share_id_of),
                 Err(e) => {
@@ -997,8 +1017,9 @@ impl Overlay {
                     continue;
                 }
             };
+            let stands = self.still_base(&db, cur, second)?;
             let mut inner = self.lock();
-            if !inner.state.taken_over(&db) || inner.state.base(&db) == cur {
+            if !inner.state.taken_over(&db) || (inner.state.base(&db) == cur && stands) {
                 continue;
             }
             let mut ours = Vec::new();
@@ -1071,15 +1092,24 @@ impl Overlay {
         &self,
         inner: &super::Inner,
         rel: &Path,
-    ) -> io::Result<Option<Record>> {
+    ) -> io::Result<Vec<Record>> {
         let Some((db, _)) = database_of(rel) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         if inner.state.taken_over(&db) || self.policy.classify(&db) != PathClass::Cached {
-            return Ok(None);
+            return Ok(Vec::new());
         }
+        let second = self.share_second();
         let now = self.share.stat(&db)?.as_ref().map(share_id_of);
-        Ok(Some(Record::Base(db, now)))
+        // A racy base of the database (see [`super::racy`]): the content it stands for is
+        // read from the share now (unknown if the share's file is another by then).
+        let racy = now
+            .filter(|b| b.size != u64::MAX && Self::is_racy(b, second))
+            .map(|b| Record::Racy(db.clone(), self.share_content(&db, b)));
+        Ok(Some(Record::Base(db, now))
+            .into_iter()
+            .chain(racy)
+            .collect())
     }
 
     /// A file (or symlink, or other non-directory) we send where the share has a directory:
@@ -1187,6 +1217,21 @@ impl Overlay {
                 held.insert(p.to_path_buf());
                 None
             }
+        }
+    }
+
+    /// Whether the share's look `cur` at `p`, taken after [`Overlay::share_second`] gave
+    /// `second`, still shows the base recorded for `p`: the same look, and for a racy base
+    /// (see [`super::racy`]) the content it stands for, read now without the lock.
+    fn still_base(&self, p: &Path, cur: Option<ShareId>, second: i64) -> FsResult<bool> {
+        let (base, racy) = {
+            let inner = self.lock();
+            (inner.state.base(p), inner.state.racy(p))
+        };
+        match (base, racy) {
+            _ if cur != base => Ok(false),
+            (Some(b), Some(content)) => self.racy_base_holds(p, b, content, second),
+            _ => Ok(true),
         }
     }
 
@@ -1442,6 +1487,7 @@ impl Overlay {
         // the share) lost a link, which changed its ctime, not its content.
         let mut replaced: HashSet<u64> = HashSet::new();
         for ((p, s), base) in files.iter().zip(sent).zip(bases) {
+            let second = self.share_second();
             let theirs = match self.share.stat(p) {
                 Ok(m) => m,
                 Err(e) => {
@@ -1465,8 +1511,20 @@ impl Overlay {
                         && is_our_transfer(t, ours.as_ref(), *s)
                 }
             });
+            if let Some(t) = &theirs {
+                self.saw_share_time(t.ctime().0);
+            }
             if ok {
                 records.push(Record::Base(p.clone(), theirs.as_ref().map(share_id_of)));
+                if let Some(t) = theirs.as_ref().filter(|t| t.is_file()) {
+                    let id = share_id_of(t);
+                    if Self::is_racy(&id, second) {
+                        records.push(Record::Racy(
+                            p.clone(),
+                            self.sent_content(p, ours.as_ref(), *s, id),
+                        ));
+                    }
+                }
                 if let Some(b) = base.filter(|b| theirs.as_ref().is_some_and(|t| t.ino() != b.ino))
                 {
                     replaced.insert(b.ino);
@@ -1477,6 +1535,33 @@ impl Overlay {
         records.extend(self.rebase_other_names(files, &replaced));
         self.record(&mut self.lock(), &records)?;
         Ok(landed)
+    }
+
+    /// The content of the share's file at `p` that our transfer just put there, as the
+    /// look `id`: the cache copy's when it is as it was handed over (`sent`; the share's
+    /// then has the same bytes), else the share's own, read now (another workstation's
+    /// write in place in the same second as ours and before this read would be taken for
+    /// ours: see doc/SEMANTICS.md "Sessions", limit).
+    fn sent_content(
+        &self,
+        p: &Path,
+        ours: Option<&Stat>,
+        sent: Option<Sent>,
+        id: ShareId,
+    ) -> Content {
+        let as_handed = match (ours, sent) {
+            (Some(o), Some(s)) => {
+                o.is_file() && (o.len(), o.mtime()) == (s.size, s.mtime) && o.len() == id.size
+            }
+            _ => false,
+        };
+        if as_handed && !written_elsewhere(&self.cache, &up(p)) {
+            let c = self.content_in_cache(&up(p));
+            if c != Content::Unknown {
+                return c;
+            }
+        }
+        self.share_content(p, id)
     }
 
     /// The other names whose base is a share object a transfer just replaced at one of
@@ -1522,9 +1607,17 @@ impl Overlay {
                 // another workstation saved there since is not ours to delete. Its ctime
                 // is no sign of that here: rsync replacing another name of the same file
                 // (a hard link we sent) changes the link count, and so the ctime.
+                // A racy base (see [`super::racy`]) stands only with its content (read
+                // under the lock, as the deletion is made).
+                let written_in_its_second = inner
+                    .state
+                    .racy(rel)
+                    .is_some_and(|c| c != self.share_content_any(rel));
                 let r = if meta.is_dir() {
                     self.share.rmdir(rel)
-                } else if !same_save(Some(share_id_of(&meta)), inner.state.base(rel)) {
+                } else if !same_save(Some(share_id_of(&meta)), inner.state.base(rel))
+                    || written_in_its_second
+                {
                     tracing::warn!(path = %shown(rel), "conflict: deleted here, changed on the share during the sync; kept");
                     conflict = Some(Conflict {
                         path: rel.to_path_buf(),

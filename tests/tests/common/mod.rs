@@ -558,3 +558,49 @@ impl Drop for SharedMap {
         unsafe { libc::munmap(self.at.cast(), self.len) };
     }
 }
+
+/// A share whose timestamps are whole seconds (ext4 with 128-byte inodes, as MooseFS keeps
+/// them), loop-mounted at the fixture's share; unmounted when dropped.
+pub struct CoarseShare(pub PathBuf);
+
+impl CoarseShare {
+    pub fn mount(fx: &Fixture) -> Self {
+        let img = fx.tmp.path().join("coarse.img");
+        let f = std::fs::File::create(&img).expect("image");
+        f.set_len(64 << 20).expect("size");
+        let ok = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-I", "128"])
+            .arg(&img)
+            .status()
+            .expect("mkfs.ext4");
+        assert!(ok.success(), "mkfs.ext4");
+        let ok = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&fx.share)
+            .status()
+            .expect("mount");
+        assert!(ok.success(), "loop mount (needs root)");
+        CoarseShare(fx.share.clone())
+    }
+}
+
+impl Drop for CoarseShare {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Waits for the start of a second of the clock that stamps the share's files.
+pub fn start_of_a_second() {
+    loop {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos();
+        if ns < 100_000_000 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,241 @@
+//! Bases on a share that keeps whole-second times (ext4 with 128-byte inodes, MooseFS,
+//! many NAS and NFS exports).
+//!
+//! A base is the share's look at a file (inode, size, mtime, ctime) when the cache took it
+//! over or a sync left it there; the path is taken for unchanged on the share while the
+//! share shows that look. With whole seconds, another workstation's write in place at the
+//! same size, in the second the look was taken, leaves the same look. Such a base is
+//! *racy* (the word is git's, for its index): it was taken while its ctime's second may
+//! still have been running on the share. A racy base carries the content it stands for
+//! ([`Record::Racy`]), and while it is racy it stands only if the share's file still has
+//! that content. The first check that finds it so, made once that second is over, settles
+//! it: any later write gives the share's file a later ctime.
+//!
+//! Whether a second is over is a question for the share's clock, not this machine's (the
+//! two may disagree by any amount). The share tells its clock through the ctime of a
+//! change: at mount ccfs sets the atime of the home's root on the share to "now" (one
+//! attribute change, on whole-second shares only) and reads the ctime that gave, and every
+//! file its syncs write tells it again. From such a look the share's second is known to be
+//! at least that much later as time passes here (a margin of one second is kept for clocks
+//! that run at slightly different rates). A share clock set back by more than that margin
+//! while ccfs runs is not noticed: see doc/SEMANTICS.md "Sessions".
+
+use std::os::unix::fs::FileExt;
+
+use sha2::{Digest as _, Sha256};
+
+use super::session::share_id_of;
+use super::*;
+use crate::state::{Content, ShareId};
+
+/// The share's clock as last told: its second was at least `secs` at `at`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ShareClock {
+    secs: i64,
+    at: std::time::Instant,
+}
+
+/// The content of the file `f` (read from its start with positioned reads, so a
+/// descriptor shared with another reader is not moved).
+pub(super) fn content_of(f: &std::fs::File) -> io::Result<Content> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut at = 0u64;
+    loop {
+        let n = match f.read_at(&mut buf, at) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(Content::Sha256(h.finalize().into()))
+}
+
+/// The content of `bytes` (see [`content_of`]).
+pub(super) fn content_of_bytes(bytes: &[u8]) -> Content {
+    Content::Sha256(Sha256::digest(bytes).into())
+}
+
+/// A file's look with whole-second times: what a whole-second share gives (a share
+/// with finer times gives a zero fraction once in a billion, which costs one check).
+pub(super) fn whole_seconds(id: &ShareId) -> bool {
+    id.size != u64::MAX && id.ctime.1 == 0 && id.mtime.1 == 0
+}
+
+impl Overlay {
+    /// A second the share's clock has certainly reached by now (`i64::MIN`: not known).
+    /// Read before the look it qualifies: a look taken after it may have been taken in
+    /// any later second.
+    pub(super) fn share_second(&self) -> i64 {
+        let clock = *self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
+        match clock {
+            None => i64::MIN,
+            Some(c) => {
+                let passed = i64::try_from(c.at.elapsed().as_secs()).unwrap_or(i64::MAX);
+                c.secs.saturating_add(passed).saturating_sub(1)
+            }
+        }
+    }
+
+    /// The share has just shown a ctime of `secs` (a change it stamped): its clock has
+    /// reached that second.
+    pub(super) fn saw_share_time(&self, secs: i64) {
+        let mut clock = self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
+        let known = clock.map_or(i64::MIN, |c| {
+            let passed = i64::try_from(c.at.elapsed().as_secs()).unwrap_or(i64::MAX);
+            c.secs.saturating_add(passed)
+        });
+        if secs > known {
+            *clock = Some(ShareClock {
+                secs,
+                at: std::time::Instant::now(),
+            });
+        }
+    }
+
+    /// Whether a file's base `id`, looked at after [`Overlay::share_second`] gave `second`,
+    /// is racy: whole seconds, and its ctime's second maybe not over then.
+    pub(super) fn is_racy(id: &ShareId, second: i64) -> bool {
+        whole_seconds(id) && id.ctime.0 >= second
+    }
+
+    /// At mount, on a share whose root shows whole-second times: asks the share its clock
+    /// (see the module's notes). A share that refuses (a root the user may not change, a
+    /// read-only export) leaves it unknown: every whole-second base is racy then.
+    pub(super) fn ask_share_clock(&self, root: &Stat) {
+        if root.ctime().1 != 0 || root.mtime().1 != 0 {
+            return;
+        }
+        let asked = (|| -> io::Result<i64> {
+            let dir = self.share.open_file(
+                Path::new(""),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK,
+                0,
+            )?;
+            sys::futimens(&dir, sys::SetTime::Now, sys::SetTime::Omit)?;
+            Ok(sys::fstat(&dir)?.ctime().0)
+        })();
+        match asked {
+            Ok(secs) => self.saw_share_time(secs),
+            Err(e) => {
+                tracing::info!("the share keeps whole-second times and did not tell its clock ({e}): every recent file it shows is checked by content")
+            }
+        }
+    }
+
+    /// The content of the share's file at `rel` if it is still the object and look `base`
+    /// (unknown otherwise, or when it cannot be read).
+    pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
+        let read = || -> io::Result<Content> {
+            let f = self.share.open_file(
+                rel,
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                0,
+            )?;
+            if share_id_of(&sys::fstat(&f)?) != base {
+                return Ok(Content::Unknown);
+            }
+            content_of(&f)
+        };
+        read().unwrap_or(Content::Unknown)
+    }
+
+    /// The content of the share's file at `rel`, whatever its look (unknown when it
+    /// cannot be read).
+    pub(super) fn share_content_any(&self, rel: &Path) -> Content {
+        self.share
+            .open_file(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)
+            .and_then(|f| content_of(&f))
+            .unwrap_or(Content::Unknown)
+    }
+
+    /// Whether the share's file at `rel` still is the racy base `base` that stands for
+    /// `content`: the same look and that content, read through one descriptor (on NFS the
+    /// open also revalidates the client's cached attributes). An unknown content never
+    /// is. A file written while it is read reads as another content: not it.
+    pub(super) fn share_still_holds(
+        &self,
+        rel: &Path,
+        base: ShareId,
+        content: Content,
+    ) -> io::Result<bool> {
+        if content == Content::Unknown {
+            return Ok(false);
+        }
+        let f =
+            self.share
+                .open_file(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?;
+        let before = sys::fstat(&f)?;
+        if !before.is_file() || share_id_of(&before) != base {
+            return Ok(false);
+        }
+        let read = content_of(&f)?;
+        Ok(read == content && sys::fstat(&f)?.version() == before.version())
+    }
+
+    /// The check of a racy base at `rel` for a sync or a look: true when the share's file
+    /// still holds it (see [`Overlay::share_still_holds`]; a share that cannot be read
+    /// says no). When the check began after the base's second was over on the share
+    /// (`second`, from [`Overlay::share_second`] before it), the base is settled for
+    /// good: recorded again without the mark.
+    pub(super) fn racy_base_holds(
+        &self,
+        rel: &Path,
+        base: ShareId,
+        content: Content,
+        second: i64,
+    ) -> FsResult<bool> {
+        let holds = self
+            .share_still_holds(rel, base, content)
+            .unwrap_or_else(|e| {
+                tracing::info!(path = %super::session::shown(rel), "cannot read the share's copy to check it ({e}): taken for changed");
+                false
+            });
+        if holds && base.ctime.0 < second {
+            let mut inner = self.lock_for(&[rel]);
+            if inner.state.base(rel) == Some(base) && inner.state.racy(rel) == Some(content) {
+                self.record(&mut inner, &[Record::Base(rel.to_path_buf(), Some(base))])?;
+            }
+        }
+        Ok(holds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ctime: (i64, i64), mtime: (i64, i64)) -> ShareId {
+        ShareId {
+            ino: 7,
+            size: 3,
+            mtime,
+            ctime,
+        }
+    }
+
+    #[test]
+    fn only_a_whole_second_look_in_a_second_not_known_over_is_racy() {
+        assert!(Overlay::is_racy(&id((100, 0), (100, 0)), 100));
+        assert!(Overlay::is_racy(&id((100, 0), (90, 0)), i64::MIN));
+        // The share's second had moved on when the look was taken.
+        assert!(!Overlay::is_racy(&id((100, 0), (100, 0)), 101));
+        // Finer times: a write in the same second changes the look.
+        assert!(!Overlay::is_racy(&id((100, 5), (100, 0)), i64::MIN));
+        assert!(!Overlay::is_racy(&id((100, 0), (100, 7)), i64::MIN));
+    }
+
+    #[test]
+    fn contents_differ_with_one_byte_and_agree_between_file_and_bytes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").expect("write");
+        let f = std::fs::File::open(&p).expect("open");
+        assert_eq!(content_of(&f).expect("read"), content_of_bytes(b"abc"));
+        assert_ne!(content_of_bytes(b"abc"), content_of_bytes(b"abd"));
+        assert_ne!(content_of_bytes(b"abc"), Content::Unknown);
+    }
+}
