@@ -185,6 +185,12 @@ fn same_save(now: Option<ShareId>, base: Option<ShareId>) -> bool {
     }
 }
 
+/// Whether a file with mtime `ours` here is, as the share keeps it, one with mtime
+/// `theirs` there: the same, or cut to its second by a share that keeps whole seconds.
+fn same_mtime_on_share(ours: (i64, i64), theirs: (i64, i64)) -> bool {
+    ours == theirs || (theirs.1 == 0 && ours.0 == theirs.0)
+}
+
 /// Without rsync's report of what it sent (a sync cut short by a crash, settled by the next
 /// one; an rsync that named no file): is the share object `theirs` our own transfer of the
 /// cache object `ours`, handed to rsync as `sent`? Yes when it has exactly the size and
@@ -204,7 +210,12 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     let t = (theirs.len(), theirs.mtime());
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
-    if then == Some(t) || now == Some(t) {
+    // A share that keeps whole seconds has our mtime cut to its second (rsync's own
+    // listing names whole seconds too: see [`is_reported_transfer`]).
+    let kept_as = |ours: Option<(u64, (i64, i64))>| {
+        ours.is_some_and(|(size, m)| size == t.0 && same_mtime_on_share(m, t.1))
+    };
+    if kept_as(then) || kept_as(now) {
         return true;
     }
     // Only when the cache copy was written after the hand-over (else a file from just
@@ -588,7 +599,7 @@ impl Overlay {
         if mine.len() as u64 != ours.len() || theirs_bytes != mine {
             return Ok(Unchanged::Send);
         }
-        if theirs.mtime() != ours.mtime() {
+        if !same_mtime_on_share(ours.mtime(), theirs.mtime()) {
             let sent = Sent {
                 size: ours.len(),
                 mtime: ours.mtime(),
@@ -1703,19 +1714,27 @@ impl Overlay {
         // share as it is (the size and mtime of its base), single-name. A lookup checks
         // each against the share before it serves (see `Overlay::revalidate`).
         // At most [`Overlay::set_keep_copies`] bytes of them, the newest first.
-        let mut copies: Vec<(PathBuf, ShareId)> = inner
+        // Newest first by the cache copy's mtime (a share's may be cut to whole seconds).
+        let mut copies: Vec<(PathBuf, ShareId, (i64, i64))> = inner
             .state
             .bases()
             .filter_map(|(p, b)| Some((p.clone(), b?)))
             .filter(|(p, _)| self.policy.classify(p) == PathClass::Cached && !kept.contains(p))
-            .filter(|(p, b)| {
-                matches!(self.upper_stat(p), Ok(Some(m))
-                    if m.is_file() && m.nlink() == 1 && m.len() == b.size && m.mtime() == b.mtime)
+            .filter_map(|(p, b)| match self.upper_stat(&p) {
+                Ok(Some(m))
+                    if m.is_file()
+                        && m.nlink() == 1
+                        && m.len() == b.size
+                        && same_mtime_on_share(m.mtime(), b.mtime) =>
+                {
+                    Some((p, b, m.mtime()))
+                }
+                _ => None,
             })
             .collect();
-        copies.sort_by(|a, b| b.1.mtime.cmp(&a.1.mtime).then_with(|| a.0.cmp(&b.0)));
+        copies.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
         let mut room = self.keep_copies.load(Ordering::Relaxed);
-        copies.retain(|(_, b)| {
+        copies.retain(|(_, b, _)| {
             let fits = b.size <= room;
             if fits {
                 room -= b.size;
@@ -1724,15 +1743,19 @@ impl Overlay {
         });
         // What the kept files become, journaled before anything beside them is removed:
         // a failure here leaves the whole cache in place.
+        // A racy base keeps its mark (see [`super::racy`]).
         let mut keep: Vec<Record> = copies
             .iter()
-            .map(|(p, b)| Record::Base(p.clone(), Some(*b)))
+            .flat_map(|(p, b, _)| {
+                let racy = inner.state.racy(p).map(|c| Record::Racy(p.clone(), c));
+                std::iter::once(Record::Base(p.clone(), Some(*b))).chain(racy)
+            })
             .collect();
         for p in &kept {
-            keep.push(self.carried_base(&inner, p)?);
+            keep.extend(self.carried_base(&inner, p)?);
             if let Some((db, _)) = database_of(p) {
                 if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
-                    keep.push(self.carried_base(&inner, &db)?);
+                    keep.extend(self.carried_base(&inner, &db)?);
                 }
             }
             keep.push(Record::Dirty(p.clone()));
@@ -1741,7 +1764,7 @@ impl Overlay {
             inner.journal.append(&keep).map_err(FsError::Journal)?;
         }
         let mut held: HashSet<PathBuf> = held.into_iter().collect();
-        held.extend(copies.iter().map(|(p, _)| up(p)));
+        held.extend(copies.iter().map(|(p, _, _)| up(p)));
         held.extend(local);
         for rel in &tops {
             remove_tree_keeping(&self.cache, &up(rel), &held)?;
@@ -1758,13 +1781,27 @@ impl Overlay {
     }
 
     /// The base `p` keeps when the session is forgotten around it: the one recorded (what
-    /// the share held after our last sync of it), else what the share holds there now.
-    fn carried_base(&self, inner: &super::Inner, p: &Path) -> FsResult<Record> {
-        let base = match inner.state.base_entry(p) {
-            Some(b) => b,
-            None => self.share.stat(p)?.as_ref().map(share_id_of),
+    /// the share held after our last sync of it), else what the share holds there now; a
+    /// racy base with its mark (see [`super::racy`]).
+    fn carried_base(&self, inner: &super::Inner, p: &Path) -> FsResult<Vec<Record>> {
+        let (base, racy) = match inner.state.base_entry(p) {
+            Some(b) => (b, inner.state.racy(p)),
+            None => {
+                let second = self.share_second();
+                let now = self.share.stat(p)?;
+                let id = now.as_ref().map(share_id_of);
+                let racy = id
+                    .filter(|b| {
+                        now.as_ref().is_some_and(|m| m.is_file()) && Self::is_racy(b, second)
+                    })
+                    .map(|b| self.share_content(p, b));
+                (id, racy)
+            }
         };
-        Ok(Record::Base(p.to_path_buf(), base))
+        let mark = racy.map(|c| Record::Racy(p.to_path_buf(), c));
+        Ok(std::iter::once(Record::Base(p.to_path_buf(), base))
+            .chain(mark)
+            .collect())
     }
 
     /// Sets how many bytes of clean copies a logout keeps for the next login (see

@@ -413,6 +413,46 @@ impl World {
             .map(|m| m.ino())
     }
 
+    /// Every share file's look (inode, size, mtime, ctime), by path.
+    fn share_looks(&self) -> BTreeMap<PathBuf, [i64; 6]> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![PathBuf::from(ROOT)];
+        while let Some(rel) = stack.pop() {
+            let Ok(meta) = fs::symlink_metadata(self.share.join(&rel)) else {
+                continue;
+            };
+            if meta.is_dir() {
+                if let Ok(entries) = fs::read_dir(self.share.join(&rel)) {
+                    stack.extend(entries.flatten().map(|e| rel.join(e.file_name())));
+                }
+            } else {
+                out.insert(
+                    rel,
+                    [
+                        meta.ino() as i64,
+                        meta.size() as i64,
+                        meta.mtime(),
+                        meta.mtime_nsec(),
+                        meta.ctime(),
+                        meta.ctime_nsec(),
+                    ],
+                );
+            }
+        }
+        out
+    }
+
+    /// Tells the model which share files the real sync just made kept their look
+    /// (`before`: [`World::share_looks`] before it).
+    fn tell_looks_kept(&self, model: &mut Model, before: &BTreeMap<PathBuf, [i64; 6]>) {
+        let after = self.share_looks();
+        model.look_kept = after
+            .iter()
+            .filter(|(p, l)| before.get(*p) == Some(l))
+            .map(|(p, _)| p.clone())
+            .collect();
+    }
+
     fn learn_dirs(&self, model: &mut Model) -> Checked {
         model.learn_dir_inodes(|p| self.dir_ino(p))
     }
@@ -428,7 +468,9 @@ impl World {
         // tested on their own (overlay::interleave_tests, the recent looks).
         o.set_recent_look(std::time::Duration::ZERO);
         let promises = Promises::before(self, &o);
+        let looks = self.share_looks();
         let outcome = ccfs::daemon::recover_overlay(&o, &self.rsync(None));
+        self.tell_looks_kept(model, &looks);
         let recovers = model.login_needs_recovery(w);
         match (outcome, recovers) {
             (None, false) => {}
@@ -469,7 +511,9 @@ impl World {
         let o = self.overlay(w);
         let promises = Promises::before(self, o);
         let opts = self.rsync(fail_after);
+        let looks = self.share_looks();
         let report = run_sync(o, &opts, mode).map_err(|e| format!("sync: {e}"))?;
+        self.tell_looks_kept(model, &looks);
         let run = fail_after.map_or(Run::All, Run::FailAfter);
         let want = model.sync(
             w,
@@ -508,6 +552,7 @@ impl World {
     fn crash_in_sync(&mut self, model: &mut Model, w: usize, k: usize) -> Checked {
         let o = self.overlays[w].take().expect("logged in");
         let stamp = ccfs::sync::stamp(SystemTime::now());
+        let looks = self.share_looks();
         let session = o
             .begin_sync(&self.host, &stamp)
             .map_err(|e| format!("begin_sync: {e}"))?;
@@ -527,6 +572,7 @@ impl World {
         // Killed: nothing settles, nothing is journaled after this point.
         std::mem::forget(session);
         drop(o);
+        self.tell_looks_kept(model, &looks);
         let want = model.sync(w, false, Run::CrashAfter(k), &files, &self.host, &|p| {
             self.dir_ino(p)
         })?;

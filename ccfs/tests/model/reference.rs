@@ -220,6 +220,11 @@ pub struct Model {
     pub ws: Vec<Ws>,
     next_ver: u64,
     next_stamp: u64,
+    /// Share files whose look (inode, size, mtime, ctime) the real sync being modelled
+    /// left as it was: on a share that keeps whole seconds, a new mtime given within the
+    /// second of the old one is no new version to anyone who looks (set by the harness
+    /// before each [`Model::sync`]).
+    pub look_kept: BTreeSet<PathBuf>,
 }
 
 impl Model {
@@ -237,6 +242,7 @@ impl Model {
             ws: vec![Ws::default(); workstations],
             next_ver: 1,
             next_stamp: 1,
+            look_kept: BTreeSet::new(),
         }
     }
 
@@ -1031,7 +1037,12 @@ impl Model {
             }
             let restamped =
                 matches!(&self.share[&p].obj, Obj::File { stamp: s, .. } if *s != stamp);
-            if restamped {
+            if restamped && self.look_kept.contains(&p) {
+                // The same version to every look (a share with whole seconds).
+                if let Some(e) = self.share.get_mut(&p) {
+                    e.obj = Obj::File { data, mode, stamp };
+                }
+            } else if restamped {
                 let ver = self.file_ver();
                 self.share.insert(
                     p.clone(),
