@@ -16,9 +16,9 @@
 //! change: at mount ccfs sets the atime of the home's root on the share to "now" (one
 //! attribute change, on whole-second shares only) and reads the ctime that gave, and every
 //! file its syncs write tells it again. From such a look the share's second is known to be
-//! at least that much later as time passes here (a margin of one second is kept for clocks
-//! that run at slightly different rates). A share clock set back by more than that margin
-//! while ccfs runs is not noticed: see doc/SEMANTICS.md "Sessions".
+//! at least that much later as time passes here (less a thousandth, for clocks that run
+//! at slightly different rates). A share clock set back while ccfs runs is not noticed:
+//! see doc/SEMANTICS.md "Sessions".
 
 use std::os::unix::fs::FileExt;
 
@@ -33,6 +33,16 @@ use crate::state::{Content, ShareId};
 pub(super) struct ShareClock {
     secs: i64,
     at: std::time::Instant,
+}
+
+impl ShareClock {
+    /// The second the share's clock has certainly reached by now: the one it told, and
+    /// every whole second since as this machine counts them, less a thousandth (two
+    /// clocks that keep time within 0.1% of each other: NTP keeps them within 0.05%).
+    fn now(&self) -> i64 {
+        let passed = self.at.elapsed().as_secs_f64() * 0.999;
+        self.secs.saturating_add(passed as i64)
+    }
 }
 
 /// The content of the file `f` (read from its start with positioned reads, so a
@@ -71,28 +81,30 @@ impl Overlay {
     /// any later second.
     pub(super) fn share_second(&self) -> i64 {
         let clock = *self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
-        match clock {
-            None => i64::MIN,
-            Some(c) => {
-                let passed = i64::try_from(c.at.elapsed().as_secs()).unwrap_or(i64::MAX);
-                c.secs.saturating_add(passed).saturating_sub(1)
-            }
-        }
+        clock.map_or(i64::MIN, |c| c.now())
     }
 
     /// The share has just shown a ctime of `secs` (a change it stamped): its clock has
     /// reached that second.
     pub(super) fn saw_share_time(&self, secs: i64) {
         let mut clock = self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
-        let known = clock.map_or(i64::MIN, |c| {
-            let passed = i64::try_from(c.at.elapsed().as_secs()).unwrap_or(i64::MAX);
-            c.secs.saturating_add(passed)
-        });
-        if secs > known {
+        if secs > clock.map_or(i64::MIN, |c| c.now()) {
             *clock = Some(ShareClock {
                 secs,
                 at: std::time::Instant::now(),
             });
+        }
+    }
+
+    /// Waits (at most `limit`) until the share's clock is known to be past second `secs`;
+    /// at once when its clock is not known (then it never is).
+    pub(super) fn wait_for_share_second(&self, secs: i64, limit: std::time::Duration) {
+        let start = std::time::Instant::now();
+        while self.share_second() != i64::MIN
+            && self.share_second() <= secs
+            && start.elapsed() < limit
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 
@@ -226,6 +238,24 @@ mod tests {
         // Finer times: a write in the same second changes the look.
         assert!(!Overlay::is_racy(&id((100, 5), (100, 0)), i64::MIN));
         assert!(!Overlay::is_racy(&id((100, 0), (100, 7)), i64::MIN));
+    }
+
+    #[test]
+    fn the_share_clock_moves_on_by_whole_seconds_counted_here() {
+        let ago = |ms: u64| {
+            std::time::Instant::now()
+                .checked_sub(std::time::Duration::from_millis(ms))
+                .expect("an instant in the past")
+        };
+        let told = |ms| ShareClock {
+            secs: 100,
+            at: ago(ms),
+        };
+        assert_eq!(told(0).now(), 100);
+        assert_eq!(told(900).now(), 100, "its second may still run");
+        assert_eq!(told(1_500).now(), 101);
+        // Ten seconds later the 0.1% margin takes 10 ms: the tenth second is not sure.
+        assert_eq!(told(10_005).now(), 109);
     }
 
     #[test]

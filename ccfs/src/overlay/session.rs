@@ -1741,13 +1741,41 @@ impl Overlay {
             }
             fits
         });
+        // Racy bases (see [`super::racy`]; the files this logout sent) are settled now,
+        // once their second is over on the share, rather than by a read at the next
+        // login: a copy whose share file no longer holds what was sent is not kept (the
+        // next login shows the share's). One the share's clock cannot settle yet keeps
+        // its mark.
+        if let Some(last) = copies
+            .iter()
+            .filter(|(p, _, _)| inner.state.racy(p).is_some())
+            .map(|(_, b, _)| b.ctime.0)
+            .max()
+        {
+            self.wait_for_share_second(last, std::time::Duration::from_secs(3));
+        }
+        let second = self.share_second();
+        let mut settled = HashSet::new();
+        copies.retain(|(p, b, _)| match inner.state.racy(p) {
+            Some(content) if b.ctime.0 < second => {
+                let holds = self.share_still_holds(p, *b, content).unwrap_or(false);
+                if holds {
+                    settled.insert(p.clone());
+                }
+                holds
+            }
+            _ => true,
+        });
         // What the kept files become, journaled before anything beside them is removed:
         // a failure here leaves the whole cache in place.
-        // A racy base keeps its mark (see [`super::racy`]).
         let mut keep: Vec<Record> = copies
             .iter()
             .flat_map(|(p, b, _)| {
-                let racy = inner.state.racy(p).map(|c| Record::Racy(p.clone(), c));
+                let racy = inner
+                    .state
+                    .racy(p)
+                    .filter(|_| !settled.contains(p))
+                    .map(|c| Record::Racy(p.clone(), c));
                 std::iter::once(Record::Base(p.clone(), Some(*b))).chain(racy)
             })
             .collect();
