@@ -462,11 +462,14 @@ impl World {
     fn login(&mut self, model: &mut Model, w: usize) -> Checked {
         let o = Overlay::new(&self.share, &self.caches[w], Policy::default_policy())
             .map_err(|e| format!("mount: {e}"))?;
-        // The model's steps take no time: a share look kept for the next change of its
-        // name (a second, in a mount) would answer across the other workstation's steps,
-        // which the model expects seen at once. Those answers and what they may miss are
-        // tested on their own (overlay::interleave_tests, the recent looks).
-        o.set_recent_look(std::time::Duration::ZERO);
+        // The share looks kept for the next change of a name ("nothing there") are on,
+        // as in a mount, and kept for the whole case (a mount keeps them a second: the
+        // model's steps take no time that it could count), so that each stands as long
+        // as ccfs lets one stand (until a sync of the workstation starts). Every step
+        // ends with a look at each view, as a user's `ls -l` makes: a name another
+        // workstation put on the share shows, and its kept look goes. The reference
+        // plays each look (reference::Model::look).
+        o.set_recent_look(std::time::Duration::from_secs(3600));
         let promises = Promises::before(self, &o);
         let looks = self.share_looks();
         let outcome = ccfs::daemon::recover_overlay(&o, &self.rsync(None));
@@ -588,6 +591,33 @@ impl World {
     /// Runs one operation within a session on both sides; they must agree on its success.
     fn apply(&mut self, model: &mut Model, op: &Op) -> Checked {
         let w = op.ws();
+        // The looks at the share the harness's calls make (see `World::reachable`, and
+        // each change's own look), played on the model first.
+        match op {
+            Op::Write(_, p, ..) | Op::Append(_, p, _) | Op::Chmod(_, p, _) | Op::Backdate(_, p) => {
+                let reached = model.look_on_the_way(w, name(*p));
+                if reached {
+                    model.look(w, name(*p));
+                }
+            }
+            Op::Unlink(_, p) | Op::Rmdir(_, p) | Op::Mkdir(_, p) => {
+                let reached = model.look_on_the_way(w, name(*p));
+                if reached {
+                    model.look_unless_kept(w, name(*p));
+                }
+            }
+            Op::Rename(_, a, b) => {
+                let reached =
+                    model.look_on_the_way(w, name(*a)) && model.look_on_the_way(w, name(*b));
+                if reached {
+                    model.look_unless_kept(w, name(*a));
+                    if !model.ws[w].bases.contains_key(name(*b)) {
+                        model.look_unless_kept(w, name(*b));
+                    }
+                }
+            }
+            _ => {}
+        }
         let (want, got) = match op {
             Op::Write(_, p, b, len) => {
                 let data = vec![*b; *len];
@@ -788,7 +818,13 @@ impl World {
     }
 
     /// The share and every logged-in workstation's view equal the model's.
-    fn compare(&self, model: &Model) -> Checked {
+    fn compare(&self, model: &mut Model) -> Checked {
+        self.compare_views(model)?;
+        model.views_looked();
+        Ok(())
+    }
+
+    fn compare_views(&self, model: &Model) -> Checked {
         let want: Tree = model
             .share
             .iter()
@@ -1022,7 +1058,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
         }
         .map_err(at)?;
         model.look_at_clean_copies();
-        world.compare(&model).map_err(at)?;
+        world.compare(&mut model).map_err(at)?;
     }
     for w in 0..WORKSTATIONS {
         let at = |e: String| format!("final logout of workstation {w}: {e}");
@@ -1033,7 +1069,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             .sync(&mut model, w, SyncMode::Logout, None)
             .map_err(at)?;
         model.look_at_clean_copies();
-        world.compare(&model).map_err(at)?;
+        world.compare(&mut model).map_err(at)?;
     }
     Ok(())
 }

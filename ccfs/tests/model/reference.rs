@@ -82,6 +82,12 @@ pub struct Ws {
     /// The share does not answer this workstation (its gate is closed): only what the
     /// cache holds can be used.
     pub share_down: bool,
+    /// Names whose last look at the share found nothing there, kept for a change of the
+    /// name (mkdir, a removal, a rename) until a sync of this workstation starts, as
+    /// ccfs keeps them (the harness keeps them for the whole case). Such a change takes
+    /// the name for free even when the share no longer answers, or has something there
+    /// by now (the sync then meets it as a change after the look).
+    pub kept_absent: BTreeSet<PathBuf>,
 }
 
 impl Ws {
@@ -457,7 +463,12 @@ impl Model {
 
     /// The first take-over of a path in a session records what the share holds there.
     fn take_over(&mut self, w: usize, p: &Path) {
-        let now = self.share_ver(p);
+        // A kept look that found nothing stands for the share's answer.
+        let now = if self.ws[w].kept_absent.contains(p) {
+            None
+        } else {
+            self.share_ver(p)
+        };
         self.ws[w].bases.entry(p.to_path_buf()).or_insert(now);
     }
 
@@ -578,7 +589,12 @@ impl Model {
 
     /// Removes `p` from the view; a share object there is deleted at the next sync.
     fn remove(&mut self, w: usize, p: &Path) {
-        let whiteout = self.share.contains_key(p) && !self.hidden(w, p);
+        // The share's object to delete: the one shown (a share file the cache lacks),
+        // else what the removal's look found there (a kept one: nothing).
+        let shown_from_share =
+            !self.ws[w].upper.contains_key(p) && !matches!(self.lookup(w, p), Some(Obj::Dir));
+        let looked_there = shown_from_share || !self.ws[w].kept_absent.contains(p);
+        let whiteout = looked_there && self.share.contains_key(p) && !self.hidden(w, p);
         let ws = &mut self.ws[w];
         ws.dirty.retain(|k| !below(k, p));
         for k in subtree(&ws.upper, p) {
@@ -598,9 +614,82 @@ impl Model {
     }
 
     /// Without the share a removal cannot tell whether there is something to delete
-    /// there: it fails (unless a deletion above hides the share's side).
+    /// there: it fails (unless a deletion above hides the share's side, or a kept look
+    /// found nothing there).
     fn removal_needs_share(&self, w: usize, p: &Path) -> bool {
-        self.ws[w].share_down && !self.hidden(w, p)
+        self.ws[w].share_down && !self.hidden(w, p) && !self.ws[w].kept_absent.contains(p)
+    }
+
+    /// A look at the share for `p` by workstation `w` (a lookup, or a change's own look):
+    /// one that finds nothing is kept, one that finds something drops the kept one. None
+    /// where the cache answers (its object there, a deletion, a file of the cache on the
+    /// way) or while the share does not answer.
+    pub fn look(&mut self, w: usize, p: &Path) {
+        let ws = &self.ws[w];
+        if !ws.mounted
+            || ws.share_down
+            || ws.upper.contains_key(p)
+            || self.hidden(w, p)
+            || ancestors(p)
+                .iter()
+                .any(|a| ws.upper.get(a).is_some_and(|o| !o.is_dir()))
+        {
+            return;
+        }
+        let there = self.share.contains_key(p);
+        let ws = &mut self.ws[w];
+        if there {
+            ws.kept_absent.remove(p);
+        } else {
+            ws.kept_absent.insert(p.to_path_buf());
+        }
+    }
+
+    /// A change's look at `p` that may take a kept one instead (mkdir, a removal, a
+    /// rename): looks only when none is kept.
+    pub fn look_unless_kept(&mut self, w: usize, p: &Path) {
+        if !self.ws[w].kept_absent.contains(p) {
+            self.look(w, p);
+        }
+    }
+
+    /// The kernel's walk to `p`: a look at each parent, nearest first, while each shows a
+    /// directory (through the cache's alone while the share does not answer).
+    /// Returns whether every parent showed a directory.
+    pub fn look_on_the_way(&mut self, w: usize, p: &Path) -> bool {
+        for a in p.ancestors().skip(1) {
+            if a.as_os_str().is_empty() {
+                break;
+            }
+            self.look(w, a);
+            let dir = if self.ws[w].share_down {
+                self.ws[w].upper.get(a).is_some_and(Obj::is_dir)
+            } else {
+                self.lookup(w, a).is_some_and(|o| o.is_dir())
+            };
+            if !dir {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Every view was looked at (each step's comparison): each name it shows from the
+    /// share drops a kept look of it.
+    pub fn views_looked(&mut self) {
+        for w in 0..self.ws.len() {
+            if !self.ws[w].mounted || self.ws[w].share_down {
+                continue;
+            }
+            let shown: Vec<PathBuf> = self
+                .view(w)
+                .into_keys()
+                .filter(|p| !self.ws[w].upper.contains_key(p))
+                .collect();
+            for p in shown {
+                self.ws[w].kept_absent.remove(&p);
+            }
+        }
     }
 
     pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
@@ -616,7 +705,8 @@ impl Model {
 
     pub fn mkdir(&mut self, w: usize, p: &Path) -> bool {
         let exists = if self.ws[w].share_down {
-            self.ws[w].upper.contains_key(p) || !self.free_without_share(w, p)
+            self.ws[w].upper.contains_key(p)
+                || !(self.free_without_share(w, p) || self.ws[w].kept_absent.contains(p))
         } else {
             self.lookup(w, p).is_some()
         };
@@ -658,20 +748,37 @@ impl Model {
         if from == to {
             return true;
         }
-        if self.ws[w].share_down {
-            return false; // it must know whether the share has `from`
+        let down = self.ws[w].share_down;
+        if down {
+            // It must know whether the share has `from` (a kept look that found nothing,
+            // or a deletion here, tells), and what the share has at `to` unless the
+            // session took `to` over already.
+            let ws = &self.ws[w];
+            let from_known = self.hidden(w, from) || ws.kept_absent.contains(from);
+            let to_known = ws.kept_absent.contains(to) || ws.bases.contains_key(to);
+            if !from_known || !to_known {
+                return false;
+            }
         }
         if below(to, from) {
             return false;
         }
-        match (&src, self.lookup(w, to)) {
+        let dst = if down {
+            self.ws[w].upper.get(to).cloned()
+        } else {
+            self.lookup(w, to)
+        };
+        match (&src, dst) {
             (Obj::Dir, Some(Obj::File { .. })) | (Obj::File { .. }, Some(Obj::Dir)) => {
                 return false
             }
             (Obj::Dir, Some(Obj::Dir)) if !self.list(w, to).is_empty() => return false,
             _ => {}
         }
-        let from_on_share = !self.hidden(w, from) && self.share.contains_key(from);
+        // What the rename's look at `from` found there (a kept one: nothing).
+        let from_on_share = !self.hidden(w, from)
+            && self.share.contains_key(from)
+            && !self.ws[w].kept_absent.contains(from);
         if src.is_dir() && from_on_share && self.share[from].obj.is_dir() {
             return false; // EXDEV
         }
@@ -728,6 +835,7 @@ impl Model {
         let ws = &mut self.ws[w];
         ws.mounted = true;
         ws.share_down = false;
+        ws.kept_absent.clear();
         if ws.has_work() {
             return true;
         }
@@ -830,6 +938,8 @@ impl Model {
         ino_of: &dyn Fn(&Path) -> Option<u64>,
     ) -> Result<Outcome, String> {
         let mut out = Outcome::default();
+        // A sync starts: no look kept before it stands.
+        self.ws[w].kept_absent.clear();
         if self.ws[w].share_down {
             // Nothing can be checked against the share: every change is held back and
             // named, nothing is sent, the cache keeps it all.
