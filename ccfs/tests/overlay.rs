@@ -1779,3 +1779,24 @@ fn model_regression_a_change_through_a_hard_link_whose_name_then_goes() {
         .expect("model");
     }
 }
+
+/// Regression (from the sessions model with the kept looks on): a failed unlink's own look
+/// keeps "nothing there" for the next change of the name, a rename over it meanwhile.
+#[test]
+fn sessions_regression_kept_looks_a_rename_over_a_name_then_its_unlink() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 2, 0, 0),
+            Unlink(0, 5),
+            Sync(0),
+            Write(1, 5, 0, 0),
+            Rename(0, 2, 5),
+            Sync(1),
+            Unlink(0, 5),
+        ],
+    )
+    .expect("model");
+}

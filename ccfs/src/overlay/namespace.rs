@@ -86,7 +86,9 @@ impl Overlay {
         };
         let look = if skip {
             ShareLook { syncs, seen: None }
-        } else if let Some(recent) = self.recent_look(rel).filter(|_| kept) {
+        } else if let Some(recent) = self.recent_look(rel).filter(|l| kept && l.syncs == syncs) {
+            // (One kept from before a sync started no longer stands: the share is asked
+            // again, and that answer kept.)
             recent
         } else {
             let at = std::time::Instant::now();

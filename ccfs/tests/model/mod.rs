@@ -85,6 +85,15 @@ pub enum Op {
     ShareUp(usize),
     /// The daemon dies while rsync has sent the first k files.
     CrashInSync(usize, usize),
+    /// A program opens the file read-write, maps it shared, closes the descriptor (ccfs
+    /// sees the release) and writes this byte at its start through the mapping, which it
+    /// keeps: under kernel passthrough its writes reach the cache's file without ccfs.
+    Map(usize, usize, u8),
+    /// Every kept mapping of the workstation writes this byte at its start, whether a
+    /// session runs there or not (after a logout or a crash too).
+    MapWrite(usize, u8),
+    /// The programs holding the workstation's mappings end.
+    Unmap(usize),
 }
 
 impl Op {
@@ -104,7 +113,10 @@ impl Op {
             | Op::Crash(w)
             | Op::ShareDown(w)
             | Op::ShareUp(w)
-            | Op::CrashInSync(w, _) => *w,
+            | Op::CrashInSync(w, _)
+            | Op::Map(w, ..)
+            | Op::MapWrite(w, _)
+            | Op::Unmap(w) => *w,
         };
         w % WORKSTATIONS
     }
@@ -123,14 +135,17 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         4 => (w.clone(), p.clone(), p.clone()).prop_map(|(w, a, b)| Op::Rename(w, a, b)),
         1 => (w.clone(), p.clone(), prop::sample::select(vec![0o600u32, 0o644, 0o755]))
             .prop_map(|(w, p, m)| Op::Chmod(w, p, m)),
-        1 => (w.clone(), p).prop_map(|(w, p)| Op::Backdate(w, p)),
+        1 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Backdate(w, p)),
         3 => w.clone().prop_map(Op::Sync),
         1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
         3 => w.clone().prop_map(Op::Logout),
         1 => w.clone().prop_map(Op::Crash),
         1 => (w.clone(), 0..4usize).prop_map(|(w, k)| Op::CrashInSync(w, k)),
         1 => w.clone().prop_map(Op::ShareDown),
-        1 => w.prop_map(Op::ShareUp),
+        1 => w.clone().prop_map(Op::ShareUp),
+        1 => (w.clone(), p.clone(), 0..3u8).prop_map(|(w, p, b)| Op::Map(w, p, b)),
+        2 => (w.clone(), 3..6u8).prop_map(|(w, b)| Op::MapWrite(w, b)),
+        1 => w.prop_map(Op::Unmap),
     ]
 }
 
@@ -294,15 +309,23 @@ fn upper_files(upper: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The rsync wrapper: records the list it is handed (`list`), runs the real rsync over the
-/// first K files (K from the file `k`; `all`: every file, with rsync's own exit code), and
-/// fails with exit 23 when K is a number (a sync that went wrong part-way).
+/// The rsync wrapper: records the lists it is handed, one call after another (`list`; a
+/// sync runs rsync twice when it sends snapshots of files being written first), runs the
+/// real rsync over them (K from the file `k`; `all`: every file, with rsync's own exit
+/// code), and when K is a number sends the first K files of all the calls together and
+/// fails every call with exit 23 (a sync that went wrong part-way; `sent` counts).
 fn write_wrapper(dir: &Path) -> PathBuf {
     let real = ccfs::sync::find_program("rsync").expect("rsync is installed");
     let script = format!(
-        "#!/bin/sh\nhere=$(dirname \"$0\")\ncat > \"$here/list\"\nk=$(cat \"$here/k\")\n\
-         if [ \"$k\" = all ]; then exec '{real}' \"$@\" < \"$here/list\"; fi\n\
-         head -z -n \"$k\" \"$here/list\" | '{real}' \"$@\"\nexit 23\n",
+        "#!/bin/sh\nhere=$(dirname \"$0\")\ncat > \"$here/call\"\ncat \"$here/call\" >> \"$here/list\"\n\
+         k=$(cat \"$here/k\")\n\
+         if [ \"$k\" = all ]; then exec '{real}' \"$@\" < \"$here/call\"; fi\n\
+         sent=$(cat \"$here/sent\" 2>/dev/null || echo 0)\nleft=$((k - sent))\n\
+         [ \"$left\" -lt 0 ] && left=0\n\
+         n=$(tr -cd '\\000' < \"$here/call\" | wc -c)\n\
+         [ \"$n\" -lt \"$left\" ] && left=$n\n\
+         echo $((sent + left)) > \"$here/sent\"\n\
+         head -z -n \"$left\" \"$here/call\" | '{real}' \"$@\"\nexit 23\n",
         real = real.display()
     );
     let path = dir.join("rsync");
@@ -326,11 +349,63 @@ struct World {
     /// the kernel's coarse clock would share an mtime that the model's stamps tell apart,
     /// so a write that gets an mtime already given has it moved on by a microsecond.
     mtimes: std::cell::RefCell<BTreeSet<(i64, i64)>>,
+    /// Each workstation's programs' shared writable mappings of cache files.
+    maps: Vec<Vec<Mapping>>,
     tmp: tempfile::TempDir,
+}
+
+/// A program's shared writable mapping of a cache file, its descriptor closed: known by
+/// the file's inode number (the file may move: to a conflict name).
+struct Mapping {
+    ino: u64,
+    at: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn of(f: &fs::File, len: usize) -> std::io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a new shared mapping of an open file, of its length; checked below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ino: f.metadata()?.ino(),
+            at: at.cast(),
+            len,
+        })
+    }
+
+    /// Writes `b` at the start and has it written back (as a program's msync).
+    fn write(&self, b: u8) {
+        // SAFETY: the mapping is `len` > 0 bytes long and alive while `self` is.
+        unsafe {
+            *self.at = b;
+            libc::msync(self.at.cast(), self.len, libc::MS_SYNC);
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, unmapped once.
+        unsafe { libc::munmap(self.at.cast(), self.len) };
+    }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
+        self.maps.clear();
         self.overlays.clear();
         if !self.share.starts_with(self.tmp.path()) {
             let _ = fs::remove_dir_all(&self.share);
@@ -367,6 +442,7 @@ impl World {
             host: ccfs::sync::hostname(),
             backdates: 0,
             mtimes: Default::default(),
+            maps: (0..WORKSTATIONS).map(|_| Vec::new()).collect(),
             tmp,
         }
     }
@@ -381,6 +457,7 @@ impl World {
         let k = k.map_or_else(|| "all".to_string(), |k| k.to_string());
         fs::write(dir.join("k"), k).expect("k");
         let _ = fs::remove_file(dir.join("list"));
+        let _ = fs::remove_file(dir.join("sent"));
         RsyncOptions {
             binary: self.wrapper.clone(),
             extra_args: vec![],
@@ -559,7 +636,18 @@ impl World {
         let session = o
             .begin_sync(&self.host, &stamp)
             .map_err(|e| format!("begin_sync: {e}"))?;
-        let files = session.files.clone();
+        // As the sync hands them to rsync: the snapshots of files being written first.
+        let files: Vec<PathBuf> = session
+            .snapshots
+            .iter()
+            .chain(
+                session
+                    .files
+                    .iter()
+                    .filter(|p| !session.snapshots.contains(p)),
+            )
+            .cloned()
+            .collect();
         let mut conflicts: Vec<(PathBuf, String)> = session
             .conflicts
             .iter()
@@ -591,10 +679,28 @@ impl World {
     /// Runs one operation within a session on both sides; they must agree on its success.
     fn apply(&mut self, model: &mut Model, op: &Op) -> Checked {
         let w = op.ws();
+        // A program that maps a file ends before another changes its name, or replaces
+        // or truncates it (a mapping's write beyond the end would fault).
+        match op {
+            Op::Write(_, p, ..)
+            | Op::Append(_, p, _)
+            | Op::Unlink(_, p)
+            | Op::Rmdir(_, p)
+            | Op::Mkdir(_, p) => self.unmap(model, w, Some(name(*p)))?,
+            Op::Rename(_, a, b) => {
+                self.unmap(model, w, Some(name(*a)))?;
+                self.unmap(model, w, Some(name(*b)))?;
+            }
+            _ => {}
+        }
         // The looks at the share the harness's calls make (see `World::reachable`, and
         // each change's own look), played on the model first.
         match op {
-            Op::Write(_, p, ..) | Op::Append(_, p, _) | Op::Chmod(_, p, _) | Op::Backdate(_, p) => {
+            Op::Write(_, p, ..)
+            | Op::Append(_, p, _)
+            | Op::Chmod(_, p, _)
+            | Op::Backdate(_, p)
+            | Op::Map(_, p, _) => {
                 let reached = model.look_on_the_way(w, name(*p));
                 if reached {
                     model.look(w, name(*p));
@@ -630,6 +736,7 @@ impl World {
                 model.append(w, name(*p), *b),
                 self.write(w, name(*p), &[*b], true),
             ),
+            Op::Map(_, p, b) => (model.map(w, name(*p), *b), self.map(w, name(*p), *b)),
             Op::Unlink(_, p) => (model.unlink(w, name(*p)), self.remove(w, name(*p), false)),
             Op::Mkdir(_, p) => (model.mkdir(w, name(*p)), self.mkdir(w, name(*p))),
             Op::Rmdir(_, p) => (model.rmdir(w, name(*p)), self.remove(w, name(*p), true)),
@@ -747,6 +854,101 @@ impl World {
                 .expect("set an unused mtime");
         }
         true
+    }
+
+    /// Gives the cache's file at `abs` this workstation's clock and an mtime no write gave
+    /// yet, as [`World::write`] does, without ccfs (the kernel stamps a mapping's writes).
+    fn stamp_directly(&self, w: usize, abs: &Path) -> Checked {
+        let f = fs::File::options()
+            .write(true)
+            .open(abs)
+            .map_err(|e| format!("open {}: {e}", abs.display()))?;
+        if self.skew[w] != 0 {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+            let t = Duration::new(
+                (now.as_secs() as i64 + self.skew[w]) as u64,
+                now.subsec_nanos(),
+            );
+            f.set_modified(UNIX_EPOCH + t).map_err(|e| format!("{e}"))?;
+        }
+        let m = f.metadata().map_err(|e| format!("{e}"))?;
+        if let Some(t) = self.unused_mtime((m.mtime(), m.mtime_nsec())) {
+            f.set_modified(UNIX_EPOCH + Duration::new(t.0 as u64, t.1 as u32))
+                .map_err(|e| format!("{e}"))?;
+        }
+        Ok(())
+    }
+
+    /// [`Op::Map`].
+    fn map(&mut self, w: usize, p: &Path, b: u8) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let o = self.overlay(w);
+        let len = match o.resolve(p) {
+            Ok(f) if f.meta.is_file() && f.meta.len() > 0 => f.meta.len() as usize,
+            _ => return false,
+        };
+        let Ok((f, writer)) = o.open(&ctx(), p, libc::O_RDWR) else {
+            return false;
+        };
+        let mapping = Mapping::of(&f, len).expect("mmap the cache's file");
+        drop(f);
+        if let Some(wr) = writer {
+            o.release_writer(wr);
+        }
+        mapping.write(b);
+        let abs = o.upper().join(p);
+        self.stamp_directly(w, &abs).expect("stamp");
+        self.maps[w].push(mapping);
+        true
+    }
+
+    /// The cache file of workstation `w` with inode number `ino`, if any.
+    fn cache_file_of(&self, w: usize, ino: u64) -> Option<PathBuf> {
+        let upper = self.caches[w].join("upper");
+        upper_files(&upper)
+            .into_iter()
+            .map(|p| upper.join(p))
+            .find(|p| fs::symlink_metadata(p).is_ok_and(|m| m.ino() == ino))
+    }
+
+    /// [`Op::MapWrite`].
+    fn map_write(&mut self, model: &mut Model, w: usize, b: u8) -> Checked {
+        for m in &self.maps[w] {
+            m.write(b);
+            let abs = self
+                .cache_file_of(w, m.ino)
+                .ok_or("a mapped file is gone from the cache")?;
+            self.stamp_directly(w, &abs)?;
+        }
+        model.map_write(w, b);
+        Ok(())
+    }
+
+    /// The programs holding mappings of `w`'s files at or below `p` end (all: None),
+    /// in the harness and the model.
+    fn unmap(&mut self, model: &mut Model, w: usize, p: Option<&Path>) -> Checked {
+        let inos: Vec<u64> = match p {
+            None => self.maps[w].iter().map(|m| m.ino).collect(),
+            Some(p) => {
+                let mut inos = Vec::new();
+                for h in model.ws[w].held.iter().filter(|h| h.starts_with(p)) {
+                    let at = self.caches[w].join("upper").join(h);
+                    let m = fs::symlink_metadata(&at).map_err(|e| {
+                        format!(
+                            "the model holds a mapping of {}, the cache has no file there: {e}",
+                            short(h)
+                        )
+                    })?;
+                    inos.push(m.ino());
+                }
+                inos
+            }
+        };
+        self.maps[w].retain(|m| !inos.contains(&m.ino));
+        model.unmap(w, p);
+        Ok(())
     }
 
     /// None when no write gave `t` yet (it is taken now), else the first mtime after it
@@ -1028,10 +1230,14 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
     for (step, op) in ops.iter().enumerate() {
         let at = |e: String| format!("step {step} ({op:?}): {e}");
         let w = op.ws();
-        if !model.mounted(w) {
+        // A mapping's program writes and ends whether a session runs or not.
+        let outside = matches!(op, Op::MapWrite(..) | Op::Unmap(_));
+        if !model.mounted(w) && !outside {
             world.login(&mut model, w).map_err(at)?;
         }
         match op {
+            Op::MapWrite(_, b) => world.map_write(&mut model, w, *b),
+            Op::Unmap(_) => world.unmap(&mut model, w, None),
             Op::Sync(_) => world.sync(&mut model, w, SyncMode::Session, None),
             Op::FailSync(_, k, logout) => {
                 let mode = if *logout {
@@ -1062,6 +1268,8 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
     }
     for w in 0..WORKSTATIONS {
         let at = |e: String| format!("final logout of workstation {w}: {e}");
+        // The programs end first: the last logout sends everything.
+        world.unmap(&mut model, w, None).map_err(at)?;
         if !model.mounted(w) {
             world.login(&mut model, w).map_err(at)?;
         }

@@ -88,6 +88,10 @@ pub struct Ws {
     /// the name for free even when the share no longer answers, or has something there
     /// by now (the sync then meets it as a change after the look).
     pub kept_absent: BTreeSet<PathBuf>,
+    /// Files a program holds a shared writable mapping of, its descriptor closed (under
+    /// kernel passthrough the mapping writes the cache's file without ccfs). A sync sends
+    /// such a file as it is and leaves it unsynced work; it outlives logouts and crashes.
+    pub held: BTreeSet<PathBuf>,
 }
 
 impl Ws {
@@ -577,6 +581,48 @@ impl Model {
         })
     }
 
+    /// A program opens the file read-write, maps it shared, closes the descriptor and
+    /// writes `b` at its start through the mapping, which it keeps. Only a file with data.
+    pub fn map(&mut self, w: usize, p: &Path, b: u8) -> bool {
+        let found = if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        };
+        if !matches!(found, Some(Obj::File { ref data, .. }) if !data.is_empty()) {
+            return false;
+        }
+        let s = self.stamp();
+        let done = self.change_file(w, p, |d, _, stamp| {
+            d[0] = b;
+            *stamp = s;
+        });
+        if done {
+            self.ws[w].held.insert(p.to_path_buf());
+        }
+        done
+    }
+
+    /// Each mapping workstation `w`'s programs hold writes `b` at its file's start,
+    /// whether a session runs there or not (the journal has the file as unsynced work).
+    pub fn map_write(&mut self, w: usize, b: u8) {
+        let held: Vec<PathBuf> = self.ws[w].held.iter().cloned().collect();
+        for p in held {
+            let s = self.stamp();
+            if let Some(Obj::File { data, stamp, .. }) = self.ws[w].upper.get_mut(&p) {
+                data[0] = b;
+                *stamp = s;
+            }
+        }
+    }
+
+    /// The programs holding mappings of `w`'s files at or below `p` end (all: `None`).
+    pub fn unmap(&mut self, w: usize, p: Option<&Path>) {
+        self.ws[w]
+            .held
+            .retain(|h| p.is_some_and(|p| !below_or_at(h, p)));
+    }
+
     pub fn chmod(&mut self, w: usize, p: &Path, m: u32) -> bool {
         self.change_file(w, p, |_, mode, _| *mode = m)
     }
@@ -645,11 +691,21 @@ impl Model {
         }
     }
 
-    /// A change's look at `p` that may take a kept one instead (mkdir, a removal, a
-    /// rename): looks only when none is kept.
+    /// A change's own look at `p` (mkdir, a removal, a rename), made before it finds
+    /// what the cache has there (so also where the cache has an object): it takes a kept
+    /// one when there is one. None where a deletion here hides the name, or while the
+    /// share does not answer.
     pub fn look_unless_kept(&mut self, w: usize, p: &Path) {
-        if !self.ws[w].kept_absent.contains(p) {
-            self.look(w, p);
+        let ws = &self.ws[w];
+        if ws.kept_absent.contains(p) || !ws.mounted || ws.share_down || self.hidden(w, p) {
+            return;
+        }
+        let there = self.share.contains_key(p);
+        let ws = &mut self.ws[w];
+        if there {
+            ws.kept_absent.remove(p);
+        } else {
+            ws.kept_absent.insert(p.to_path_buf());
         }
     }
 
@@ -1122,6 +1178,12 @@ impl Model {
                 } else {
                     name.join(&rest)
                 };
+                // A mapping follows its file to the conflict name.
+                if ws.held.remove(&p.join(&rest))
+                    || (rest.as_os_str().is_empty() && ws.held.remove(&p))
+                {
+                    ws.held.insert(at.clone());
+                }
                 unknown.retain(|u| u != &at);
                 ws.upper.insert(at.clone(), obj);
                 ws.dirty.insert(at);
@@ -1132,6 +1194,10 @@ impl Model {
         // bytes and mode, is not sent: the share's copy takes its mtime, and it is clean.
         let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
         for p in dirty {
+            // A mapped file may change after any comparison: rsync's part.
+            if self.ws[w].held.contains(&p) {
+                continue;
+            }
             let Some(Obj::File { data, mode, stamp }) = self.ws[w].upper.get(&p).cloned() else {
                 continue;
             };
@@ -1174,12 +1240,22 @@ impl Model {
             .filter(|p| !self.ws[w].upper.contains_key(*p))
             .cloned()
             .collect();
-        let files: Vec<PathBuf> = self.ws[w]
+        // Files being written (mapped) go first, each as a snapshot, where the share has
+        // their directory; then the rest.
+        let all: Vec<PathBuf> = self.ws[w]
             .dirty
             .iter()
             .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .collect();
+        let (mut files, rest): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
+            self.ws[w].held.contains(p)
+                && matches!(self.ws[w].upper.get(p), Some(Obj::File { .. }))
+                && p.parent()
+                    .and_then(|d| self.share.get(d))
+                    .is_some_and(|e| e.obj.is_dir())
+        });
+        files.extend(rest);
         if files != listed {
             return Err(format!(
                 "rsync was handed {listed:?}, the model lists {files:?}"
@@ -1233,7 +1309,10 @@ impl Model {
             if landed {
                 let ws = &mut self.ws[w];
                 ws.bases.insert(p.clone(), theirs.map(|t| t.ver));
-                ws.dirty.remove(p);
+                // A mapped file stays unsynced work: the next sync sends what came after.
+                if !ws.held.contains(p) {
+                    ws.dirty.remove(p);
+                }
             } else {
                 out.not_sent.push(p.clone());
             }
