@@ -886,7 +886,7 @@ impl World {
         }
         let o = self.overlay(w);
         let len = match o.resolve(p) {
-            Ok(f) if f.meta.is_file() && f.meta.len() > 0 => f.meta.len() as usize,
+            Ok(f) if f.meta.is_file() && !f.meta.is_empty() => f.meta.len() as usize,
             _ => return false,
         };
         let Ok((f, writer)) = o.open(&ctx(), p, libc::O_RDWR) else {
