@@ -179,21 +179,31 @@ fn ctx() -> Ctx {
     }
 }
 
-/// What a tree holds at a path, as compared: files by content and permission bits.
+/// What a tree holds at a path, as compared: files by content, permission bits and mtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    File(Vec<u8>, u32),
+    File(Vec<u8>, u32, When),
     Dir,
 }
 
-type Tree = BTreeMap<PathBuf, Node>;
+/// A file's mtime as compared: the same, or the same second where one side keeps whole
+/// seconds (a share that does); unknown on the model's side only for a version the
+/// harness did not write (none: [`World::node`] says so).
+#[derive(Debug, Clone, Copy)]
+struct When(Option<(i64, i64)>);
 
-fn node(o: &Obj) -> Node {
-    match o {
-        Obj::File { data, mode, .. } => Node::File(data.clone(), *mode),
-        Obj::Dir => Node::Dir,
+impl PartialEq for When {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => a == b || ((a.1 == 0 || b.1 == 0) && a.0 == b.0),
+            _ => true,
+        }
     }
 }
+
+impl Eq for When {}
+
+type Tree = BTreeMap<PathBuf, Node>;
 
 fn short(p: &Path) -> String {
     let s = p.to_string_lossy();
@@ -225,7 +235,7 @@ fn diff(want: &Tree, got: &Tree) -> String {
 fn brief(n: &Node) -> String {
     match n {
         Node::Dir => "dir".into(),
-        Node::File(d, m) => format!("file {d:?} {m:o}"),
+        Node::File(d, m, t) => format!("file {d:?} {m:o} mtime {:?}", t.0),
     }
 }
 
@@ -245,7 +255,8 @@ fn share_tree(share: &Path) -> Tree {
             }
         } else {
             let data = fs::read(&p).expect("read share");
-            out.insert(rel, Node::File(data, meta.mode() & 0o7777));
+            let t = When(Some((meta.mtime(), meta.mtime_nsec())));
+            out.insert(rel, Node::File(data, meta.mode() & 0o7777, t));
         }
     }
     out
@@ -283,7 +294,8 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
             stack.extend(entries.into_iter().map(|e| rel.join(e.name)));
         } else {
             let data = read_through(o, &rel)?;
-            out.insert(rel, Node::File(data, found.meta.mode() & 0o7777));
+            let t = When(Some(found.meta.mtime()));
+            out.insert(rel, Node::File(data, found.meta.mode() & 0o7777, t));
         }
     }
     Ok(out)
@@ -349,6 +361,8 @@ struct World {
     /// the kernel's coarse clock would share an mtime that the model's stamps tell apart,
     /// so a write that gets an mtime already given has it moved on by a microsecond.
     mtimes: std::cell::RefCell<BTreeSet<(i64, i64)>>,
+    /// The mtime each version (the model's stamp) got when the harness wrote it.
+    stamp_mtimes: std::cell::RefCell<BTreeMap<u64, (i64, i64)>>,
     /// Each workstation's programs' shared writable mappings of cache files.
     maps: Vec<Vec<Mapping>>,
     tmp: tempfile::TempDir,
@@ -442,6 +456,7 @@ impl World {
             host: ccfs::sync::hostname(),
             backdates: 0,
             mtimes: Default::default(),
+            stamp_mtimes: Default::default(),
             maps: (0..WORKSTATIONS).map(|_| Vec::new()).collect(),
             tmp,
         }
@@ -783,7 +798,14 @@ impl World {
                 if got { "succeeded" } else { "failed" }
             ));
         }
-        Ok(())
+        match op {
+            Op::Write(_, p, ..) | Op::Append(_, p, _) | Op::Backdate(_, p) | Op::Map(_, p, _)
+                if want =>
+            {
+                self.note_mtime(model, w, name(*p))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The kernel reaches a path through its parents: each must be a directory.
@@ -923,6 +945,10 @@ impl World {
             self.stamp_directly(w, &abs)?;
         }
         model.map_write(w, b);
+        let held: Vec<PathBuf> = model.ws[w].held.iter().cloned().collect();
+        for h in held {
+            self.note_mtime(model, w, &h)?;
+        }
         Ok(())
     }
 
@@ -1026,12 +1052,39 @@ impl World {
         Ok(())
     }
 
+    /// The model's object as compared, with the mtime the harness gave its version.
+    fn node(&self, o: &Obj) -> Result<Node, String> {
+        match o {
+            Obj::File { data, mode, stamp } => {
+                let t = self.stamp_mtimes.borrow().get(stamp).copied();
+                if t.is_none() {
+                    return Err(format!("the harness gave version {stamp} no mtime"));
+                }
+                Ok(Node::File(data.clone(), *mode, When(t)))
+            }
+            Obj::Dir => Ok(Node::Dir),
+        }
+    }
+
+    /// Notes the mtime the version `w`'s cache holds at `p` has (just written there).
+    fn note_mtime(&self, model: &Model, w: usize, p: &Path) -> Checked {
+        let Some(Obj::File { stamp, .. }) = model.ws[w].upper.get(p) else {
+            return Ok(());
+        };
+        let m = fs::symlink_metadata(self.caches[w].join("upper").join(p))
+            .map_err(|e| format!("the cache's {} after a write: {e}", short(p)))?;
+        self.stamp_mtimes
+            .borrow_mut()
+            .insert(*stamp, (m.mtime(), m.mtime_nsec()));
+        Ok(())
+    }
+
     fn compare_views(&self, model: &Model) -> Checked {
         let want: Tree = model
             .share
             .iter()
-            .map(|(p, e)| (p.clone(), node(&e.obj)))
-            .collect();
+            .map(|(p, e)| Ok((p.clone(), self.node(&e.obj)?)))
+            .collect::<Result<_, String>>()?;
         let got = share_tree(&self.share);
         if want != got {
             return Err(format!(
@@ -1054,7 +1107,10 @@ impl World {
             } else {
                 model.view(w)
             };
-            let want: Tree = want.iter().map(|(p, o)| (p.clone(), node(o))).collect();
+            let want: Tree = want
+                .iter()
+                .map(|(p, o)| Ok((p.clone(), self.node(o)?)))
+                .collect::<Result<_, String>>()?;
             let got = overlay_view(o)?;
             if want != got {
                 return Err(format!(
@@ -1124,7 +1180,7 @@ impl Promises {
         };
         let cached = upper_files(o.upper());
         for (p, data, mode) in &self.versions {
-            let want = Node::File(data.clone(), *mode);
+            let want = Node::File(data.clone(), *mode, When(None));
             let on_share = after.get(p) == Some(&want)
                 || after
                     .iter()
@@ -1216,6 +1272,11 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
                     .expect("set the mtime");
             }
             let stamp = model.stamp();
+            let m = fs::symlink_metadata(&at).expect("stat on the share");
+            world
+                .stamp_mtimes
+                .borrow_mut()
+                .insert(stamp, (m.mtime(), m.mtime_nsec()));
             model.put_on_share(
                 p,
                 Obj::File {
