@@ -1800,3 +1800,22 @@ fn sessions_regression_kept_looks_a_rename_over_a_name_then_its_unlink() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model with mappings): a failed sync names what it did
+/// not send in the order of the paths, a mapped file's snapshot among them.
+#[test]
+fn sessions_regression_a_mapped_file_not_sent_is_named_in_path_order() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 2, 0, 1),
+            Rename(0, 2, 5),
+            Map(0, 5, 0),
+            Write(0, 0, 0, 0),
+            FailSync(0, 0, false),
+        ],
+    )
+    .expect("model");
+}

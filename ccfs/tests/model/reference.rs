@@ -1344,6 +1344,8 @@ impl Model {
             }
         }
         out.conflicts.sort();
+        // In the order of the paths (the sync names them so, whichever rsync run had them).
+        out.not_sent.sort();
         let ws = &mut self.ws[w];
         if drop_when_clean && ws.dirty.is_empty() && ws.whiteouts.is_empty() {
             ws.keep_clean_copies_only();
