@@ -1819,3 +1819,29 @@ fn sessions_regression_a_mapped_file_not_sent_is_named_in_path_order() {
     )
     .expect("model");
 }
+
+/// The sessions model with extended attributes: one set on a share file (copied up,
+/// sent with it, kept with a conflict copy), one removed, and a removal of one the file
+/// lacks (ENODATA), which changes nothing.
+#[test]
+fn sessions_xattrs_are_carried_and_a_failed_removal_changes_nothing() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(0, 1)],
+        [0, 0],
+        vec![
+            Xattr(0, 0, None),
+            Sync(0),
+            Xattr(0, 0, Some(1)),
+            Sync(0),
+            Logout(0),
+            Xattr(1, 0, Some(0)),
+            Write(0, 0, 2, 2),
+            Sync(1),
+            Sync(0),
+            Xattr(1, 0, None),
+            Logout(1),
+        ],
+    )
+    .expect("model");
+}

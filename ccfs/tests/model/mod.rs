@@ -71,6 +71,8 @@ pub enum Op {
     Chmod(usize, usize, u32),
     /// Sets an old mtime (`cp -p`, `touch -d`), a different one each time.
     Backdate(usize, usize),
+    /// Sets the file's `user.x` attribute to this value, or removes it (None).
+    Xattr(usize, usize, Option<u8>),
     /// `ccfs sync`.
     Sync(usize),
     /// A sync (a logout with `true`) whose rsync sends the first k files, then fails
@@ -107,6 +109,7 @@ impl Op {
             | Op::Rename(w, ..)
             | Op::Chmod(w, ..)
             | Op::Backdate(w, _)
+            | Op::Xattr(w, ..)
             | Op::Sync(w)
             | Op::FailSync(w, ..)
             | Op::Logout(w)
@@ -136,6 +139,7 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         1 => (w.clone(), p.clone(), prop::sample::select(vec![0o600u32, 0o644, 0o755]))
             .prop_map(|(w, p, m)| Op::Chmod(w, p, m)),
         1 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Backdate(w, p)),
+        1 => (w.clone(), p.clone(), prop::option::of(0..2u8)).prop_map(|(w, p, v)| Op::Xattr(w, p, v)),
         3 => w.clone().prop_map(Op::Sync),
         1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
         3 => w.clone().prop_map(Op::Logout),
@@ -182,9 +186,17 @@ fn ctx() -> Ctx {
 /// What a tree holds at a path, as compared: files by content, permission bits and mtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    File(Vec<u8>, u32, When),
+    /// Content, permission bits, mtime, and the `user.x` attribute.
+    File(Vec<u8>, u32, When, Option<Vec<u8>>),
     Dir,
 }
+
+/// The `user.x` attribute of a file (None: not set).
+fn xattr_of(get: impl FnOnce(&std::ffi::OsStr) -> std::io::Result<Vec<u8>>) -> Option<Vec<u8>> {
+    get(std::ffi::OsStr::new(XATTR)).ok()
+}
+
+const XATTR: &str = "user.x";
 
 /// A file's mtime as compared: the same, or the same second where one side keeps whole
 /// seconds (a share that does); unknown on the model's side only for a version the
@@ -235,7 +247,7 @@ fn diff(want: &Tree, got: &Tree) -> String {
 fn brief(n: &Node) -> String {
     match n {
         Node::Dir => "dir".into(),
-        Node::File(d, m, t) => format!("file {d:?} {m:o} mtime {:?}", t.0),
+        Node::File(d, m, t, x) => format!("file {d:?} {m:o} mtime {:?} xattr {x:?}", t.0),
     }
 }
 
@@ -256,7 +268,8 @@ fn share_tree(share: &Path) -> Tree {
         } else {
             let data = fs::read(&p).expect("read share");
             let t = When(Some((meta.mtime(), meta.mtime_nsec())));
-            out.insert(rel, Node::File(data, meta.mode() & 0o7777, t));
+            let x = xattr_of(|n| ccfs::sys::lgetxattr(&p, n));
+            out.insert(rel, Node::File(data, meta.mode() & 0o7777, t, x));
         }
     }
     out
@@ -295,7 +308,11 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
         } else {
             let data = read_through(o, &rel)?;
             let t = When(Some(found.meta.mtime()));
-            out.insert(rel, Node::File(data, found.meta.mode() & 0o7777, t));
+            let x = xattr_of(|n| {
+                o.getxattr(&rel, n)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            });
+            out.insert(rel, Node::File(data, found.meta.mode() & 0o7777, t, x));
         }
     }
     Ok(out)
@@ -715,6 +732,7 @@ impl World {
             | Op::Append(_, p, _)
             | Op::Chmod(_, p, _)
             | Op::Backdate(_, p)
+            | Op::Xattr(_, p, _)
             | Op::Map(_, p, _) => {
                 let reached = model.look_on_the_way(w, name(*p));
                 if reached {
@@ -752,6 +770,10 @@ impl World {
                 self.write(w, name(*p), &[*b], true),
             ),
             Op::Map(_, p, b) => (model.map(w, name(*p), *b), self.map(w, name(*p), *b)),
+            Op::Xattr(_, p, v) => (
+                model.set_xattr(w, name(*p), *v),
+                self.set_xattr(w, name(*p), *v),
+            ),
             Op::Unlink(_, p) => (model.unlink(w, name(*p)), self.remove(w, name(*p), false)),
             Op::Mkdir(_, p) => (model.mkdir(w, name(*p)), self.mkdir(w, name(*p))),
             Op::Rmdir(_, p) => (model.rmdir(w, name(*p)), self.remove(w, name(*p), true)),
@@ -899,6 +921,22 @@ impl World {
                 .map_err(|e| format!("{e}"))?;
         }
         Ok(())
+    }
+
+    /// [`Op::Xattr`], on a file.
+    fn set_xattr(&self, w: usize, p: &Path, v: Option<u8>) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let o = self.overlay(w);
+        if !o.resolve(p).is_ok_and(|f| f.meta.is_file()) {
+            return false;
+        }
+        let n = std::ffi::OsStr::new(XATTR);
+        match v {
+            Some(v) => o.setxattr(&ctx(), p, n, &[v], 0).is_ok(),
+            None => o.removexattr(&ctx(), p, n).is_ok(),
+        }
     }
 
     /// [`Op::Map`].
@@ -1055,12 +1093,22 @@ impl World {
     /// The model's object as compared, with the mtime the harness gave its version.
     fn node(&self, o: &Obj) -> Result<Node, String> {
         match o {
-            Obj::File { data, mode, stamp } => {
+            Obj::File {
+                data,
+                mode,
+                stamp,
+                xattr,
+            } => {
                 let t = self.stamp_mtimes.borrow().get(stamp).copied();
                 if t.is_none() {
                     return Err(format!("the harness gave version {stamp} no mtime"));
                 }
-                Ok(Node::File(data.clone(), *mode, When(t)))
+                Ok(Node::File(
+                    data.clone(),
+                    *mode,
+                    When(t),
+                    xattr.map(|v| vec![v]),
+                ))
             }
             Obj::Dir => Ok(Node::Dir),
         }
@@ -1123,8 +1171,8 @@ impl World {
     }
 }
 
-/// A version the session holds to send: path, content, mode.
-type Version = (PathBuf, Vec<u8>, u32);
+/// A version the session holds to send: path, content, mode, `user.x`.
+type Version = (PathBuf, Vec<u8>, u32, Option<Vec<u8>>);
 
 /// The design's promises around one sync, checked from what ccfs itself records (its
 /// journal's dirty paths and deletions, the cache's files), not from the model.
@@ -1147,7 +1195,8 @@ impl Promises {
             if let Ok(m) = fs::symlink_metadata(&at) {
                 if m.is_file() {
                     let data = fs::read(&at).expect("read the cache");
-                    versions.push((p.clone(), data, m.mode() & 0o7777));
+                    let x = xattr_of(|n| ccfs::sys::lgetxattr(&at, n));
+                    versions.push((p.clone(), data, m.mode() & 0o7777, x));
                 }
             }
         }
@@ -1179,8 +1228,8 @@ impl Promises {
             inner.state().is_dirty(p) && fs::read(o.upper().join(p)).is_ok_and(|d| d == data)
         };
         let cached = upper_files(o.upper());
-        for (p, data, mode) in &self.versions {
-            let want = Node::File(data.clone(), *mode, When(None));
+        for (p, data, mode, x) in &self.versions {
+            let want = Node::File(data.clone(), *mode, When(None), x.clone());
             let on_share = after.get(p) == Some(&want)
                 || after
                     .iter()
@@ -1283,6 +1332,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
                     data,
                     mode: 0o644,
                     stamp,
+                    xattr: None,
                 },
             );
         }

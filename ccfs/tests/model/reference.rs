@@ -18,12 +18,14 @@ pub const ROOT: &str = ".c";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Obj {
-    /// Content, permission bits, and a stamp standing for the mtime: each write gives a new
-    /// one; a copy (copy-up, rsync) keeps it, and so does chmod.
+    /// Content, permission bits, a stamp standing for the mtime (each write gives a new
+    /// one; a copy (copy-up, rsync) keeps it, and so do chmod and setxattr), and the value
+    /// of one extended attribute (`user.x`), if set.
     File {
         data: Vec<u8>,
         mode: u32,
         stamp: u64,
+        xattr: Option<u8>,
     },
     Dir,
 }
@@ -543,6 +545,7 @@ impl Model {
                         data,
                         mode: 0o644,
                         stamp,
+                        xattr: None,
                     },
                 );
                 true
@@ -567,7 +570,10 @@ impl Model {
         }
         self.copy_up(w, p);
         self.mark_dirty(w, p);
-        if let Some(Obj::File { data, mode, stamp }) = self.ws[w].upper.get_mut(p) {
+        if let Some(Obj::File {
+            data, mode, stamp, ..
+        }) = self.ws[w].upper.get_mut(p)
+        {
             f(data, mode, stamp);
         }
         true
@@ -621,6 +627,30 @@ impl Model {
         self.ws[w]
             .held
             .retain(|h| p.is_some_and(|p| !below_or_at(h, p)));
+    }
+
+    /// Sets (a value) or removes (None) the file's `user.x` attribute: a change of the
+    /// file (copied up), not of its content or mtime.
+    pub fn set_xattr(&mut self, w: usize, p: &Path, v: Option<u8>) -> bool {
+        let had = match if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        } {
+            Some(Obj::File { xattr, .. }) => xattr,
+            _ => return false,
+        };
+        // Removing an attribute the file lacks fails (ENODATA), and changes nothing.
+        if v.is_none() && had.is_none() {
+            return false;
+        }
+        if !self.change_file(w, p, |_, _, _| {}) {
+            return false;
+        }
+        if let Some(Obj::File { xattr, .. }) = self.ws[w].upper.get_mut(p) {
+            *xattr = v;
+        }
+        true
     }
 
     pub fn chmod(&mut self, w: usize, p: &Path, m: u32) -> bool {
@@ -1198,16 +1228,25 @@ impl Model {
             if self.ws[w].held.contains(&p) {
                 continue;
             }
-            let Some(Obj::File { data, mode, stamp }) = self.ws[w].upper.get(&p).cloned() else {
+            let Some(Obj::File {
+                data,
+                mode,
+                stamp,
+                xattr,
+            }) = self.ws[w].upper.get(&p).cloned()
+            else {
                 continue;
             };
             let Some(base) = self.ws[w].bases.get(&p).copied().flatten() else {
                 continue;
             };
-            let same = self.share.get(&p).is_some_and(|e| {
-                e.ver == base
-                    && matches!(&e.obj, Obj::File { data: d, mode: m, .. } if *d == data && *m == mode)
-            });
+            // Only files without extended attributes on either side are compared.
+            let same = xattr.is_none()
+                && self.share.get(&p).is_some_and(|e| {
+                    e.ver == base
+                        && matches!(&e.obj, Obj::File { data: d, mode: m, xattr: None, .. }
+                            if *d == data && *m == mode)
+                });
             if !same {
                 continue;
             }
@@ -1216,14 +1255,24 @@ impl Model {
             if restamped && self.look_kept.contains(&p) {
                 // The same version to every look (a share with whole seconds).
                 if let Some(e) = self.share.get_mut(&p) {
-                    e.obj = Obj::File { data, mode, stamp };
+                    e.obj = Obj::File {
+                        data,
+                        mode,
+                        stamp,
+                        xattr,
+                    };
                 }
             } else if restamped {
                 let ver = self.file_ver();
                 self.share.insert(
                     p.clone(),
                     ShareEntry {
-                        obj: Obj::File { data, mode, stamp },
+                        obj: Obj::File {
+                            data,
+                            mode,
+                            stamp,
+                            xattr,
+                        },
                         ver,
                     },
                 );
