@@ -1845,3 +1845,27 @@ fn sessions_xattrs_are_carried_and_a_failed_removal_changes_nothing() {
     )
     .expect("model");
 }
+
+/// The sessions model with symbolic links: made on both workstations at one name (a
+/// conflict), renamed, removed, and compared with their targets on the share and in
+/// every view.
+#[test]
+fn sessions_symlinks_reach_the_share_and_meet_as_conflicts() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [0, 0],
+        vec![
+            Symlink(0, 0, 0),
+            Symlink(1, 0, 1),
+            Sync(0),
+            Sync(1),
+            Rename(0, 0, 1),
+            Logout(0),
+            Unlink(1, 0),
+            Symlink(1, 1, 1),
+            Logout(1),
+        ],
+    )
+    .expect("model");
+}

@@ -73,6 +73,8 @@ pub enum Op {
     Backdate(usize, usize),
     /// Sets the file's `user.x` attribute to this value, or removes it (None).
     Xattr(usize, usize, Option<u8>),
+    /// Makes a symbolic link there (to `t<n>`).
+    Symlink(usize, usize, u8),
     /// `ccfs sync`.
     Sync(usize),
     /// A sync (a logout with `true`) whose rsync sends the first k files, then fails
@@ -110,6 +112,7 @@ impl Op {
             | Op::Chmod(w, ..)
             | Op::Backdate(w, _)
             | Op::Xattr(w, ..)
+            | Op::Symlink(w, ..)
             | Op::Sync(w)
             | Op::FailSync(w, ..)
             | Op::Logout(w)
@@ -140,6 +143,7 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
             .prop_map(|(w, p, m)| Op::Chmod(w, p, m)),
         1 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Backdate(w, p)),
         1 => (w.clone(), p.clone(), prop::option::of(0..2u8)).prop_map(|(w, p, v)| Op::Xattr(w, p, v)),
+        1 => (w.clone(), p.clone(), 0..2u8).prop_map(|(w, p, t)| Op::Symlink(w, p, t)),
         3 => w.clone().prop_map(Op::Sync),
         1 => (w.clone(), 0..4usize, any::<bool>()).prop_map(|(w, k, l)| Op::FailSync(w, k, l)),
         3 => w.clone().prop_map(Op::Logout),
@@ -189,6 +193,8 @@ enum Node {
     /// Content, permission bits, mtime, and the `user.x` attribute.
     File(Vec<u8>, u32, When, Option<Vec<u8>>),
     Dir,
+    /// A symbolic link and its target.
+    Link(PathBuf),
 }
 
 /// The `user.x` attribute of a file (None: not set).
@@ -197,6 +203,11 @@ fn xattr_of(get: impl FnOnce(&std::ffi::OsStr) -> std::io::Result<Vec<u8>>) -> O
 }
 
 const XATTR: &str = "user.x";
+
+/// What [`Op::Symlink`]'s link `t` points to.
+fn link_target(t: u8) -> PathBuf {
+    PathBuf::from(format!("t{t}"))
+}
 
 /// A file's mtime as compared: the same, or the same second where one side keeps whole
 /// seconds (a share that does); unknown on the model's side only for a version the
@@ -248,6 +259,7 @@ fn brief(n: &Node) -> String {
     match n {
         Node::Dir => "dir".into(),
         Node::File(d, m, t, x) => format!("file {d:?} {m:o} mtime {:?} xattr {x:?}", t.0),
+        Node::Link(t) => format!("symlink to {}", t.display()),
     }
 }
 
@@ -265,6 +277,8 @@ fn share_tree(share: &Path) -> Tree {
             for e in fs::read_dir(&p).expect("ls share") {
                 stack.push(rel.join(e.expect("entry").file_name()));
             }
+        } else if meta.is_symlink() {
+            out.insert(rel, Node::Link(fs::read_link(&p).expect("readlink share")));
         } else {
             let data = fs::read(&p).expect("read share");
             let t = When(Some((meta.mtime(), meta.mtime_nsec())));
@@ -305,6 +319,11 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
                 .readdir(&rel)
                 .map_err(|e| format!("readdir {}: {e}", short(&rel)))?;
             stack.extend(entries.into_iter().map(|e| rel.join(e.name)));
+        } else if found.meta.is_symlink() {
+            let t = o
+                .readlink(&rel)
+                .map_err(|e| format!("readlink {}: {e}", short(&rel)))?;
+            out.insert(rel, Node::Link(t));
         } else {
             let data = read_through(o, &rel)?;
             let t = When(Some(found.meta.mtime()));
@@ -718,7 +737,8 @@ impl World {
             | Op::Append(_, p, _)
             | Op::Unlink(_, p)
             | Op::Rmdir(_, p)
-            | Op::Mkdir(_, p) => self.unmap(model, w, Some(name(*p)))?,
+            | Op::Mkdir(_, p)
+            | Op::Symlink(_, p, _) => self.unmap(model, w, Some(name(*p)))?,
             Op::Rename(_, a, b) => {
                 self.unmap(model, w, Some(name(*a)))?;
                 self.unmap(model, w, Some(name(*b)))?;
@@ -739,7 +759,7 @@ impl World {
                     model.look(w, name(*p));
                 }
             }
-            Op::Unlink(_, p) | Op::Rmdir(_, p) | Op::Mkdir(_, p) => {
+            Op::Unlink(_, p) | Op::Rmdir(_, p) | Op::Mkdir(_, p) | Op::Symlink(_, p, _) => {
                 let reached = model.look_on_the_way(w, name(*p));
                 if reached {
                     model.look_unless_kept(w, name(*p));
@@ -776,6 +796,10 @@ impl World {
             ),
             Op::Unlink(_, p) => (model.unlink(w, name(*p)), self.remove(w, name(*p), false)),
             Op::Mkdir(_, p) => (model.mkdir(w, name(*p)), self.mkdir(w, name(*p))),
+            Op::Symlink(_, p, t) => (
+                model.symlink(w, name(*p), *t),
+                self.symlink(w, name(*p), *t),
+            ),
             Op::Rmdir(_, p) => (model.rmdir(w, name(*p)), self.remove(w, name(*p), true)),
             Op::Rename(_, a, b) => (
                 model.rename(w, name(*a), name(*b)),
@@ -1055,6 +1079,16 @@ impl World {
         self.overlay(w).mkdir(&c, parent, file, 0o755).is_ok()
     }
 
+    fn symlink(&self, w: usize, p: &Path, t: u8) -> bool {
+        if !self.reachable(w, p) {
+            return false;
+        }
+        let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
+        self.overlay(w)
+            .symlink(&ctx(), parent, file, &link_target(t))
+            .is_ok()
+    }
+
     fn rename(&self, w: usize, from: &Path, to: &Path) -> bool {
         if !self.reachable(w, from) || !self.reachable(w, to) {
             return false;
@@ -1111,6 +1145,7 @@ impl World {
                 ))
             }
             Obj::Dir => Ok(Node::Dir),
+            Obj::Link(t) => Ok(Node::Link(link_target(*t))),
         }
     }
 

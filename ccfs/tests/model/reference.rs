@@ -28,6 +28,8 @@ pub enum Obj {
         xattr: Option<u8>,
     },
     Dir,
+    /// A symbolic link to `t<n>` (nothing there: the target is never followed).
+    Link(u8),
 }
 
 impl Obj {
@@ -39,12 +41,16 @@ impl Obj {
     fn tag(&self) -> Option<(usize, u64)> {
         match self {
             Obj::File { data, stamp, .. } => Some((data.len(), *stamp)),
-            Obj::Dir => None,
+            Obj::Dir | Obj::Link(_) => None,
         }
     }
 
     fn same_type(&self, other: &Obj) -> bool {
-        self.is_dir() == other.is_dir()
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+
+    fn is_file(&self) -> bool {
+        matches!(self, Obj::File { .. })
     }
 }
 
@@ -105,7 +111,7 @@ impl Ws {
             .upper
             .iter()
             .filter(|(p, o)| {
-                !o.is_dir()
+                o.is_file()
                     && !self.dirty.contains(*p)
                     && self.bases.get(*p).copied().flatten().is_some()
             })
@@ -272,7 +278,7 @@ impl Model {
     pub fn put_on_share(&mut self, p: &Path, obj: Obj) {
         let ver = match obj {
             Obj::Dir => Ver::Dir(0),
-            Obj::File { .. } => self.file_ver(),
+            Obj::File { .. } | Obj::Link(_) => self.file_ver(),
         };
         self.share.insert(p.to_path_buf(), ShareEntry { obj, ver });
     }
@@ -410,7 +416,7 @@ impl Model {
             let stale: Vec<PathBuf> = ws
                 .upper
                 .iter()
-                .filter(|(p, o)| !o.is_dir() && !ws.dirty.contains(*p))
+                .filter(|(p, o)| o.is_file() && !ws.dirty.contains(*p))
                 .filter_map(|(p, _)| {
                     let base = ws.bases.get(p).copied().flatten()?;
                     (self.share_ver(p) != Some(base)).then(|| p.clone())
@@ -522,7 +528,7 @@ impl Model {
             self.lookup(w, p)
         };
         match found {
-            Some(Obj::Dir) => false,
+            Some(Obj::Dir | Obj::Link(_)) => false,
             Some(Obj::File { .. }) => {
                 self.copy_up(w, p);
                 self.mark_dirty(w, p);
@@ -780,7 +786,7 @@ impl Model {
 
     pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
         if !self.parents_ok(w, p)
-            || !matches!(self.lookup(w, p), Some(Obj::File { .. }))
+            || !self.lookup(w, p).is_some_and(|o| !o.is_dir())
             || self.removal_needs_share(w, p)
         {
             return false;
@@ -803,6 +809,24 @@ impl Model {
         self.take_over(w, p);
         self.mark_dirty(w, p);
         self.ws[w].upper.insert(p.to_path_buf(), Obj::Dir);
+        true
+    }
+
+    /// symlink(2) to `t<t>` at `p`, made like a directory (a name the view shows free).
+    pub fn symlink(&mut self, w: usize, p: &Path, t: u8) -> bool {
+        let exists = if self.ws[w].share_down {
+            self.ws[w].upper.contains_key(p)
+                || !(self.free_without_share(w, p) || self.ws[w].kept_absent.contains(p))
+        } else {
+            self.lookup(w, p).is_some()
+        };
+        if !self.parents_ok(w, p) || exists {
+            return false;
+        }
+        self.ensure_parents(w, p);
+        self.take_over(w, p);
+        self.mark_dirty(w, p);
+        self.ws[w].upper.insert(p.to_path_buf(), Obj::Link(t));
         true
     }
 
@@ -855,9 +879,7 @@ impl Model {
             self.lookup(w, to)
         };
         match (&src, dst) {
-            (Obj::Dir, Some(Obj::File { .. })) | (Obj::File { .. }, Some(Obj::Dir)) => {
-                return false
-            }
+            (src, Some(dst)) if src.is_dir() != dst.is_dir() => return false,
             (Obj::Dir, Some(Obj::Dir)) if !self.list(w, to).is_empty() => return false,
             _ => {}
         }
@@ -998,7 +1020,7 @@ impl Model {
         }
         let ver = match obj {
             Obj::Dir => Ver::Dir(ino_of(p).unwrap_or(0)),
-            Obj::File { .. } => self.file_ver(),
+            Obj::File { .. } | Obj::Link(_) => self.file_ver(),
         };
         self.share.insert(
             p.to_path_buf(),
