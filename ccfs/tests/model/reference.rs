@@ -786,7 +786,7 @@ impl Model {
 
     pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
         if !self.parents_ok(w, p)
-            || !self.lookup(w, p).is_some_and(|o| !o.is_dir())
+            || self.lookup(w, p).is_none_or(|o| o.is_dir())
             || self.removal_needs_share(w, p)
         {
             return false;
