@@ -1869,3 +1869,58 @@ fn sessions_symlinks_reach_the_share_and_meet_as_conflicts() {
     )
     .expect("model");
 }
+
+/// The names of the files opened in `dir` since `fd` watched it (inotify IN_OPEN).
+fn opened_since(fd: i32) -> Vec<String> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: `buf` is valid for its length; `fd` is a non-blocking inotify descriptor.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    let mut names = Vec::new();
+    let mut at = 0usize;
+    while n > 0 && at < n as usize {
+        // struct inotify_event: wd, mask, cookie, len, then the name.
+        let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().expect("len")) as usize;
+        let name = String::from_utf8_lossy(&buf[at + 16..at + 16 + len])
+            .trim_end_matches('\0')
+            .to_string();
+        names.push(name);
+        at += 16 + len;
+    }
+    names
+}
+
+/// On NFS a look at a clean copy opens the share's file (an open revalidates the client's
+/// cached attributes, close-to-open; a lookup may be answered from them for a minute):
+/// played here on any share with the switch the NFS check sets.
+#[test]
+fn a_clean_copys_look_opens_the_shares_file_where_looks_open() {
+    let env = Env::new();
+    let o = env.overlay();
+    write_file(&o, ".x", b"v1");
+    env.sync(&o, SyncMode::Session);
+    let dir = std::ffi::CString::new(env.share.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: plain inotify calls on a descriptor this test owns; `dir` is a C string.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: as above.
+    assert!(unsafe { libc::inotify_add_watch(fd, dir.as_ptr(), libc::IN_OPEN) } >= 0);
+    let fine_times = fs::metadata(env.share.join(".x"))
+        .expect("stat")
+        .ctime_nsec()
+        != 0;
+    o.resolve(Path::new(".x")).expect("resolve");
+    let plain = opened_since(fd);
+    if fine_times {
+        assert!(
+            !plain.contains(&".x".to_string()),
+            "a plain look: {plain:?}"
+        );
+    }
+    o.set_looks_open(true);
+    o.resolve(Path::new(".x")).expect("resolve");
+    let opened = opened_since(fd);
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    assert!(opened.contains(&".x".to_string()), "{opened:?}");
+    assert_eq!(read_file(&o, ".x"), b"v1");
+}

@@ -298,11 +298,17 @@ impl Overlay {
         self.resolve(rel)
     }
 
+    /// Looks at clean copies as on NFS (see [`Overlay::share_look`]), whatever the share
+    /// is: for tests.
+    pub fn set_looks_open(&self, yes: bool) {
+        self.share_is_nfs.store(yes, Ordering::Relaxed);
+    }
+
     /// The share's object at `rel` for a look at a clean copy. On NFS the file is opened
     /// and its open descriptor asked: an open revalidates the client's cached attributes
     /// (close-to-open), which a plain lookup may answer from its cache for a minute.
     fn share_look(&self, rel: &Path) -> io::Result<Option<Stat>> {
-        if !self.share_is_nfs {
+        if !self.share_is_nfs.load(Ordering::Relaxed) {
             return self.share.stat(rel);
         }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;

@@ -258,7 +258,7 @@ pub struct Overlay {
     recent_look_ms: AtomicU64,
     /// The share is an NFS mount: a clean copy's look at it opens the file (see
     /// [`Overlay::share_look`]).
-    share_is_nfs: bool,
+    share_is_nfs: AtomicBool,
     /// The share's clock as last told (see [`racy`]). A leaf lock.
     share_clock: Mutex<Option<racy::ShareClock>>,
 }
@@ -554,7 +554,7 @@ impl Overlay {
             recent_looks: Mutex::new(HashMap::new()),
             recent_look_ms: AtomicU64::new(RECENT_LOOK.as_millis() as u64),
             share_clock: Mutex::new(None),
-            share_is_nfs,
+            share_is_nfs: AtomicBool::new(share_is_nfs),
         };
         overlay.ask_share_clock(&share_meta);
         // The cache's root stands for the share's root (rsync may copy its attributes);
