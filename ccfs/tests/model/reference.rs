@@ -796,24 +796,17 @@ impl Model {
     }
 
     pub fn mkdir(&mut self, w: usize, p: &Path) -> bool {
-        let exists = if self.ws[w].share_down {
-            self.ws[w].upper.contains_key(p)
-                || !(self.free_without_share(w, p) || self.ws[w].kept_absent.contains(p))
-        } else {
-            self.lookup(w, p).is_some()
-        };
-        if !self.parents_ok(w, p) || exists {
-            return false;
-        }
-        self.ensure_parents(w, p);
-        self.take_over(w, p);
-        self.mark_dirty(w, p);
-        self.ws[w].upper.insert(p.to_path_buf(), Obj::Dir);
-        true
+        self.make(w, p, Obj::Dir)
     }
 
     /// symlink(2) to `t<t>` at `p`, made like a directory (a name the view shows free).
     pub fn symlink(&mut self, w: usize, p: &Path, t: u8) -> bool {
+        self.make(w, p, Obj::Link(t))
+    }
+
+    /// mkdir or symlink: `obj` at `p`, where the view shows the name free (without the
+    /// share: where the cache can tell, or a kept look found nothing).
+    fn make(&mut self, w: usize, p: &Path, obj: Obj) -> bool {
         let exists = if self.ws[w].share_down {
             self.ws[w].upper.contains_key(p)
                 || !(self.free_without_share(w, p) || self.ws[w].kept_absent.contains(p))
@@ -826,7 +819,7 @@ impl Model {
         self.ensure_parents(w, p);
         self.take_over(w, p);
         self.mark_dirty(w, p);
-        self.ws[w].upper.insert(p.to_path_buf(), Obj::Link(t));
+        self.ws[w].upper.insert(p.to_path_buf(), obj);
         true
     }
 
