@@ -175,3 +175,82 @@ fn a_clean_copy_kept_over_a_logout_is_checked_by_content_at_the_next_login() {
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(read(&fx.m(&name)), "BBBB\n");
 }
+
+/// Another workstation's logout: a new file renamed over the share's.
+fn replace_on_share(p: &Path, bytes: &[u8]) {
+    let tmp = p.with_extension("elsewhere-tmp");
+    fs::write(&tmp, bytes).expect("write");
+    fs::rename(&tmp, p).expect("rename");
+}
+
+/// A conflict sets our version aside and takes the share's as the base; that base may be
+/// racy too. Here: the share's version arrives (another logout) at the start of a second,
+/// the sync sets ours aside, a program here appends to what it now sees, and an edit in
+/// place there at the same size lands in the same second. Both must survive.
+#[test]
+fn the_base_a_conflict_takes_is_checked_by_content_like_any_other() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let conf = fx.config("[mount]\nattr_timeout_ms = 0\n");
+    let _m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
+    let mut tries = 0;
+    let name = loop {
+        let name = format!(".f{tries}");
+        write(&fx.s(&name), "AAAA\n");
+        std::thread::sleep(Duration::from_millis(1100));
+        write(&fx.m(&name), "XXXX\n");
+        start_of_a_second();
+        replace_on_share(&fx.s(&name), b"BBBB\n");
+        let theirs = look(&fx.s(&name));
+        assert!(sync(&fx).contains("conflict"), "ours is set aside");
+        fs::OpenOptions::new()
+            .append(true)
+            .open(fx.m(&name))
+            .expect("open")
+            .write_all(b"more\n")
+            .expect("append");
+        write_in_place(&fx.s(&name), b"CCCC\n");
+        if look(&fx.s(&name)) == theirs {
+            break name;
+        }
+        tries += 1;
+        assert!(tries < 8, "could not write twice within one second");
+    };
+    sync(&fx);
+    let v = versions(&fx, &name);
+    assert!(
+        v.contains(&"CCCC\n".to_string()),
+        "the edit there is kept: {v:?}"
+    );
+    assert!(v.contains(&"BBBB\nmore\n".to_string()), "{v:?}");
+    assert!(v.contains(&"XXXX\n".to_string()), "{v:?}");
+}
+
+/// The same for a deletion made again after a "deleted here, changed there" conflict.
+#[test]
+fn a_deletion_made_again_after_a_conflict_keeps_a_same_second_write_there() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let conf = fx.config("[mount]\nattr_timeout_ms = 0\n");
+    let _m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
+    let mut tries = 0;
+    let name = loop {
+        let name = format!(".g{tries}");
+        write(&fx.s(&name), "AAAA\n");
+        std::thread::sleep(Duration::from_millis(1100));
+        fs::remove_file(fx.m(&name)).expect("rm here");
+        start_of_a_second();
+        replace_on_share(&fx.s(&name), b"BBBB\n");
+        let theirs = look(&fx.s(&name));
+        assert!(sync(&fx).contains("conflict"), "the change there is kept");
+        fs::remove_file(fx.m(&name)).expect("rm here again");
+        write_in_place(&fx.s(&name), b"CCCC\n");
+        if look(&fx.s(&name)) == theirs {
+            break name;
+        }
+        tries += 1;
+        assert!(tries < 8, "could not write twice within one second");
+    };
+    sync(&fx);
+    assert_eq!(versions(&fx, &name), ["CCCC\n"], "the edit there is kept");
+}

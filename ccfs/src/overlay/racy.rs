@@ -155,6 +155,23 @@ impl Overlay {
         read().unwrap_or(Content::Unknown)
     }
 
+    /// The records of `rel`'s base `id`, looked at after [`Overlay::share_second`] gave
+    /// `second`: the base, and when it is a racy file's, its mark with the content the
+    /// share's file has now (unknown if the share has another object there by then). A
+    /// symbolic link is never racy: it is not changed in place.
+    pub(super) fn base_records(&self, rel: &Path, id: Option<ShareId>, second: i64) -> Vec<Record> {
+        let mut out = vec![Record::Base(rel.to_path_buf(), id)];
+        if let Some(b) = id.filter(|b| Self::is_racy(b, second)) {
+            let content = match self.share.stat(rel) {
+                Ok(Some(m)) if m.is_symlink() => return out,
+                Ok(Some(m)) if m.is_file() => self.share_content(rel, b),
+                _ => Content::Unknown,
+            };
+            out.push(Record::Racy(rel.to_path_buf(), content));
+        }
+        out
+    }
+
     /// The content of the share's file at `rel`, whatever its look (unknown when it
     /// cannot be read).
     pub(super) fn share_content_any(&self, rel: &Path) -> Content {

@@ -754,9 +754,10 @@ impl Overlay {
                     });
                 }
                 (None, Some(c)) if self.same_content(&p, &ours, &c).unwrap_or(false) => {
-                    self.record(&mut inner, &[Record::Base(p.clone(), Some(c))])?;
+                    let base = self.base_records(&p, Some(c), second);
+                    self.record(&mut inner, &base)?;
                 }
-                _ => match self.move_aside(&mut inner, &p, cur, host, stamp) {
+                _ => match self.move_aside(&mut inner, &p, cur, second, host, stamp) {
                     Ok(name) => {
                         let kind = if base.is_none() {
                             ConflictKind::CreatedOnBoth
@@ -814,10 +815,9 @@ impl Overlay {
             {
                 continue;
             }
-            self.record(
-                &mut inner,
-                &[Record::Deleted(w.clone()), Record::Base(w.clone(), cur)],
-            )?;
+            let mut records = vec![Record::Deleted(w.clone())];
+            records.extend(self.base_records(&w, cur, second));
+            self.record(&mut inner, &records)?;
             tracing::warn!(path = %shown(&w), "conflict: deleted here, changed on the share; kept");
             session.conflicts.push(Conflict {
                 path: w,
@@ -865,6 +865,7 @@ impl Overlay {
                         break;
                     }
                 }
+                let second = self.share_second();
                 let theirs = match self.share.stat(dir) {
                     Ok(m) => m,
                     Err(e) => {
@@ -918,7 +919,7 @@ impl Overlay {
                 } else {
                     ConflictKind::ModifiedOnBoth
                 };
-                match self.move_aside(&mut inner, dir, cur, host, stamp) {
+                match self.move_aside(&mut inner, dir, cur, second, host, stamp) {
                     Ok(name) => {
                         tracing::warn!(path = %shown(dir), kept = %shown(&name),
                             "conflict: another kind of object on the share where we send a directory");
@@ -1042,7 +1043,7 @@ impl Overlay {
             if ours.is_empty() {
                 continue;
             }
-            match self.set_database_aside(&mut inner, &db, cur, &ours, host, stamp) {
+            match self.set_database_aside(&mut inner, &db, cur, second, &ours, host, stamp) {
                 Ok(moved) => {
                     for (from, to, kind) in moved {
                         tracing::warn!(path = %shown(&from), kept = %shown(&to),
@@ -1075,6 +1076,7 @@ impl Overlay {
         inner: &mut super::Inner,
         db: &Path,
         cur: Option<ShareId>,
+        second: i64,
         companions: &[(PathBuf, &'static str)],
         host: &str,
         stamp: &str,
@@ -1083,13 +1085,14 @@ impl Overlay {
         let name = self.conflict_name(inner, db, host, stamp, &ends)?;
         let mut moved = Vec::new();
         if self.upper_stat(db)?.is_some_and(|m| !m.is_dir()) {
-            self.move_to(inner, db, &name, cur)?;
+            self.move_to(inner, db, &name, cur, second)?;
             moved.push((db.to_path_buf(), name.clone(), ConflictKind::ModifiedOnBoth));
         }
         for (c, end) in companions {
             let there = with_ending(&name, end);
+            let second = self.share_second();
             let now = self.share.stat(c)?.as_ref().map(share_id_of);
-            self.move_to(inner, c, &there, now)?;
+            self.move_to(inner, c, &there, now, second)?;
             moved.push((c.clone(), there, ConflictKind::DatabaseChangedThere));
         }
         Ok(moved)
@@ -1166,7 +1169,8 @@ impl Overlay {
                     continue;
                 }
             }
-            match self.move_aside(&mut inner, p, cur, host, stamp) {
+            // (`cur` is a directory's: no look at one is racy.)
+            match self.move_aside(&mut inner, p, cur, i64::MAX, host, stamp) {
                 Ok(name) => {
                     tracing::warn!(path = %shown(p), kept = %shown(&name),
                         "conflict: a directory on the share holds what we did not delete");
@@ -1253,22 +1257,26 @@ impl Overlay {
         inner: &mut super::Inner,
         p: &Path,
         cur: Option<ShareId>,
+        second: i64,
         host: &str,
         stamp: &str,
     ) -> FsResult<PathBuf> {
         let name = self.conflict_name(inner, p, host, stamp, &[])?;
-        self.move_to(inner, p, &name, cur)?;
+        self.move_to(inner, p, &name, cur, second)?;
         Ok(name)
     }
 
     /// Moves our version of `p` (with all it holds, for a directory) to `name` in the
-    /// cache, to be sent there; `cur`, the share's object at `p`, becomes `p`'s base.
+    /// cache, to be sent there; `cur`, the share's object at `p` (looked at after
+    /// [`Overlay::share_second`] gave `second`), becomes `p`'s base, racy or not (see
+    /// [`Overlay::base_records`]).
     fn move_to(
         &self,
         inner: &mut super::Inner,
         p: &Path,
         name: &Path,
         cur: Option<ShareId>,
+        second: i64,
     ) -> FsResult<()> {
         let name = name.to_path_buf();
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
@@ -1302,8 +1310,8 @@ impl Overlay {
             },
             Record::Dirty(name.clone()),
             Record::Base(name.clone(), base_there),
-            Record::Base(p.to_path_buf(), cur),
         ];
+        records.extend(self.base_records(p, cur, second));
         records.extend(moved);
         self.record(inner, &records)?;
         Ok(())
@@ -1596,9 +1604,12 @@ impl Overlay {
         others
             .into_iter()
             .filter_map(|(p, b)| {
+                let second = self.share_second();
                 let now = share_id_of(&self.share.stat(&p).ok()??);
-                (now != b && same_save(Some(now), Some(b))).then_some(Record::Base(p, Some(now)))
+                (now != b && same_save(Some(now), Some(b)))
+                    .then(|| self.base_records(&p, Some(now), second))
             })
+            .flatten()
             .collect()
     }
 
@@ -1653,14 +1664,11 @@ impl Overlay {
                 }
             }
         }
+        let second = self.share_second();
         let now = self.share.stat(rel)?.as_ref().map(share_id_of);
-        self.record(
-            &mut inner,
-            &[
-                Record::Deleted(rel.to_path_buf()),
-                Record::Base(rel.to_path_buf(), now),
-            ],
-        )?;
+        let mut records = vec![Record::Deleted(rel.to_path_buf())];
+        records.extend(self.base_records(rel, now, second));
+        self.record(&mut inner, &records)?;
         Ok(conflict)
     }
 
