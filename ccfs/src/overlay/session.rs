@@ -1043,7 +1043,7 @@ impl Overlay {
             if ours.is_empty() {
                 continue;
             }
-            match self.set_database_aside(&mut inner, &db, cur, second, &ours, host, stamp) {
+            match self.set_database_aside(&mut inner, &db, (cur, second), &ours, host, stamp) {
                 Ok(moved) => {
                     for (from, to, kind) in moved {
                         tracing::warn!(path = %shown(&from), kept = %shown(&to),
@@ -1075,8 +1075,7 @@ impl Overlay {
         &self,
         inner: &mut super::Inner,
         db: &Path,
-        cur: Option<ShareId>,
-        second: i64,
+        (cur, second): (Option<ShareId>, i64),
         companions: &[(PathBuf, &'static str)],
         host: &str,
         stamp: &str,
