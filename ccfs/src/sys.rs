@@ -1139,7 +1139,27 @@ pub fn run_as_user_within(
             Err(e) => break Err(e),
         }
     };
-    let status = wait_child(pid)?;
+    // Its end is waited for within the same limit (and a moment more for a child that
+    // answered at the last moment), never longer: a child can answer, close the pipe and
+    // still not end, when one of its threads waits in a request to a filesystem that
+    // never answers it (a FUSE server the user runs, a share client that holds a request
+    // for its own minutes). Such a child is killed and left; SIGKILL ends it once the
+    // request comes back.
+    let until = deadline
+        .unwrap_or_else(|| std::time::Instant::now() + CHILD_END_WAIT)
+        .max(std::time::Instant::now() + std::time::Duration::from_secs(1));
+    let Some(status) = wait_child_until(pid, until)? else {
+        // SAFETY: kill(2) of our own child, not waited for (see above).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the child process working as {} did not end within {} s (a request to a filesystem it used does not come back); left behind",
+                acct.name,
+                limit.unwrap_or(CHILD_END_WAIT).as_secs()
+            ),
+        ));
+    };
     read?;
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
         return Ok(out);
@@ -1189,18 +1209,33 @@ fn child_as_user(
 }
 
 /// Waits for a child process; returns its wait status.
-fn wait_child(pid: libc::pid_t) -> io::Result<libc::c_int> {
+/// How long [`run_as_user_within`] without a limit waits for its child to end after the
+/// child closed its answer.
+const CHILD_END_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits for child `pid` to end until `until`: its status, or None if it has not ended.
+fn wait_child_until(
+    pid: libc::pid_t,
+    until: std::time::Instant,
+) -> io::Result<Option<libc::c_int>> {
     loop {
         let mut status = 0;
-        // SAFETY: waits for our own child; `status` is a valid out-parameter.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        // SAFETY: looks at our own child; `status` is a valid out-parameter.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if r == pid {
-            return Ok(status);
+            return Ok(Some(status));
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
             return Err(e);
         }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

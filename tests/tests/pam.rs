@@ -1114,6 +1114,54 @@ fn a_cache_over_its_time_is_stopped_named_and_loses_nothing() {
     assert_eq!(read(&lab.share().join(".profile")), "unsent\n");
 }
 
+/// A student plants a cache whose share is a FUSE filesystem of her own that takes every
+/// request and never answers it. The recovery of that cache (a child working as her) is
+/// stopped at its limit, and so is waiting for that child's end (a request it made
+/// cannot be interrupted); the boot's recovery goes on to the next cache and keeps to its
+/// limit in all: the other user's unsent work reaches the share.
+#[test]
+fn a_cache_whose_share_never_answers_holds_up_no_other_cache() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A cache's time longer than the recovery's own look at a share that does not answer
+    // (10 s): the child gives its answer, then cannot end.
+    let lab = Lab::new("[recovery]\nall_caches_secs = 40\nper_cache_secs = 15\n").with_user_share();
+    let s = lab.open("one");
+    as_alice(&format!("echo unsent > {}/.profile", lab.home().display()));
+    s.power_loss(&lab);
+    let bob = account("ccfs-bob");
+    let hang_at = lab.share_of("ccfs-bob").join("hang");
+    fs::create_dir(&hang_at).expect("mkdir");
+    std::os::unix::fs::chown(&hang_at, Some(bob.uid), Some(bob.gid)).expect("chown");
+    let hang = HangingFs::mount(&hang_at, bob.uid, bob.gid);
+    let root = lab.dir.join("cache").join(bob.uid.to_string());
+    let planted = root.join("hanging");
+    fs::create_dir_all(&planted).expect("mkdir");
+    fs::write(
+        planted.join("meta.json"),
+        format!(
+            "{{\"share\":\"{}\",\"mountpoint\":\"/home/ccfs-bob\",\"config\":null}}",
+            hang_at.display()
+        ),
+    )
+    .expect("meta");
+    for p in [&root, &planted, &planted.join("meta.json")] {
+        std::os::unix::fs::chown(p, Some(bob.uid), Some(bob.gid)).expect("chown");
+    }
+
+    let (status, said) = ended_within(
+        boot_recovery(&lab, &lab.config),
+        Duration::from_secs(40 + 40),
+    )
+    .expect("the boot's recovery did not keep to its limit of 40 s (40 s of grace)");
+    drop(hang);
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains("hanging"),
+        "the cache not done is named: {said}"
+    );
+    assert_eq!(read(&lab.share().join(".profile")), "unsent\n", "{said}");
+}
+
 /// A session whose logout could not send a large change (the machine went down) leaves it
 /// to the next boot and login, whose recoveries keep to their limits: the next login is
 /// not held up by it and does not fall back to the share. It mounts through ccfs at once,

@@ -1070,7 +1070,9 @@ impl Overlay {
     }
 
     /// Moves our companions of `db` (and our copy of `db`, if the cache has one) to the
-    /// conflict name of `db`. Returns what moved where, and as what conflict.
+    /// conflict name of `db`; the share's `db` (looked at after [`Overlay::share_second`]
+    /// gave the second beside it) becomes its base. Returns what moved where, and as what
+    /// conflict.
     fn set_database_aside(
         &self,
         inner: &mut super::Inner,

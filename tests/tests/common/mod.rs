@@ -604,3 +604,98 @@ pub fn start_of_a_second() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A FUSE filesystem a user runs that answers the kernel's INIT and then takes every
+/// request and never answers it: whoever asks waits, and a request the server has taken
+/// cannot be interrupted (SIGKILL included) until the server lets go. What a student's
+/// own FUSE server can do, and what a share client that holds requests for its own
+/// timeout does for that long. Mounted at `at` for `user` (as `fusermount3` mounts one
+/// for her); dropping it aborts the connection, which lets every request go.
+pub struct HangingFs {
+    at: PathBuf,
+    dev: Option<std::fs::File>,
+}
+
+impl HangingFs {
+    pub fn mount(at: &Path, uid: u32, gid: u32) -> Self {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .expect("/dev/fuse");
+        let opts = format!(
+            "fd={},rootmode=40000,user_id={uid},group_id={gid}",
+            dev.as_raw_fd()
+        );
+        let c = |s: &str| std::ffi::CString::new(s).expect("c string");
+        let at_c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: valid C strings for the call.
+        let r = unsafe {
+            libc::mount(
+                c("hangfs").as_ptr(),
+                at_c.as_ptr(),
+                c("fuse.hangfs").as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c(&opts).as_ptr().cast(),
+            )
+        };
+        assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
+        let mut server = dev.try_clone().expect("dup");
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; (1 << 20) + 4096];
+            while let Ok(n) = server.read(&mut buf) {
+                // struct fuse_in_header: len, opcode, unique, ...
+                if n < 40 || u32::from_ne_bytes(buf[4..8].try_into().expect("op")) != 26 {
+                    continue;
+                }
+                let unique = &buf[8..16];
+                let readahead = &buf[48..52];
+                // fuse_out_header, then fuse_init_out (protocol 7.31, 64 bytes).
+                let mut out = Vec::with_capacity(80);
+                out.extend_from_slice(&80u32.to_ne_bytes());
+                out.extend_from_slice(&0i32.to_ne_bytes());
+                out.extend_from_slice(unique);
+                out.extend_from_slice(&7u32.to_ne_bytes());
+                out.extend_from_slice(&31u32.to_ne_bytes());
+                out.extend_from_slice(readahead);
+                out.extend_from_slice(&0u32.to_ne_bytes());
+                out.extend_from_slice(&16u16.to_ne_bytes());
+                out.extend_from_slice(&12u16.to_ne_bytes());
+                out.extend_from_slice(&4096u32.to_ne_bytes());
+                out.extend_from_slice(&1u32.to_ne_bytes());
+                out.extend_from_slice(&32u16.to_ne_bytes());
+                out.resize(80, 0);
+                if server.write_all(&out).is_err() {
+                    break;
+                }
+            }
+        });
+        HangingFs {
+            at: at.to_path_buf(),
+            dev: Some(dev),
+        }
+    }
+}
+
+impl Drop for HangingFs {
+    fn drop(&mut self) {
+        // The connection's number (the mount's device minor), from the mount table: a
+        // look at the mount itself would wait for ever.
+        let want = self.at.to_string_lossy().into_owned();
+        if let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") {
+            for line in table.lines() {
+                let f: Vec<&str> = line.split(' ').collect();
+                if f.len() > 4 && f[4] == want {
+                    if let Some((_, minor)) = f[2].split_once(':') {
+                        let _ =
+                            std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+                    }
+                }
+            }
+        }
+        self.dev = None;
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}
