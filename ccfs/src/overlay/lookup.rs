@@ -304,10 +304,11 @@ impl Overlay {
         self.share_is_nfs.store(yes, Ordering::Relaxed);
     }
 
-    /// The share's object at `rel` for a look at a clean copy. On NFS the file is opened
-    /// and its open descriptor asked: an open revalidates the client's cached attributes
-    /// (close-to-open), which a plain lookup may answer from its cache for a minute.
-    fn share_look(&self, rel: &Path) -> io::Result<Option<Stat>> {
+    /// The share's object at `rel` for a look at a clean copy or a sync's check of a base.
+    /// On NFS the file is opened and its open descriptor asked: an open revalidates the
+    /// client's cached attributes (close-to-open), which a plain lookup may answer from
+    /// its cache for a minute.
+    pub(super) fn share_look(&self, rel: &Path) -> io::Result<Option<Stat>> {
         if !self.share_is_nfs.load(Ordering::Relaxed) {
             return self.share.stat(rel);
         }
@@ -324,7 +325,7 @@ impl Overlay {
             {
                 self.share.stat(rel)
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -48,11 +48,15 @@ impl ShareClock {
 /// The content of the file `f` (read from its start with positioned reads, so a
 /// descriptor shared with another reader is not moved).
 pub(super) fn content_of(f: &std::fs::File) -> io::Result<Content> {
+    const CHUNK: usize = 256 * 1024;
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    // Aligned to a page, for a descriptor opened with O_DIRECT.
+    let mut raw = vec![0u8; CHUNK + 4096];
+    let off = raw.as_ptr().align_offset(4096).min(4096);
+    let buf = &mut raw[off..off + CHUNK];
     let mut at = 0u64;
     loop {
-        let n = match f.read_at(&mut buf, at) {
+        let n = match f.read_at(buf, at) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -76,6 +80,18 @@ pub(super) fn whole_seconds(id: &ShareId) -> bool {
 }
 
 impl Overlay {
+    /// How the share's file is opened to read its content: on NFS past the client's
+    /// cached pages (O_DIRECT), which a write in place that left the attributes as they
+    /// were (whole seconds, the same size) would not make it drop.
+    fn content_flags(&self) -> i32 {
+        let direct = if self.share_is_nfs.load(std::sync::atomic::Ordering::Relaxed) {
+            libc::O_DIRECT
+        } else {
+            0
+        };
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | direct
+    }
+
     /// A second the share's clock has certainly reached by now (`i64::MIN`: not known).
     /// Read before the look it qualifies: a look taken after it may have been taken in
     /// any later second.
@@ -142,11 +158,7 @@ impl Overlay {
     /// (unknown otherwise, or when it cannot be read).
     pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
         let read = || -> io::Result<Content> {
-            let f = self.share.open_file(
-                rel,
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-                0,
-            )?;
+            let f = self.share.open_file(rel, self.content_flags(), 0)?;
             if share_id_of(&sys::fstat(&f)?) != base {
                 return Ok(Content::Unknown);
             }
@@ -176,7 +188,7 @@ impl Overlay {
     /// cannot be read).
     pub(super) fn share_content_any(&self, rel: &Path) -> Content {
         self.share
-            .open_file(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)
+            .open_file(rel, self.content_flags(), 0)
             .and_then(|f| content_of(&f))
             .unwrap_or(Content::Unknown)
     }
@@ -194,9 +206,7 @@ impl Overlay {
         if content == Content::Unknown {
             return Ok(false);
         }
-        let f =
-            self.share
-                .open_file(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?;
+        let f = self.share.open_file(rel, self.content_flags(), 0)?;
         let before = sys::fstat(&f)?;
         if !before.is_file() || share_id_of(&before) != base {
             return Ok(false);

@@ -1224,7 +1224,8 @@ impl Overlay {
         session: &mut SyncSession<'_>,
         held: &mut HashSet<PathBuf>,
     ) -> Option<Option<ShareId>> {
-        match self.share.stat(p) {
+        // (On NFS the file is opened: see `Overlay::share_look`.)
+        match self.share_look(p) {
             Ok(m) => Some(m.as_ref().map(share_id_of)),
             Err(e) => {
                 session
