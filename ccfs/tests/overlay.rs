@@ -1924,3 +1924,23 @@ fn a_clean_copys_look_opens_the_shares_file_where_looks_open() {
     assert!(opened.contains(&".x".to_string()), "{opened:?}");
     assert_eq!(read_file(&o, ".x"), b"v1");
 }
+
+/// Regression (from the sessions model with symbolic links): a link a crash in a sync
+/// left on the share, sent again by the recovery: rsync leaves a link that already points
+/// where ours does (the same object), so the other workstation's deletion of it is no
+/// conflict.
+#[test]
+fn sessions_regression_a_link_sent_again_is_the_same_object() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Symlink(0, 2, 0),
+            CrashInSync(0, 1),
+            Unlink(1, 2),
+            Write(0, 2, 0, 0),
+        ],
+    )
+    .expect("model");
+}

@@ -98,6 +98,11 @@ pub enum Op {
     MapWrite(usize, u8),
     /// The programs holding the workstation's mappings end.
     Unmap(usize),
+    /// An edit on the share itself (over SSH, on the server), in place and at the same
+    /// size: the file at the path gets this first byte (another than it has). No session
+    /// is involved; on a share that keeps whole seconds, one in the second of a look
+    /// leaves the look as it was.
+    EditThere(usize, u8),
 }
 
 impl Op {
@@ -123,6 +128,7 @@ impl Op {
             | Op::Map(w, ..)
             | Op::MapWrite(w, _)
             | Op::Unmap(w) => *w,
+            Op::EditThere(..) => 0,
         };
         w % WORKSTATIONS
     }
@@ -154,6 +160,7 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         1 => (w.clone(), p.clone(), 0..3u8).prop_map(|(w, p, b)| Op::Map(w, p, b)),
         2 => (w.clone(), 3..6u8).prop_map(|(w, b)| Op::MapWrite(w, b)),
         1 => w.prop_map(Op::Unmap),
+        2 => (p.clone(), 100..103u8).prop_map(|(p, b)| Op::EditThere(p, b)),
     ]
 }
 
@@ -997,6 +1004,46 @@ impl World {
             .find(|p| fs::symlink_metadata(p).is_ok_and(|m| m.ino() == ino))
     }
 
+    /// [`Op::EditThere`].
+    fn edit_there(&mut self, model: &mut Model, p: &Path, b: u8) -> Checked {
+        let before = model.share.get(p).map(|e| e.obj.clone());
+        let Some(stamp) = model.edit_there(p, b) else {
+            return Ok(());
+        };
+        let Some(Obj::File { data, .. }) = model.share.get(p).map(|e| e.obj.clone()) else {
+            return Err("the model's edit left no file".into());
+        };
+        let at = self.share.join(p);
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&at)
+            .map_err(|e| format!("open {} on the share ({before:?}): {e}", short(p)))?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &data[..1], 0)
+            .map_err(|e| format!("write {} on the share: {e}", short(p)))?;
+        drop(f);
+        self.stamp_directly_share(&at)?;
+        let m = fs::symlink_metadata(&at).map_err(|e| format!("{e}"))?;
+        self.stamp_mtimes
+            .borrow_mut()
+            .insert(stamp, (m.mtime(), m.mtime_nsec()));
+        Ok(())
+    }
+
+    /// Gives the share's file at `abs` an mtime no write gave yet (the server's clock
+    /// stamps an edit there; two in one tick would share one).
+    fn stamp_directly_share(&self, abs: &Path) -> Checked {
+        let f = fs::File::options()
+            .write(true)
+            .open(abs)
+            .map_err(|e| format!("open {}: {e}", abs.display()))?;
+        let m = f.metadata().map_err(|e| format!("{e}"))?;
+        if let Some(t) = self.unused_mtime((m.mtime(), m.mtime_nsec())) {
+            f.set_modified(UNIX_EPOCH + Duration::new(t.0 as u64, t.1 as u32))
+                .map_err(|e| format!("{e}"))?;
+        }
+        Ok(())
+    }
+
     /// [`Op::MapWrite`].
     fn map_write(&mut self, model: &mut Model, w: usize, b: u8) -> Checked {
         for m in &self.maps[w] {
@@ -1377,12 +1424,13 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
         let at = |e: String| format!("step {step} ({op:?}): {e}");
         let w = op.ws();
         // A mapping's program writes and ends whether a session runs or not.
-        let outside = matches!(op, Op::MapWrite(..) | Op::Unmap(_));
+        let outside = matches!(op, Op::MapWrite(..) | Op::Unmap(_) | Op::EditThere(..));
         if !model.mounted(w) && !outside {
             world.login(&mut model, w).map_err(at)?;
         }
         match op {
             Op::MapWrite(_, b) => world.map_write(&mut model, w, *b),
+            Op::EditThere(p, b) => world.edit_there(&mut model, name(*p), *b),
             Op::Unmap(_) => world.unmap(&mut model, w, None),
             Op::Sync(_) => world.sync(&mut model, w, SyncMode::Session, None),
             Op::FailSync(_, k, logout) => {
