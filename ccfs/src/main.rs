@@ -1052,7 +1052,7 @@ fn recover(
                     .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) =>
             {
                 say!(
-                    "ccfs: {name}: not done within {} s ([recovery] per_cache_secs, or what was left of all_caches_secs): stopped as a crash would stop it, nothing lost; left for its user's next login",
+                    "ccfs: {name}: not done within {} s ([recovery] per_cache_secs, or what was left of all_caches_secs; {e}): stopped as a crash would stop it, nothing lost; left for its user's next login",
                     limit.unwrap_or_default().as_secs()
                 );
                 failed += 1;

@@ -1208,7 +1208,6 @@ fn child_as_user(
     }
 }
 
-/// Waits for a child process; returns its wait status.
 /// How long [`run_as_user_within`] without a limit waits for its child to end after the
 /// child closed its answer.
 const CHILD_END_WAIT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -83,7 +83,7 @@ impl Overlay {
     /// How the share's file is opened to read its content: on NFS past the client's
     /// cached pages (O_DIRECT), which a write in place that left the attributes as they
     /// were (whole seconds, the same size) would not make it drop.
-    fn content_flags(&self) -> i32 {
+    pub(super) fn content_flags(&self) -> i32 {
         let direct = if self.share_is_nfs.load(std::sync::atomic::Ordering::Relaxed) {
             libc::O_DIRECT
         } else {

@@ -568,7 +568,8 @@ impl Overlay {
             return Ok(Unchanged::Send);
         }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-        let theirs_file = self.share.open_file(p, flags, 0)?;
+        // (On NFS past the client's cached pages: see `Overlay::content_flags`.)
+        let theirs_file = self.share.open_file(p, self.content_flags(), 0)?;
         let theirs = sys::fstat(&theirs_file)?;
         if !theirs.is_file() || share_id_of(&theirs) != base {
             // Changed on the share since the conflict check: rsync would overwrite it.
@@ -744,6 +745,10 @@ impl Overlay {
                     continue;
                 }
             };
+            let same = match (base, cur) {
+                (None, Some(c)) => self.same_content(&p, &ours, &c).unwrap_or(None),
+                _ => None,
+            };
             match (base, cur) {
                 (Some(_), None) => {
                     self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
@@ -753,8 +758,14 @@ impl Overlay {
                         kept: "ours, written back".into(),
                     });
                 }
-                (None, Some(c)) if self.same_content(&p, &ours, &c).unwrap_or(false) => {
-                    let base = self.base_records(&p, Some(c), second);
+                // Created on both with the same bytes: theirs is the base, and a racy one
+                // stands for those bytes (ours, as compared: a read of the share now could
+                // take a write made there since for them).
+                (None, Some(c)) if same.is_some() => {
+                    let mut base = vec![Record::Base(p.clone(), Some(c))];
+                    if Self::is_racy(&c, second) {
+                        base.extend(same.map(|content| Record::Racy(p.clone(), content)));
+                    }
                     self.record(&mut inner, &base)?;
                 }
                 _ => match self.move_aside(&mut inner, &p, cur, second, host, stamp) {
@@ -1319,17 +1330,23 @@ impl Overlay {
         Ok(())
     }
 
-    /// Same bytes in our copy and the share's (small files only)?
-    fn same_content(&self, rel: &Path, ours: &Stat, theirs: &ShareId) -> io::Result<bool> {
+    /// Same bytes in our copy and the share's (small files only)? Their content if so.
+    fn same_content(
+        &self,
+        rel: &Path,
+        ours: &Stat,
+        theirs: &ShareId,
+    ) -> io::Result<Option<Content>> {
         if ours.len() != theirs.size || ours.len() > 1 << 20 || !ours.is_file() {
-            return Ok(false);
+            return Ok(None);
         }
         let read = |root: &Root, at: &Path| -> io::Result<Vec<u8>> {
             let mut v = Vec::new();
             io::Read::read_to_end(&mut root.open_file(at, libc::O_RDONLY, 0)?, &mut v)?;
             Ok(v)
         };
-        Ok(read(&self.cache, &up(rel))? == read(&self.share, rel)?)
+        let mine = read(&self.cache, &up(rel))?;
+        Ok((mine == read(&self.share, rel)?).then(|| super::racy::content_of_bytes(&mine)))
     }
 
     /// A conflict name for `rel` free in the cache, on the share and in the record; with
@@ -1608,8 +1625,16 @@ impl Overlay {
             .filter_map(|(p, b)| {
                 let second = self.share_second();
                 let now = share_id_of(&self.share.stat(&p).ok()??);
-                (now != b && same_save(Some(now), Some(b)))
-                    .then(|| self.base_records(&p, Some(now), second))
+                if now == b || !same_save(Some(now), Some(b)) {
+                    return None;
+                }
+                // The same object with a link less: a racy base keeps the content it
+                // stood for (what the share has now may be a write made there since).
+                let kept = self.lock().state.racy(&p);
+                Some(match kept {
+                    Some(c) => vec![Record::Base(p.clone(), Some(now)), Record::Racy(p, c)],
+                    None => self.base_records(&p, Some(now), second),
+                })
             })
             .flatten()
             .collect()

@@ -851,6 +851,19 @@ impl World {
                 if got { "succeeded" } else { "failed" }
             ));
         }
+        // A racy base of unknown content (see `base_unknown`), learned from ccfs's record.
+        let taken = match op {
+            Op::Unlink(_, p) => Some(name(*p)),
+            Op::Rename(_, _, b) => Some(name(*b)),
+            _ => None,
+        };
+        if let Some(q) = taken.filter(|_| want) {
+            let unknown =
+                self.overlay(w).lock().state().racy(q) == Some(ccfs::state::Content::Unknown);
+            if unknown {
+                model.base_unknown(w, q);
+            }
+        }
         match op {
             Op::Write(_, p, ..) | Op::Append(_, p, _) | Op::Backdate(_, p) | Op::Map(_, p, _)
                 if want =>

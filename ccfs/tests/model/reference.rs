@@ -283,6 +283,18 @@ impl Model {
         self.share.insert(p.to_path_buf(), ShareEntry { obj, ver });
     }
 
+    /// Workstation `w` took `p` over from a look whose version it could not tell by
+    /// content (ccfs marks such a racy base unknown: a look made before its lock, on a
+    /// share that keeps whole seconds, in the second of a change there): any version the
+    /// share has there is a change to it. Learned from ccfs, as inode numbers are.
+    pub fn base_unknown(&mut self, w: usize, p: &Path) {
+        if let Some(b) = self.ws[w].bases.get_mut(p) {
+            if b.is_some() {
+                *b = Some(Ver::File(u64::MAX));
+            }
+        }
+    }
+
     /// An edit on the share itself (over SSH, on the server), in place: the share's file
     /// at `p` (one with data) gets the first byte `b` (another than it has), a new version
     /// of the same object. Returns its new stamp, or None when there is no such file.
