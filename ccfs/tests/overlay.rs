@@ -1944,3 +1944,24 @@ fn sessions_regression_a_link_sent_again_is_the_same_object() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model with the kept looks on, in CI): a name removed
+/// here while the share does not answer, its kept look saying the share has nothing
+/// there: a second removal finds nothing (the share is not asked).
+#[test]
+fn sessions_regression_kept_looks_a_removal_again_while_the_share_is_down() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(1, 1, 0, 0),
+            Write(0, 1, 0, 0),
+            ShareDown(1),
+            Sync(0),
+            Unlink(1, 1),
+            Unlink(1, 1),
+        ],
+    )
+    .expect("model");
+}

@@ -823,8 +823,15 @@ impl Model {
     }
 
     pub fn unlink(&mut self, w: usize, p: &Path) -> bool {
+        // Without the share only the cache's object can be found (a kept look says the
+        // share has nothing there; without one the share must answer).
+        let found = if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        };
         if !self.parents_ok(w, p)
-            || self.lookup(w, p).is_none_or(|o| o.is_dir())
+            || found.is_none_or(|o| o.is_dir())
             || self.removal_needs_share(w, p)
         {
             return false;
@@ -862,10 +869,11 @@ impl Model {
     }
 
     pub fn rmdir(&mut self, w: usize, p: &Path) -> bool {
+        // (Its listing needs the share, unless a deletion here hides the share's side.)
         if !self.parents_ok(w, p)
             || !matches!(self.lookup(w, p), Some(Obj::Dir))
             || !self.list(w, p).is_empty()
-            || self.removal_needs_share(w, p)
+            || (self.ws[w].share_down && !self.hidden(w, p))
         {
             return false;
         }
