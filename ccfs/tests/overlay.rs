@@ -1965,3 +1965,26 @@ fn sessions_regression_kept_looks_a_removal_again_while_the_share_is_down() {
     )
     .expect("model");
 }
+
+/// Regression (from the sessions model on the whole-second share): a sync cut short by a
+/// crash while a mapped file waited to go; the other workstation's logout sent the same
+/// file at the same size in the same second, which the recovery takes for its own
+/// transfer there (the bytes were the same; see doc/SEMANTICS.md, the limit).
+#[test]
+fn sessions_regression_a_crash_in_a_sync_and_a_same_second_save_elsewhere() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(0, 4)],
+        [-315360000, -315360000],
+        vec![
+            Sync(0),
+            Write(0, 1, 0, 1),
+            Sync(0),
+            Map(1, 1, 0),
+            CrashInSync(1, 0),
+            Map(0, 1, 0),
+            Logout(0),
+        ],
+    )
+    .expect("model");
+}

@@ -25,7 +25,7 @@ use crate::error::{errno, FsError, FsResult};
 use crate::gate;
 use crate::journal::{Durability, Journal, Ticket};
 use crate::policy::{PathClass, Policy};
-use crate::state::{Content, Origin, OverlayState, Record};
+use crate::state::{Origin, OverlayState, Record};
 use crate::sys::{self, Root, SetTime, Stat};
 
 /// Who is asking: new files belong to this user when ccfs runs as root.
@@ -820,9 +820,8 @@ impl Overlay {
     /// [`Overlay::take_over`], when the caller looked at the share's `rel` already
     /// (`seen`: what the share had there, looked at after [`Overlay::share_second`] gave
     /// `second`, maybe before the lock): no second look. A racy base (see [`racy`]) gets
-    /// the content the share's file has now when it is looked at here (the version the
-    /// user replaces or deletes; unknown if the share has another object by then), an
-    /// unknown one after the caller's look.
+    /// the content the share's file has now (the version the user replaces or deletes;
+    /// unknown if the share has another object by then).
     fn take_over_seen(
         &self,
         inner: &Inner,
@@ -844,16 +843,11 @@ impl Overlay {
             if let Some(b) = base
                 .filter(|b| now.as_ref().is_some_and(|m| m.is_file()) && Self::is_racy(b, second))
             {
-                // A look the caller made (maybe before the lock): the share's file may
-                // have been written in place since, in the same second, and a read now
-                // would take that for what the user replaces or deletes; not known then
-                // (the sync takes any version there for a change).
-                let content = if seen.is_some() {
-                    Content::Unknown
-                } else {
-                    self.share_content(rel, b)
-                };
-                out.push(Record::Racy(rel.to_path_buf(), content));
+                // Read now, through a descriptor whose look must still be the base: a
+                // write in place there in the same second between the caller's look
+                // (maybe before the lock) and this read is taken for what the user
+                // replaces or deletes (doc/SEMANTICS.md, limit).
+                out.push(Record::Racy(rel.to_path_buf(), self.share_content(rel, b)));
             }
         }
         out.extend(self.database_base(inner, rel)?);

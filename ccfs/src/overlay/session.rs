@@ -211,7 +211,9 @@ fn is_our_transfer(theirs: &Stat, ours: Option<&Stat>, sent: Option<Sent>) -> bo
     let now = ours.filter(|o| o.is_file()).map(|o| (o.len(), o.mtime()));
     let then = sent.map(|s| (s.size, s.mtime));
     // A share that keeps whole seconds has our mtime cut to its second (rsync's own
-    // listing names whole seconds too: see [`is_reported_transfer`]).
+    // listing names whole seconds too: see [`is_reported_transfer`]); another
+    // workstation's file of that size with an mtime in that second passes for ours
+    // there (see doc/SEMANTICS.md, "Shares that keep whole seconds": limit).
     let kept_as = |ours: Option<(u64, (i64, i64))>| {
         ours.is_some_and(|(size, m)| size == t.0 && same_mtime_on_share(m, t.1))
     };

@@ -406,6 +406,8 @@ struct World {
     mtimes: std::cell::RefCell<BTreeSet<(i64, i64)>>,
     /// The mtime each version (the model's stamp) got when the harness wrote it.
     stamp_mtimes: std::cell::RefCell<BTreeMap<u64, (i64, i64)>>,
+    /// The share keeps whole seconds.
+    whole_seconds: bool,
     /// Each workstation's programs' shared writable mappings of cache files.
     maps: Vec<Vec<Mapping>>,
     tmp: tempfile::TempDir,
@@ -482,6 +484,8 @@ impl World {
             None => tmp.path().join("share"),
         };
         fs::create_dir_all(share.join(ROOT)).expect("share");
+        let whole_seconds = fs::metadata(share.join(ROOT))
+            .is_ok_and(|m| m.mtime_nsec() == 0 && m.ctime_nsec() == 0);
         let caches: Vec<PathBuf> = (0..WORKSTATIONS)
             .map(|w| tmp.path().join(format!("cache-{w}")))
             .collect();
@@ -500,6 +504,7 @@ impl World {
             backdates: 0,
             mtimes: Default::default(),
             stamp_mtimes: Default::default(),
+            whole_seconds,
             maps: (0..WORKSTATIONS).map(|_| Vec::new()).collect(),
             tmp,
         }
@@ -1036,9 +1041,7 @@ impl World {
         drop(f);
         self.stamp_directly_share(&at)?;
         let m = fs::symlink_metadata(&at).map_err(|e| format!("{e}"))?;
-        self.stamp_mtimes
-            .borrow_mut()
-            .insert(stamp, (m.mtime(), m.mtime_nsec()));
+        self.record_stamp(model, stamp, (m.mtime(), m.mtime_nsec()));
         Ok(())
     }
 
@@ -1210,16 +1213,26 @@ impl World {
     }
 
     /// Notes the mtime the version `w`'s cache holds at `p` has (just written there).
-    fn note_mtime(&self, model: &Model, w: usize, p: &Path) -> Checked {
+    fn note_mtime(&self, model: &mut Model, w: usize, p: &Path) -> Checked {
         let Some(Obj::File { stamp, .. }) = model.ws[w].upper.get(p) else {
             return Ok(());
         };
+        let stamp = *stamp;
         let m = fs::symlink_metadata(self.caches[w].join("upper").join(p))
             .map_err(|e| format!("the cache's {} after a write: {e}", short(p)))?;
-        self.stamp_mtimes
-            .borrow_mut()
-            .insert(*stamp, (m.mtime(), m.mtime_nsec()));
+        self.record_stamp(model, stamp, (m.mtime(), m.mtime_nsec()));
         Ok(())
+    }
+
+    /// The mtime version `stamp` got; the model learns whether the share keeps it exactly.
+    fn record_stamp(&self, model: &mut Model, stamp: u64, t: (i64, i64)) {
+        self.stamp_mtimes.borrow_mut().insert(stamp, t);
+        if self.whole_seconds {
+            model
+                .stamp_seconds
+                .get_or_insert_with(Default::default)
+                .insert(stamp, t.0);
+        }
     }
 
     fn compare_views(&self, model: &Model) -> Checked {
@@ -1417,10 +1430,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             }
             let stamp = model.stamp();
             let m = fs::symlink_metadata(&at).expect("stat on the share");
-            world
-                .stamp_mtimes
-                .borrow_mut()
-                .insert(stamp, (m.mtime(), m.mtime_nsec()));
+            world.record_stamp(&mut model, stamp, (m.mtime(), m.mtime_nsec()));
             model.put_on_share(
                 p,
                 Obj::File {

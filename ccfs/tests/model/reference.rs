@@ -243,6 +243,10 @@ pub struct Model {
     /// second of the old one is no new version to anyone who looks (set by the harness
     /// before each [`Model::sync`]).
     pub look_kept: BTreeSet<PathBuf>,
+    /// On a share that keeps whole seconds, the second of each version's mtime (set by
+    /// the harness as it writes them): ccfs tells its own transfer by size and mtime,
+    /// there cut to the second, so two versions of one size in one second are one to it.
+    pub stamp_seconds: Option<BTreeMap<u64, i64>>,
 }
 
 impl Model {
@@ -261,6 +265,7 @@ impl Model {
             next_ver: 1,
             next_stamp: 1,
             look_kept: BTreeSet::new(),
+            stamp_seconds: None,
         }
     }
 
@@ -996,6 +1001,7 @@ impl Model {
     /// mtime, is not taken for sent); else when it has the size and mtime handed over, or
     /// the cache copy's now.
     fn is_ours(
+        &self,
         theirs: &ShareEntry,
         base: Option<Ver>,
         ours: Option<&Obj>,
@@ -1004,7 +1010,17 @@ impl Model {
         let Some(t) = theirs.obj.tag() else {
             return ours.is_some_and(|o| o.same_type(&theirs.obj));
         };
-        base != Some(theirs.ver) && (Some(t) == sent || ours.and_then(Obj::tag) == Some(t))
+        let same = |o: Option<(usize, u64)>| {
+            o.is_some_and(|o| {
+                o == t
+                    || (o.0 == t.0
+                        && self
+                            .stamp_seconds
+                            .as_ref()
+                            .is_some_and(|s| s.get(&o.1).is_some() && s.get(&o.1) == s.get(&t.1)))
+            })
+        };
+        base != Some(theirs.ver) && (same(sent) || same(ours.and_then(Obj::tag)))
     }
 
     /// Moves our `p` (with all it holds) out of the way for a conflict copy; the share's
@@ -1119,7 +1135,7 @@ impl Model {
             let ours = self.ws[w].upper.get(&p).cloned();
             if let Some(t) = theirs {
                 let base = self.ws[w].bases.get(&p).copied().flatten();
-                if Self::is_ours(&t, base, ours.as_ref(), sent) {
+                if self.is_ours(&t, base, ours.as_ref(), sent) {
                     self.ws[w].bases.insert(p, Some(t.ver));
                 }
             }
@@ -1416,7 +1432,7 @@ impl Model {
                 }
                 (Some(t), _) => {
                     let base = self.ws[w].bases.get(p).copied().flatten();
-                    Self::is_ours(t, base, self.ws[w].upper.get(p), *s)
+                    self.is_ours(t, base, self.ws[w].upper.get(p), *s)
                 }
                 (None, _) => false,
             };
