@@ -761,6 +761,12 @@ impl Model {
         {
             return;
         }
+        self.keep_look(w, p);
+    }
+
+    /// What a look at the share for `p` finds: nothing there is kept, something there
+    /// drops a kept look.
+    fn keep_look(&mut self, w: usize, p: &Path) {
         let there = self.share.contains_key(p);
         let ws = &mut self.ws[w];
         if there {
@@ -779,13 +785,7 @@ impl Model {
         if ws.kept_absent.contains(p) || !ws.mounted || ws.share_down || self.hidden(w, p) {
             return;
         }
-        let there = self.share.contains_key(p);
-        let ws = &mut self.ws[w];
-        if there {
-            ws.kept_absent.remove(p);
-        } else {
-            ws.kept_absent.insert(p.to_path_buf());
-        }
+        self.keep_look(w, p);
     }
 
     /// The kernel's walk to `p`: a look at each parent, nearest first, while each shows a
