@@ -556,7 +556,6 @@ impl Overlay {
             share_clock: Mutex::new(None),
             share_is_nfs: AtomicBool::new(share_is_nfs),
         };
-        overlay.ask_share_clock(&share_meta);
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
         overlay.copy_meta(

@@ -13,9 +13,9 @@
 //!
 //! Whether a second is over is a question for the share's clock, not this machine's (the
 //! two may disagree by any amount). The share tells its clock through the ctime of a
-//! change: at mount ccfs sets the atime of the home's root on the share to "now" (one
-//! attribute change, on whole-second shares only) and reads the ctime that gave, and every
-//! file its syncs write tells it again. From such a look the share's second is known to be
+//! change: every file a sync of ccfs writes tells it (ccfs changes nothing on the share
+//! to ask it: a login writes nothing there). Until a sync did, the clock is not known and
+//! every whole-second base is racy. From such a look the share's second is known to be
 //! at least that much later as time passes here (less a thousandth, for clocks that run
 //! at slightly different rates). A share clock set back while ccfs runs is not noticed:
 //! see doc/SEMANTICS.md "Sessions".
@@ -128,30 +128,6 @@ impl Overlay {
     /// is racy: whole seconds, and its ctime's second maybe not over then.
     pub(super) fn is_racy(id: &ShareId, second: i64) -> bool {
         whole_seconds(id) && id.ctime.0 >= second
-    }
-
-    /// At mount, on a share whose root shows whole-second times: asks the share its clock
-    /// (see the module's notes). A share that refuses (a root the user may not change, a
-    /// read-only export) leaves it unknown: every whole-second base is racy then.
-    pub(super) fn ask_share_clock(&self, root: &Stat) {
-        if root.ctime().1 != 0 || root.mtime().1 != 0 {
-            return;
-        }
-        let asked = (|| -> io::Result<i64> {
-            let dir = self.share.open_file(
-                Path::new(""),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK,
-                0,
-            )?;
-            sys::futimens(&dir, sys::SetTime::Now, sys::SetTime::Omit)?;
-            Ok(sys::fstat(&dir)?.ctime().0)
-        })();
-        match asked {
-            Ok(secs) => self.saw_share_time(secs),
-            Err(e) => {
-                tracing::info!("the share keeps whole-second times and did not tell its clock ({e}): every recent file it shows is checked by content")
-            }
-        }
     }
 
     /// The content of the share's file at `rel` if it is still the object and look `base`
