@@ -193,9 +193,8 @@ fn the_base_a_conflict_takes_is_checked_by_content_like_any_other() {
     let _share = CoarseShare::mount(&fx);
     let conf = fx.config("[mount]\nattr_timeout_ms = 0\n");
     let _m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
-    let mut tries = 0;
-    let name = loop {
-        let name = format!(".f{tries}");
+    let i = in_one_second(|i| {
+        let name = format!(".f{i}");
         write(&fx.s(&name), "AAAA\n");
         std::thread::sleep(Duration::from_millis(1100));
         write(&fx.m(&name), "XXXX\n");
@@ -210,12 +209,9 @@ fn the_base_a_conflict_takes_is_checked_by_content_like_any_other() {
             .write_all(b"more\n")
             .expect("append");
         write_in_place(&fx.s(&name), b"CCCC\n");
-        if look(&fx.s(&name)) == theirs {
-            break name;
-        }
-        tries += 1;
-        assert!(tries < 8, "could not write twice within one second");
-    };
+        look(&fx.s(&name)) == theirs
+    });
+    let name = format!(".f{i}");
     sync(&fx);
     let v = versions(&fx, &name);
     assert!(
@@ -233,9 +229,8 @@ fn a_deletion_made_again_after_a_conflict_keeps_a_same_second_write_there() {
     let _share = CoarseShare::mount(&fx);
     let conf = fx.config("[mount]\nattr_timeout_ms = 0\n");
     let _m = fx.mount_with(&["--config", conf.to_str().expect("utf-8")]);
-    let mut tries = 0;
-    let name = loop {
-        let name = format!(".g{tries}");
+    let i = in_one_second(|i| {
+        let name = format!(".g{i}");
         write(&fx.s(&name), "AAAA\n");
         std::thread::sleep(Duration::from_millis(1100));
         fs::remove_file(fx.m(&name)).expect("rm here");
@@ -245,12 +240,9 @@ fn a_deletion_made_again_after_a_conflict_keeps_a_same_second_write_there() {
         assert!(sync(&fx).contains("conflict"), "the change there is kept");
         fs::remove_file(fx.m(&name)).expect("rm here again");
         write_in_place(&fx.s(&name), b"CCCC\n");
-        if look(&fx.s(&name)) == theirs {
-            break name;
-        }
-        tries += 1;
-        assert!(tries < 8, "could not write twice within one second");
-    };
+        look(&fx.s(&name)) == theirs
+    });
+    let name = format!(".g{i}");
     sync(&fx);
     assert_eq!(versions(&fx, &name), ["CCCC\n"], "the edit there is kept");
 }

@@ -131,14 +131,21 @@ impl Overlay {
     }
 
     /// The content of the share's file at `rel` if it is still the object and look `base`
-    /// (unknown otherwise, or when it cannot be read).
+    /// (a regular file), read through one descriptor (on NFS the open also revalidates the
+    /// client's cached attributes); unknown otherwise, when it cannot be read, or when it
+    /// was written while it was read.
     pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
         let read = || -> io::Result<Content> {
             let f = self.share.open_file(rel, self.content_flags(), 0)?;
-            if share_id_of(&sys::fstat(&f)?) != base {
+            let before = sys::fstat(&f)?;
+            if !before.is_file() || share_id_of(&before) != base {
                 return Ok(Content::Unknown);
             }
-            content_of(&f)
+            let content = content_of(&f)?;
+            if sys::fstat(&f)?.version() != before.version() {
+                return Ok(Content::Unknown);
+            }
+            Ok(content)
         };
         read().unwrap_or(Content::Unknown)
     }
@@ -170,25 +177,9 @@ impl Overlay {
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
-    /// `content`: the same look and that content, read through one descriptor (on NFS the
-    /// open also revalidates the client's cached attributes). An unknown content never
-    /// is. A file written while it is read reads as another content: not it.
-    pub(super) fn share_still_holds(
-        &self,
-        rel: &Path,
-        base: ShareId,
-        content: Content,
-    ) -> io::Result<bool> {
-        if content == Content::Unknown {
-            return Ok(false);
-        }
-        let f = self.share.open_file(rel, self.content_flags(), 0)?;
-        let before = sys::fstat(&f)?;
-        if !before.is_file() || share_id_of(&before) != base {
-            return Ok(false);
-        }
-        let read = content_of(&f)?;
-        Ok(read == content && sys::fstat(&f)?.version() == before.version())
+    /// `content` (see [`Overlay::share_content`]). An unknown content never is.
+    pub(super) fn share_still_holds(&self, rel: &Path, base: ShareId, content: Content) -> bool {
+        content != Content::Unknown && self.share_content(rel, base) == content
     }
 
     /// The check of a racy base at `rel` for a sync or a look: true when the share's file
@@ -203,12 +194,8 @@ impl Overlay {
         content: Content,
         second: i64,
     ) -> FsResult<bool> {
-        let holds = self
-            .share_still_holds(rel, base, content)
-            .unwrap_or_else(|e| {
-                tracing::info!(path = %super::session::shown(rel), "cannot read the share's copy to check it ({e}): taken for changed");
-                false
-            });
+        // (A share that cannot be read says no: taken for changed.)
+        let holds = self.share_still_holds(rel, base, content);
         if holds && base.ctime.0 < second {
             let mut inner = self.lock_for(&[rel]);
             if inner.state.base(rel) == Some(base) && inner.state.racy(rel) == Some(content) {

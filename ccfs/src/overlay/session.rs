@@ -1795,7 +1795,7 @@ impl Overlay {
         let mut settled = HashSet::new();
         copies.retain(|(p, b, _)| match inner.state.racy(p) {
             Some(content) if b.ctime.0 < second => {
-                let holds = self.share_still_holds(p, *b, content).unwrap_or(false);
+                let holds = self.share_still_holds(p, *b, content);
                 if holds {
                     settled.insert(p.clone());
                 }
