@@ -409,10 +409,7 @@ impl Overlay {
 
     /// The content of the cache's file at `rel` (unknown when it cannot be read).
     pub(super) fn content_in_cache(&self, rel: &Path) -> Content {
-        self.cache
-            .open_file(rel, libc::O_RDONLY | libc::O_NONBLOCK, 0)
-            .and_then(|f| racy::content_of(&f))
-            .unwrap_or(Content::Unknown)
+        racy::content_at(&self.cache, rel, libc::O_RDONLY | libc::O_NONBLOCK)
     }
 
     /// [`Overlay::install`], then the parent directory synced: the copy is in place for good.

@@ -68,6 +68,14 @@ pub(super) fn content_of(f: &std::fs::File) -> io::Result<Content> {
     Ok(Content::Sha256(h.finalize().into()))
 }
 
+/// The content of the file at `rel` below `root`, opened with `flags` (unknown when it
+/// cannot be read).
+pub(super) fn content_at(root: &Root, rel: &Path, flags: i32) -> Content {
+    root.open_file(rel, flags, 0)
+        .and_then(|f| content_of(&f))
+        .unwrap_or(Content::Unknown)
+}
+
 /// The content of `bytes` (see [`content_of`]).
 pub(super) fn content_of_bytes(bytes: &[u8]) -> Content {
     Content::Sha256(Sha256::digest(bytes).into())
@@ -170,10 +178,7 @@ impl Overlay {
     /// The content of the share's file at `rel`, whatever its look (unknown when it
     /// cannot be read).
     pub(super) fn share_content_any(&self, rel: &Path) -> Content {
-        self.share
-            .open_file(rel, self.content_flags(), 0)
-            .and_then(|f| content_of(&f))
-            .unwrap_or(Content::Unknown)
+        content_at(&self.share, rel, self.content_flags())
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
