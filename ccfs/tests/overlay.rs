@@ -1988,3 +1988,24 @@ fn sessions_regression_a_crash_in_a_sync_and_a_same_second_save_elsewhere() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model on the whole-second share): a logout while
+/// the share does not answer keeps the clean copies a sync left there, racy ones (sent
+/// in the second of the logout) with their mark, checked at their next look; none is let
+/// go of because its content could not be read.
+#[test]
+fn sessions_regression_a_logout_while_the_share_is_down_keeps_racy_copies() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 1, 0, 3),
+            Sync(0),
+            ShareDown(0),
+            Logout(0),
+            ShareDown(0),
+        ],
+    )
+    .expect("model");
+}

@@ -261,7 +261,11 @@ impl Overlay {
         // content it stands for: read without the lock.
         let mut holds = now.as_ref().map(share_id_of) == Some(base);
         if let Some(content) = racy.filter(|_| holds) {
-            holds = self.racy_base_holds(rel, base, content, second)?;
+            match self.racy_base_holds(rel, base, content, second)? {
+                Some(yes) => holds = yes,
+                // The share stopped answering meanwhile: as above.
+                None => return Ok(found),
+            }
         }
         let mut inner = self.lock_for(&[rel]);
         let still = self.upper_stat(rel)?;

@@ -143,19 +143,23 @@ impl Overlay {
     /// client's cached attributes); unknown otherwise, when it cannot be read, or when it
     /// was written while it was read.
     pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
-        let read = || -> io::Result<Content> {
-            let f = self.share.open_file(rel, self.content_flags(), 0)?;
-            let before = sys::fstat(&f)?;
-            if !before.is_file() || share_id_of(&before) != base {
-                return Ok(Content::Unknown);
-            }
-            let content = content_of(&f)?;
-            if sys::fstat(&f)?.version() != before.version() {
-                return Ok(Content::Unknown);
-            }
-            Ok(content)
-        };
-        read().unwrap_or(Content::Unknown)
+        self.share_content_read(rel, base)
+            .unwrap_or(Content::Unknown)
+    }
+
+    /// [`Overlay::share_content`], with the errors of the share (a missing file, a share
+    /// that does not answer) given.
+    fn share_content_read(&self, rel: &Path, base: ShareId) -> io::Result<Content> {
+        let f = self.share.open_file(rel, self.content_flags(), 0)?;
+        let before = sys::fstat(&f)?;
+        if !before.is_file() || share_id_of(&before) != base {
+            return Ok(Content::Unknown);
+        }
+        let content = content_of(&f)?;
+        if sys::fstat(&f)?.version() != before.version() {
+            return Ok(Content::Unknown);
+        }
+        Ok(content)
     }
 
     /// The records of `rel`'s base `id`, looked at after [`Overlay::share_second`] gave
@@ -182,14 +186,28 @@ impl Overlay {
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
-    /// `content` (see [`Overlay::share_content`]). An unknown content never is.
-    pub(super) fn share_still_holds(&self, rel: &Path, base: ShareId, content: Content) -> bool {
-        content != Content::Unknown && self.share_content(rel, base) == content
+    /// `content` (see [`Overlay::share_content`]). An unknown content never is. None when
+    /// the share does not answer (see [`gate::is_outage`]): nothing can be told.
+    pub(super) fn share_still_holds(
+        &self,
+        rel: &Path,
+        base: ShareId,
+        content: Content,
+    ) -> Option<bool> {
+        if content == Content::Unknown {
+            return Some(false);
+        }
+        match self.share_content_read(rel, base) {
+            Ok(now) => Some(now == content),
+            Err(e) if gate::is_outage(&e) => None,
+            // Gone, replaced, unreadable: not the base.
+            Err(_) => Some(false),
+        }
     }
 
-    /// The check of a racy base at `rel` for a sync or a look: true when the share's file
-    /// still holds it (see [`Overlay::share_still_holds`]; a share that cannot be read
-    /// says no). When the check began after the base's second was over on the share
+    /// The check of a racy base at `rel` for a sync or a look: whether the share's file
+    /// still holds it (see [`Overlay::share_still_holds`]; None while the share does not
+    /// answer). When the check began after the base's second was over on the share
     /// (`second`, from [`Overlay::share_second`] before it), the base is settled for
     /// good: recorded again without the mark.
     pub(super) fn racy_base_holds(
@@ -198,10 +216,9 @@ impl Overlay {
         base: ShareId,
         content: Content,
         second: i64,
-    ) -> FsResult<bool> {
-        // (A share that cannot be read says no: taken for changed.)
+    ) -> FsResult<Option<bool>> {
         let holds = self.share_still_holds(rel, base, content);
-        if holds && base.ctime.0 < second {
+        if holds == Some(true) && base.ctime.0 < second {
             let mut inner = self.lock_for(&[rel]);
             if inner.state.base(rel) == Some(base) && inner.state.racy(rel) == Some(content) {
                 self.record(&mut inner, &[Record::Base(rel.to_path_buf(), Some(base))])?;

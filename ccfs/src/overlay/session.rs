@@ -732,7 +732,9 @@ impl Overlay {
             let Some(cur) = self.share_now(&p, session, &mut held) else {
                 continue;
             };
-            let stands = self.still_base(&p, cur, second)?;
+            let Some(stands) = self.still_base(&p, cur, second, session, &mut held, &[])? else {
+                continue;
+            };
             let mut inner = self.lock();
             let base = inner.state.base(&p);
             if (cur == base && stands) || !inner.state.is_dirty(&p) {
@@ -819,7 +821,9 @@ impl Overlay {
             let Some(cur) = self.share_now(&w, session, &mut held) else {
                 continue;
             };
-            let stands = self.still_base(&w, cur, second)?;
+            let Some(stands) = self.still_base(&w, cur, second, session, &mut held, &[])? else {
+                continue;
+            };
             let mut inner = self.lock();
             if !inner.state.is_whiteout(&w)
                 || cur.is_none()
@@ -1042,7 +1046,10 @@ impl Overlay {
                     continue;
                 }
             };
-            let stands = self.still_base(&db, cur, second)?;
+            let others: Vec<PathBuf> = companions.iter().map(|(c, _)| c.clone()).collect();
+            let Some(stands) = self.still_base(&db, cur, second, session, held, &others)? else {
+                continue;
+            };
             let mut inner = self.lock();
             if !inner.state.taken_over(&db) || (inner.state.base(&db) == cur && stands) {
                 continue;
@@ -1252,17 +1259,37 @@ impl Overlay {
 
     /// Whether the share's look `cur` at `p`, taken after [`Overlay::share_second`] gave
     /// `second`, still shows the base recorded for `p`: the same look, and for a racy base
-    /// (see [`super::racy`]) the content it stands for, read now without the lock.
-    fn still_base(&self, p: &Path, cur: Option<ShareId>, second: i64) -> FsResult<bool> {
+    /// (see [`super::racy`]) the content it stands for, read now without the lock. None
+    /// when the share stopped answering before that content could be read: `p` is held
+    /// back (with `also`) and the error named, as for a share that does not answer the
+    /// look.
+    fn still_base(
+        &self,
+        p: &Path,
+        cur: Option<ShareId>,
+        second: i64,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+        also: &[PathBuf],
+    ) -> FsResult<Option<bool>> {
         let (base, racy) = {
             let inner = self.lock();
             (inner.state.base(p), inner.state.racy(p))
         };
-        match (base, racy) {
-            _ if cur != base => Ok(false),
-            (Some(b), Some(content)) => self.racy_base_holds(p, b, content, second),
-            _ => Ok(true),
+        let holds = match (base, racy) {
+            _ if cur != base => Some(false),
+            (Some(b), Some(content)) => self.racy_base_holds(p, b, content, second)?,
+            _ => Some(true),
+        };
+        if holds.is_none() {
+            let e = io::Error::from_raw_os_error(libc::ENOTCONN);
+            session
+                .errors
+                .push(io_err("cannot check on the share", p, &e));
+            held.insert(p.to_path_buf());
+            held.extend(also.iter().cloned());
         }
+        Ok(holds)
     }
 
     /// Moves our version of `p` to a conflict name; the share's version at `p` becomes the
@@ -1794,13 +1821,16 @@ impl Overlay {
         let second = self.share_second();
         let mut settled = HashSet::new();
         copies.retain(|(p, b, _)| match inner.state.racy(p) {
-            Some(content) if b.ctime.0 < second => {
-                let holds = self.share_still_holds(p, *b, content);
-                if holds {
+            Some(content) if b.ctime.0 < second => match self.share_still_holds(p, *b, content) {
+                Some(true) => {
                     settled.insert(p.clone());
+                    true
                 }
-                holds
-            }
+                Some(false) => false,
+                // The share does not answer: the copy keeps its mark, checked at its
+                // next look like any racy base.
+                None => true,
+            },
             _ => true,
         });
         // What the kept files become, journaled before anything beside them is removed:
