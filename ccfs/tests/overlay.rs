@@ -2009,3 +2009,17 @@ fn sessions_regression_a_logout_while_the_share_is_down_keeps_racy_copies() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model on the whole-second share): a sync cut
+/// short by a crash after rsync sent a file; the other workstation maps the file and
+/// writes it through the mapping at the same size, and its logout sends it first.
+#[test]
+fn sessions_regression_a_crash_in_a_sync_then_a_mapped_write_elsewhere() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [315360000, 315360000],
+        vec![Write(1, 0, 1, 1), CrashInSync(1, 1), Map(0, 0, 0)],
+    )
+    .expect("model");
+}

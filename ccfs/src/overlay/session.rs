@@ -1576,6 +1576,7 @@ impl Overlay {
                 Transfer::Incomplete => {
                     !(t.is_file() && base == Some(share_id_of(t)))
                         && is_our_transfer(t, ours.as_ref(), *s)
+                        && !self.other_bytes_in_our_second(p, t, ours.as_ref(), *s)
                 }
             });
             if let Some(t) = &theirs {
@@ -1616,19 +1617,54 @@ impl Overlay {
         sent: Option<Sent>,
         id: ShareId,
     ) -> Content {
+        match self.content_as_handed(p, ours, sent, id.size) {
+            Content::Unknown => self.share_content(p, id),
+            c => c,
+        }
+    }
+
+    /// The content of the cache's file at `p` when it is as it was handed over (`sent`:
+    /// its size and mtime then; `size`: the share's file's), nothing writing it; unknown
+    /// otherwise.
+    fn content_as_handed(
+        &self,
+        p: &Path,
+        ours: Option<&Stat>,
+        sent: Option<Sent>,
+        size: u64,
+    ) -> Content {
         let as_handed = match (ours, sent) {
             (Some(o), Some(s)) => {
-                o.is_file() && (o.len(), o.mtime()) == (s.size, s.mtime) && o.len() == id.size
+                o.is_file() && (o.len(), o.mtime()) == (s.size, s.mtime) && o.len() == size
             }
             _ => false,
         };
         if as_handed && !written_elsewhere(&self.cache, &up(p)) {
-            let c = self.content_in_cache(&up(p));
-            if c != Content::Unknown {
-                return c;
-            }
+            return self.content_in_cache(&up(p));
         }
-        self.share_content(p, id)
+        Content::Unknown
+    }
+
+    /// On a share that keeps whole seconds, a file of our size with an mtime in the
+    /// second of ours passes for the transfer a crash cut short (see [`is_our_transfer`]):
+    /// while the cache's file is as it was handed over, the bytes tell. Another
+    /// workstation's save of other bytes in that second is theirs (a conflict), not ours.
+    /// A share's file that cannot be read is taken for theirs.
+    fn other_bytes_in_our_second(
+        &self,
+        p: &Path,
+        theirs: &Stat,
+        ours: Option<&Stat>,
+        sent: Option<Sent>,
+    ) -> bool {
+        let id = share_id_of(theirs);
+        if !theirs.is_file() || !super::racy::whole_seconds(&id) {
+            return false;
+        }
+        match self.content_as_handed(p, ours, sent, id.size) {
+            Content::Unknown => false,
+            mine => self.share_content(p, id) != mine,
+        }
     }
 
     /// The other names whose base is a share object a transfer just replaced at one of

@@ -1010,10 +1010,18 @@ impl Model {
         let Some(t) = theirs.obj.tag() else {
             return ours.is_some_and(|o| o.same_type(&theirs.obj));
         };
+        // On a whole-second share, while the cache's file is as it was handed over, its
+        // bytes tell ours from another workstation's save of that size in that second.
+        let as_handed = sent.is_some() && ours.and_then(Obj::tag) == sent;
+        let same_bytes = match (ours, &theirs.obj) {
+            (Some(Obj::File { data: a, .. }), Obj::File { data: b, .. }) => a == b,
+            _ => false,
+        };
         let same = |o: Option<(usize, u64)>| {
             o.is_some_and(|o| {
                 o == t
                     || (o.0 == t.0
+                        && (!as_handed || same_bytes)
                         && self
                             .stamp_seconds
                             .as_ref()
