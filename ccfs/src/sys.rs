@@ -118,6 +118,22 @@ pub fn llistxattr(path: &Path) -> io::Result<Vec<OsString>> {
         .map(|b| split_names(&b))
 }
 
+/// The names of the extended attributes of the open file `f`.
+pub fn flistxattr(f: &impl AsRawFd) -> io::Result<Vec<OsString>> {
+    let fd = f.as_raw_fd();
+    // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; the fd is open.
+    xattr_buffer(|buf, len| unsafe { libc::flistxattr(fd, buf.cast(), len) })
+        .map(|b| split_names(&b))
+}
+
+/// The value of the extended attribute `name` of the open file `f`.
+pub fn fgetxattr(f: &impl AsRawFd, name: &OsStr) -> io::Result<Vec<u8>> {
+    let fd = f.as_raw_fd();
+    let n = cname(name)?;
+    // SAFETY: `buf` is NULL with len 0, or writable for `len` bytes; the name is valid.
+    xattr_buffer(|buf, len| unsafe { libc::fgetxattr(fd, n.as_ptr(), buf, len) })
+}
+
 pub fn lsetxattr(path: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
     let c = cstr(path)?;
     let n = cname(name)?;

@@ -246,3 +246,112 @@ fn a_deletion_made_again_after_a_conflict_keeps_a_same_second_write_there() {
     sync(&fx);
     assert_eq!(versions(&fx, &name), ["CCCC\n"], "the edit there is kept");
 }
+
+/// A chmod or setfattr there (an admin over SSH: `chmod 600 ~/.netrc`) in the second of
+/// ccfs's look changes neither size nor times on such a share: the look is as it was.
+fn restrict_there(p: &Path) {
+    fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod there");
+    ccfs::sys::lsetxattr(p, "user.tag".as_ref(), b"there", 0).expect("setfattr there");
+}
+
+fn mode_of(p: &Path) -> u32 {
+    fs::metadata(p).expect("stat").mode() & 0o7777
+}
+
+#[test]
+fn a_clean_copy_shows_a_mode_and_attribute_set_there_in_the_second_of_its_sync() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let conf = fx.config("[mount]\nattr_timeout_ms = 300\n");
+    let args = ["--config", conf.to_str().expect("utf-8")];
+    let m = fx.mount_with(&args);
+    let mut name = String::new();
+    in_one_second(|i| {
+        name = format!(".n{i}");
+        write(&fx.m(&name), "secret\n");
+        fs::set_permissions(
+            fx.m(&name),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .expect("chmod here");
+        sync(&fx);
+        let ours = look(&fx.s(&name));
+        restrict_there(&fx.s(&name));
+        look(&fx.s(&name)) == ours
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        mode_of(&fx.m(&name)),
+        0o600,
+        "the clean copy hid the chmod there"
+    );
+    assert_eq!(
+        ccfs::sys::lgetxattr(&fx.m(&name), "user.tag".as_ref()).ok(),
+        Some(b"there".to_vec())
+    );
+    // Kept over a logout, it is checked at the next login too, and an edit made now
+    // starts from the share's mode and attribute.
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let _m = fx.mount_with(&args);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(mode_of(&fx.m(&name)), 0o600);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(fx.m(&name))
+        .expect("open")
+        .write_all(b"more\n")
+        .expect("append");
+    sync(&fx);
+    assert_eq!(versions(&fx, &name), ["secret\nmore\n"]);
+    assert_eq!(
+        mode_of(&fx.s(&name)),
+        0o600,
+        "the share's mode was overwritten"
+    );
+    assert_eq!(
+        ccfs::sys::lgetxattr(&fx.s(&name), "user.tag".as_ref()).ok(),
+        Some(b"there".to_vec()),
+        "the share's attribute was lost"
+    );
+}
+
+#[test]
+fn an_edit_from_before_a_same_second_chmod_there_is_a_conflict() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let m = fx.mount();
+    let i = in_one_second(|i| {
+        let name = format!(".p{i}");
+        write(&fx.s(&name), "AAAA\n");
+        fs::set_permissions(
+            fx.s(&name),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .expect("chmod");
+        let theirs = look(&fx.s(&name));
+        // Here: a program writes into the file (the cache takes it over with mode 644).
+        write_in_place(&fx.m(&name), b"XX");
+        restrict_there(&fx.s(&name));
+        look(&fx.s(&name)) == theirs
+    });
+    let name = format!(".p{i}");
+    assert!(sync(&fx).contains("conflict"), "the change there is met");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        versions(&fx, &name),
+        ["AAAA\n", "XXAA\n"],
+        "both versions kept, one at a conflict name"
+    );
+    assert_eq!(
+        mode_of(&fx.s(&name)),
+        0o600,
+        "the share's mode was overwritten"
+    );
+    assert_eq!(
+        ccfs::sys::lgetxattr(&fx.s(&name), "user.tag".as_ref()).ok(),
+        Some(b"there".to_vec())
+    );
+}

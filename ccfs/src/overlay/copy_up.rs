@@ -366,11 +366,17 @@ impl Overlay {
         let dst = up(rel);
         // A racy base's content: the copy's (what the user's changes start from), or the
         // share's file's when no data is copied (a truncating open).
+        // With the attributes of the share's file (see [`racy::sealed`]), read after the
+        // copy from the object the copy was made of.
         let mut content = Content::Unknown;
+        let seal = |data: Content| match self.share_attributes(rel, meta.ino()) {
+            Some(attributes) => racy::sealed(data, &attributes),
+            None => Content::Unknown,
+        };
         let placed = match ready {
             Some(p) => {
                 if racy {
-                    content = self.content_in_cache(&p.tmp);
+                    content = seal(self.content_in_cache(&p.tmp));
                 }
                 p.install(self, &dst)
             }
@@ -381,12 +387,9 @@ impl Overlay {
                     .and_then(|()| {
                         if racy {
                             content = if with_data {
-                                self.content_in_cache(&tmp)
+                                seal(self.content_in_cache(&tmp))
                             } else {
-                                self.share
-                                    .open_file(rel, libc::O_RDONLY | libc::O_NONBLOCK, 0)
-                                    .and_then(|f| racy::content_of(&f))
-                                    .unwrap_or(Content::Unknown)
+                                self.share_content_any(rel)
                             };
                         }
                         self.install_synced(&tmp, &dst)

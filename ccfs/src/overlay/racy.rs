@@ -20,6 +20,7 @@
 //! at slightly different rates). A share clock set back while ccfs runs is not noticed:
 //! see doc/SEMANTICS.md "Sessions".
 
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 
 use sha2::{Digest as _, Sha256};
@@ -81,6 +82,49 @@ pub(super) fn content_of_bytes(bytes: &[u8]) -> Content {
     Content::Sha256(Sha256::digest(bytes).into())
 }
 
+/// What a racy mark stands for besides the bytes: the permission bits, owner and
+/// extended attributes (ACLs among them) of the open file `f`. A chmod, chown or
+/// setfattr on a whole-second share in the second of a look leaves the look as it was,
+/// as a write in place does. A share without extended attributes has none.
+pub(super) fn attributes_of(f: &std::fs::File) -> io::Result<Vec<u8>> {
+    let st = sys::fstat(f)?;
+    let mut out = format!("{:o} {} {}\0", st.mode() & 0o7777, st.uid(), st.gid()).into_bytes();
+    let mut names = match sys::flistxattr(f) {
+        Ok(names) => names,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    names.sort();
+    for name in names {
+        let value = match sys::fgetxattr(f, &name) {
+            Ok(v) => v,
+            // Removed since it was listed: as if never listed.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
+            Err(e) => return Err(e),
+        };
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        out.extend_from_slice(&value);
+    }
+    Ok(out)
+}
+
+/// A racy mark: the file's bytes (`data`, see [`content_of`]) with its attributes (see
+/// [`attributes_of`]). An unknown content stays unknown.
+pub(super) fn sealed(data: Content, attributes: &[u8]) -> Content {
+    match data {
+        Content::Unknown => Content::Unknown,
+        Content::Sha256(d) => {
+            let mut h = Sha256::new();
+            h.update(b"ccfs racy mark 2\0");
+            h.update(d);
+            h.update(attributes);
+            Content::Sha256(h.finalize().into())
+        }
+    }
+}
+
 /// A file's look with whole-second times: what a whole-second share gives (a share
 /// with finer times gives a zero fraction once in a billion, which costs one check).
 pub(super) fn whole_seconds(id: &ShareId) -> bool {
@@ -138,28 +182,53 @@ impl Overlay {
         whole_seconds(id) && id.ctime.0 >= second
     }
 
-    /// The content of the share's file at `rel` if it is still the object and look `base`
-    /// (a regular file), read through one descriptor (on NFS the open also revalidates the
-    /// client's cached attributes); unknown otherwise, when it cannot be read, or when it
-    /// was written while it was read.
+    /// What the share's file at `rel` holds if it is still the object and look `base` (a
+    /// regular file), as a racy mark (its bytes and attributes, see [`sealed`]), read
+    /// through one descriptor (on NFS the open also revalidates the client's cached
+    /// attributes); unknown otherwise, when it cannot be read, or when it was written
+    /// while it was read.
     pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
-        self.share_content_read(rel, base)
-            .unwrap_or(Content::Unknown)
+        match self.share_read(rel, base) {
+            Ok(Some((data, attributes))) => sealed(data, &attributes),
+            _ => Content::Unknown,
+        }
     }
 
-    /// [`Overlay::share_content`], with the errors of the share (a missing file, a share
-    /// that does not answer) given.
-    fn share_content_read(&self, rel: &Path, base: ShareId) -> io::Result<Content> {
+    /// [`Overlay::share_content`], its bytes only (see [`content_of`]).
+    pub(super) fn share_data(&self, rel: &Path, base: ShareId) -> Content {
+        match self.share_read(rel, base) {
+            Ok(Some((data, _))) => data,
+            _ => Content::Unknown,
+        }
+    }
+
+    /// The attributes (see [`attributes_of`]) of the share's file at `rel` if it is still
+    /// the object with inode number `ino` (an attribute change may have changed the rest
+    /// of its look); None otherwise or when they cannot be read.
+    pub(super) fn share_attributes(&self, rel: &Path, ino: u64) -> Option<Vec<u8>> {
+        let f = self.share.open_file(rel, self.content_flags(), 0).ok()?;
+        let st = sys::fstat(&f).ok()?;
+        if !st.is_file() || st.ino() != ino {
+            return None;
+        }
+        attributes_of(&f).ok()
+    }
+
+    /// The bytes and attributes of the share's file at `rel` while it is the object and
+    /// look `base`; None when it is not, or was written while read; the share's errors (a
+    /// missing file, a share that does not answer) given.
+    fn share_read(&self, rel: &Path, base: ShareId) -> io::Result<Option<(Content, Vec<u8>)>> {
         let f = self.share.open_file(rel, self.content_flags(), 0)?;
         let before = sys::fstat(&f)?;
         if !before.is_file() || share_id_of(&before) != base {
-            return Ok(Content::Unknown);
+            return Ok(None);
         }
-        let content = content_of(&f)?;
+        let data = content_of(&f)?;
+        let attributes = attributes_of(&f)?;
         if sys::fstat(&f)?.version() != before.version() {
-            return Ok(Content::Unknown);
+            return Ok(None);
         }
-        Ok(content)
+        Ok(Some((data, attributes)))
     }
 
     /// The records of `rel`'s base `id`, looked at after [`Overlay::share_second`] gave
@@ -179,10 +248,14 @@ impl Overlay {
         out
     }
 
-    /// The content of the share's file at `rel`, whatever its look (unknown when it
-    /// cannot be read).
+    /// What the share's file at `rel` holds as a racy mark (see [`sealed`]), whatever its
+    /// look (unknown when it cannot be read).
     pub(super) fn share_content_any(&self, rel: &Path) -> Content {
-        content_at(&self.share, rel, self.content_flags())
+        let read = || -> io::Result<Content> {
+            let f = self.share.open_file(rel, self.content_flags(), 0)?;
+            Ok(sealed(content_of(&f)?, &attributes_of(&f)?))
+        };
+        read().unwrap_or(Content::Unknown)
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
@@ -197,8 +270,9 @@ impl Overlay {
         if content == Content::Unknown {
             return Some(false);
         }
-        match self.share_content_read(rel, base) {
-            Ok(now) => Some(now == content),
+        match self.share_read(rel, base) {
+            Ok(Some((data, attributes))) => Some(sealed(data, &attributes) == content),
+            Ok(None) => Some(false),
             Err(e) if gate::is_outage(&e) => None,
             // Gone, replaced, unreadable: not the base.
             Err(_) => Some(false),

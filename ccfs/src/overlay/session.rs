@@ -596,7 +596,13 @@ impl Overlay {
         let theirs_bytes = read_all(&theirs_file)?;
         // A racy base (see [`super::racy`]) whose content the share's file no longer has:
         // written there in the second of the look, a change rsync would overwrite.
-        if racy.is_some_and(|c| super::racy::content_of_bytes(&theirs_bytes) != c) {
+        let theirs_attributes = super::racy::attributes_of(&theirs_file)?;
+        if racy.is_some_and(|c| {
+            super::racy::sealed(
+                super::racy::content_of_bytes(&theirs_bytes),
+                &theirs_attributes,
+            ) != c
+        }) {
             return Ok(Unchanged::Hold);
         }
         if mine.len() as u64 != ours.len() || theirs_bytes != mine {
@@ -646,9 +652,11 @@ impl Overlay {
         let id = share_id_of(&stamped);
         let mut records = vec![Record::Base(p.to_path_buf(), Some(id))];
         if Self::is_racy(&id, second) {
+            // Its attributes as the share has them now (the stamp changed none).
+            let attributes = super::racy::attributes_of(&theirs_file)?;
             records.push(Record::Racy(
                 p.to_path_buf(),
-                super::racy::content_of_bytes(&mine),
+                super::racy::sealed(super::racy::content_of_bytes(&mine), &attributes),
             ));
         }
         records.push(Record::Clean(p.to_path_buf()));
@@ -1359,7 +1367,8 @@ impl Overlay {
         Ok(())
     }
 
-    /// Same bytes in our copy and the share's (small files only)? Their content if so.
+    /// Same bytes in our copy and the share's (small files only)? If so, the share's
+    /// file as a racy mark stands for it: those bytes, with its attributes.
     fn same_content(
         &self,
         rel: &Path,
@@ -1369,13 +1378,16 @@ impl Overlay {
         if ours.len() != theirs.size || ours.len() > 1 << 20 || !ours.is_file() {
             return Ok(None);
         }
-        let read = |root: &Root, at: &Path| -> io::Result<Vec<u8>> {
+        let read = |f: std::fs::File| -> io::Result<Vec<u8>> {
             let mut v = Vec::new();
-            io::Read::read_to_end(&mut root.open_file(at, libc::O_RDONLY, 0)?, &mut v)?;
+            io::Read::read_to_end(&mut &f, &mut v)?;
             Ok(v)
         };
-        let mine = read(&self.cache, &up(rel))?;
-        Ok((mine == read(&self.share, rel)?).then(|| super::racy::content_of_bytes(&mine)))
+        let mine = read(self.cache.open_file(&up(rel), libc::O_RDONLY, 0)?)?;
+        let theirs_file = self.share.open_file(rel, libc::O_RDONLY, 0)?;
+        let attributes = super::racy::attributes_of(&theirs_file)?;
+        Ok((mine == read(theirs_file)?)
+            .then(|| super::racy::sealed(super::racy::content_of_bytes(&mine), &attributes)))
     }
 
     /// A conflict name for `rel` free in the cache, on the share and in the record; with
@@ -1619,7 +1631,13 @@ impl Overlay {
     ) -> Content {
         match self.content_as_handed(p, ours, sent, id.size) {
             Content::Unknown => self.share_content(p, id),
-            c => c,
+            // The attributes as the share's file has them now (another workstation's
+            // change of them in the second of ours and before this read would be taken
+            // for ours).
+            c => match self.share_attributes(p, id.ino) {
+                Some(attributes) => super::racy::sealed(c, &attributes),
+                None => Content::Unknown,
+            },
         }
     }
 
@@ -1663,7 +1681,7 @@ impl Overlay {
         }
         match self.content_as_handed(p, ours, sent, id.size) {
             Content::Unknown => false,
-            mine => self.share_content(p, id) != mine,
+            mine => self.share_data(p, id) != mine,
         }
     }
 
