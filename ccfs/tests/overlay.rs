@@ -2023,3 +2023,16 @@ fn sessions_regression_a_crash_in_a_sync_then_a_mapped_write_elsewhere() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model on a fine-grained share): a directory made
+/// in this session inside another made in it, removed while the share does not answer.
+#[test]
+fn sessions_regression_a_new_directory_removed_while_the_share_is_down() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![Mkdir(0, 2), Mkdir(0, 3), ShareDown(0), Rmdir(0, 3)],
+    )
+    .expect("model");
+}

@@ -103,6 +103,11 @@ pub enum Op {
     /// is involved; on a share that keeps whole seconds, one in the second of a look
     /// leaves the look as it was.
     EditThere(usize, u8),
+    /// A change of attributes on the share itself (`setfattr` over SSH): the file at the
+    /// path gets `user.x` set to this value (another than it has). It changes neither
+    /// size nor mtime; on a share that keeps whole seconds, one in the second of a look
+    /// leaves the look as it was.
+    AttrThere(usize, u8),
 }
 
 impl Op {
@@ -128,7 +133,7 @@ impl Op {
             | Op::Map(w, ..)
             | Op::MapWrite(w, _)
             | Op::Unmap(w) => *w,
-            Op::EditThere(..) => 0,
+            Op::EditThere(..) | Op::AttrThere(..) => 0,
         };
         w % WORKSTATIONS
     }
@@ -161,6 +166,7 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         2 => (w.clone(), 3..6u8).prop_map(|(w, b)| Op::MapWrite(w, b)),
         1 => w.prop_map(Op::Unmap),
         2 => (p.clone(), 100..103u8).prop_map(|(p, b)| Op::EditThere(p, b)),
+        1 => (p.clone(), 110..113u8).prop_map(|(p, b)| Op::AttrThere(p, b)),
     ]
 }
 
@@ -1045,6 +1051,16 @@ impl World {
         Ok(())
     }
 
+    /// [`Op::AttrThere`].
+    fn attr_there(&mut self, model: &mut Model, p: &Path, b: u8) -> Checked {
+        let Some(v) = model.attr_there(p, b) else {
+            return Ok(());
+        };
+        let at = self.share.join(p);
+        ccfs::sys::lsetxattr(&at, std::ffi::OsStr::new(XATTR), &[v], 0)
+            .map_err(|e| format!("setfattr {} on the share: {e}", short(p)))
+    }
+
     /// Gives the share's file at `abs` an mtime no write gave yet (the server's clock
     /// stamps an edit there; two in one tick would share one).
     fn stamp_directly_share(&self, abs: &Path) -> Checked {
@@ -1447,13 +1463,17 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
         let at = |e: String| format!("step {step} ({op:?}): {e}");
         let w = op.ws();
         // A mapping's program writes and ends whether a session runs or not.
-        let outside = matches!(op, Op::MapWrite(..) | Op::Unmap(_) | Op::EditThere(..));
+        let outside = matches!(
+            op,
+            Op::MapWrite(..) | Op::Unmap(_) | Op::EditThere(..) | Op::AttrThere(..)
+        );
         if !model.mounted(w) && !outside {
             world.login(&mut model, w).map_err(at)?;
         }
         match op {
             Op::MapWrite(_, b) => world.map_write(&mut model, w, *b),
             Op::EditThere(p, b) => world.edit_there(&mut model, name(*p), *b),
+            Op::AttrThere(p, b) => world.attr_there(&mut model, name(*p), *b),
             Op::Unmap(_) => world.unmap(&mut model, w, None),
             Op::Sync(_) => world.sync(&mut model, w, SyncMode::Session, None),
             Op::FailSync(_, k, logout) => {

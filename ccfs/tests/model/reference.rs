@@ -326,6 +326,25 @@ impl Model {
         Some(stamp)
     }
 
+    /// A change of attributes on the share itself: the share's file at `p` gets `user.x`
+    /// set to `b` (another than it has), a new version of the same object with the same
+    /// bytes and mtime. Returns the value set, or None when there is no file there.
+    pub fn attr_there(&mut self, p: &Path, b: u8) -> Option<u8> {
+        let ver = self.file_ver();
+        let e = self.share.get_mut(p)?;
+        let Obj::File { xattr, .. } = &mut e.obj else {
+            return None;
+        };
+        let b = if *xattr == Some(b) {
+            b.wrapping_add(1)
+        } else {
+            b
+        };
+        *xattr = Some(b);
+        e.ver = ver;
+        Some(b)
+    }
+
     /// The share's directories with their inode numbers as the harness reads them; a
     /// directory that should have kept its inode but did not was replaced behind the model.
     pub fn learn_dir_inodes(
@@ -874,11 +893,14 @@ impl Model {
     }
 
     pub fn rmdir(&mut self, w: usize, p: &Path) -> bool {
-        // (Its listing needs the share, unless a deletion here hides the share's side.)
+        // (Its listing needs the share, unless a deletion here hides the share's side;
+        // while the share does not answer, the cache's listing serves, and a kept look
+        // that found nothing there tells what the share has.)
+        let known = self.hidden(w, p) || self.ws[w].kept_absent.contains(p);
         if !self.parents_ok(w, p)
             || !matches!(self.lookup(w, p), Some(Obj::Dir))
             || !self.list(w, p).is_empty()
-            || (self.ws[w].share_down && !self.hidden(w, p))
+            || (self.ws[w].share_down && !known)
         {
             return false;
         }
