@@ -427,9 +427,10 @@ pub fn cache_owner(cache_dir: &Path) -> Option<u32> {
 }
 
 /// [`cache_owner`], done by `user` in a child process when root asks about a user's
-/// cache: root opens nothing in a directory the user controls.
+/// cache: root opens nothing in a directory the user controls. The child gets
+/// [`sys::USER_CHILD_LIMIT`] to answer.
 pub fn cache_in_use_as(cache_dir: &Path, user: Option<&Account>) -> io::Result<Option<u32>> {
-    cache_in_use_within(cache_dir, user, None)
+    cache_in_use_within(cache_dir, user, Some(sys::USER_CHILD_LIMIT))
 }
 
 /// [`cache_in_use_as`], with the user's child given at most `limit` to answer.

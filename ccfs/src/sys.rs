@@ -1070,9 +1070,15 @@ pub const CHILD_ANSWER_MAX: usize = 16 << 20;
 ///
 /// The calling process must run a single thread (a lock held by another thread at the
 /// fork would stay locked in the child for ever); otherwise an error is returned.
+///
+/// The child gets [`USER_CHILD_LIMIT`] to answer (it works on the user's local cache
+/// directory: a child the user stops, which runs as them, holds root no longer).
 pub fn run_as_user(acct: &Account, f: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
-    run_as_user_within(acct, None, f)
+    run_as_user_within(acct, Some(USER_CHILD_LIMIT), f)
 }
+
+/// How long [`run_as_user`] waits for its child's answer.
+pub const USER_CHILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// [`run_as_user`], waiting for the answer at most `limit`: a child that has not answered
 /// by then (stuck on a filesystem the user made hang) is killed and left, and the answer
