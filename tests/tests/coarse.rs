@@ -355,3 +355,131 @@ fn an_edit_from_before_a_same_second_chmod_there_is_a_conflict() {
         Some(b"there".to_vec())
     );
 }
+
+/// Until a sync of the session wrote a file, every whole-second base is racy and stands
+/// only with the content it was taken with. A file the user may not read (root's, of
+/// mode 600, left by `sudo vim`; the user's own of mode 000) has no content to take: its
+/// base stands by its look, as on a share with finer times. Removing or replacing it is
+/// no conflict, at the first sync of a login as at any other.
+#[test]
+fn a_file_the_user_may_not_read_is_removed_and_replaced_without_a_conflict() {
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(
+        fx.tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod tmp");
+    let _share = CoarseShare::mount(&fx);
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    let mode = |p: &Path, m: u32| {
+        fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).expect("chmod")
+    };
+    write(&fx.s(".rootfile"), "root's\n");
+    mode(&fx.s(".rootfile"), 0o600);
+    write(&fx.s(".rootfile2"), "root's too\n");
+    mode(&fx.s(".rootfile2"), 0o600);
+    write(&fx.s(".locked"), "locked\n");
+    std::os::unix::fs::chown(fx.s(".locked"), Some(alice.uid), Some(alice.gid)).expect("chown");
+    mode(&fx.s(".locked"), 0o000);
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "rm -f {mnt}/.rootfile {mnt}/.locked && echo new > {mnt}/.n && mv -f {mnt}/.n {mnt}/.rootfile2",
+            mnt = fx.mnt.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let said = sync(&fx);
+    assert!(!said.contains("conflict"), "{said}");
+    assert!(!fx.s(".rootfile").exists(), "the removal was undone");
+    assert!(!fx.s(".locked").exists(), "the removal was undone");
+    assert_eq!(read(&fx.s(".rootfile2")), "new\n");
+    for name in [".rootfile", ".locked", ".rootfile2"] {
+        assert_eq!(
+            conflict_copies(&fx.share, name),
+            Vec::<std::path::PathBuf>::new()
+        );
+    }
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// A FIFO has no bytes to change in place: its base is never racy. One made here and
+/// there at once is a conflict; removing it afterwards is none.
+#[test]
+fn a_fifo_removed_after_a_conflict_is_removed() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let m = fx.mount();
+    let fifo = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+            0,
+            "mkfifo {}",
+            p.display()
+        );
+    };
+    fifo(&fx.m(".p"));
+    fifo(&fx.s(".p"));
+    assert!(sync(&fx).contains("conflict"), "made on both");
+    fs::remove_file(fx.m(".p")).expect("rm here");
+    let said = sync(&fx);
+    assert!(!said.contains("conflict"), "{said}");
+    assert!(
+        fs::symlink_metadata(fx.s(".p")).is_err(),
+        "the removal was undone"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// The same new file made here and there with the same bytes is no conflict; with other
+/// permission bits or attributes it is one (a credentials file made 600 there, 644 here):
+/// sending ours would have changed the share's without a word.
+#[test]
+fn a_file_made_on_both_with_the_same_bytes_and_other_modes_is_a_conflict() {
+    let fx = Fixture::new();
+    let _share = CoarseShare::mount(&fx);
+    let m = fx.mount();
+    let creds = "machine x login y password z\n";
+    write(&fx.m(".same"), creds);
+    write(&fx.s(".same"), creds);
+    write(&fx.m(".netrc"), creds);
+    fs::set_permissions(
+        fx.m(".netrc"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("chmod here");
+    write(&fx.s(".netrc"), creds);
+    fs::set_permissions(
+        fx.s(".netrc"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod there");
+    ccfs::sys::lsetxattr(&fx.s(".netrc"), "user.tag".as_ref(), b"there", 0).expect("setfattr");
+    sync(&fx);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        conflict_copies(&fx.share, ".same"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert_eq!(read(&fx.s(".netrc")), creds);
+    assert_eq!(
+        mode_of(&fx.s(".netrc")),
+        0o600,
+        "the share's mode was changed"
+    );
+    assert_eq!(
+        ccfs::sys::lgetxattr(&fx.s(".netrc"), "user.tag".as_ref()).ok(),
+        Some(b"there".to_vec()),
+        "the share's attribute was lost"
+    );
+    let aside = conflict_copies(&fx.share, ".netrc");
+    assert_eq!(aside.len(), 1, "ours is kept at a conflict name");
+    assert_eq!(mode_of(&aside[0]), 0o644);
+}

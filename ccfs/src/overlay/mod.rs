@@ -846,7 +846,10 @@ impl Overlay {
                 // write in place there in the same second between the caller's look
                 // (maybe before the lock) and this read is taken for what the user
                 // replaces or deletes (doc/SEMANTICS.md, limit).
-                out.push(Record::Racy(rel.to_path_buf(), self.share_content(rel, b)));
+                out.extend(
+                    self.share_mark(rel, b)
+                        .map(|c| Record::Racy(rel.to_path_buf(), c)),
+                );
             }
         }
         out.extend(self.database_base(inner, rel)?);

@@ -89,6 +89,14 @@ pub(super) fn content_of_bytes(bytes: &[u8]) -> Content {
 pub(super) fn attributes_of(f: &std::fs::File) -> io::Result<Vec<u8>> {
     let st = sys::fstat(f)?;
     let mut out = format!("{:o} {} {}\0", st.mode() & 0o7777, st.uid(), st.gid()).into_bytes();
+    out.extend(xattrs_of(f)?);
+    Ok(out)
+}
+
+/// The extended attributes of the open file `f` (ACLs among them), names and values in
+/// the order of their names; none where the filesystem has none.
+pub(super) fn xattrs_of(f: &std::fs::File) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
     let mut names = match sys::flistxattr(f) {
         Ok(names) => names,
         Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Vec::new(),
@@ -182,19 +190,24 @@ impl Overlay {
         whole_seconds(id) && id.ctime.0 >= second
     }
 
-    /// What the share's file at `rel` holds if it is still the object and look `base` (a
-    /// regular file), as a racy mark (its bytes and attributes, see [`sealed`]), read
-    /// through one descriptor (on NFS the open also revalidates the client's cached
-    /// attributes); unknown otherwise, when it cannot be read, or when it was written
-    /// while it was read.
-    pub(super) fn share_content(&self, rel: &Path, base: ShareId) -> Content {
+    /// The racy mark of the share's file at `rel`, looked at as `base`: what it holds if
+    /// it is still that object and look (a regular file), as a racy mark (its bytes and
+    /// attributes, see [`sealed`]), read through one descriptor (on NFS the open also
+    /// revalidates the client's cached attributes); unknown otherwise, when it cannot be
+    /// read, or when it was written while it was read. None when this user may not read it (a file of root's
+    /// in the home, mode 600, or the user's own of mode 000). Such a base stands by its
+    /// look alone, as on a share with finer times: a mark that could never be checked
+    /// would make every removal or replacement of the file a conflict, at every login
+    /// (see doc/SEMANTICS.md, limit).
+    pub(super) fn share_mark(&self, rel: &Path, base: ShareId) -> Option<Content> {
         match self.share_read(rel, base) {
-            Ok(Some((data, attributes))) => sealed(data, &attributes),
-            _ => Content::Unknown,
+            Ok(Some((data, attributes))) => Some(sealed(data, &attributes)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => None,
+            _ => Some(Content::Unknown),
         }
     }
 
-    /// [`Overlay::share_content`], its bytes only (see [`content_of`]).
+    /// [`Overlay::share_mark`], its bytes only (see [`content_of`]).
     pub(super) fn share_data(&self, rel: &Path, base: ShareId) -> Content {
         match self.share_read(rel, base) {
             Ok(Some((data, _))) => data,
@@ -232,18 +245,19 @@ impl Overlay {
     }
 
     /// The records of `rel`'s base `id`, looked at after [`Overlay::share_second`] gave
-    /// `second`: the base, and when it is a racy file's, its mark with the content the
-    /// share's file has now (unknown if the share has another object there by then). A
-    /// symbolic link is never racy: it is not changed in place.
+    /// `second`: the base, and when it is a racy file's, its mark (see
+    /// [`Overlay::share_mark`]; unknown if the share has another object there by then).
+    /// Only a regular file is racy: a symbolic link, a FIFO or a device has no bytes to
+    /// change in place.
     pub(super) fn base_records(&self, rel: &Path, id: Option<ShareId>, second: i64) -> Vec<Record> {
         let mut out = vec![Record::Base(rel.to_path_buf(), id)];
         if let Some(b) = id.filter(|b| Self::is_racy(b, second)) {
             let content = match self.share.stat(rel) {
-                Ok(Some(m)) if m.is_symlink() => return out,
-                Ok(Some(m)) if m.is_file() => self.share_content(rel, b),
-                _ => Content::Unknown,
+                Ok(Some(m)) if m.is_file() => self.share_mark(rel, b),
+                Ok(Some(_)) => None,
+                _ => Some(Content::Unknown),
             };
-            out.push(Record::Racy(rel.to_path_buf(), content));
+            out.extend(content.map(|c| Record::Racy(rel.to_path_buf(), c)));
         }
         out
     }
@@ -259,7 +273,7 @@ impl Overlay {
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
-    /// `content` (see [`Overlay::share_content`]). An unknown content never is. None when
+    /// `content` (see [`Overlay::share_mark`]). An unknown content never is. None when
     /// the share does not answer (see [`gate::is_outage`]): nothing can be told.
     pub(super) fn share_still_holds(
         &self,

@@ -1148,7 +1148,8 @@ impl Overlay {
         // read from the share now (unknown if the share's file is another by then).
         let racy = now
             .filter(|b| b.size != u64::MAX && Self::is_racy(b, second))
-            .map(|b| Record::Racy(db.clone(), self.share_content(&db, b)));
+            .and_then(|b| self.share_mark(&db, b))
+            .map(|c| Record::Racy(db.clone(), c));
         Ok(Some(Record::Base(db, now))
             .into_iter()
             .chain(racy)
@@ -1367,8 +1368,11 @@ impl Overlay {
         Ok(())
     }
 
-    /// Same bytes in our copy and the share's (small files only)? If so, the share's
-    /// file as a racy mark stands for it: those bytes, with its attributes.
+    /// Same bytes, permission bits and extended attributes in our copy and the share's
+    /// (small files only)? If so, the share's file as a racy mark stands for it: those
+    /// bytes, with its attributes. Other bits or attributes (a credentials file one
+    /// workstation made 600, the other 644) are a conflict: sending ours would change
+    /// the share's without a word.
     fn same_content(
         &self,
         rel: &Path,
@@ -1383,8 +1387,15 @@ impl Overlay {
             io::Read::read_to_end(&mut &f, &mut v)?;
             Ok(v)
         };
-        let mine = read(self.cache.open_file(&up(rel), libc::O_RDONLY, 0)?)?;
+        let mine_file = self.cache.open_file(&up(rel), libc::O_RDONLY, 0)?;
         let theirs_file = self.share.open_file(rel, libc::O_RDONLY, 0)?;
+        let mode = |f: &std::fs::File| sys::fstat(f).map(|m| m.mode() & 0o7777);
+        if mode(&mine_file)? != mode(&theirs_file)?
+            || super::racy::xattrs_of(&mine_file)? != super::racy::xattrs_of(&theirs_file)?
+        {
+            return Ok(None);
+        }
+        let mine = read(mine_file)?;
         let attributes = super::racy::attributes_of(&theirs_file)?;
         Ok((mine == read(theirs_file)?)
             .then(|| super::racy::sealed(super::racy::content_of_bytes(&mine), &attributes)))
@@ -1599,10 +1610,10 @@ impl Overlay {
                 if let Some(t) = theirs.as_ref().filter(|t| t.is_file()) {
                     let id = share_id_of(t);
                     if Self::is_racy(&id, second) {
-                        records.push(Record::Racy(
-                            p.clone(),
-                            self.sent_content(p, ours.as_ref(), *s, id),
-                        ));
+                        records.extend(
+                            self.sent_content(p, ours.as_ref(), *s, id)
+                                .map(|c| Record::Racy(p.clone(), c)),
+                        );
                     }
                 }
                 if let Some(b) = base.filter(|b| theirs.as_ref().is_some_and(|t| t.ino() != b.ino))
@@ -1617,20 +1628,21 @@ impl Overlay {
         Ok(landed)
     }
 
-    /// The content of the share's file at `p` that our transfer just put there, as the
-    /// look `id`: the cache copy's when it is as it was handed over (`sent`; the share's
-    /// then has the same bytes), else the share's own, read now (another workstation's
-    /// write in place in the same second as ours and before this read would be taken for
-    /// ours: see doc/SEMANTICS.md "Sessions", limit).
+    /// The racy mark of the share's file at `p` that our transfer just put there, as the
+    /// look `id`: the cache copy's bytes when it is as it was handed over (`sent`; the
+    /// share's then has the same bytes), else the share's own, read now (another
+    /// workstation's write in place in the same second as ours and before this read
+    /// would be taken for ours: see doc/SEMANTICS.md "Sessions", limit); with the share's
+    /// file's attributes. None: no mark (see [`Overlay::share_mark`]).
     fn sent_content(
         &self,
         p: &Path,
         ours: Option<&Stat>,
         sent: Option<Sent>,
         id: ShareId,
-    ) -> Content {
-        match self.content_as_handed(p, ours, sent, id.size) {
-            Content::Unknown => self.share_content(p, id),
+    ) -> Option<Content> {
+        Some(match self.content_as_handed(p, ours, sent, id.size) {
+            Content::Unknown => return self.share_mark(p, id),
             // The attributes as the share's file has them now (another workstation's
             // change of them in the second of ours and before this read would be taken
             // for ours).
@@ -1638,7 +1650,7 @@ impl Overlay {
                 Some(attributes) => super::racy::sealed(c, &attributes),
                 None => Content::Unknown,
             },
-        }
+        })
     }
 
     /// The content of the cache's file at `p` when it is as it was handed over (`sent`:
@@ -1943,7 +1955,7 @@ impl Overlay {
                     .filter(|b| {
                         now.as_ref().is_some_and(|m| m.is_file()) && Self::is_racy(b, second)
                     })
-                    .map(|b| self.share_content(p, b));
+                    .and_then(|b| self.share_mark(p, b));
                 (id, racy)
             }
         };

@@ -1228,9 +1228,12 @@ impl Model {
                     self.ws[w].bases.insert(p.clone(), None);
                     conflicts.push((p.clone(), ConflictKind::ModifiedHereDeletedThere));
                 }
+                // Created on both with the same bytes, permission bits and attribute.
                 (None, Some(c))
                     if matches!((&self.share[p].obj, &ours),
-                        (Obj::File { data: a, .. }, Obj::File { data: b, .. }) if a == b) =>
+                        (Obj::File { data: a, mode: m, xattr: x, .. },
+                         Obj::File { data: b, mode: n, xattr: y, .. })
+                            if a == b && m == n && x == y) =>
                 {
                     self.ws[w].bases.insert(p.clone(), Some(c));
                 }
