@@ -102,12 +102,15 @@ fn body(record: &Record) -> String {
         Record::Sending(p, None) => format!("S {}", escape(p)),
         Record::SyncEnd => "E .".to_string(),
         Record::Forget(p) => format!("F {}", escape(p)),
-        Record::Racy(p, Content::Unknown) => format!("H {} -", escape(p)),
-        Record::Racy(p, Content::Sha256(d)) => {
-            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
-            format!("H {} {hex}", escape(p))
-        }
+        // (`H`: a mark of the bytes alone, as earlier versions wrote them.)
+        Record::Racy(p, Content::Unknown) => format!("A {} -", escape(p)),
+        Record::Racy(p, Content::Sha256(d)) => format!("A {} {}", escape(p), hex(d)),
+        Record::Racy(p, Content::Bytes(d)) => format!("H {} {}", escape(p), hex(d)),
     }
+}
+
+fn hex(d: &[u8; 32]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn encode(record: &Record) -> String {
@@ -174,7 +177,14 @@ fn parse_body(b: &str) -> Option<Record> {
         },
         "E" => Record::SyncEnd,
         "F" => Record::Forget(path),
-        "H" => Record::Racy(path, parse_content(it.next()?)?),
+        "A" => Record::Racy(path, parse_content(it.next()?)?),
+        "H" => Record::Racy(
+            path,
+            match parse_content(it.next()?)? {
+                Content::Sha256(d) => Content::Bytes(d),
+                other => other,
+            },
+        ),
         _ => return None,
     };
     if it.next().is_some() {
@@ -781,9 +791,28 @@ mod tests {
                     })
                 )),
             Just(Record::SyncEnd),
-            (arb_path(), any::<Option<[u8; 32]>>())
-                .prop_map(|(p, d)| Record::Racy(p, d.map_or(Content::Unknown, Content::Sha256))),
+            (arb_path(), any::<Option<[u8; 32]>>(), any::<bool>()).prop_map(|(p, d, old)| {
+                let c = match d {
+                    None => Content::Unknown,
+                    Some(d) if old => Content::Bytes(d),
+                    Some(d) => Content::Sha256(d),
+                };
+                Record::Racy(p, c)
+            }),
         ]
+    }
+
+    #[test]
+    fn a_racy_mark_of_an_earlier_version_is_read_as_a_mark_of_the_bytes() {
+        let hex = "ab".repeat(32);
+        let (r, _) = decode(encode_body(&format!("H .f {hex}")).as_bytes());
+        assert_eq!(r, [Record::Racy(".f".into(), Content::Bytes([0xab; 32]))]);
+        let (r, _) = decode(encode_body(&format!("A .f {hex}")).as_bytes());
+        assert_eq!(r, [Record::Racy(".f".into(), Content::Sha256([0xab; 32]))]);
+    }
+
+    fn encode_body(b: &str) -> String {
+        format!("{:08x} {}\n", fnv1a(b.as_bytes()), b)
     }
 
     proptest! {

@@ -25,11 +25,15 @@ pub struct ShareId {
 }
 
 /// What a whole-second base stands for (see [`Record::Racy`]): the content the share's
-/// file had, or unknown (then the base is taken for changed whenever it is racy).
+/// file had (its bytes sealed with its attributes), or unknown (then the base is taken
+/// for changed whenever it is racy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Content {
     Unknown,
     Sha256([u8; 32]),
+    /// A mark of the bytes alone, as a journal of an earlier version holds it: it is
+    /// checked by the bytes alone.
+    Bytes([u8; 32]),
 }
 
 /// What a sync handed to rsync for one path: the cache copy's size and mtime at that moment,

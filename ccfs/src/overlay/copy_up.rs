@@ -365,10 +365,11 @@ impl Overlay {
         let flight = flight.durable()?;
         let dst = up(rel);
         // A racy base's content: the copy's (what the user's changes start from), or the
-        // share's file's when no data is copied (a truncating open).
+        // share's file's when no data is copied (a truncating open; none when this user
+        // may not read it: see [`Overlay::share_mark`]).
         // With the attributes of the share's file (see [`racy::sealed`]), read after the
         // copy from the object the copy was made of.
-        let mut content = Content::Unknown;
+        let mut content = Some(Content::Unknown);
         let seal = |data: Content| match self.share_attributes(rel, meta.ino()) {
             Some(attributes) => racy::sealed(data, &attributes),
             None => Content::Unknown,
@@ -376,7 +377,7 @@ impl Overlay {
         let placed = match ready {
             Some(p) => {
                 if racy {
-                    content = seal(self.content_in_cache(&p.tmp));
+                    content = Some(seal(self.content_in_cache(&p.tmp)));
                 }
                 p.install(self, &dst)
             }
@@ -387,9 +388,9 @@ impl Overlay {
                     .and_then(|()| {
                         if racy {
                             content = if with_data {
-                                seal(self.content_in_cache(&tmp))
+                                Some(seal(self.content_in_cache(&tmp)))
                             } else {
-                                self.share_content_any(rel)
+                                self.share_mark(rel, session::share_id_of(&meta))
                             };
                         }
                         self.install_synced(&tmp, &dst)
@@ -403,8 +404,15 @@ impl Overlay {
         let mut inner = self.lock_any();
         flight.end(&mut inner);
         placed?;
-        if content != Content::Unknown && inner.state.racy(rel) == Some(Content::Unknown) {
-            self.record(&mut inner, &[Record::Racy(rel.to_path_buf(), content)])?;
+        if inner.state.racy(rel) == Some(Content::Unknown) {
+            match (content, inner.state.base(rel)) {
+                (Some(Content::Unknown), _) => {}
+                (Some(c), _) => self.record(&mut inner, &[Record::Racy(rel.to_path_buf(), c)])?,
+                // The base stands by its look alone (a base recorded again has no mark).
+                (None, base) => {
+                    self.record(&mut inner, &[Record::Base(rel.to_path_buf(), base)])?
+                }
+            }
         }
         tracing::debug!(path = %rel.display(), "copied up");
         Ok((inner, true))

@@ -118,12 +118,47 @@ pub(super) fn xattrs_of(f: &std::fs::File) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Whether a file whose bytes are `data` (see [`content_of`]) and whose attributes are
+/// `attributes` still is what racy mark `mark` stands for: a mark of an earlier version
+/// ([`Content::Bytes`]) by the bytes alone. An unknown mark or content never is.
+pub(super) fn mark_holds(mark: Content, data: Content, attributes: &[u8]) -> bool {
+    match (mark, data) {
+        (Content::Unknown, _) | (_, Content::Unknown) => false,
+        (Content::Bytes(m), Content::Sha256(d) | Content::Bytes(d)) => m == d,
+        (Content::Sha256(_), _) => sealed(data, attributes) == mark,
+    }
+}
+
+/// Extended attributes: names and values, in the order of their names.
+pub(super) type Xattrs = Vec<(OsString, Vec<u8>)>;
+
+/// The `user.*` extended attributes of the open file `f`; None where its filesystem
+/// keeps no extended attributes.
+pub(super) fn user_xattrs_of(f: &std::fs::File) -> io::Result<Option<Xattrs>> {
+    let mut names = match sys::flistxattr(f) {
+        Ok(names) => names,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    names.retain(|n| n.as_bytes().starts_with(b"user."));
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        match sys::fgetxattr(f, &name) {
+            Ok(v) => out.push((name, v)),
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(out))
+}
+
 /// A racy mark: the file's bytes (`data`, see [`content_of`]) with its attributes (see
 /// [`attributes_of`]). An unknown content stays unknown.
 pub(super) fn sealed(data: Content, attributes: &[u8]) -> Content {
     match data {
         Content::Unknown => Content::Unknown,
-        Content::Sha256(d) => {
+        Content::Sha256(d) | Content::Bytes(d) => {
             let mut h = Sha256::new();
             h.update(b"ccfs racy mark 2\0");
             h.update(d);
@@ -262,14 +297,18 @@ impl Overlay {
         out
     }
 
-    /// What the share's file at `rel` holds as a racy mark (see [`sealed`]), whatever its
-    /// look (unknown when it cannot be read).
-    pub(super) fn share_content_any(&self, rel: &Path) -> Content {
-        let read = || -> io::Result<Content> {
+    /// Whether the share's file at `rel`, whatever its look, is what racy mark `mark`
+    /// stands for (see [`mark_holds`]); no when it cannot be read. The error of a share
+    /// that does not answer (see [`gate::is_outage`]) is given: nothing can be told.
+    pub(super) fn share_file_holds(&self, rel: &Path, mark: Content) -> io::Result<bool> {
+        let read = || -> io::Result<bool> {
             let f = self.share.open_file(rel, self.content_flags(), 0)?;
-            Ok(sealed(content_of(&f)?, &attributes_of(&f)?))
+            Ok(mark_holds(mark, content_of(&f)?, &attributes_of(&f)?))
         };
-        read().unwrap_or(Content::Unknown)
+        match read() {
+            Err(e) if gate::is_outage(&e) => Err(e),
+            r => Ok(r.unwrap_or(false)),
+        }
     }
 
     /// Whether the share's file at `rel` still is the racy base `base` that stands for
@@ -285,7 +324,7 @@ impl Overlay {
             return Some(false);
         }
         match self.share_read(rel, base) {
-            Ok(Some((data, attributes))) => Some(sealed(data, &attributes) == content),
+            Ok(Some((data, attributes))) => Some(mark_holds(content, data, &attributes)),
             Ok(None) => Some(false),
             Err(e) if gate::is_outage(&e) => None,
             // Gone, replaced, unreadable: not the base.
@@ -356,6 +395,50 @@ mod tests {
         assert_eq!(told(1_500).now(), 101);
         // Ten seconds later the 0.1% margin takes 10 ms: the tenth second is not sure.
         assert_eq!(told(10_005).now(), 109);
+    }
+
+    #[test]
+    fn a_mark_holds_for_its_bytes_and_attributes_and_an_earlier_versions_for_its_bytes() {
+        let data = content_of_bytes(b"abc");
+        let Content::Sha256(d) = data else {
+            panic!("a digest")
+        };
+        let mark = sealed(data, b"600 1000 1000\0");
+        assert!(mark_holds(mark, data, b"600 1000 1000\0"));
+        assert!(!mark_holds(mark, data, b"644 1000 1000\0"), "a chmod there");
+        assert!(!mark_holds(
+            mark,
+            content_of_bytes(b"abd"),
+            b"600 1000 1000\0"
+        ));
+        // A mark of the bytes alone (a journal of an earlier version): by the bytes.
+        assert!(mark_holds(Content::Bytes(d), data, b"644 1000 1000\0"));
+        assert!(!mark_holds(
+            Content::Bytes(d),
+            content_of_bytes(b"abd"),
+            b""
+        ));
+        assert!(!mark_holds(Content::Unknown, data, b""));
+        assert!(!mark_holds(mark, Content::Unknown, b""));
+    }
+
+    #[test]
+    fn user_attributes_are_compared_and_labels_are_not() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").expect("write");
+        let f = std::fs::File::open(&p).expect("open");
+        let Some(none) = user_xattrs_of(&f).expect("list") else {
+            return; // no extended attributes where the tests run
+        };
+        assert!(none.is_empty());
+        if sys::lsetxattr(&p, "user.tag".as_ref(), b"v", 0).is_err() {
+            return;
+        }
+        assert_eq!(
+            user_xattrs_of(&f).expect("list"),
+            Some(vec![("user.tag".into(), b"v".to_vec())])
+        );
     }
 
     #[test]

@@ -597,12 +597,8 @@ impl Overlay {
         // A racy base (see [`super::racy`]) whose content the share's file no longer has:
         // written there in the second of the look, a change rsync would overwrite.
         let theirs_attributes = super::racy::attributes_of(&theirs_file)?;
-        if racy.is_some_and(|c| {
-            super::racy::sealed(
-                super::racy::content_of_bytes(&theirs_bytes),
-                &theirs_attributes,
-            ) != c
-        }) {
+        let theirs_data = super::racy::content_of_bytes(&theirs_bytes);
+        if racy.is_some_and(|c| !super::racy::mark_holds(c, theirs_data, &theirs_attributes)) {
             return Ok(Unchanged::Hold);
         }
         if mine.len() as u64 != ours.len() || theirs_bytes != mine {
@@ -1368,11 +1364,12 @@ impl Overlay {
         Ok(())
     }
 
-    /// Same bytes, permission bits and extended attributes in our copy and the share's
+    /// Same bytes, permission bits and user attributes in our copy and the share's file
     /// (small files only)? If so, the share's file as a racy mark stands for it: those
-    /// bytes, with its attributes. Other bits or attributes (a credentials file one
+    /// bytes, with its attributes. Other bits or user attributes (a credentials file one
     /// workstation made 600, the other 644) are a conflict: sending ours would change
-    /// the share's without a word.
+    /// the share's without a word. Only what a sync sends is compared: no user attributes
+    /// where the share keeps none, no `security.*` labels (each filesystem its own).
     fn same_content(
         &self,
         rel: &Path,
@@ -1388,12 +1385,21 @@ impl Overlay {
             Ok(v)
         };
         let mine_file = self.cache.open_file(&up(rel), libc::O_RDONLY, 0)?;
-        let theirs_file = self.share.open_file(rel, libc::O_RDONLY, 0)?;
-        let mode = |f: &std::fs::File| sys::fstat(f).map(|m| m.mode() & 0o7777);
-        if mode(&mine_file)? != mode(&theirs_file)?
-            || super::racy::xattrs_of(&mine_file)? != super::racy::xattrs_of(&theirs_file)?
-        {
+        // (Not a FIFO's open that waits for a writer, nor a symbolic link's target.)
+        let theirs_file = self.share.open_file(rel, self.content_flags(), 0)?;
+        let theirs_now = sys::fstat(&theirs_file)?;
+        if !theirs_now.is_file() {
             return Ok(None);
+        }
+        let mode = |f: &std::fs::File| sys::fstat(f).map(|m| m.mode() & 0o7777);
+        let user = super::racy::user_xattrs_of;
+        if mode(&mine_file)? != theirs_now.mode() & 0o7777 {
+            return Ok(None);
+        }
+        if let Some(theirs) = user(&theirs_file)? {
+            if user(&mine_file)?.unwrap_or_default() != theirs {
+                return Ok(None);
+            }
         }
         let mine = read(mine_file)?;
         let attributes = super::racy::attributes_of(&theirs_file)?;
@@ -1753,10 +1759,11 @@ impl Overlay {
                 // (a hard link we sent) changes the link count, and so the ctime.
                 // A racy base (see [`super::racy`]) stands only with its content (read
                 // under the lock, as the deletion is made).
-                let written_in_its_second = inner
-                    .state
-                    .racy(rel)
-                    .is_some_and(|c| c != self.share_content_any(rel));
+                // (A share that stops answering: the deletion waits for the next sync.)
+                let written_in_its_second = match inner.state.racy(rel) {
+                    Some(c) => !self.share_file_holds(rel, c)?,
+                    None => false,
+                };
                 let r = if meta.is_dir() {
                     self.share.rmdir(rel)
                 } else if !same_save(Some(share_id_of(&meta)), inner.state.base(rel))
