@@ -2036,3 +2036,25 @@ fn sessions_regression_a_new_directory_removed_while_the_share_is_down() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model in CI): a look kept from a removal that
+/// found nothing, then the other workstation makes the directory there and sends it:
+/// while the share does not answer, the directory is not in this workstation's view, and
+/// a removal of it fails.
+#[test]
+fn sessions_regression_a_kept_look_of_nothing_and_a_directory_made_elsewhere_meanwhile() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(1, 5, 0, 0),
+            Rmdir(1, 2),
+            ShareDown(1),
+            Mkdir(0, 2),
+            Sync(0),
+            Rmdir(1, 2),
+        ],
+    )
+    .expect("model");
+}

@@ -897,8 +897,13 @@ impl Model {
         // while the share does not answer, the cache's listing serves, and a kept look
         // that found nothing there tells what the share has.)
         let known = self.hidden(w, p) || self.ws[w].kept_absent.contains(p);
+        let found = if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        };
         if !self.parents_ok(w, p)
-            || !matches!(self.lookup(w, p), Some(Obj::Dir))
+            || !matches!(found, Some(Obj::Dir))
             || !self.list(w, p).is_empty()
             || (self.ws[w].share_down && !known)
         {
