@@ -2058,3 +2058,21 @@ fn sessions_regression_a_kept_look_of_nothing_and_a_directory_made_elsewhere_mea
     )
     .expect("model");
 }
+
+/// Regression (from the model, in CI): two names of one new file sent by a sync, a write
+/// through one name, then a crash while rsync had sent only that name: the recovery must
+/// send the other name's change too.
+#[test]
+fn model_regression_a_write_through_one_of_two_sent_links_then_a_crash_in_the_sync() {
+    run_model(
+        vec![],
+        vec![
+            Op::Write(5, 0, 0),
+            Op::Link(5, 0),
+            Op::Sync,
+            Op::Write(0, 0, 1),
+            Op::CrashInSync(1),
+        ],
+    )
+    .expect("model");
+}

@@ -1629,7 +1629,13 @@ impl Overlay {
             }
             landed.push(ok);
         }
-        records.extend(self.rebase_other_names(files, &replaced));
+        let settled: Vec<&PathBuf> = files
+            .iter()
+            .zip(&landed)
+            .filter(|(_, l)| **l)
+            .map(|(p, _)| p)
+            .collect();
+        records.extend(self.rebase_other_names(&settled, &replaced));
         self.record(&mut self.lock(), &records)?;
         Ok(landed)
     }
@@ -1704,11 +1710,13 @@ impl Overlay {
     }
 
     /// The other names whose base is a share object a transfer just replaced at one of
-    /// `files` (names of one hard-linked file on the share): each still that object with
+    /// `landed` (names of one hard-linked file on the share): each still that object with
     /// its size and mtime gets its ctime now as its base, so that the link our own
     /// transfer took from it is not taken for another workstation's change (a deletion
-    /// of that name kept as a conflict, a change of it set aside).
-    fn rebase_other_names(&self, files: &[PathBuf], replaced: &HashSet<u64>) -> Vec<Record> {
+    /// of that name kept as a conflict, a change of it set aside). A name handed to the
+    /// same transfer that did not land (rsync cut short after the first name) is one of
+    /// them: the next sync sends it over its own old file.
+    fn rebase_other_names(&self, landed: &[&PathBuf], replaced: &HashSet<u64>) -> Vec<Record> {
         if replaced.is_empty() {
             return Vec::new();
         }
@@ -1718,7 +1726,7 @@ impl Overlay {
                 .state
                 .bases()
                 .filter_map(|(p, b)| Some((p.clone(), b?)))
-                .filter(|(p, b)| replaced.contains(&b.ino) && !files.contains(p))
+                .filter(|(p, b)| replaced.contains(&b.ino) && !landed.contains(&p))
                 .collect()
         };
         others
