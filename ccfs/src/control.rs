@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::{user_error, UserError};
+use crate::error::{user_error, LogText, UserError};
 use crate::gate::ShareGate;
 use crate::overlay::Overlay;
 use crate::sync::{run_sync, RsyncOptions, SyncMode, SyncReport};
@@ -494,7 +494,7 @@ impl Daemon {
         let outcome = SyncOutcome::from(run_sync(&self.overlay, &self.rsync, mode));
         if let Some(err) = &outcome.error {
             // rsync's messages quote file names, which are the user's: escaped.
-            tracing::error!("sync failed: {}", crate::daemon::LogText(err));
+            tracing::error!("sync failed: {}", LogText(err));
         }
         if let Some(report) = &outcome.report {
             log_conflicts(&self.cache_dir, &report.conflicts);
@@ -512,7 +512,7 @@ impl Daemon {
 
     fn remember(&self, outcome: &SyncOutcome) {
         if let Ok(text) = serde_json::to_vec_pretty(outcome) {
-            let _ = crate::daemon::write_atomic(&self.cache_dir.join("last-sync.json"), &text);
+            let _ = crate::journal::write_atomic(&self.cache_dir.join("last-sync.json"), &text);
         }
         *lock(&self.last_sync) = Some(outcome.clone());
     }
@@ -770,7 +770,7 @@ pub fn ccfs_mount_table() -> std::io::Result<Vec<fsinfo::MountEntry>> {
         }
         out.push(m);
     }
-    out.retain(crate::daemon::is_ccfs_mount);
+    out.retain(is_ccfs_mount);
     Ok(out)
 }
 
@@ -1031,6 +1031,23 @@ pub fn timed_out(e: &std::io::Error) -> bool {
     )
 }
 
+/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs` or
+/// `ccfs:CACHE_DIR` where the mount helper drops the subtype).
+pub fn is_ccfs_mount(m: &fsinfo::MountEntry) -> bool {
+    m.fs_type == "fuse.ccfs"
+        || (m.fs_type.starts_with("fuse")
+            && (m.source == "ccfs" || cache_dir_of_source(&m.source).is_some()))
+}
+
+/// The mount points of every ccfs mount in this mount namespace.
+pub fn ccfs_mounts() -> std::io::Result<Vec<PathBuf>> {
+    Ok(fsinfo::mounts()?
+        .into_iter()
+        .filter(is_ccfs_mount)
+        .map(|m| m.mount_point)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1048,7 +1065,7 @@ mod tests {
         );
         let entries = fsinfo::parse_mountinfo(&line);
         assert_eq!(entries.len(), 1);
-        assert!(crate::daemon::is_ccfs_mount(&entries[0]));
+        assert!(is_ccfs_mount(&entries[0]));
         assert_eq!(
             cache_dir_of_source(&entries[0].source).as_deref(),
             Some(dir)

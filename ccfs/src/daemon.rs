@@ -19,65 +19,8 @@ use crate::overlay::Overlay;
 use crate::sync::{self, RsyncOptions};
 use crate::sys::{self, Account, DirFd};
 
-/// A problem with what the user asked for: one line naming it and the fix. Exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{problem}; {fix}")]
-pub struct UserError {
-    pub problem: String,
-    pub fix: String,
-}
-
-pub fn user_error(problem: impl Into<String>, fix: impl Into<String>) -> UserError {
-    UserError {
-        problem: problem.into(),
-        fix: fix.into(),
-    }
-}
-
-/// A path or file name in a log line or message: printable ASCII only
-/// ([`crate::journal::escape`]: `\xHH` for spaces, newlines, backslashes and anything
-/// else), so a name cannot start a line of its own or pose as another field.
-pub struct LogPath<'a>(pub &'a Path);
-
-impl std::fmt::Display for LogPath<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::journal::escape(self.0))
-    }
-}
-
-/// Free text that may quote file names (an rsync error, an error message) in a log line:
-/// control characters, backslashes and anything outside ASCII become `\xHH`.
-pub struct LogText<'a>(pub &'a str);
-
-impl std::fmt::Display for LogText<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for &b in self.0.as_bytes() {
-            if (b == b' ' || b.is_ascii_graphic()) && b != b'\\' {
-                write!(f, "{}", b as char)?;
-            } else {
-                write!(f, "\\x{b:02x}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// True for a mount-table entry made by ccfs (`fuse.ccfs`, or `fuse` with source `ccfs` or
-/// `ccfs:CACHE_DIR` where the mount helper drops the subtype).
-pub fn is_ccfs_mount(m: &fsinfo::MountEntry) -> bool {
-    m.fs_type == "fuse.ccfs"
-        || (m.fs_type.starts_with("fuse")
-            && (m.source == "ccfs" || control::cache_dir_of_source(&m.source).is_some()))
-}
-
-/// The mount points of every ccfs mount in this mount namespace.
-pub fn ccfs_mounts() -> std::io::Result<Vec<PathBuf>> {
-    Ok(fsinfo::mounts()?
-        .into_iter()
-        .filter(is_ccfs_mount)
-        .map(|m| m.mount_point)
-        .collect())
-}
+pub use crate::control::{ccfs_mounts, is_ccfs_mount};
+pub use crate::error::{user_error, LogPath, LogText, UserError};
 
 /// The cache root of the config this command read (`[homes].cache_root`).
 static CONFIGURED_CACHE_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

@@ -1,6 +1,8 @@
-//! Filesystem errors and the one mapping from them to errno.
+//! Errors: the filesystem's and their one mapping to errno, the user's (one line naming
+//! the problem and the fix), and how text that may quote file names goes into a log line.
 
 use std::io;
+use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -37,6 +39,49 @@ pub type FsResult<T> = Result<T, FsError>;
 
 pub fn errno(n: i32) -> FsError {
     FsError::Errno(n)
+}
+
+/// A problem with what the user asked for: one line naming it and the fix. Exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{problem}; {fix}")]
+pub struct UserError {
+    pub problem: String,
+    pub fix: String,
+}
+
+pub fn user_error(problem: impl Into<String>, fix: impl Into<String>) -> UserError {
+    UserError {
+        problem: problem.into(),
+        fix: fix.into(),
+    }
+}
+
+/// A path or file name in a log line or message: printable ASCII only
+/// ([`crate::journal::escape`]: `\xHH` for spaces, newlines, backslashes and anything
+/// else), so a name cannot start a line of its own or pose as another field.
+pub struct LogPath<'a>(pub &'a Path);
+
+impl std::fmt::Display for LogPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::journal::escape(self.0))
+    }
+}
+
+/// Free text that may quote file names (an rsync error, an error message) in a log line:
+/// control characters, backslashes and anything outside ASCII become `\xHH`.
+pub struct LogText<'a>(pub &'a str);
+
+impl std::fmt::Display for LogText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for &b in self.0.as_bytes() {
+            if (b == b' ' || b.is_ascii_graphic()) && b != b'\\' {
+                write!(f, "{}", b as char)?;
+            } else {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
