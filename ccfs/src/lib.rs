@@ -3,7 +3,8 @@
 //!
 //! Layers: [`policy`] (which path is which class), [`state`] and [`journal`] (what is
 //! unsynced, crash-safe), [`overlay`] (the filesystem logic over two directories, no FUSE
-//! types), [`sync`] (rsync plan and runner), [`fuse`] (the thin adapter to the kernel).
+//! types), [`rsync`] (the command line, its report) below the overlay, [`sync`] (the sync-back
+//! above it), [`fuse`] (the thin adapter to the kernel).
 
 pub mod backing;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod journal;
 pub mod nodes;
 pub mod overlay;
 pub mod policy;
+pub mod rsync;
 pub mod session;
 pub mod state;
 pub mod sync;

@@ -352,12 +352,12 @@ fn is_not_supported(e: &io::Error) -> bool {
 }
 
 /// Whether `rel` names the directory a running sync's rsync holds its files in on the share
-/// until it puts them in place ([`crate::sync::PARTIAL_DIR`]): it is never part of the
+/// until it puts them in place ([`crate::rsync::PARTIAL_DIR`]): it is never part of the
 /// merged view of a cached directory (a listing during a sync would show it, and an rmdir
 /// of a directory that is empty here would fail).
 fn is_sync_holding(rel: &Path) -> bool {
     rel.file_name()
-        .is_some_and(|n| n == OsStr::new(crate::sync::PARTIAL_DIR))
+        .is_some_and(|n| n == OsStr::new(crate::rsync::PARTIAL_DIR))
 }
 
 /// Whether a listing of a cached directory leaves out `rel`: the running sync's holding

@@ -5,18 +5,18 @@ use super::session::share_id_of;
 use super::*;
 
 impl Overlay {
-    /// The name of the sync's holding directory ([`crate::sync::PARTIAL_DIR`]) is ccfs's
+    /// The name of the sync's holding directory ([`crate::rsync::PARTIAL_DIR`]) is ccfs's
     /// where the sync sends files: rsync keeps the files it is sending in a directory of
     /// that name beside their place and empties it, so a user's own files under that name
     /// in a synced directory would be lost at logout. No such entry is made there through
     /// the mount (EPERM). On a passthrough path it is a plain name: a ccfs mount that is
     /// itself the share of another (a share meter, a test server) takes that one's rsync.
     fn refuse_reserved(&self, parent: &Path, name: &OsStr) -> FsResult<()> {
-        if name == OsStr::new(crate::sync::PARTIAL_DIR)
+        if name == OsStr::new(crate::rsync::PARTIAL_DIR)
             && self.policy.classify(&parent.join(name)) != PathClass::Passthrough
         {
             tracing::info!(
-                name = crate::sync::PARTIAL_DIR,
+                name = crate::rsync::PARTIAL_DIR,
                 "refused: the name of the sync's holding directory is reserved"
             );
             return Err(errno(libc::EPERM));

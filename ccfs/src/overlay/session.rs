@@ -20,8 +20,8 @@ use std::sync::atomic::Ordering;
 use super::{remove_tree_keeping, up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::{PathClass, Policy};
+use crate::rsync::Put;
 use crate::state::{Content, Record, Sent, ShareId};
-use crate::sync::Put;
 use crate::sys::{self, Root, Stat, Version};
 
 /// How the share and the cache disagreed at sync.
@@ -51,19 +51,7 @@ pub struct Conflict {
     pub kept: String,
 }
 
-/// What rsync reported.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transfer {
-    /// Exit 0: every listed path was sent.
-    Complete,
-    /// Anything else, with rsync's own list of the regular files it sent: each path with
-    /// the mtime (whole seconds) rsync listed for it, which is the mtime it gives the
-    /// share's copy (see [`crate::sync::parse_sent_line`]).
-    Reported(HashMap<PathBuf, crate::sync::Put>),
-    /// Anything else without that list (a crash, rsync not run, or no file named): each
-    /// path is compared with what was handed over.
-    Incomplete,
-}
+pub use crate::rsync::Transfer;
 
 /// The outcome of a finished session.
 #[derive(Debug, Clone, Default)]
@@ -1518,7 +1506,7 @@ impl Overlay {
 
     /// Removes what an interrupted rsync `--delay-updates` left on the share: in the
     /// directories of `files`, the files of those names in ccfs's own holding directory
-    /// ([`crate::sync::PARTIAL_DIR`]), then that directory if it is empty. Nothing else is
+    /// ([`crate::rsync::PARTIAL_DIR`]), then that directory if it is empty. Nothing else is
     /// ever removed there.
     fn clean_partial_transfers(&self, files: &[PathBuf], errors: &mut Vec<String>) {
         let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
@@ -1529,7 +1517,7 @@ impl Overlay {
             let (Some(name), parent) = (p.file_name(), p.parent().unwrap_or(Path::new(""))) else {
                 continue;
             };
-            let holding = parent.join(crate::sync::PARTIAL_DIR);
+            let holding = parent.join(crate::rsync::PARTIAL_DIR);
             let is_dir = *holding_dirs.entry(holding.clone()).or_insert_with(|| {
                 match self.share.stat(&holding) {
                     Ok(Some(m)) => m.is_dir(),

@@ -6,7 +6,7 @@
 //! and mtime), copying its data extents alone: it costs what its data costs.
 
 use super::*;
-use crate::sync::{Put, PARTIAL_DIR};
+use crate::rsync::{Put, PARTIAL_DIR};
 
 /// Below this length a file goes to rsync whatever its holes.
 pub const SPARSE_MIN_LEN: u64 = 64 << 20;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::sync::RsyncOptions;
+use crate::rsync::RsyncOptions;
 
 /// The caller of a test's changes: this process's user.
 pub(super) fn ctx() -> Ctx {
@@ -17,10 +17,10 @@ pub(super) fn ctx() -> Ctx {
 /// The system's rsync to `share`, as a mount would run it (without `--fsync`).
 pub(super) fn rsync(share: &Path) -> RsyncOptions {
     RsyncOptions {
-        binary: crate::sync::find_program("rsync").expect("rsync is installed"),
+        binary: crate::rsync::find_program("rsync").expect("rsync is installed"),
         extra_args: vec![],
         timeout: Duration::from_secs(60),
-        caps: crate::sync::probe_share(share),
+        caps: crate::rsync::probe_share(share),
         fsync: false,
         hold_fd: None,
         implied_dirs: false,
