@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::locks::Locked;
 use crate::sys::{self, Stat};
 
 /// Who registers backing files with the kernel.
@@ -48,7 +49,7 @@ impl Registrar {
         match self {
             Registrar::Direct(dev) => sys::fuse_backing_open(dev.as_fd(), file),
             Registrar::Broker(sock) => {
-                let sock = sock.lock().unwrap_or_else(|e| e.into_inner());
+                let sock = sock.locked();
                 sys::broker_send(sock.as_fd(), sys::BROKER_OPEN, 0, Some(file))?;
                 sys::broker_answer(sock.as_fd())
             }
@@ -59,7 +60,7 @@ impl Registrar {
         match self {
             Registrar::Direct(dev) => sys::fuse_backing_close(dev.as_fd(), id),
             Registrar::Broker(sock) => {
-                let sock = sock.lock().unwrap_or_else(|e| e.into_inner());
+                let sock = sock.locked();
                 sys::broker_send(sock.as_fd(), sys::BROKER_CLOSE, id, None)
             }
         }
@@ -149,7 +150,7 @@ impl Passthrough {
     }
 
     fn nodes(&self) -> MutexGuard<'_, HashMap<u64, NodeIo>> {
-        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+        self.nodes.locked()
     }
 
     /// The mode of a new open file of `node` (`file`, whose attributes are `meta`), counted

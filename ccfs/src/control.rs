@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{user_error, LogText, UserError};
 use crate::gate::ShareGate;
+use crate::locks::Locked;
 use crate::overlay::Overlay;
 use crate::sync::{run_sync, RsyncOptions, SyncMode, SyncReport};
 
@@ -166,7 +167,7 @@ impl Status {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 // ---- the share probe --------------------------------------------------------------------
@@ -241,7 +242,7 @@ impl ShareProbe {
             let number = {
                 let mut st = lock(&self.state);
                 while st.wanted == st.started {
-                    st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st = crate::locks::wait(&self.cv, st);
                 }
                 st.started = st.wanted;
                 st.running_since = Some((Instant::now(), unix_now()));
@@ -592,7 +593,7 @@ impl Daemon {
             if let Some(o) = g.as_ref() {
                 return o.clone();
             }
-            g = self.final_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = crate::locks::wait(&self.final_cv, g);
         }
     }
 

@@ -4,6 +4,7 @@
 //! front of a share counts exactly what reached that share: `loadgen login-storm` uses one
 //! as its share-side meter.
 
+use crate::locks::Locked;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -175,7 +176,7 @@ impl Requests {
             return;
         }
         let key = path_key(path, depth);
-        let mut m = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.by_path.locked();
         self.count(r);
         *m.entry(key).or_insert(0) += 1;
     }
@@ -190,7 +191,7 @@ impl Requests {
 
     pub fn snapshot(&self) -> RequestCounts {
         // Held while the kinds are read: no request counted by path is half counted.
-        let paths = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        let paths = self.by_path.locked();
         let mut by_op = BTreeMap::new();
         let (mut total, mut mutating) = (0, 0);
         for r in ALL {

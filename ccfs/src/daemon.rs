@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ConfigError, Settings};
 use crate::control::{self, Daemon, SyncOutcome};
 use crate::fuse::CcfsFs;
+use crate::locks::Locked;
 use crate::overlay::Overlay;
 use crate::sync::{self, RsyncOptions};
 use crate::sys::{self, Account, DirFd};
@@ -988,7 +989,7 @@ impl io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let line = one_line(buf, self.ansi);
         if STAGE.load(Ordering::Acquire) == STAGE_STARTING {
-            let mut early = EARLY_LOG.lock().unwrap_or_else(|e| e.into_inner());
+            let mut early = EARLY_LOG.locked();
             // Checked again under the lock: the log may have been opened meanwhile.
             if STAGE.load(Ordering::Acquire) == STAGE_STARTING
                 && early.len() + line.len() <= EARLY_LOG_MAX
@@ -1086,7 +1087,7 @@ fn open_daemon_log(cache_dir: &Path) {
             OpenOptions::new().write(true).open("/dev/null")
         }
     };
-    let mut early = EARLY_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    let mut early = EARLY_LOG.locked();
     if let Ok(f) = &target {
         let _ = (&*f).write_all(&early);
         let _ = sys::dup_onto(f, 2);

@@ -24,6 +24,7 @@ use fuser::{
 use crate::backing::{IoMode, OpenKind, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
+use crate::locks::{Locked, RwLocked};
 use crate::overlay::{Binding, Ctx, Deferral, DirSignature, Layer, Overlay, SetAttr};
 use crate::sys::{SetTime, Stat};
 
@@ -112,7 +113,7 @@ fn fopen_flags(mode: IoMode) -> FopenFlags {
 }
 
 fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
-    io.read().unwrap_or_else(|e| e.into_inner())
+    io.reading()
 }
 
 /// The kernel's names and inodes as this mount gave them, for telling the kernel to drop
@@ -135,7 +136,7 @@ impl KernelView {
     pub fn forget_paths(&self, paths: &[PathBuf]) {
         for rel in paths {
             let found = {
-                let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+                let nodes = self.nodes.locked();
                 nodes.walk(rel)
             };
             let Some((parent, name, node)) = found else {
@@ -356,7 +357,7 @@ impl CcfsFs {
     }
 
     fn listed(&self) -> MutexGuard<'_, HashMap<u64, Listed>> {
-        self.listed.lock().unwrap_or_else(|e| e.into_inner())
+        self.listed.locked()
     }
 
     /// The merged listing of directory `ino` at `path`, with `.` and `..`, each entry
@@ -388,7 +389,7 @@ impl CcfsFs {
         let Handle::Dir { listing, sig } = h else {
             return Err(Errno::ENOTDIR);
         };
-        let mut g = listing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = listing.locked();
         if g.is_none() || offset == 0 {
             let path = self.path(ino)?;
             *g = Some(self.list(ino, &path)?);
@@ -419,11 +420,11 @@ impl CcfsFs {
     }
 
     fn nodes(&self) -> MutexGuard<'_, Nodes> {
-        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+        self.nodes.locked()
     }
 
     fn handles(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.locked()
     }
 
     fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
@@ -503,7 +504,7 @@ impl CcfsFs {
     }
 
     fn links(&self) -> MutexGuard<'_, HashMap<(u64, u64), u64>> {
-        self.links.lock().unwrap_or_else(|e| e.into_inner())
+        self.links.locked()
     }
 
     /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
@@ -600,12 +601,7 @@ impl CcfsFs {
         };
         if write || moved() {
             self.promote(req, io, *node)?;
-        } else if let Some(d) = io
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .deferred
-            .as_mut()
-        {
+        } else if let Some(d) = io.writing().deferred.as_mut() {
             d.seen = now;
         }
         Ok(read_io(io))
@@ -613,7 +609,7 @@ impl CcfsFs {
 
     /// Opens for real what a deferred handle stands for and puts it in the handle.
     fn promote(&self, req: &Request, io: &RwLock<FileIo>, node: u64) -> Result<(), Errno> {
-        let mut g = io.write().unwrap_or_else(|e| e.into_inner());
+        let mut g = io.writing();
         let Some(d) = g.deferred else {
             return Ok(());
         };

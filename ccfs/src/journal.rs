@@ -18,6 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::locks::Locked;
 use crate::state::{Content, Origin, OverlayState, Record, Sent, ShareId};
 
 fn fnv1a(bytes: &[u8]) -> u32 {
@@ -289,7 +290,7 @@ struct Durable {
 }
 
 fn lock_durable(m: &Mutex<Durable>) -> MutexGuard<'_, Durable> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 impl Durability {
@@ -324,7 +325,7 @@ impl Durability {
                 return Err(io::Error::from_raw_os_error(errno));
             }
             if d.syncing {
-                d = self.done.wait(d).unwrap_or_else(|e| e.into_inner());
+                d = crate::locks::wait(&self.done, d);
                 continue;
             }
             d = self.sync_locked(d);
@@ -338,7 +339,7 @@ impl Durability {
     fn sync_now(&self) -> io::Result<()> {
         let mut d = lock_durable(&self.state);
         while d.syncing {
-            d = self.done.wait(d).unwrap_or_else(|e| e.into_inner());
+            d = crate::locks::wait(&self.done, d);
         }
         d = self.sync_locked(d);
         match d.failed {
@@ -683,7 +684,7 @@ mod tests {
     }
 
     fn lock_journal(j: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
-        j.lock().unwrap_or_else(|e| e.into_inner())
+        j.locked()
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fuse;
 pub mod gate;
 pub mod journal;
+pub mod locks;
 pub mod nodes;
 pub mod overlay;
 pub mod policy;

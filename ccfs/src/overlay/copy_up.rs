@@ -2,6 +2,7 @@
 //! (made in `work/`, then renamed into `upper/`), journaled before the cache changes.
 
 use super::*;
+use crate::locks::Locked;
 use crate::state::Content;
 
 /// A copy made ahead of a copy-up (see [`Overlay::prepare_copy_up`]): in `work/`, and the
@@ -153,7 +154,7 @@ impl Overlay {
         if self.as_root {
             return f();
         }
-        let _moment = self.write_access.lock().unwrap_or_else(|e| e.into_inner());
+        let _moment = self.write_access.locked();
         let locked = match self.cache.stat(dir)? {
             Some(m) if !self.as_root && m.is_dir() && m.mode() & libc::S_IWUSR == 0 => {
                 Some(m.mode() & 0o7777)

@@ -24,6 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::error::{errno, FsError, FsResult};
 use crate::gate;
 use crate::journal::{Durability, Journal, Ticket};
+use crate::locks::Locked;
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
 use crate::sys::{self, Root, SetTime, Stat};
@@ -631,7 +632,7 @@ impl Overlay {
     pub(super) fn lock_for(&self, names: &[&Path]) -> MutexGuard<'_, Inner> {
         let all = names.iter().any(|n| n.as_os_str().is_empty());
         let databases = databases_of(names.iter().copied());
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.locked();
         let busy = |inner: &Inner| {
             inner.in_flight.iter().any(|r| {
                 names
@@ -644,14 +645,14 @@ impl Overlay {
         if all && busy(&inner) {
             inner.draining += 1;
             while busy(&inner) {
-                inner = self.settled.wait(inner).unwrap_or_else(|e| e.into_inner());
+                inner = crate::locks::wait(&self.settled, inner);
             }
             inner.draining -= 1;
             // Those that waited for this one to get through may go on.
             self.settled.notify_all();
         } else {
             while busy(&inner) || (!all && inner.draining > 0) {
-                inner = self.settled.wait(inner).unwrap_or_else(|e| e.into_inner());
+                inner = crate::locks::wait(&self.settled, inner);
             }
         }
         self.holds.fetch_add(1, Ordering::SeqCst);
@@ -661,7 +662,7 @@ impl Overlay {
     /// The lock whatever is under way: for what concerns no name (writers' accounting),
     /// and for the change under way itself (see [`InFlight`]).
     pub(super) fn lock_any(&self) -> MutexGuard<'_, Inner> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.locked();
         self.holds.fetch_add(1, Ordering::SeqCst);
         inner
     }

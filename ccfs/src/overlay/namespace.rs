@@ -3,6 +3,7 @@
 
 use super::session::share_id_of;
 use super::*;
+use crate::locks::Locked;
 
 impl Overlay {
     /// The name of the sync's holding directory ([`crate::rsync::PARTIAL_DIR`]) is ccfs's
@@ -119,7 +120,7 @@ impl Overlay {
         syncs: u64,
         seen: &Option<Stat>,
     ) {
-        let mut looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut looks = self.recent_looks.locked();
         if seen.is_some() {
             // The share has something there now: an older answer says no more.
             looks.remove(rel);
@@ -148,7 +149,7 @@ impl Overlay {
     /// The share's answer at `rel` kept by [`Overlay::remember_look`], if it is recent.
     fn recent_look(&self, rel: &Path) -> Option<ShareLook> {
         let within = std::time::Duration::from_millis(self.recent_look_ms.load(Ordering::Relaxed));
-        let looks = self.recent_looks.lock().unwrap_or_else(|e| e.into_inner());
+        let looks = self.recent_looks.locked();
         let l = looks.get(rel).filter(|l| l.at.elapsed() < within)?;
         Some(ShareLook {
             syncs: l.syncs,
@@ -161,10 +162,7 @@ impl Overlay {
     /// stands, kept or made before a lock (counted as a sync is), and the kept ones go.
     pub(super) fn forget_looks(&self) {
         self.syncs_started.fetch_add(1, Ordering::SeqCst);
-        self.recent_looks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.recent_looks.locked().clear();
     }
 
     /// [`ShareLook`]'s answer, if it still stands (under the lock): no sync of this mount

@@ -27,6 +27,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::session::share_id_of;
 use super::*;
+use crate::locks::Locked;
 use crate::state::{Content, ShareId};
 
 /// The share's clock as last told: its second was at least `secs` at `at`.
@@ -191,14 +192,14 @@ impl Overlay {
     /// Read before the look it qualifies: a look taken after it may have been taken in
     /// any later second.
     pub(super) fn share_second(&self) -> i64 {
-        let clock = *self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
+        let clock = *self.share_clock.locked();
         clock.map_or(i64::MIN, |c| c.now())
     }
 
     /// The share has just shown a ctime of `secs` (a change it stamped): its clock has
     /// reached that second.
     pub(super) fn saw_share_time(&self, secs: i64) {
-        let mut clock = self.share_clock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut clock = self.share_clock.locked();
         if secs > clock.map_or(i64::MIN, |c| c.now()) {
             *clock = Some(ShareClock {
                 secs,

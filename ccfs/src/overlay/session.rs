@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 
 use super::{remove_tree_keeping, up, Overlay};
 use crate::error::{FsError, FsResult};
+use crate::locks::Locked;
 use crate::policy::{PathClass, Policy};
 use crate::rsync::Put;
 use crate::state::{Content, Record, Sent, ShareId};
@@ -963,7 +964,7 @@ impl Overlay {
         }
         // Not in the middle of a copy-up's moment of write access to this directory (its
         // mode is the user's plus the owner's write bit then, and is put back after).
-        let _moment = self.write_access.lock().unwrap_or_else(|e| e.into_inner());
+        let _moment = self.write_access.locked();
         match self.upper_stat(dir)? {
             Some(m) if m.is_dir() && m.mode() & 0o7777 != share_mode & 0o7777 => {
                 self.cache.chmod(&up(dir), share_mode & 0o7777)
