@@ -170,8 +170,8 @@ fn run_limited(program: &Path, args: &[&OsStr], limit: Duration) -> ChildRun {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status.success()),
             Ok(None) if Instant::now() >= deadline => {
-                // SAFETY: kill(2) on the child's own process group (made above).
-                unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+                // The child's own process group (made above).
+                sys::kill_group(child.id());
                 break None;
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),

@@ -1061,6 +1061,16 @@ fn thread_count() -> Option<usize> {
         .and_then(|n| n.trim().parse().ok())
 }
 
+/// Kills the process group `group` (a child started in a group of its own) with SIGKILL;
+/// a group that is gone already is fine.
+pub fn kill_group(group: u32) {
+    let Ok(pgid) = libc::pid_t::try_from(group) else {
+        return;
+    };
+    // SAFETY: kill(2) takes plain integers; a negative pid names the group.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+}
+
 /// The most of a child's answer [`run_as_user_within`] reads.
 pub const CHILD_ANSWER_MAX: usize = 16 << 20;
 
