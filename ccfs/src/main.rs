@@ -1202,7 +1202,7 @@ fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
         .filter(|k| k.starts_with("LD_") || k == "GLIBC_TUNABLES")
         .collect();
     if !loader.is_empty() {
-        ccfs::session::warn_unlaunched(&loader);
+        ccfs::pam::warn_unlaunched(&loader);
     }
     // Of the environment pam_exec passes (which may hold what a user put in the PAM
     // environment), only PAM's own items are used; the rest goes before anything runs.
@@ -1222,7 +1222,7 @@ fn pam_session(config: Option<PathBuf>) -> Result<(), Error> {
         )
         .into());
     }
-    ccfs::session::run_from_env(&env, config);
+    ccfs::pam::run_from_env(&env, config);
     Ok(())
 }
 
@@ -1240,7 +1240,7 @@ fn bind_home(user: &str, config: Option<&Path>) -> Result<(), Error> {
                 "give an existing login name",
             )
         })?;
-    ccfs::session::bind_home(&settings, &account)?;
+    ccfs::pam::bind_home(&settings, &account)?;
     Ok(())
 }
 
