@@ -1,0 +1,161 @@
+//! `ccfs mount`: checks, the daemon spawned, its READY answer.
+
+use crate::*;
+
+/// The user a command without paths is about: `--user`, else whoever runs it.
+pub(crate) fn named_user(user: Option<&str>) -> Result<String, Error> {
+    match user {
+        Some(u) => Ok(u.to_string()),
+        None => ccfs::sys::user_by_uid(ccfs::sys::geteuid())
+            .ok()
+            .flatten()
+            .map(|a| a.name)
+            .ok_or_else(|| fail("cannot find your user name in the user database")),
+    }
+}
+
+pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
+    // --timeout counts from here: the checks below look at the share too.
+    let start = Instant::now();
+    let (share, mountpoint) = match (args.share, args.mountpoint) {
+        (Some(s), Some(m)) => (s, m),
+        (Some(_), None) => {
+            return Err(user_error(
+                "a share was given without a mount point",
+                "give both SHARE and MOUNTPOINT, or neither to use the config's [homes]",
+            )
+            .into())
+        }
+        _ => {
+            let (_, settings) = daemon::effective_config(args.config.as_deref())?;
+            let name = named_user(args.user.as_deref())?;
+            let (share, home) = daemon::home_paths(&settings, &name)?;
+            // The mount point is made only for a request the checks below would not
+            // refuse for a missing user or share.
+            let user_exists = ccfs::sys::user_by_name(&name).ok().flatten().is_some();
+            if args.user.is_some() && ccfs::sys::geteuid() == 0 && user_exists && share.is_dir() {
+                daemon::make_mount_point(&settings.homes.home_root, &name)?;
+            }
+            (share, home)
+        }
+    };
+    let plan = daemon::plan_mount(
+        &share,
+        &mountpoint,
+        args.cache_dir.as_deref(),
+        args.config.as_deref(),
+        args.user.as_deref(),
+    )?;
+    if args.foreground {
+        if args.daemon {
+            daemon::started_by_mount();
+        }
+        init_logging("info,fuser=error");
+        return match daemon::run_foreground(&plan) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(fail(format!(
+                "the logout sync did not finish; changes are kept in {} (run `ccfs recover --cache-dir {}`)",
+                shown(&plan.cache_dir),
+                shown(&plan.cache_dir)
+            ))),
+            Err(e) => Err(from_anyhow(e)),
+        };
+    }
+    // Background: start the daemon as a child and return once it says the mount is live.
+    // The daemon makes its cache directory and opens its own log (as the user, for a
+    // mount made for one); until it is live its output comes here, through a pipe.
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg("--foreground")
+        .arg("--daemon")
+        .arg("--cache-dir")
+        .arg(&plan.cache_dir);
+    if let Some(c) = &plan.config {
+        cmd.arg("--config").arg(c);
+    }
+    if let Some(u) = &plan.user {
+        cmd.arg("--user").arg(&u.name);
+    }
+    cmd.arg(&plan.share).arg(&plan.mountpoint);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let (output, output_end) =
+        std::io::pipe().map_err(|e| fail(format!("cannot make a pipe: {e}")))?;
+    let output_end2 = output_end
+        .try_clone()
+        .map_err(|e| fail(format!("cannot make a pipe: {e}")))?;
+    cmd.stdin(Stdio::null())
+        .stdout(output_end)
+        .stderr(output_end2);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| fail(format!("cannot start the ccfs daemon: {e}")))?;
+    // Our copies of the pipe's writing end go with `cmd`: the daemon holds the only ones.
+    drop(cmd);
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(output)) {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut said: Vec<String> = Vec::new();
+    let mut exited = None;
+    loop {
+        match lines.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line == daemon::READY_LINE => {
+                say!(
+                    "ccfs: mounted {} at {} (cache {}, pid {})",
+                    shown(&plan.share),
+                    shown(&plan.mountpoint),
+                    shown(&plan.cache_dir),
+                    child.id()
+                );
+                return Ok(());
+            }
+            Ok(line) => said.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if exited.is_none() {
+                    exited = child.try_wait().ok().flatten().map(|s| (s, Instant::now()));
+                }
+                if exited.is_none() && start.elapsed() > Duration::from_secs(args.timeout) {
+                    // Stopped, so that it cannot mount later over whatever comes instead.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    if daemon::ccfs_mounts().is_ok_and(|m| m.contains(&plan.mountpoint)) {
+                        let _ = fusermount(&plan.mountpoint, &["-u", "-z"]);
+                    }
+                    return Err(fail(format!(
+                        "the mount did not come up within {} s (the share may hang); the daemon was stopped; see {}/ccfs.log",
+                        args.timeout,
+                        shown(&plan.cache_dir)
+                    )));
+                }
+                // A process the daemon started may still hold the pipe: give it a moment.
+                if exited.is_some_and(|(_, at)| at.elapsed() > Duration::from_secs(2)) {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let status = match exited {
+        Some((s, _)) => s,
+        None => child
+            .wait()
+            .map_err(|e| fail(format!("cannot wait for the ccfs daemon: {e}")))?,
+    };
+    let last = said
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("ccfs:"))
+        .or_else(|| said.last())
+        .map(String::as_str)
+        .unwrap_or("");
+    Err(fail(format!(
+        "the ccfs daemon exited ({status}) before the mount was live: {}",
+        last.trim_start_matches("ccfs: error: ")
+    )))
+}
