@@ -1,0 +1,11 @@
+//! One file per command, and the run directories they share.
+
+pub(crate) mod run;
+pub(crate) mod rundir;
+pub(crate) mod storm;
+pub(crate) mod stream;
+
+pub(crate) use run::*;
+pub(crate) use rundir::*;
+pub(crate) use storm::*;
+pub(crate) use stream::*;

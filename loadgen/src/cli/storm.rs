@@ -1,0 +1,226 @@
+//! `loadgen login-storm`: a class logging in at once, with and without ccfs.
+
+use crate::*;
+
+/// Checks the login-storm arguments and builds its configuration.
+pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
+    use loadgen::login::Profile;
+    if a.users == 0 || a.users > 1000 {
+        return Err(user("--users must be between 1 and 1000"));
+    }
+    if a.session > 86_400 {
+        return Err(user("--session is in seconds, at most 86400 (one day)"));
+    }
+    if a.repeat == 0 || a.repeat > 50 {
+        return Err(user("--repeat must be between 1 and 50"));
+    }
+    if a.cpu_window.is_some_and(|w| w == 0 || w > 86_400 * 2) {
+        return Err(user(
+            "--cpu-window is in seconds, between 1 and 172800 (two days)",
+        ));
+    }
+    if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        return Err(user(
+            "--remount is empty; give the command that mounts the share's client again",
+        ));
+    }
+    let share = a.share.canonicalize().map_err(|e| {
+        user(format!(
+            "--share {} is not usable: {e}; give an existing directory on the share",
+            a.share.display()
+        ))
+    })?;
+    if !share.is_dir() {
+        return Err(user(format!(
+            "--share {} is not a directory",
+            share.display()
+        )));
+    }
+    // Root makes the homes and the mount points there (fusermount3 mounts where a path
+    // leads): no other user may be able to swap them.
+    if let Some(why) = unsafe_for_root(&a.share) {
+        return Err(user(format!("--share: {why}")));
+    }
+    let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
+    let work_abs = std::env::current_dir()
+        .map(|d| d.join(&a.work))
+        .unwrap_or_else(|_| a.work.clone());
+    // Checked before anything is made, and again once the path is resolved.
+    if !outside(&work_abs) {
+        return Err(user(WORK_OUTSIDE));
+    }
+    if let Some(why) = work_abs
+        .ancestors()
+        .find(|p| p.exists())
+        .and_then(unsafe_for_root)
+    {
+        return Err(user(format!("--work: {why}")));
+    }
+    let (profile, profile_name) = match &a.profile {
+        None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| user(format!("cannot read --profile {}: {e}", p.display())))?;
+            let prof = Profile::parse(&text)
+                .map_err(|e| user(format!("--profile {}: {e}", p.display())))?;
+            (prof, p.display().to_string())
+        }
+    };
+    let ccfs = match &a.ccfs {
+        Some(c) => c.clone(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("ccfs")))
+            .filter(|c| c.is_file())
+            .unwrap_or_else(|| PathBuf::from("ccfs")),
+    };
+    let needs_ccfs = a.with_ccfs || a.compare || !a.no_meter;
+    if needs_ccfs
+        && Command::new(&ccfs)
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+    {
+        return Err(user(format!(
+            "cannot run ccfs ({}); build it (cargo build --release) or pass --ccfs PATH",
+            ccfs.display()
+        )));
+    }
+    let ccfs_config = match &a.ccfs_config {
+        None => None,
+        Some(c) => Some(
+            c.canonicalize()
+                .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?,
+        ),
+    };
+    let mut pids = a.server_pids.clone();
+    if let Some(f) = &a.server_pids_file {
+        pids.extend(
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--server-pids-file: {e}")))?,
+        );
+    }
+    let client_pids_file = match &a.client_pids_file {
+        None => None,
+        Some(f) => {
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
+            Some(
+                f.canonicalize()
+                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
+            )
+        }
+    };
+    let cpu_window = match a.cpu_window {
+        Some(w) => Some(Duration::from_secs(w)),
+        None if !pids.is_empty() || client_pids_file.is_some() => {
+            Some(Duration::from_secs(a.session + 60))
+        }
+        None => None,
+    };
+    if let Some(j) = &a.json {
+        let parent = match j.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Some(why) = unsafe_for_root(parent) {
+            return Err(user(format!("--json {}: {why}", j.display())));
+        }
+    }
+    // Made last: bad input changes nothing.
+    let existed = a.work.exists();
+    std::fs::create_dir_all(&a.work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    // Again now that it exists: someone may have made it first.
+    if let Some(why) = unsafe_for_root(&a.work) {
+        if !existed {
+            let _ = std::fs::remove_dir(&a.work);
+        }
+        return Err(user(format!("--work: {why}")));
+    }
+    let work = a
+        .work
+        .canonicalize()
+        .map_err(|e| user(format!("--work: {e}")))?;
+    if !outside(&work) {
+        return Err(user(WORK_OUTSIDE));
+    }
+    Ok(loadgen::storm::StormConfig {
+        share,
+        users: a.users,
+        session: Duration::from_secs(a.session),
+        profile: Arc::new(profile),
+        profile_name,
+        ccfs,
+        work,
+        meter: !a.no_meter,
+        ccfs_config,
+        returning_users: a.returning_users,
+        baseline: match a.baseline {
+            BaselineArg::Fair => loadgen::storm::Baseline::Fair,
+            BaselineArg::ShareCache => loadgen::storm::Baseline::ShareCache,
+        },
+        repeat: a.repeat,
+        remount: a.remount.clone(),
+        client_pids_file,
+        cpu_window,
+        server_pids: pids,
+        keep: a.keep,
+        label: a.label.clone(),
+    })
+}
+
+pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
+    let cfg = storm_config(a)?;
+    for line in loadgen::storm::clear_leftovers(&cfg) {
+        eprintln!("loadgen login-storm: {line}");
+    }
+    loadgen::storm::stop_on_signals();
+    let modes: Vec<bool> = if a.compare {
+        vec![false, true]
+    } else {
+        vec![a.with_ccfs]
+    };
+    eprintln!(
+        "loadgen login-storm: {} users, {} timed run(s) {}{}; each run on homes of its own",
+        cfg.users,
+        cfg.repeat,
+        if a.compare {
+            "without and with ccfs"
+        } else if a.with_ccfs {
+            "through ccfs"
+        } else {
+            "straight on the share"
+        },
+        if cfg.meter {
+            ", then a metered run for the counts"
+        } else {
+            ""
+        }
+    );
+    let mut write_error = None;
+    let schedule = loadgen::storm::schedule(&modes, cfg.repeat, cfg.meter);
+    let runs = loadgen::storm::run(&cfg, &schedule, |runs| {
+        if let Some(j) = &a.json {
+            let v = serde_json::to_vec_pretty(runs);
+            if let Err(e) = write_out(j, &v.unwrap_or_default()) {
+                write_error = Some(format!("cannot write {}: {e}", j.display()));
+            }
+        }
+    })
+    .map_err(Error::Failed)?;
+    print!("{}", loadgen::storm::table(&runs));
+    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+        return Err(Error::Failed(
+            "interrupted by a signal: stopped cleanly, homes and mounts removed".into(),
+        ));
+    }
+    if let Some(e) = write_error {
+        return Err(Error::Failed(e));
+    }
+    match runs.iter().find_map(|r| r.error.clone()) {
+        Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
+        None => Ok(()),
+    }
+}
