@@ -413,31 +413,56 @@ pub fn plan_mount(
     config: Option<&Path>,
     user: Option<&str>,
 ) -> Result<MountPlan, UserError> {
-    let user = match user {
-        None => None,
-        Some(_) if crate::sys::geteuid() != 0 => {
-            return Err(user_error(
-                "--user needs root",
-                "run the mount as root (as a PAM session hook does), or leave --user out",
-            ))
-        }
-        Some(name) => Some(
-            crate::sys::user_by_name(name)
-                .ok()
-                .flatten()
-                .ok_or_else(|| {
-                    user_error(
-                        format!("no such user: {}", LogText(name)),
-                        "give an existing login name",
-                    )
-                })?,
-        ),
-    };
+    let user = user.map(account_to_mount_for).transpose()?;
     let owner = user
         .as_ref()
         .map(|u| u.uid)
         .unwrap_or_else(crate::sys::geteuid);
     let (config, settings) = effective_config(config)?;
+    let share = checked_share(share)?;
+    let mountpoint = checked_mountpoint(mountpoint, &share)?;
+    let cache_dir = cache_dir
+        .map(absolute)
+        .unwrap_or_else(|| default_cache_dir(&mountpoint, owner));
+    let cache_exists = checked_cache_dir(&cache_dir, &share, &mountpoint, owner)?;
+    if cache_exists {
+        cache_not_in_use(&cache_dir, user.as_ref())?;
+    }
+    let rsync = checked_tools(&settings, user.is_some())?;
+    Ok(MountPlan {
+        share,
+        mountpoint,
+        cache_dir,
+        cache_exists,
+        config,
+        settings,
+        rsync,
+        user,
+        owner,
+    })
+}
+
+/// The account `--user` names, for root only.
+fn account_to_mount_for(name: &str) -> Result<Account, UserError> {
+    if crate::sys::geteuid() != 0 {
+        return Err(user_error(
+            "--user needs root",
+            "run the mount as root (as a PAM session hook does), or leave --user out",
+        ));
+    }
+    crate::sys::user_by_name(name)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            user_error(
+                format!("no such user: {}", LogText(name)),
+                "give an existing login name",
+            )
+        })
+}
+
+/// The share directory, reachable, canonical.
+fn checked_share(share: &Path) -> Result<PathBuf, UserError> {
     let share_meta = fs::metadata(share).map_err(|e| {
         user_error(
             format!("share {} is not reachable: {e}", LogPath(share)),
@@ -453,6 +478,11 @@ pub fn plan_mount(
     let share = share
         .canonicalize()
         .map_err(|e| user_error(format!("share {}: {e}", LogPath(share)), "check the path"))?;
+    Ok(share)
+}
+
+/// The mountpoint: an empty directory, not mounted on, apart from the share.
+fn checked_mountpoint(mountpoint: &Path, share: &Path) -> Result<PathBuf, UserError> {
     let mp_meta = fs::metadata(mountpoint).map_err(|_| {
         user_error(
             format!("mountpoint {} does not exist", LogPath(mountpoint)),
@@ -486,95 +516,108 @@ pub fn plan_mount(
             "use an empty directory, so no local files are hidden by the mount",
         ));
     }
-    if mountpoint.starts_with(&share) || share.starts_with(&mountpoint) {
+    if mountpoint.starts_with(share) || share.starts_with(&mountpoint) {
         return Err(user_error(
             format!(
                 "mountpoint {} and share {} overlap",
                 LogPath(&mountpoint),
-                LogPath(&share)
+                LogPath(share)
             ),
             "mount somewhere outside the share (the share must stay reachable underneath)",
         ));
     }
-    let cache_dir = cache_dir
-        .map(absolute)
-        .unwrap_or_else(|| default_cache_dir(&mountpoint, owner));
-    let cache_canon = canonical_prefix(&cache_dir);
-    if cache_canon.starts_with(&share) {
+    Ok(mountpoint)
+}
+
+/// Checks the cache directory's place (apart from the share and the mountpoint, on a
+/// path its owner may use, writable); returns whether it exists already.
+fn checked_cache_dir(
+    cache_dir: &Path,
+    share: &Path,
+    mountpoint: &Path,
+    owner: u32,
+) -> Result<bool, UserError> {
+    let cache_canon = canonical_prefix(cache_dir);
+    if cache_canon.starts_with(share) {
         return Err(user_error(
             format!(
                 "cache dir {} is inside the share {}",
-                LogPath(&cache_dir),
-                LogPath(&share)
+                LogPath(cache_dir),
+                LogPath(share)
             ),
             "put the cache on a local disk (default /var/tmp/ccfs)",
         ));
     }
-    if share.starts_with(&cache_canon) || cache_canon.starts_with(&mountpoint) {
+    if share.starts_with(&cache_canon) || cache_canon.starts_with(mountpoint) {
         return Err(user_error(
             format!(
                 "cache dir {} overlaps the share or the mountpoint",
-                LogPath(&cache_dir)
+                LogPath(cache_dir)
             ),
             "use a separate local directory for the cache",
         ));
     }
-    check_cache_path(&cache_dir, owner)?;
+    check_cache_path(cache_dir, owner)?;
     // The mount table records the cache dir, so commands find the daemon without the mount.
-    control::mount_source(&cache_dir)?;
-    let cache_exists = fs::symlink_metadata(&cache_dir).is_ok();
-    let probe = if cache_exists {
-        cache_dir.clone()
-    } else {
-        let mut p = cache_dir.clone();
-        while !p.exists() {
-            match p.parent() {
-                Some(parent) => p = parent.to_path_buf(),
+    control::mount_source(cache_dir)?;
+    let cache_exists = fs::symlink_metadata(cache_dir).is_ok();
+    let mut probe = cache_dir;
+    if !cache_exists {
+        while !probe.exists() {
+            match probe.parent() {
+                Some(parent) => probe = parent,
                 None => break,
             }
         }
-        p
-    };
-    if !sys::may_write(&probe) {
+    }
+    if !sys::may_write(probe) {
         return Err(user_error(
-            format!("cache dir {} is not writable", LogPath(&probe)),
+            format!("cache dir {} is not writable", LogPath(probe)),
             "choose a --cache-dir this user can write, on a local disk",
         ));
     }
-    if cache_exists {
-        let ask = || {
-            cache_in_use_as(&cache_dir, user.as_ref()).map_err(|e| {
-                user_error(
-                    format!(
-                        "cannot tell whether cache dir {} is in use: {e}",
-                        LogPath(&cache_dir)
-                    ),
-                    "check the cache dir, or give another --cache-dir",
-                )
-            })
-        };
-        let mut in_use = ask()?;
-        // A daemon that died (killed, crashed) holds its lock until its last thread has
-        // ended, a moment after its process shows as gone: a login right after the crash
-        // waits for that (10 s at most), not for a daemon that still runs.
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while let Some(pid) = in_use {
-            if pid == 0 || sys::process_alive(pid) || std::time::Instant::now() >= until {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            in_use = ask()?;
-        }
-        if let Some(pid) = in_use {
-            return Err(user_error(
+    Ok(cache_exists)
+}
+
+/// An existing cache directory no other ccfs mount holds. A daemon that died (killed,
+/// crashed) holds its lock until its last thread has ended, a moment after its process
+/// shows as gone: a login right after the crash waits for that (10 s at most), not for a
+/// daemon that still runs.
+fn cache_not_in_use(cache_dir: &Path, user: Option<&Account>) -> Result<(), UserError> {
+    let ask = || {
+        cache_in_use_as(cache_dir, user).map_err(|e| {
+            user_error(
                 format!(
-                    "cache dir {} is in use by another ccfs mount (pid {pid})",
-                    LogPath(&cache_dir)
+                    "cannot tell whether cache dir {} is in use: {e}",
+                    LogPath(cache_dir)
                 ),
-                "unmount that first, or give another --cache-dir",
-            ));
+                "check the cache dir, or give another --cache-dir",
+            )
+        })
+    };
+    let mut in_use = ask()?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Some(pid) = in_use {
+        if pid == 0 || sys::process_alive(pid) || std::time::Instant::now() >= until {
+            break;
         }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        in_use = ask()?;
     }
+    if let Some(pid) = in_use {
+        return Err(user_error(
+            format!(
+                "cache dir {} is in use by another ccfs mount (pid {pid})",
+                LogPath(cache_dir)
+            ),
+            "unmount that first, or give another --cache-dir",
+        ));
+    }
+    Ok(())
+}
+
+/// rsync (its path), /dev/fuse and, where the mount is a user's, fusermount3.
+fn checked_tools(settings: &Settings, for_a_user: bool) -> Result<PathBuf, UserError> {
     let rsync = sync::find_program(&settings.rsync).ok_or_else(|| {
         user_error(
             format!("rsync ({}) is not installed", settings.rsync),
@@ -588,24 +631,14 @@ pub fn plan_mount(
         ));
     }
     // A user's mount is unmounted by fusermount3, also when root made it for them.
-    let needs_fusermount = crate::sys::geteuid() != 0 || user.is_some();
+    let needs_fusermount = crate::sys::geteuid() != 0 || for_a_user;
     if needs_fusermount && sync::find_program("fusermount3").is_none() {
         return Err(user_error(
             "fusermount3 is not installed",
             "install fuse3 (apt-get install fuse3)",
         ));
     }
-    Ok(MountPlan {
-        share,
-        mountpoint,
-        cache_dir,
-        cache_exists,
-        config,
-        settings,
-        rsync,
-        user,
-        owner,
-    })
+    Ok(rsync)
 }
 
 #[cfg(test)]

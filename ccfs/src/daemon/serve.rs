@@ -192,40 +192,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     create_cache_dir(&plan.cache_dir, plan.owner).map_err(|e| {
         anyhow::anyhow!("cannot create cache dir {}: {e}", LogPath(&plan.cache_dir))
     })?;
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        // `ccfs:CACHE_DIR`: `ccfs status`, `sync` and `umount` find the control socket in
-        // the mount table, without asking the mount (which may wait on a dead share).
-        fuser::MountOption::FSName(control::mount_source(&plan.cache_dir)?),
-        fuser::MountOption::Subtype("ccfs".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoDev,
-        fuser::MountOption::NoSuid,
-    ];
-    // The share's own restrictions hold for the home too (else the home would be a way
-    // around a noexec or read-only share); nosymfollow, which fuser cannot pass, is added
-    // to a mount root makes itself (`UserMount`).
-    let restrictions = sys::restrictions_of(&plan.share).unwrap_or(0);
-    if restrictions & libc::MS_NOEXEC != 0 {
-        config.mount_options.push(fuser::MountOption::NoExec);
-    }
-    if restrictions & libc::MS_RDONLY != 0 {
-        config.mount_options.push(fuser::MountOption::RO);
-    }
-    if started_as_root && (plan.user.is_none() || plan.settings.allow_other) {
-        // Root's own daemon (no --user: nobody else can stop it), or asked for ([mount]
-        // allow_other): other local users get through to the kernel's permission checks
-        // (default_permissions), which keep them out of what is not theirs; their programs
-        // then wait on this daemon too.
-        config.acl = fuser::SessionACL::All;
-    }
-    // A mount for a user lets only that user in (user_id=): the kernel refuses everyone
-    // else, root included, before asking the daemon, so a daemon the user stops (it is
-    // theirs) holds up none of their programs.
-    config.n_threads = Some(plan.settings.threads);
-    // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
-    // a mount that drops to a user shares one channel between its threads.
-    config.clone_fd = plan.user.is_none();
+    let config = fuse_config(plan, started_as_root)?;
 
     // Started by root for a user: root mounts first (for the user, who may then unmount
     // it), then drops root for good, before anything in the cache (the user's) is opened.
@@ -235,22 +202,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         plan.settings.kernel_passthrough,
     ));
     let mut user_mount = match &plan.user {
-        Some(u) if started_as_root => {
-            let m = UserMount::mount(plan, &config, u)?;
-            // Kernel passthrough needs CAP_SYS_ADMIN to register a backing file, which
-            // the daemon gives up below: a broker keeps it, and nothing else.
-            if plan.settings.kernel_passthrough {
-                match m.spawn_broker(u) {
-                    Ok(sock) => io.set_registrar(crate::backing::Registrar::Broker(
-                        std::sync::Mutex::new(sock),
-                    )),
-                    Err(e) => io.disable(&format!("cannot start its broker: {e}")),
-                }
-            }
-            sys::drop_privileges(u)
-                .map_err(|e| anyhow::anyhow!("cannot become user {}: {e}", LogText(&u.name)))?;
-            Some(m)
-        }
+        Some(u) if started_as_root => Some(mount_for_user(plan, &config, u, &io)?),
         _ => None,
     };
     open_daemon_log(&plan.cache_dir);
@@ -267,32 +219,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // Modes passed by the kernel are final: our own umask must not mask them again.
     sys::set_umask(0);
 
-    let overlay = Arc::new(Overlay::new(
-        &plan.share,
-        &plan.cache_dir,
-        plan.settings.policy.clone(),
-    )?);
-    overlay.requests.count_paths(plan.settings.count_paths);
-    // A clean copy is checked against the share as often as the kernel asks about what
-    // the cache holds.
-    overlay.set_revalidate_after(plan.settings.cache_timeout);
-    overlay.set_keep_copies(plan.settings.keep_copies);
-    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
-    rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
-    // What an earlier session left unsent is shown at once and sent once the mount is
-    // live, in the background (a sync of this session): a login waits for no transfer,
-    // however large (a mount that sent it first could not come up within a login's time,
-    // and every login then fell back to the share without the user's changes). A cache
-    // with nothing unsent is emptied of what it need not keep, as a recovery does.
-    let earlier_work = overlay.has_unsynced_work();
-    if !earlier_work {
-        if let Some(kept) = recover_overlay(&overlay, &rsync).and_then(|o| o.report) {
-            tracing::warn!(
-                files = kept.kept_open.len(),
-                "files of an earlier session are still open for writing; they stay in the cache as unsynced work"
-            );
-        }
-    }
+    let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock)?;
 
     let socket = plan.cache_dir.join("control.sock");
     if socket.as_os_str().len() >= 100 {
@@ -334,27 +261,9 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
             io.disable("it needs a mount started by root");
         }
     }
-    let mut unmounter = session.unmount_callable();
+    let unmounter = session.unmount_callable();
     let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ])?;
-    std::thread::Builder::new()
-        .name("ccfs-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                tracing::info!(signal = sig, "unmounting on signal");
-                let unmounted = match &user_unmount {
-                    Some((fusermount, mountpoint)) => unmount_as_user(fusermount, mountpoint),
-                    None => unmounter.unmount(),
-                };
-                if let Err(e) = unmounted {
-                    tracing::warn!("unmount on signal failed: {e}");
-                }
-            }
-        })?;
+    spawn_unmount_on_signal(unmounter, user_unmount)?;
     tracing::info!(
         share = %LogPath(&plan.share),
         mountpoint = %LogPath(&plan.mountpoint),
@@ -364,20 +273,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     *live = true;
     report_ready();
     if earlier_work {
-        let daemon = daemon.clone();
-        std::thread::Builder::new()
-            .name("ccfs-earlier-work".into())
-            .spawn(move || {
-                let outcome = daemon.sync_now(crate::sync::SyncMode::Session);
-                if outcome.ok {
-                    tracing::info!("sent the unsynced changes of an earlier session");
-                } else {
-                    tracing::warn!(
-                        error = %LogText(outcome.error.as_deref().unwrap_or("changes left")),
-                        "could not send all of an earlier session's changes; they stay in the cache and are shown"
-                    );
-                }
-            })?;
+        spawn_earlier_work(daemon.clone())?;
     }
     // A session that ended with an error (a request the FUSE library could not read, a
     // failed read of the device) ends the mount all the same: what the cache holds is
@@ -400,6 +296,151 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     daemon.drain_waiters(Duration::from_secs(5));
     let _ = fs::remove_file(&socket);
     Ok(ok)
+}
+
+/// Mounts for user `u` as root, starts the passthrough broker where it is used, then
+/// drops root for good.
+fn mount_for_user(
+    plan: &MountPlan,
+    config: &fuser::Config,
+    u: &Account,
+    io: &crate::backing::Passthrough,
+) -> anyhow::Result<UserMount> {
+    let m = UserMount::mount(plan, config, u)?;
+    // Kernel passthrough needs CAP_SYS_ADMIN to register a backing file, which
+    // the daemon gives up below: a broker keeps it, and nothing else.
+    if plan.settings.kernel_passthrough {
+        match m.spawn_broker(u) {
+            Ok(sock) => io.set_registrar(crate::backing::Registrar::Broker(std::sync::Mutex::new(
+                sock,
+            ))),
+            Err(e) => io.disable(&format!("cannot start its broker: {e}")),
+        }
+    }
+    sys::drop_privileges(u)
+        .map_err(|e| anyhow::anyhow!("cannot become user {}: {e}", LogText(&u.name)))?;
+    Ok(m)
+}
+
+/// fuser's configuration for this plan's mount: its source names the cache dir, the
+/// share's own restrictions hold for the home too, who may come in, the threads.
+fn fuse_config(plan: &MountPlan, started_as_root: bool) -> anyhow::Result<fuser::Config> {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        // `ccfs:CACHE_DIR`: `ccfs status`, `sync` and `umount` find the control socket in
+        // the mount table, without asking the mount (which may wait on a dead share).
+        fuser::MountOption::FSName(control::mount_source(&plan.cache_dir)?),
+        fuser::MountOption::Subtype("ccfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    // The share's own restrictions hold for the home too (else the home would be a way
+    // around a noexec or read-only share); nosymfollow, which fuser cannot pass, is added
+    // to a mount root makes itself (`UserMount`).
+    let restrictions = sys::restrictions_of(&plan.share).unwrap_or(0);
+    if restrictions & libc::MS_NOEXEC != 0 {
+        config.mount_options.push(fuser::MountOption::NoExec);
+    }
+    if restrictions & libc::MS_RDONLY != 0 {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
+    if started_as_root && (plan.user.is_none() || plan.settings.allow_other) {
+        // Root's own daemon (no --user: nobody else can stop it), or asked for ([mount]
+        // allow_other): other local users get through to the kernel's permission checks
+        // (default_permissions), which keep them out of what is not theirs; their programs
+        // then wait on this daemon too.
+        config.acl = fuser::SessionACL::All;
+    }
+    // A mount for a user lets only that user in (user_id=): the kernel refuses everyone
+    // else, root included, before asking the daemon, so a daemon the user stops (it is
+    // theirs) holds up none of their programs.
+    config.n_threads = Some(plan.settings.threads);
+    // A cloned channel opens /dev/fuse again, which a user may not (it is often 0600):
+    // a mount that drops to a user shares one channel between its threads.
+    config.clone_fd = plan.user.is_none();
+    Ok(config)
+}
+
+/// The overlay on the plan's share and cache, with the rsync options its syncs use
+/// (holding the cache's `lock`), and whether an earlier session left work unsent.
+fn open_overlay(
+    plan: &MountPlan,
+    lock: &fs::File,
+) -> anyhow::Result<(Arc<Overlay>, crate::sync::RsyncOptions, bool)> {
+    let overlay = Arc::new(Overlay::new(
+        &plan.share,
+        &plan.cache_dir,
+        plan.settings.policy.clone(),
+    )?);
+    overlay.requests.count_paths(plan.settings.count_paths);
+    // A clean copy is checked against the share as often as the kernel asks about what
+    // the cache holds.
+    overlay.set_revalidate_after(plan.settings.cache_timeout);
+    overlay.set_keep_copies(plan.settings.keep_copies);
+    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(lock));
+    // What an earlier session left unsent is shown at once and sent once the mount is
+    // live, in the background (a sync of this session): a login waits for no transfer,
+    // however large (a mount that sent it first could not come up within a login's time,
+    // and every login then fell back to the share without the user's changes). A cache
+    // with nothing unsent is emptied of what it need not keep, as a recovery does.
+    let earlier_work = overlay.has_unsynced_work();
+    if !earlier_work {
+        if let Some(kept) = recover_overlay(&overlay, &rsync).and_then(|o| o.report) {
+            tracing::warn!(
+                files = kept.kept_open.len(),
+                "files of an earlier session are still open for writing; they stay in the cache as unsynced work"
+            );
+        }
+    }
+    Ok((overlay, rsync, earlier_work))
+}
+
+/// Unmounts on SIGTERM, SIGINT and SIGHUP (as the user, through fusermount3, for a
+/// mount root made for a user): the session then ends and the logout sync runs.
+fn spawn_unmount_on_signal(
+    mut unmounter: fuser::SessionUnmounter,
+    user_unmount: Option<(PathBuf, PathBuf)>,
+) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    std::thread::Builder::new()
+        .name("ccfs-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(signal = sig, "unmounting on signal");
+                let unmounted = match &user_unmount {
+                    Some((fusermount, mountpoint)) => unmount_as_user(fusermount, mountpoint),
+                    None => unmounter.unmount(),
+                };
+                if let Err(e) = unmounted {
+                    tracing::warn!("unmount on signal failed: {e}");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Sends what an earlier session left unsent, in the background once the mount is live.
+fn spawn_earlier_work(daemon: Arc<Daemon>) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("ccfs-earlier-work".into())
+        .spawn(move || {
+            let outcome = daemon.sync_now(crate::sync::SyncMode::Session);
+            if outcome.ok {
+                tracing::info!("sent the unsynced changes of an earlier session");
+            } else {
+                tracing::warn!(
+                    error = %LogText(outcome.error.as_deref().unwrap_or("changes left")),
+                    "could not send all of an earlier session's changes; they stay in the cache and are shown"
+                );
+            }
+        })?;
+    Ok(())
 }
 
 /// Syncs every `every` while mounted, when there is something to send, so a crash loses
