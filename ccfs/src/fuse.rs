@@ -26,7 +26,7 @@ use crate::counters::Req;
 use crate::error::FsError;
 use crate::locks::{Locked, RwLocked};
 use crate::overlay::{Binding, Ctx, Deferral, DirSignature, Layer, Overlay, SetAttr};
-use crate::sys::{SetTime, Stat};
+use crate::sys::{self, SetTime, Stat};
 
 use crate::nodes::Nodes;
 
@@ -1005,13 +1005,10 @@ impl Filesystem for CcfsFs {
                 };
                 let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred, mode));
                 match mode {
+                    // `id` is registered with this session and stays so while a handle
+                    // uses it (closed in `released` after the last one).
                     IoMode::Passthrough(id) => {
-                        // SAFETY: `id` is registered with this session and stays so while
-                        // a handle uses it (closed in `released` after the last one); the
-                        // wrapper is given back below without closing it.
-                        let backing = unsafe { reply.wrap_backing(id) };
-                        reply.opened_passthrough(fh, fopen_flags(mode), &backing);
-                        backing.into_raw();
+                        sys::reply_opened_passthrough(reply, fh, fopen_flags(mode), id)
                     }
                     _ => reply.opened(fh, fopen_flags(mode)),
                 }
@@ -1411,18 +1408,7 @@ impl Filesystem for CcfsFs {
                 let ttl = self.ttl(found.layer);
                 match mode {
                     IoMode::Passthrough(id) => {
-                        // SAFETY: as in `open`: registered, kept while a handle uses it,
-                        // given back unclosed.
-                        let backing = unsafe { reply.wrap_backing(id) };
-                        reply.created_passthrough(
-                            &ttl,
-                            &a,
-                            Generation(0),
-                            fh,
-                            fopen_flags(mode),
-                            &backing,
-                        );
-                        backing.into_raw();
+                        sys::reply_created_passthrough(reply, (&ttl, &a), fh, fopen_flags(mode), id)
                     }
                     _ => reply.created(&ttl, &a, Generation(0), fh, fopen_flags(mode)),
                 }

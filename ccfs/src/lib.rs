@@ -6,6 +6,10 @@
 //! types), [`rsync`] (the command line, its report) below the overlay, [`sync`] (the sync-back
 //! above it), [`fuse`] (the thin adapter to the kernel).
 
+// Every `unsafe` block lives in `sys`, each with its SAFETY reasoning.
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod backing;
 pub mod config;
 pub mod control;
@@ -23,4 +27,5 @@ pub mod policy;
 pub mod rsync;
 pub mod state;
 pub mod sync;
+#[allow(unsafe_code)]
 pub mod sys;

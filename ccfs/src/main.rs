@@ -1,5 +1,7 @@
 //! The `ccfs` command.
 
+#![deny(unsafe_code)]
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};

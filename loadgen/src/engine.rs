@@ -861,8 +861,7 @@ fn list_dir(store: &mut Store, lat: &mut Latencies, dir: &Path) -> io::Result<Fr
 
 /// Drops the page cache (root only); returns whether it could.
 pub fn drop_caches() -> bool {
-    // SAFETY: sync() has no preconditions.
-    unsafe { libc::sync() };
+    crate::sys::sync_all();
     fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 

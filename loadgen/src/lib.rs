@@ -4,6 +4,10 @@
 //! I/O, latency histograms), [`store`] (a mounted directory or an NFS export spoken to
 //! directly), [`report`] (table, JSON with a schema, CSV).
 
+// Every `unsafe` block lives in `sys`, each with its SAFETY reasoning.
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod charts;
 pub mod engine;
 pub mod login;
@@ -13,4 +17,6 @@ pub mod report;
 pub mod safety;
 pub mod store;
 pub mod storm;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod workload;

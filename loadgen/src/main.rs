@@ -1,5 +1,7 @@
 //! The `loadgen` command.
 
+#![deny(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -384,8 +386,7 @@ fn user(msg: impl Into<String>) -> Error {
 fn main() -> ExitCode {
     // What loadgen makes is its own to change: never writable by others, whatever the
     // umask it was started with (root's 000 let a student swap a run directory).
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(0o022) };
+    loadgen::sys::set_umask(0o022);
     let cli = Cli::parse();
     if matches!(
         cli.command,

@@ -1,30 +1,17 @@
 //! What root must check before it works in a place: whether another user could steer it
 //! there (swap a directory for a symbolic link, plant a link where a result is written).
 
-use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Whether `p` carries a POSIX ACL (access or default): its group bits are then only a
 /// mask, and named users or groups may write there, or in what is made there.
 fn has_acl(p: &Path) -> bool {
-    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return true;
-    };
     ["system.posix_acl_access", "system.posix_acl_default"]
         .iter()
-        .any(|name| {
-            let Ok(n) = CString::new(*name) else {
-                return true;
-            };
-            // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks for
-            // the size only.
-            let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-            r > 0
-        })
+        .any(|name| crate::sys::has_xattr(p, name))
 }
 
 /// Run as root, whether a user other than root could change `dir` or a directory above
@@ -35,8 +22,7 @@ fn has_acl(p: &Path) -> bool {
 /// /tmp, and no ACL). The check is of the resolved path: use [`resolved`]'s path for the
 /// work, never the one given (a symbolic link in it could be swapped after the check).
 pub fn unsafe_for_root(dir: &Path) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if crate::sys::geteuid() != 0 {
         return None;
     }
     let mounts = fsinfo::mounts().unwrap_or_default();
@@ -144,10 +130,7 @@ fn check_path(dir: &Path, mounts: &[fsinfo::MountEntry], depth: usize) -> Option
 /// Whether `p` is a real directory (not a symbolic link) owned by this user, as the ones
 /// loadgen makes are: anyone can name a directory like them, or write a marker in it.
 pub fn owned_by_me(p: &Path) -> bool {
-    std::fs::symlink_metadata(p).is_ok_and(|m| {
-        // SAFETY: geteuid has no preconditions.
-        m.is_dir() && m.uid() == unsafe { libc::geteuid() }
-    })
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == crate::sys::geteuid())
 }
 
 /// `dir` resolved (no symbolic link left in it): the path to work with once
@@ -208,8 +191,7 @@ mod tests {
     /// modes it shows; one root mounted is not.
     #[test]
     fn a_fuse_mount_of_another_user_is_refused() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if crate::sys::geteuid() != 0 {
             return;
         }
         let d = std::fs::canonicalize(std::env::temp_dir()).expect("tmp");

@@ -446,17 +446,7 @@ impl Store {
     /// has committed already).
     pub fn syncfs(&mut self, p: &Path) -> io::Result<()> {
         match self {
-            Store::Local => {
-                use std::os::fd::AsRawFd;
-                let dir = File::open(p)?;
-                // SAFETY: syncfs on an open directory descriptor.
-                let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
-            }
+            Store::Local => crate::sys::syncfs(&File::open(p)?),
             Store::Nfs(_) => Ok(()),
             Store::Failed(m) => Err(Self::failed(m)),
         }
@@ -643,8 +633,7 @@ impl NfsStore {
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| format!("cannot resolve NFS server {:?}", url.host))?;
-        // SAFETY: geteuid/getegid have no preconditions.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (uid, gid) = (crate::sys::geteuid(), crate::sys::getegid());
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "loadgen".into());

@@ -721,17 +721,10 @@ fn is_mounted(mnt: &Path) -> bool {
 fn reap(pid: u32, limit: Duration) -> Option<(i32, f64)> {
     let t = Instant::now();
     loop {
-        let mut status = 0;
-        // SAFETY: rusage is plain data, filled by the kernel.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: wait4 on one pid with valid pointers.
-        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, libc::WNOHANG, &mut ru) };
-        if r == pid as libc::pid_t {
-            let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-            return Some((status, secs(ru.ru_utime) + secs(ru.ru_stime)));
-        }
-        if r != 0 || t.elapsed() > limit {
-            return None;
+        match crate::sys::try_reap(pid) {
+            Ok(Some(done)) => return Some(done),
+            Ok(None) if t.elapsed() <= limit => {}
+            _ => return None,
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -747,14 +740,12 @@ fn reap_cpu(pid: u32, limit: Duration) -> Option<f64> {
 /// `ccfs mount` exits once they are up, become its children, and their CPU time is read
 /// when they are reaped.
 fn become_subreaper() {
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    crate::sys::become_subreaper();
 }
 
 /// CPU seconds (user + system) of the processes, those still alive.
 pub fn cpu_seconds(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let hz = crate::sys::clock_ticks();
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
         .filter_map(|s| {
@@ -993,8 +984,7 @@ fn prepare_user(
 fn settle(cfg: &StormConfig, remount: bool) -> Result<Settled, String> {
     let t = Instant::now();
     let dirty_left_bytes = loop {
-        // SAFETY: sync has no arguments.
-        unsafe { libc::sync() };
+        crate::sys::sync_all();
         let left = dirty_bytes();
         if left < 1 << 20 || t.elapsed() > Duration::from_secs(60) {
             break left;
@@ -1398,15 +1388,7 @@ extern "C" fn on_stop_signal(_: libc::c_int) {
 /// SIGINT and SIGTERM stop the storm cleanly: the users stop between actions, log out
 /// (ccfs unmounts and syncs), and the homes and scratch space are removed.
 pub fn stop_on_signals() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: installing a handler that only stores to an atomic.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
+    crate::sys::on_stop_signals(on_stop_signal);
 }
 
 fn mb(b: u64) -> String {

@@ -112,11 +112,7 @@ pub(crate) fn check_outputs(out: &OutputOpts) -> Result<(), Error> {
         if let Some(why) = unsafe_for_root(parent) {
             return Err(user(format!("{flag} {}: {why}", path.display())));
         }
-        // SAFETY: access() only reads the NUL-terminated path.
-        let writable = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
-            .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
-            .unwrap_or(false);
-        if !writable {
+        if !loadgen::sys::may_write(parent) {
             return Err(user(format!(
                 "{flag} {}: cannot write in {}; give a path in a writable directory",
                 path.display(),
