@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -24,8 +24,8 @@ use fuser::{
 use crate::backing::{IoMode, OpenKind, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::locks::{Locked, RwLocked};
-use crate::overlay::{Binding, Ctx, Deferral, DirSignature, Layer, Overlay, SetAttr};
+use crate::locks::Locked;
+use crate::overlay::{Ctx, DirSignature, FileIo, Layer, OpenFile, Overlay, SetAttr};
 use crate::sys::{self, SetTime, Stat};
 
 use crate::nodes::Nodes;
@@ -33,7 +33,7 @@ use crate::nodes::Nodes;
 #[derive(Debug)]
 enum Handle {
     File {
-        io: RwLock<FileIo>,
+        file: OpenFile,
         node: u64,
         /// How the kernel does this handle's I/O (see [`crate::backing`]).
         mode: IoMode,
@@ -49,42 +49,9 @@ enum Handle {
 
 type DirListEntry = (u64, FileType, std::ffi::OsString);
 
-/// An open file: the descriptor, and while the copy-up is deferred (see
-/// [`Overlay::open_deferred`]) what it stands for.
-#[derive(Debug)]
-struct FileIo {
-    file: File,
-    writer: Option<u64>,
-    deferred: Option<Deferred>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Deferred {
-    /// The flags of the writable open this handle stands for.
-    flags: i32,
-    /// The overlay's copy-up count when last checked.
-    seen: u64,
-    /// The share object the handle has open, and what the cache held of its path then.
-    what: Deferral,
-}
-
 impl Handle {
-    fn file(
-        node: u64,
-        file: File,
-        writer: Option<u64>,
-        deferred: Option<Deferred>,
-        mode: IoMode,
-    ) -> Self {
-        Handle::File {
-            io: RwLock::new(FileIo {
-                file,
-                writer,
-                deferred,
-            }),
-            node,
-            mode,
-        }
+    fn file(node: u64, file: OpenFile, mode: IoMode) -> Self {
+        Handle::File { file, node, mode }
     }
 }
 
@@ -110,10 +77,6 @@ fn fopen_flags(mode: IoMode) -> FopenFlags {
         IoMode::Cached { keep_cache: false } => {}
     }
     f
-}
-
-fn read_io(io: &RwLock<FileIo>) -> std::sync::RwLockReadGuard<'_, FileIo> {
-    io.reading()
 }
 
 /// The kernel's names and inodes as this mount gave them, for telling the kernel to drop
@@ -540,7 +503,7 @@ impl CcfsFs {
             .cloned()
             .collect();
         open.iter().find_map(|h| match &**h {
-            Handle::File { io, .. } => crate::sys::fstat(&read_io(io).file).ok(),
+            Handle::File { file, .. } => crate::sys::fstat(file.current().file()).ok(),
             _ => None,
         })
     }
@@ -554,136 +517,32 @@ impl CcfsFs {
     }
 
     /// The file of a handle, ready for writing: a deferred handle is made writable now
-    /// (the file is copied to the cache unless it is there already).
+    /// (see [`Overlay::file_to_write`]).
     fn writable<'a>(
         &self,
         req: &Request,
         h: &'a Handle,
-    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
-        self.file_for(req, h, true)
+    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
+        let Handle::File { file, node, .. } = h else {
+            return Err(Errno::EISDIR);
+        };
+        self.overlay
+            .file_to_write(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
+            .map_err(|f| reply_err(f.op, &f.path, &f.error))
     }
 
-    /// The file of a handle for reading: a deferred handle whose file has moved to the
-    /// cache since (another handle wrote it) follows it there.
+    /// The file of a handle for reading (see [`Overlay::file_to_read`]).
     fn readable<'a>(
         &self,
         req: &Request,
         h: &'a Handle,
-    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
-        self.file_for(req, h, false)
-    }
-
-    fn file_for<'a>(
-        &self,
-        req: &Request,
-        h: &'a Handle,
-        write: bool,
-    ) -> Result<std::sync::RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { io, node, .. } = h else {
+    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
+        let Handle::File { file, node, .. } = h else {
             return Err(Errno::EISDIR);
         };
-        let now = self.overlay.copy_up_count();
-        {
-            // The common case, one shared lock: not deferred, or nothing copied up since.
-            let g = read_io(io);
-            match g.deferred {
-                Some(d) if write || d.seen != now => {}
-                _ => return Ok(g),
-            }
-        }
-        // A share that cannot tell where the file is now: it is read where it was.
-        let moved = || {
-            let what = read_io(io).deferred.map(|d| d.what);
-            self.path(INodeNo(*node))
-                .ok()
-                .zip(what)
-                .is_some_and(|(p, w)| matches!(self.overlay.binding(&p, w), Ok(Binding::Cache)))
-        };
-        if write || moved() {
-            self.promote(req, io, *node)?;
-        } else if let Some(d) = io.writing().deferred.as_mut() {
-            d.seen = now;
-        }
-        Ok(read_io(io))
-    }
-
-    /// Opens for real what a deferred handle stands for and puts it in the handle.
-    fn promote(&self, req: &Request, io: &RwLock<FileIo>, node: u64) -> Result<(), Errno> {
-        let mut g = io.writing();
-        let Some(d) = g.deferred else {
-            return Ok(());
-        };
-        let writable = d.flags & libc::O_ACCMODE != libc::O_RDONLY;
-        // A name the node no longer has was unlinked or renamed over here.
-        let Ok(path) = self.path(INodeNo(node)) else {
-            return self.detach(&mut g, writable);
-        };
-        // Looked at again when the name changes between the look and the copy-up (see
-        // `Overlay::open_bound`, `Overlay::keep_version`); a name that keeps changing
-        // fails the request rather than let a write go where no sync finds it.
-        for _ in 0..3 {
-            let bound = self
-                .overlay
-                .binding(&path, d.what)
-                .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?;
-            let (file, writer) = match bound {
-                Binding::Share | Binding::Cache => {
-                    match self
-                        .overlay
-                        .open_bound(&ctx(req, 0), &path, d.flags, d.what)
-                        .map_err(|e| reply_err("open (deferred copy-up)", &path, &e))?
-                    {
-                        Some(opened) => opened,
-                        None => continue,
-                    }
-                }
-                // A descriptor stays bound to its file: the name holds another one, put
-                // there here, as by `mv .y .x`.
-                Binding::Replaced => return self.detach(&mut g, writable),
-                // Another workstation changed the file: the handle's version is kept, and
-                // the next sync finds the conflict.
-                Binding::Changed if writable => {
-                    match self
-                        .overlay
-                        .keep_version(&ctx(req, 0), &path, &g.file, d.what, d.flags)
-                        .map_err(|e| reply_err("write (file changed on the share)", &path, &e))?
-                    {
-                        Some(opened) => opened,
-                        None => continue,
-                    }
-                }
-                // A reader reads on the file it has.
-                Binding::Changed => {
-                    g.deferred = None;
-                    return Ok(());
-                }
-            };
-            g.file = file;
-            g.writer = writer;
-            g.deferred = None;
-            return Ok(());
-        }
-        let e = FsError::Errno(libc::EIO);
-        Err(reply_err(
-            "open (deferred copy-up: the name keeps changing)",
-            &path,
-            &e,
-        ))
-    }
-
-    /// A deferred handle whose name holds another file now, put there here (or none): a
-    /// writable one gets a private copy that no name shows, as an unlinked file, as POSIX
-    /// has it; a reader goes on reading the file it has.
-    fn detach(&self, g: &mut FileIo, writable: bool) -> Result<(), Errno> {
-        if writable {
-            g.file = self
-                .overlay
-                .detached_copy(&g.file)
-                .map_err(|e| reply_err("write (file without a name)", Path::new(""), &e))?;
-            g.writer = None;
-        }
-        g.deferred = None;
-        Ok(())
+        self.overlay
+            .file_to_read(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
+            .map_err(|f| reply_err(f.op, &f.path, &f.error))
     }
 }
 
@@ -691,10 +550,8 @@ impl CcfsFs {
     /// What closing `h` undoes: its share of the cache file's writers, its I/O mode (the
     /// last passthrough handle of a node gives the backing file back to the kernel).
     fn let_go(&self, h: &Handle) {
-        if let Handle::File { io, node, mode } = h {
-            if let Some(ino) = read_io(io).writer {
-                self.overlay.release_writer(ino);
-            }
+        if let Handle::File { file, node, mode } = h {
+            self.overlay.close_file(file);
             self.io.released(*node, *mode);
         }
     }
@@ -758,8 +615,8 @@ impl Filesystem for CcfsFs {
         self.count(Req::Getattr, ino, None);
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
-                if let Handle::File { io, .. } = &*h {
-                    if let Ok(m) = crate::sys::fstat(&read_io(io).file) {
+                if let Handle::File { file, .. } = &*h {
+                    if let Ok(m) = crate::sys::fstat(file.current().file()) {
                         reply.attr(&self.ttl.share, &attr(ino.0, &m));
                         return;
                     }
@@ -807,7 +664,7 @@ impl Filesystem for CcfsFs {
             Some(h @ Handle::File { .. }) => Some(try_reply!(reply, self.writable(req, h))),
             _ => None,
         };
-        let file = guard.as_ref().map(|g| &g.file);
+        let file = guard.as_ref().map(|g| g.file());
         let change = SetAttr {
             mode,
             uid,
@@ -983,27 +840,18 @@ impl Filesystem for CcfsFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.count(Req::Open, ino, None);
         let path = try_reply!(reply, self.path(ino));
-        // The copy-up count is read before the open: a copy-up meanwhile is looked at.
-        let seen = self.overlay.copy_up_count();
-        match self.overlay.open_deferred(&ctx(req, 0), &path, flags.0) {
-            Ok((file, writer, deferred)) => {
-                let deferred = deferred.map(|what| Deferred {
-                    flags: flags.0,
-                    seen,
-                    what,
-                });
-                let mode = match self.io_mode(ino.0, &file, deferred.is_some()) {
+        match self.overlay.open_file(&ctx(req, 0), &path, flags.0) {
+            Ok(file) => {
+                let mode = match self.io_mode(ino.0, file.current().file(), file.is_deferred()) {
                     Ok(mode) => mode,
                     Err(e) => {
-                        if let Some(w) = writer {
-                            self.overlay.release_writer(w);
-                        }
+                        self.overlay.close_file(&file);
                         let e = FsError::from(e);
                         reply.error(reply_err("open", &path, &e));
                         return;
                     }
                 };
-                let fh = self.add_handle(Handle::file(ino.0, file, writer, deferred, mode));
+                let fh = self.add_handle(Handle::file(ino.0, file, mode));
                 match mode {
                     // `id` is registered with this session and stays so while a handle
                     // uses it (closed in `released` after the last one).
@@ -1031,7 +879,7 @@ impl Filesystem for CcfsFs {
         self.count(Req::Read, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.readable(req, &h));
-        let file = &g.file;
+        let file = g.file();
         let mut buf = vec![0u8; size as usize];
         let mut got = 0;
         while got < buf.len() {
@@ -1064,7 +912,7 @@ impl Filesystem for CcfsFs {
         self.count(Req::Write, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
-        let file = &g.file;
+        let file = g.file();
         match file.write_all_at(data, offset) {
             Ok(()) => {
                 self.overlay.requests.wrote(data.len());
@@ -1133,19 +981,19 @@ impl Filesystem for CcfsFs {
     ) {
         self.count(Req::Fsync, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
-        let g = read_io(match &*h {
-            Handle::File { io, .. } => io,
+        let g = match &*h {
+            Handle::File { file, .. } => file.current(),
             Handle::Dir { .. } => {
                 reply.error(Errno::EISDIR);
                 return;
             }
-        });
-        if g.deferred.is_some() {
+        };
+        if g.is_deferred() {
             // Nothing was written through this handle: nothing to sync.
             reply.ok();
             return;
         }
-        let file = &g.file;
+        let file = g.file();
         let r = if datasync {
             file.sync_data()
         } else {
@@ -1396,15 +1244,14 @@ impl Filesystem for CcfsFs {
                 let mode = match self.io_mode(a.ino.0, &file, lower) {
                     Ok(mode) => mode,
                     Err(e) => {
-                        if let Some(w) = writer {
-                            self.overlay.release_writer(w);
-                        }
+                        self.overlay.close_file(&OpenFile::opened(file, writer));
                         let e = FsError::from(e);
                         reply.error(reply_err("create", &path, &e));
                         return;
                     }
                 };
-                let fh = self.add_handle(Handle::file(a.ino.0, file, writer, None, mode));
+                let fh =
+                    self.add_handle(Handle::file(a.ino.0, OpenFile::opened(file, writer), mode));
                 let ttl = self.ttl(found.layer);
                 match mode {
                     IoMode::Passthrough(id) => {
@@ -1430,7 +1277,7 @@ impl Filesystem for CcfsFs {
         self.count(Req::Fallocate, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
-        let file = &g.file;
+        let file = g.file();
         match crate::sys::fallocate(file, mode, offset, length) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Errno::from(e)),

@@ -155,6 +155,7 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
+pub use open_file::{FileFailed, FileIo, OpenFile};
 pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 
 mod attrs;
@@ -163,6 +164,7 @@ mod handles;
 mod listing;
 mod lookup;
 mod namespace;
+mod open_file;
 mod racy;
 mod session;
 mod snapshot;

@@ -1,0 +1,400 @@
+//! An open file as a handle holds it: its descriptor, the cache file's writer count it
+//! holds, and, while its copy-up is deferred ([`Overlay::open_deferred`]), what it stands
+//! for. The deferred copy-up's state machine lives here: a handle is made writable at its
+//! first write, follows its file to the cache when another handle wrote it there, and is
+//! detached when its name holds another file now.
+
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::*;
+use crate::locks::RwLocked;
+
+/// An open regular file of the overlay.
+#[derive(Debug)]
+pub struct OpenFile {
+    io: RwLock<FileIo>,
+}
+
+/// What an [`OpenFile`] reads and writes now.
+#[derive(Debug)]
+pub struct FileIo {
+    file: File,
+    writer: Option<u64>,
+    deferred: Option<Deferred>,
+}
+
+impl FileIo {
+    /// The descriptor reads and writes go to.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Whether the handle still reads the share's file in place of a copy-up to come.
+    pub fn is_deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    /// The flags of the writable open this handle stands for.
+    flags: i32,
+    /// The overlay's copy-up count when last checked.
+    seen: u64,
+    /// The share object the handle has open, and what the cache held of its path then.
+    what: Deferral,
+}
+
+/// Why a handle's file could not be made ready: what was being done, where, and the
+/// error (for the adapter's log line and errno).
+#[derive(Debug)]
+pub struct FileFailed {
+    pub op: &'static str,
+    pub path: PathBuf,
+    pub error: FsError,
+}
+
+impl FileFailed {
+    fn new(op: &'static str, path: &Path, error: FsError) -> Self {
+        Self {
+            op,
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+/// How many times a deferred copy-up looks at a name that keeps changing between its
+/// look and its copy-up before it fails the request (rather than let a write go where no
+/// sync finds it).
+const PROMOTE_TRIES: usize = 3;
+
+impl OpenFile {
+    /// A file opened for real (no deferred copy-up): `writer` is the cache inode it is
+    /// counted as a writer of.
+    pub fn opened(file: File, writer: Option<u64>) -> Self {
+        Self::with(file, writer, None)
+    }
+
+    fn with(file: File, writer: Option<u64>, deferred: Option<Deferred>) -> Self {
+        Self {
+            io: RwLock::new(FileIo {
+                file,
+                writer,
+                deferred,
+            }),
+        }
+    }
+
+    /// What the handle reads and writes now, as it is (no deferred copy-up is made).
+    pub fn current(&self) -> RwLockReadGuard<'_, FileIo> {
+        self.io.reading()
+    }
+
+    /// Whether the handle still reads the share's file in place of a copy-up to come.
+    pub fn is_deferred(&self) -> bool {
+        self.current().is_deferred()
+    }
+
+    fn writing(&self) -> RwLockWriteGuard<'_, FileIo> {
+        self.io.writing()
+    }
+}
+
+impl Overlay {
+    /// Opens `rel` for a handle, with [`Overlay::open_deferred`]: a writable open of a
+    /// cached file still on the share copies nothing yet.
+    pub fn open_file(&self, ctx: &Ctx, rel: &Path, flags: i32) -> FsResult<OpenFile> {
+        // The copy-up count is read before the open: a copy-up meanwhile is looked at.
+        let seen = self.copy_up_count();
+        let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
+        let deferred = what.map(|what| Deferred { flags, seen, what });
+        Ok(OpenFile::with(file, writer, deferred))
+    }
+
+    /// Closes a handle: its share of the cache file's writers is let go of.
+    pub fn close_file(&self, f: &OpenFile) {
+        if let Some(ino) = f.current().writer {
+            self.release_writer(ino);
+        }
+    }
+
+    /// The file of a handle, ready for writing: a deferred handle is made writable now
+    /// (the file is copied to the cache unless it is there already). `name` tells the
+    /// handle's path now (None: the node has no name left).
+    pub fn file_to_write<'a>(
+        &self,
+        ctx: &Ctx,
+        f: &'a OpenFile,
+        name: impl Fn() -> Option<PathBuf>,
+    ) -> Result<RwLockReadGuard<'a, FileIo>, FileFailed> {
+        self.file_for(ctx, f, true, name)
+    }
+
+    /// The file of a handle for reading: a deferred handle whose file has moved to the
+    /// cache since (another handle wrote it) follows it there.
+    pub fn file_to_read<'a>(
+        &self,
+        ctx: &Ctx,
+        f: &'a OpenFile,
+        name: impl Fn() -> Option<PathBuf>,
+    ) -> Result<RwLockReadGuard<'a, FileIo>, FileFailed> {
+        self.file_for(ctx, f, false, name)
+    }
+
+    fn file_for<'a>(
+        &self,
+        ctx: &Ctx,
+        f: &'a OpenFile,
+        write: bool,
+        name: impl Fn() -> Option<PathBuf>,
+    ) -> Result<RwLockReadGuard<'a, FileIo>, FileFailed> {
+        let now = self.copy_up_count();
+        {
+            // The common case, one shared lock: not deferred, or nothing copied up since.
+            let g = f.current();
+            match g.deferred {
+                Some(d) if write || d.seen != now => {}
+                _ => return Ok(g),
+            }
+        }
+        // A share that cannot tell where the file is now: it is read where it was.
+        let moved = || {
+            let what = f.current().deferred.map(|d| d.what);
+            name()
+                .zip(what)
+                .is_some_and(|(p, w)| matches!(self.binding(&p, w), Ok(Binding::Cache)))
+        };
+        if write || moved() {
+            self.promote(ctx, f, &name)?;
+        } else if let Some(d) = f.writing().deferred.as_mut() {
+            d.seen = now;
+        }
+        Ok(f.current())
+    }
+
+    /// Opens for real what a deferred handle stands for and puts it in the handle.
+    fn promote(
+        &self,
+        ctx: &Ctx,
+        f: &OpenFile,
+        name: &impl Fn() -> Option<PathBuf>,
+    ) -> Result<(), FileFailed> {
+        let mut g = f.writing();
+        let Some(d) = g.deferred else {
+            return Ok(());
+        };
+        let writable = d.flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A name the node no longer has was unlinked or renamed over here.
+        let Some(path) = name() else {
+            return self.detach(&mut g, writable);
+        };
+        // Looked at again when the name changes between the look and the copy-up (see
+        // `Overlay::open_bound`, `Overlay::keep_version`).
+        for _ in 0..PROMOTE_TRIES {
+            let path = path.as_path();
+            let failed = |op| move |e| FileFailed::new(op, path, e);
+            let bound = self
+                .binding(path, d.what)
+                .map_err(failed("open (deferred copy-up)"))?;
+            let opened = match bound {
+                Binding::Share | Binding::Cache => self
+                    .open_bound(ctx, path, d.flags, d.what)
+                    .map_err(failed("open (deferred copy-up)"))?,
+                // A descriptor stays bound to its file: the name holds another one, put
+                // there here, as by `mv .y .x`.
+                Binding::Replaced => return self.detach(&mut g, writable),
+                // Another workstation changed the file: the handle's version is kept, and
+                // the next sync finds the conflict.
+                Binding::Changed if writable => self
+                    .keep_version(ctx, path, &g.file, d.what, d.flags)
+                    .map_err(failed("write (file changed on the share)"))?,
+                // A reader reads on the file it has.
+                Binding::Changed => {
+                    g.deferred = None;
+                    return Ok(());
+                }
+            };
+            // None: the name changed meanwhile; looked at again.
+            if let Some((file, writer)) = opened {
+                g.file = file;
+                g.writer = writer;
+                g.deferred = None;
+                return Ok(());
+            }
+        }
+        Err(FileFailed::new(
+            "open (deferred copy-up: the name keeps changing)",
+            &path,
+            FsError::Errno(libc::EIO),
+        ))
+    }
+
+    /// A deferred handle whose name holds another file now, put there here (or none): a
+    /// writable one gets a private copy that no name shows, as an unlinked file, as POSIX
+    /// has it; a reader goes on reading the file it has.
+    fn detach(&self, g: &mut FileIo, writable: bool) -> Result<(), FileFailed> {
+        if writable {
+            g.file = self
+                .detached_copy(&g.file)
+                .map_err(|e| FileFailed::new("write (file without a name)", Path::new(""), e))?;
+            g.writer = None;
+        }
+        g.deferred = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{ctx, fresh};
+    use super::*;
+    use std::io::{Read, Seek, Write};
+
+    fn read_all(g: &FileIo) -> String {
+        let mut f = g.file();
+        let mut s = String::new();
+        f.rewind().expect("rewind");
+        f.read_to_string(&mut s).expect("read");
+        s
+    }
+
+    fn write_all(g: &FileIo, text: &str) {
+        let mut f = g.file();
+        f.write_all(text.as_bytes()).expect("write");
+    }
+
+    fn named(p: &str) -> impl Fn() -> Option<PathBuf> + '_ {
+        move || Some(PathBuf::from(p))
+    }
+
+    #[test]
+    fn a_writable_open_of_a_shares_dotfile_copies_nothing_until_its_first_write() {
+        let t = fresh(&[(".x", "share")]);
+        let f =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDWR)
+                .expect("open");
+        assert!(
+            f.is_deferred(),
+            "deferred: the share's file is read in place"
+        );
+        assert!(!t.cache.join("upper/.x").exists(), "nothing copied at open");
+        assert_eq!(
+            read_all(&t.o.file_to_read(&ctx(), &f, named(".x")).expect("read")),
+            "share"
+        );
+        assert!(f.is_deferred(), "a read copies nothing either");
+        let g = t.o.file_to_write(&ctx(), &f, named(".x")).expect("write");
+        assert!(!f_deferred_held(&g));
+        write_all(&g, "mine!");
+        drop(g);
+        assert!(!f.is_deferred(), "the first write made it the cache's");
+        assert_eq!(
+            std::fs::read_to_string(t.cache.join("upper/.x")).expect("cache"),
+            "mine!"
+        );
+        assert_eq!(
+            std::fs::read_to_string(t.share.join(".x")).expect("share"),
+            "share"
+        );
+        t.o.close_file(&f);
+    }
+
+    fn f_deferred_held(g: &FileIo) -> bool {
+        g.deferred.is_some()
+    }
+
+    #[test]
+    fn a_reader_follows_its_file_to_the_cache_once_another_handle_wrote_it() {
+        let t = fresh(&[(".x", "share")]);
+        let reader =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDONLY)
+                .expect("open");
+        let writer =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDWR)
+                .expect("open");
+        {
+            let g =
+                t.o.file_to_write(&ctx(), &writer, named(".x"))
+                    .expect("write");
+            write_all(&g, "newer");
+        }
+        let g =
+            t.o.file_to_read(&ctx(), &reader, named(".x"))
+                .expect("read");
+        assert_eq!(
+            read_all(&g),
+            "newer",
+            "the reader sees the cache's copy now"
+        );
+        drop(g);
+        assert!(!reader.is_deferred());
+        t.o.close_file(&writer);
+        t.o.close_file(&reader);
+    }
+
+    #[test]
+    fn a_deferred_writer_whose_name_is_gone_writes_a_copy_no_name_shows() {
+        let t = fresh(&[(".x", "share")]);
+        let f =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDWR)
+                .expect("open");
+        let g = t.o.file_to_write(&ctx(), &f, || None).expect("write");
+        write_all(&g, "lost?");
+        drop(g);
+        assert!(!f.is_deferred());
+        assert!(
+            !t.cache.join("upper/.x").exists(),
+            "no name shows the detached copy"
+        );
+        assert_eq!(
+            std::fs::read_to_string(t.share.join(".x")).expect("share"),
+            "share"
+        );
+        assert_eq!(
+            read_all(&f.current()),
+            "lost?",
+            "the handle reads what it wrote"
+        );
+        t.o.close_file(&f);
+    }
+
+    #[test]
+    fn a_deferred_writer_keeps_its_version_when_another_workstation_replaced_the_file() {
+        let t = fresh(&[(".x", "share")]);
+        let f =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDWR)
+                .expect("open");
+        // Another workstation saves .x as a new file (rename over it).
+        std::fs::write(t.share.join(".x.tmp"), "theirs").expect("write");
+        std::fs::rename(t.share.join(".x.tmp"), t.share.join(".x")).expect("rename");
+        let g = t.o.file_to_write(&ctx(), &f, named(".x")).expect("write");
+        assert_eq!(read_all(&g), "share", "the handle's own version is kept");
+        drop(g);
+        assert_eq!(
+            std::fs::read_to_string(t.cache.join("upper/.x")).expect("cache"),
+            "share",
+            "copied up from the file the handle has open, for the sync to find the conflict"
+        );
+        t.o.close_file(&f);
+    }
+
+    #[test]
+    fn a_writer_is_counted_until_its_handle_is_closed() {
+        let t = fresh(&[(".x", "share")]);
+        let f =
+            t.o.open_file(&ctx(), Path::new(".x"), libc::O_RDWR)
+                .expect("open");
+        drop(t.o.file_to_write(&ctx(), &f, named(".x")).expect("write"));
+        let ino = f.current().writer.expect("a writer of the cache file");
+        assert!(
+            t.o.lock_any().writers.contains_key(&ino),
+            "counted while open"
+        );
+        t.o.close_file(&f);
+        assert!(
+            !t.o.lock_any().writers.contains_key(&ino),
+            "let go of at close"
+        );
+    }
+}
