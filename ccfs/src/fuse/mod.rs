@@ -6,54 +6,27 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    AccessFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::backing::{IoMode, OpenKind, Passthrough};
+use crate::backing::{IoMode, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
-use crate::locks::Locked;
-use crate::overlay::{Ctx, DirSignature, FileIo, Layer, OpenFile, Overlay, SetAttr};
-use crate::sys::{self, SetTime, Stat};
+use crate::overlay::{Layer, OpenFile, Overlay, SetAttr};
+use crate::sys;
 
 use crate::nodes::Nodes;
-
-#[derive(Debug)]
-enum Handle {
-    File {
-        file: OpenFile,
-        node: u64,
-        /// How the kernel does this handle's I/O (see [`crate::backing`]).
-        mode: IoMode,
-    },
-    Dir {
-        /// Listed at the first READDIR (and again at a rewind), not at OPENDIR: when the
-        /// kernel keeps the directory's listing, it asks for none.
-        listing: Mutex<Option<Vec<DirListEntry>>>,
-        /// What the directory was at OPENDIR; None when that could not be told.
-        sig: Option<DirSignature>,
-    },
-}
-
-type DirListEntry = (u64, FileType, std::ffi::OsString);
-
-impl Handle {
-    fn file(node: u64, file: OpenFile, mode: IoMode) -> Self {
-        Handle::File { file, node, mode }
-    }
-}
 
 /// How long the kernel may keep what ccfs answered, by where the answer came from.
 #[derive(Debug, Clone, Copy)]
@@ -65,59 +38,6 @@ pub struct Timeouts {
     pub cache: Duration,
     /// Listings carry each entry's attributes (READDIRPLUS).
     pub readdirplus: bool,
-}
-
-/// The open flags that tell the kernel how to do a handle's I/O.
-fn fopen_flags(mode: IoMode) -> FopenFlags {
-    // ccfs has nothing to do at close (FLUSH): the kernel need not ask.
-    let mut f = FopenFlags::FOPEN_NOFLUSH;
-    match mode {
-        IoMode::Passthrough(_) => {}
-        IoMode::Cached { keep_cache: true } => f |= FopenFlags::FOPEN_KEEP_CACHE,
-        IoMode::Cached { keep_cache: false } => {}
-    }
-    f
-}
-
-/// The kernel's names and inodes as this mount gave them, for telling the kernel to drop
-/// what it keeps of a name: a sync that keeps the share's version at a conflict shows
-/// another file at the name, whose size the kernel would otherwise keep for its timeout
-/// (and clip reads to it).
-#[derive(Debug)]
-pub struct KernelView {
-    nodes: Arc<Mutex<Nodes>>,
-    notifier: fuser::Notifier,
-}
-
-impl KernelView {
-    pub fn new(nodes: Arc<Mutex<Nodes>>, notifier: fuser::Notifier) -> Self {
-        Self { nodes, notifier }
-    }
-
-    /// Drops the kernel's entry, attributes and pages of each path (below the mount root)
-    /// and of its directory's listing; paths the kernel never saw are skipped.
-    pub fn forget_paths(&self, paths: &[PathBuf]) {
-        for rel in paths {
-            let found = {
-                let nodes = self.nodes.locked();
-                nodes.walk(rel)
-            };
-            let Some((parent, name, node)) = found else {
-                continue;
-            };
-            let mut sent = vec![self.notifier.inval_entry(INodeNo(parent), &name)];
-            if let Some(node) = node {
-                sent.push(self.notifier.inval_inode(INodeNo(node), 0, 0));
-            }
-            sent.push(self.notifier.inval_inode(INodeNo(parent), 0, 0));
-            for e in sent.into_iter().filter_map(Result::err) {
-                tracing::debug!(
-                    path = %crate::journal::escape(rel),
-                    "the kernel refused an invalidation: {e}"
-                );
-            }
-        }
-    }
 }
 
 /// The ccfs filesystem as fuser sees it.
@@ -137,157 +57,6 @@ pub struct CcfsFs {
     listed: Mutex<HashMap<u64, Listed>>,
 }
 
-/// A directory's signature when it was last listed, and when that was.
-#[derive(Debug, Clone, Copy)]
-struct Listed {
-    sig: DirSignature,
-    at: std::time::Instant,
-    /// Whether an unchanged signature means an unchanged listing for good: only for a
-    /// directory the cache alone holds (this mount alone changes it). A share's times may
-    /// show two changes as one (a share that keeps them to the second, two changes in one
-    /// clock tick, times set back by `tar`, `cp -a` or a server clock behind ours), so a
-    /// listing of a share directory is kept no longer than the share's names are
-    /// ([`Timeouts::share`]).
-    lasting: bool,
-}
-
-impl Listed {
-    fn new(sig: DirSignature) -> Self {
-        Self {
-            sig,
-            at: std::time::Instant::now(),
-            lasting: sig.share_mtime().is_none(),
-        }
-    }
-
-    /// Whether the kernel may keep this listing of a directory whose signature is `now`.
-    fn still(&self, now: &DirSignature, ttl: Duration) -> bool {
-        self.sig == *now && (self.lasting || self.at.elapsed() < ttl)
-    }
-}
-
-fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
-    let n = e.errno();
-    let path = crate::journal::escape(path);
-    if matches!(
-        n,
-        libc::ENOENT
-            | libc::EEXIST
-            | libc::ENOTEMPTY
-            | libc::ENODATA
-            | libc::EXDEV
-            | libc::ENAMETOOLONG
-    ) {
-        tracing::trace!(op, path, "{e}");
-    } else {
-        tracing::warn!(op, path, errno = n, "{e}");
-    }
-    Errno::from_i32(n)
-}
-
-/// An xattr value or list: its size when asked with size 0, ERANGE when it does not fit.
-fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
-    if size == 0 {
-        reply.size(data.len() as u32);
-    } else if data.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(data);
-    }
-}
-
-fn file_type(kind: u32) -> FileType {
-    match kind {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
-    }
-}
-
-fn attr(ino: u64, m: &Stat) -> FileAttr {
-    let t = |(s, n): (i64, i64)| time(s, n);
-    FileAttr {
-        ino: INodeNo(ino),
-        size: m.len(),
-        blocks: m.blocks(),
-        atime: t(m.atime()),
-        mtime: t(m.mtime()),
-        ctime: t(m.ctime()),
-        crtime: t(m.ctime()),
-        kind: file_type(m.file_type()),
-        perm: (m.mode() & 0o7777) as u16,
-        nlink: m.nlink() as u32,
-        uid: m.uid(),
-        gid: m.gid(),
-        rdev: m.rdev() as u32,
-        blksize: m.blksize() as u32,
-        flags: 0,
-    }
-}
-
-/// The attributes of a negative entry (node 0): the kernel reads none of them.
-fn negative_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => SetTime::At {
-                secs: d.as_secs() as i64,
-                nsecs: i64::from(d.subsec_nanos()),
-            },
-            Err(e) => {
-                let d = e.duration();
-                let mut secs = -(d.as_secs() as i64);
-                let mut nsecs = i64::from(d.subsec_nanos());
-                if nsecs > 0 {
-                    secs -= 1;
-                    nsecs = 1_000_000_000 - nsecs;
-                }
-                SetTime::At { secs, nsecs }
-            }
-        },
-    }
-}
-
-fn ctx(req: &Request, umask: u32) -> Ctx {
-    Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
-        umask,
-    }
-}
-
 macro_rules! try_reply {
     ($reply:expr, $e:expr) => {
         match $e {
@@ -299,6 +68,15 @@ macro_rules! try_reply {
         }
     };
 }
+
+mod convert;
+mod handles;
+mod kernel_view;
+mod names;
+
+use convert::*;
+use handles::*;
+pub use kernel_view::KernelView;
 
 impl CcfsFs {
     pub fn new(overlay: Arc<Overlay>, ttl: Timeouts, io: Arc<Passthrough>) -> Self {
@@ -317,243 +95,6 @@ impl CcfsFs {
     /// The node table, for a [`KernelView`] made once the session exists.
     pub fn node_table(&self) -> Arc<Mutex<Nodes>> {
         self.nodes.clone()
-    }
-
-    fn listed(&self) -> MutexGuard<'_, HashMap<u64, Listed>> {
-        self.listed.locked()
-    }
-
-    /// The merged listing of directory `ino` at `path`, with `.` and `..`, each entry
-    /// with its node (made for names not seen before, uncounted).
-    fn list(&self, ino: INodeNo, path: &Path) -> Result<Vec<DirListEntry>, Errno> {
-        let listing = self
-            .overlay
-            .readdir(path)
-            .map_err(|e| reply_err("readdir", path, &e))?;
-        let mut entries = Vec::with_capacity(listing.len() + 2);
-        entries.push((ino.0, FileType::Directory, ".".into()));
-        entries.push((ino.0, FileType::Directory, "..".into()));
-        let mut nodes = self.nodes();
-        for e in listing {
-            let id = nodes.child(ino.0, &e.name, e.file_type, false);
-            entries.push((id, file_type(e.file_type), e.name));
-        }
-        Ok(entries)
-    }
-
-    /// The listing a directory handle serves from `offset`: made at the first read or
-    /// a rewind (the directory as it is now), then kept for the handle's later reads.
-    fn listing<'h>(
-        &self,
-        ino: INodeNo,
-        h: &'h Handle,
-        offset: u64,
-    ) -> Result<MutexGuard<'h, Option<Vec<DirListEntry>>>, Errno> {
-        let Handle::Dir { listing, sig } = h else {
-            return Err(Errno::ENOTDIR);
-        };
-        let mut g = listing.locked();
-        if g.is_none() || offset == 0 {
-            let path = self.path(ino)?;
-            *g = Some(self.list(ino, &path)?);
-            match sig {
-                Some(sig) => self.listed().insert(ino.0, Listed::new(*sig)),
-                None => self.listed().remove(&ino.0),
-            };
-        }
-        Ok(g)
-    }
-
-    /// How long the kernel may keep an answer that came from `layer`.
-    fn ttl(&self, layer: Layer) -> Duration {
-        match layer {
-            Layer::Upper => self.ttl.cache,
-            Layer::Lower | Layer::Share => self.ttl.share,
-        }
-    }
-
-    /// The I/O mode of a new handle on `node`, counted as open (see [`crate::backing`]).
-    fn io_mode(&self, node: u64, file: &File, deferred: bool) -> std::io::Result<IoMode> {
-        let meta = crate::sys::fstat(file)?;
-        let kind = OpenKind {
-            through_daemon: deferred,
-            keep_for: self.ttl.share,
-        };
-        self.io.choose(node, file, &meta, kind)
-    }
-
-    fn nodes(&self) -> MutexGuard<'_, Nodes> {
-        self.nodes.locked()
-    }
-
-    fn handles(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {
-        self.handles.locked()
-    }
-
-    fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
-        self.nodes().path(ino.0).ok_or(Errno::ESTALE)
-    }
-
-    /// Counts a request on node `ino` (and `name` in it, for a request on a name).
-    fn count(&self, r: Req, ino: INodeNo, name: Option<&OsStr>) {
-        let requests = &self.overlay.requests;
-        if !requests.by_path_wanted() {
-            requests.count(r);
-            return;
-        }
-        match (self.nodes().path(ino.0), name) {
-            (Some(p), Some(n)) => requests.count_at(r, &p.join(n)),
-            (Some(p), None) => requests.count_at(r, &p),
-            // A node no longer named (a file removed while open): counted all the same.
-            (None, _) => requests.count_at(r, Path::new(crate::counters::UNNAMED)),
-        }
-    }
-
-    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
-        Ok(self.path(parent)?.join(name))
-    }
-
-    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
-        self.handles().get(&fh.0).cloned().ok_or(Errno::EBADF)
-    }
-
-    fn add_handle(&self, h: Handle) -> FileHandle {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles().insert(fh, Arc::new(h));
-        FileHandle(fh)
-    }
-
-    /// An entry reply for `name` in `parent`: counts the lookup on its node. A file with
-    /// several links joins the node of another of its names, when one is known and a name
-    /// of that node still holds the same object (a freed and reused backing inode number
-    /// never joins two files). A name of a node with several names that no longer holds
-    /// that node's object (another workstation replaced or renamed one of the links) gets
-    /// a node of its own: requests on a node go to the object behind its first name. Names
-    /// of a cached file still on the share are not joined: a change through one name is
-    /// copied up to that name alone, so each name shows what the share will hold after
-    /// sync.
-    fn entry(&self, parent: INodeNo, name: &OsStr, found: &crate::overlay::Found) -> FileAttr {
-        let m = &found.meta;
-        let key = (m.dev(), m.ino());
-        let joined = self.nodes().named(parent.0, name);
-        if let Some(id) = joined.filter(|&id| self.nodes().name_count(id) > 1) {
-            if !self.holds(id, key) {
-                self.nodes().detach(parent.0, name);
-            }
-        }
-        if !m.is_dir() && m.nlink() > 1 && found.layer != Layer::Lower {
-            let known = self.links().get(&key).copied();
-            if let Some(id) = known {
-                if self.holds(id, key) && self.nodes().add_name(id, parent.0, name) {
-                    return attr(id, m);
-                }
-            }
-            let id = self.nodes().child(parent.0, name, m.file_type(), true);
-            self.links().insert(key, id);
-            return attr(id, m);
-        }
-        let id = self.nodes().child(parent.0, name, m.file_type(), true);
-        attr(id, m)
-    }
-
-    /// Whether the object behind the first name of node `id` is `key` (device, inode).
-    fn holds(&self, id: u64, key: (u64, u64)) -> bool {
-        let witness = self.nodes().path(id);
-        witness.is_some_and(|w| {
-            self.overlay
-                .resolve(&w)
-                .is_ok_and(|f| (f.meta.dev(), f.meta.ino()) == key)
-        })
-    }
-
-    fn links(&self) -> MutexGuard<'_, HashMap<(u64, u64), u64>> {
-        self.links.locked()
-    }
-
-    /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
-    /// that nothing made meanwhile at that name can get it, and put back if the change fails.
-    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
-        let parent_path = try_reply!(reply, self.path(parent));
-        let path = parent_path.join(name);
-        let detached = self.nodes().detach(parent.0, name);
-        let result = if dir {
-            self.overlay.rmdir(&parent_path, name)
-        } else {
-            self.overlay.unlink(&parent_path, name)
-        };
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => {
-                if let Some(id) = detached {
-                    self.nodes().reattach(parent.0, name, id);
-                }
-                reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e))
-            }
-        }
-    }
-
-    /// The attributes of `node` from one of its open handles. The handle table is not
-    /// held while a handle's descriptor is looked at: a handle being copied up holds its
-    /// `io` for the whole copy, and every request needs the table.
-    fn open_node_stat(&self, node: u64) -> Option<Stat> {
-        let open: Vec<Arc<Handle>> = self
-            .handles()
-            .values()
-            .filter(|h| matches!(&***h, Handle::File { node: n, .. } if *n == node))
-            .cloned()
-            .collect();
-        open.iter().find_map(|h| match &**h {
-            Handle::File { file, .. } => crate::sys::fstat(file.current().file()).ok(),
-            _ => None,
-        })
-    }
-
-    fn file_of(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
-        let h = self.handle(fh)?;
-        match &*h {
-            Handle::File { .. } => Ok(h),
-            Handle::Dir { .. } => Err(Errno::EISDIR),
-        }
-    }
-
-    /// The file of a handle, ready for writing: a deferred handle is made writable now
-    /// (see [`Overlay::file_to_write`]).
-    fn writable<'a>(
-        &self,
-        req: &Request,
-        h: &'a Handle,
-    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { file, node, .. } = h else {
-            return Err(Errno::EISDIR);
-        };
-        self.overlay
-            .file_to_write(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
-            .map_err(|f| reply_err(f.op, &f.path, &f.error))
-    }
-
-    /// The file of a handle for reading (see [`Overlay::file_to_read`]).
-    fn readable<'a>(
-        &self,
-        req: &Request,
-        h: &'a Handle,
-    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { file, node, .. } = h else {
-            return Err(Errno::EISDIR);
-        };
-        self.overlay
-            .file_to_read(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
-            .map_err(|f| reply_err(f.op, &f.path, &f.error))
-    }
-}
-
-impl CcfsFs {
-    /// What closing `h` undoes: its share of the cache file's writers, its I/O mode (the
-    /// last passthrough handle of a node gives the backing file back to the kernel).
-    fn let_go(&self, h: &Handle) {
-        if let Handle::File { file, node, mode } = h {
-            self.overlay.close_file(file);
-            self.io.released(*node, *mode);
-        }
     }
 }
 

@@ -1,0 +1,128 @@
+//! Node ids and names: the path of a node, the node of a name (one node for the names of a file with several links), counting requests by path.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::MutexGuard;
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, INodeNo, ReplyEmpty};
+
+use crate::counters::Req;
+use crate::locks::Locked;
+use crate::overlay::Layer;
+
+use crate::nodes::Nodes;
+
+use super::*;
+
+impl CcfsFs {
+    /// How long the kernel may keep an answer that came from `layer`.
+    pub(super) fn ttl(&self, layer: Layer) -> Duration {
+        match layer {
+            Layer::Upper => self.ttl.cache,
+            Layer::Lower | Layer::Share => self.ttl.share,
+        }
+    }
+
+    pub(super) fn nodes(&self) -> MutexGuard<'_, Nodes> {
+        self.nodes.locked()
+    }
+
+    pub(super) fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
+        self.nodes().path(ino.0).ok_or(Errno::ESTALE)
+    }
+
+    /// Counts a request on node `ino` (and `name` in it, for a request on a name).
+    pub(super) fn count(&self, r: Req, ino: INodeNo, name: Option<&OsStr>) {
+        let requests = &self.overlay.requests;
+        if !requests.by_path_wanted() {
+            requests.count(r);
+            return;
+        }
+        match (self.nodes().path(ino.0), name) {
+            (Some(p), Some(n)) => requests.count_at(r, &p.join(n)),
+            (Some(p), None) => requests.count_at(r, &p),
+            // A node no longer named (a file removed while open): counted all the same.
+            (None, _) => requests.count_at(r, Path::new(crate::counters::UNNAMED)),
+        }
+    }
+
+    pub(super) fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        Ok(self.path(parent)?.join(name))
+    }
+
+    /// An entry reply for `name` in `parent`: counts the lookup on its node. A file with
+    /// several links joins the node of another of its names, when one is known and a name
+    /// of that node still holds the same object (a freed and reused backing inode number
+    /// never joins two files). A name of a node with several names that no longer holds
+    /// that node's object (another workstation replaced or renamed one of the links) gets
+    /// a node of its own: requests on a node go to the object behind its first name. Names
+    /// of a cached file still on the share are not joined: a change through one name is
+    /// copied up to that name alone, so each name shows what the share will hold after
+    /// sync.
+    pub(super) fn entry(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        found: &crate::overlay::Found,
+    ) -> FileAttr {
+        let m = &found.meta;
+        let key = (m.dev(), m.ino());
+        let joined = self.nodes().named(parent.0, name);
+        if let Some(id) = joined.filter(|&id| self.nodes().name_count(id) > 1) {
+            if !self.holds(id, key) {
+                self.nodes().detach(parent.0, name);
+            }
+        }
+        if !m.is_dir() && m.nlink() > 1 && found.layer != Layer::Lower {
+            let known = self.links().get(&key).copied();
+            if let Some(id) = known {
+                if self.holds(id, key) && self.nodes().add_name(id, parent.0, name) {
+                    return attr(id, m);
+                }
+            }
+            let id = self.nodes().child(parent.0, name, m.file_type(), true);
+            self.links().insert(key, id);
+            return attr(id, m);
+        }
+        let id = self.nodes().child(parent.0, name, m.file_type(), true);
+        attr(id, m)
+    }
+
+    /// Whether the object behind the first name of node `id` is `key` (device, inode).
+    pub(super) fn holds(&self, id: u64, key: (u64, u64)) -> bool {
+        let witness = self.nodes().path(id);
+        witness.is_some_and(|w| {
+            self.overlay
+                .resolve(&w)
+                .is_ok_and(|f| (f.meta.dev(), f.meta.ino()) == key)
+        })
+    }
+
+    pub(super) fn links(&self) -> MutexGuard<'_, HashMap<(u64, u64), u64>> {
+        self.links.locked()
+    }
+
+    /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
+    /// that nothing made meanwhile at that name can get it, and put back if the change fails.
+    pub(super) fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        let parent_path = try_reply!(reply, self.path(parent));
+        let path = parent_path.join(name);
+        let detached = self.nodes().detach(parent.0, name);
+        let result = if dir {
+            self.overlay.rmdir(&parent_path, name)
+        } else {
+            self.overlay.unlink(&parent_path, name)
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                if let Some(id) = detached {
+                    self.nodes().reattach(parent.0, name, id);
+                }
+                reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e))
+            }
+        }
+    }
+}
