@@ -8,8 +8,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::*;
 use crate::sys::{self, Account, DirFd};
+
+use super::*;
 
 /// How many symlinks a path may pass through (as the kernel's own limit).
 const MAX_SYMLINKS: usize = 40;

@@ -1,4 +1,5 @@
-//! The daemon's log: where it goes at each stage of a start, one line an event, and the READY hand-over to `ccfs mount`.
+//! The daemon's log: where it goes at each stage of a start, one line an event, and the
+//! READY hand-over to `ccfs mount`.
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
@@ -7,9 +8,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use super::*;
 use crate::locks::Locked;
 use crate::sys::{self, DirFd};
+
+use super::*;
 
 // ---- the daemon's log -------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-//! Planning a mount: the config, the home and cache paths, and the checks a cache directory must pass.
+//! Planning a mount: the config, the home and cache paths, and the checks a cache directory
+//! must pass.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -9,11 +10,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::*;
 use crate::config::{ConfigError, Settings};
 use crate::control;
 use crate::sync;
 use crate::sys::{self, Account, DirFd};
+
+use super::*;
 
 /// The cache root of the config this command read (`[homes].cache_root`).
 static CONFIGURED_CACHE_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

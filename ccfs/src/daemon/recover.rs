@@ -1,4 +1,5 @@
-//! Recovery: a cache left by a session that ended without its logout sync is brought to the share.
+//! Recovery: a cache left by a session that ended without its logout sync is brought to the
+//! share.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -10,12 +11,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::*;
 use crate::config::Settings;
 use crate::control::{self, SyncOutcome};
 use crate::overlay::Overlay;
 use crate::sync::{self, RsyncOptions};
 use crate::sys::{self, DirFd};
+
+use super::*;
 
 pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncOptions {
     RsyncOptions {

@@ -1,4 +1,5 @@
-//! The mount's life cycle: the kernel mount, serving FUSE, the periodic sync and the logout.
+//! The mount's life cycle: the kernel mount, serving FUSE, the periodic sync and the
+//! logout.
 
 use std::fs;
 use std::io;
@@ -6,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::*;
 use crate::control::{self, Daemon};
 use crate::fuse::CcfsFs;
 use crate::overlay::Overlay;
 use crate::sync;
 use crate::sys::{self, Account};
+
+use super::*;
 
 // ---- the mount's life cycle ---------------------------------------------------------------
 

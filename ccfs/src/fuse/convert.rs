@@ -1,4 +1,5 @@
-//! Conversions between the overlay's values and fuser's: attributes, times, errors (every one through [`reply_err`]), the caller, open flags.
+//! Conversions between the overlay's values and fuser's: attributes, times, errors (every
+//! one through [`reply_err`]), the caller, open flags.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

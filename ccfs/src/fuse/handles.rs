@@ -1,4 +1,5 @@
-//! The handle table: open files (an [`crate::overlay::OpenFile`] each) and directories, with each directory's listing and whether the kernel may keep it.
+//! The handle table: open files (an [`crate::overlay::OpenFile`] each) and directories,
+//! with each directory's listing and whether the kernel may keep it.
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use fuser::INodeNo;
 
 use crate::locks::Locked;
-
 use crate::nodes::Nodes;
 
 /// The kernel's names and inodes as this mount gave them, for telling the kernel to drop

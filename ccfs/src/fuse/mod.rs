@@ -23,10 +23,9 @@ use fuser::{
 use crate::backing::{IoMode, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
+use crate::nodes::Nodes;
 use crate::overlay::{Layer, OpenFile, Overlay, SetAttr};
 use crate::sys;
-
-use crate::nodes::Nodes;
 
 /// How long the kernel may keep what ccfs answered, by where the answer came from.
 #[derive(Debug, Clone, Copy)]

@@ -1,4 +1,5 @@
-//! Node ids and names: the path of a node, the node of a name (one node for the names of a file with several links), counting requests by path.
+//! Node ids and names: the path of a node, the node of a name (one node for the names of a
+//! file with several links), counting requests by path.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -10,9 +11,8 @@ use fuser::{Errno, FileAttr, INodeNo, ReplyEmpty};
 
 use crate::counters::Req;
 use crate::locks::Locked;
-use crate::overlay::Layer;
-
 use crate::nodes::Nodes;
+use crate::overlay::Layer;
 
 use super::*;
 

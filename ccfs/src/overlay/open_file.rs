@@ -6,8 +6,9 @@
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::*;
 use crate::locks::RwLocked;
+
+use super::*;
 
 /// An open regular file of the overlay.
 #[derive(Debug)]

@@ -1,4 +1,5 @@
-//! Kernel passthrough: the FUSE device's backing-file ioctls, the broker that keeps CAP_SYS_ADMIN for them, and the one reply that hands a backing id to the kernel.
+//! Kernel passthrough: the FUSE device's backing-file ioctls, the broker that keeps
+//! CAP_SYS_ADMIN for them, and the one reply that hands a backing id to the kernel.
 
 use std::io;
 use std::os::fd::AsRawFd;

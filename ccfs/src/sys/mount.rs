@@ -1,4 +1,5 @@
-//! Mounts: the kernel FUSE mount made for a user, and the restrictions of the mount a path is on.
+//! Mounts: the kernel FUSE mount made for a user, and the restrictions of the mount a path
+//! is on.
 
 use std::ffi::CString;
 use std::io;

@@ -1,4 +1,5 @@
-//! Confined access below a root directory: every path resolved with openat2, beneath the root, through no symlink.
+//! Confined access below a root directory: every path resolved with openat2, beneath the
+//! root, through no symlink.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;

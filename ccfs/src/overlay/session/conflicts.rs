@@ -1,4 +1,6 @@
-//! A sync's conflict checks: each path against the share's file (its base), directories, databases with their journals, hard links' other names; what is set aside and under which name.
+//! A sync's conflict checks: each path against the share's file (its base), directories,
+//! databases with their journals, hard links' other names; what is set aside and under
+//! which name.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};

@@ -1,4 +1,5 @@
-//! After a logout's sync: the cache emptied of what it need not keep (clean copies that must stay, kept copies within their room).
+//! After a logout's sync: the cache emptied of what it need not keep (clean copies that
+//! must stay, kept copies within their room).
 
 use std::collections::{HashMap, HashSet};
 use std::io;

@@ -16,11 +16,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use super::{up, Overlay};
 use crate::error::{FsError, FsResult};
 use crate::policy::PathClass;
 use crate::state::{Content, Record, Sent, ShareId};
 use crate::sys::{self, Stat, Version};
+
+use super::{up, Overlay};
 
 /// How the share and the cache disagreed at sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,4 +1,5 @@
-//! Settling what rsync did: which paths our transfer put on the share (their new bases), partial transfers cleaned, deletions applied.
+//! Settling what rsync did: which paths our transfer put on the share (their new bases),
+//! partial transfers cleaned, deletions applied.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
