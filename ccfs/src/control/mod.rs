@@ -11,7 +11,6 @@
 //!   kernel) when the share does not answer.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -169,8 +168,4 @@ impl Status {
     pub fn changes(&self) -> usize {
         self.dirty_files + self.pending_deletions
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.locked()
 }

@@ -43,7 +43,7 @@ impl PendingCounter {
                 .name("ccfs-count".into())
                 .spawn(move || {
                     let counts = overlay.pending();
-                    *lock(&last) = (counts, unix_now());
+                    *last.locked() = (counts, unix_now());
                     counting.store(false, Ordering::Release);
                     let _ = tx.send(counts);
                 });
@@ -54,7 +54,7 @@ impl PendingCounter {
         if let Ok(counts) = rx.recv_timeout(COUNT_TIMEOUT) {
             return (counts, None);
         }
-        let (counts, at) = *lock(&self.last);
+        let (counts, at) = *self.last.locked();
         let old = unix_now().saturating_sub(at) > COUNT_TIMEOUT.as_secs();
         (counts, old.then_some(at))
     }

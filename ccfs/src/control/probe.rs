@@ -77,7 +77,7 @@ impl ShareProbe {
     fn run(&self) {
         loop {
             let number = {
-                let mut st = lock(&self.state);
+                let mut st = self.state.locked();
                 while st.wanted == st.started {
                     st = crate::locks::wait(&self.cv, st);
                 }
@@ -86,7 +86,7 @@ impl ShareProbe {
                 st.started
             };
             let result = look_at(&self.share);
-            let mut st = lock(&self.state);
+            let mut st = self.state.locked();
             let since = st.running_since.map(|(_, t)| t).unwrap_or_else(unix_now);
             st.running_since = None;
             st.finished = number;
@@ -132,7 +132,7 @@ impl ShareProbe {
     pub fn check(&self) -> ShareHealth {
         let begun = Instant::now();
         let since = unix_now();
-        let mut st = lock(&self.state);
+        let mut st = self.state.locked();
         if let Some(h) = self.hung(&st) {
             return h;
         }
@@ -162,7 +162,7 @@ impl ShareProbe {
     /// overdue, else the last outcome. Asks for a new look for next time (at most one a
     /// second).
     pub(super) fn peek(&self) -> Option<ShareHealth> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.locked();
         if let Some(h) = self.hung(&st) {
             return Some(h);
         }

@@ -98,7 +98,7 @@ impl Daemon {
                 let paths: Vec<PathBuf> = report.conflicts.iter().map(|c| c.path.clone()).collect();
                 kernel.forget_paths(&paths);
             }
-            lock(&self.conflicts).extend(report.conflicts.iter().cloned());
+            self.conflicts.locked().extend(report.conflicts.iter().cloned());
         }
         self.remember(&outcome);
         outcome
@@ -108,7 +108,7 @@ impl Daemon {
         if let Ok(text) = serde_json::to_vec_pretty(outcome) {
             let _ = crate::journal::write_atomic(&self.cache_dir.join("last-sync.json"), &text);
         }
-        *lock(&self.last_sync) = Some(outcome.clone());
+        *self.last_sync.locked() = Some(outcome.clone());
     }
 
     /// Takes the sync lock; while another sync holds it, waits unless the share stops
@@ -168,20 +168,20 @@ impl Daemon {
             pending_deletions,
             counts_as_of,
             share_health: Some(self.probe.check()),
-            last_sync: lock(&self.last_sync).clone(),
-            conflicts: lock(&self.conflicts).clone(),
+            last_sync: self.last_sync.locked().clone(),
+            conflicts: self.conflicts.locked().clone(),
             requests: self.overlay.requests.snapshot(),
         }
     }
 
     /// Publishes the final sync's outcome to `ccfs umount` waiting on the socket.
     pub fn set_final(&self, outcome: SyncOutcome) {
-        *lock(&self.final_sync) = Some(outcome);
+        *self.final_sync.locked() = Some(outcome);
         self.final_cv.notify_all();
     }
 
     fn wait_final(&self) -> SyncOutcome {
-        let mut g = lock(&self.final_sync);
+        let mut g = self.final_sync.locked();
         loop {
             if let Some(o) = g.as_ref() {
                 return o.clone();
