@@ -98,7 +98,9 @@ impl Daemon {
                 let paths: Vec<PathBuf> = report.conflicts.iter().map(|c| c.path.clone()).collect();
                 kernel.forget_paths(&paths);
             }
-            self.conflicts.locked().extend(report.conflicts.iter().cloned());
+            self.conflicts
+                .locked()
+                .extend(report.conflicts.iter().cloned());
         }
         self.remember(&outcome);
         outcome

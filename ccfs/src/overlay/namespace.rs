@@ -741,28 +741,55 @@ impl Overlay {
         if flags & !(libc::RENAME_NOREPLACE) != 0 {
             return Err(errno(libc::EINVAL));
         }
-        if class == PathClass::Passthrough {
-            // No overlay state: no lock held while the share answers.
-            match self.share.rename(&from, &to, flags) {
-                Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
-                        && !self.share.stat(to_parent)?.is_some_and(|m| m.is_dir())
-                        && self.resolve(to_parent)?.layer == Layer::Upper =>
-                {
-                    self.share_dirs_for(ctx, to_parent)?;
-                    self.share.rename(&from, &to, flags)?;
-                }
-                r => r?,
+        match class {
+            PathClass::Passthrough => self.rename_on_share(ctx, &from, &to, to_parent, flags),
+            PathClass::LocalOnly => {
+                let mut inner = self.lock_for(&[&from, &to]);
+                self.ensure_upper_dir(&inner, to_parent, ctx)?;
+                self.cache.rename(&up(&from), &up(&to), flags)?;
+                inner.touched.insert(to);
+                Ok(())
             }
-            return Ok(());
+            PathClass::Cached => self.rename_cached(ctx, from, to, to_parent, flags, second),
         }
-        if class == PathClass::LocalOnly {
-            let mut inner = self.lock_for(&[&from, &to]);
-            self.ensure_upper_dir(&inner, to_parent, ctx)?;
-            self.cache.rename(&up(&from), &up(&to), flags)?;
-            inner.touched.insert(to);
-            return Ok(());
+    }
+
+    /// A rename of passthrough paths: no overlay state, no lock held while the share
+    /// answers; a target directory only the cache has is made on the share first.
+    fn rename_on_share(
+        &self,
+        ctx: &Ctx,
+        from: &Path,
+        to: &Path,
+        to_parent: &Path,
+        flags: u32,
+    ) -> FsResult<()> {
+        match self.share.rename(from, to, flags) {
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+                    && !self.share.stat(to_parent)?.is_some_and(|m| m.is_dir())
+                    && self.resolve(to_parent)?.layer == Layer::Upper =>
+            {
+                self.share_dirs_for(ctx, to_parent)?;
+                self.share.rename(from, to, flags)?;
+            }
+            r => r?,
         }
+        Ok(())
+    }
+
+    /// A rename of cached paths: the source copied up if the share has it, the target
+    /// and what moves below it taken over and marked dirty before the cache changes
+    /// (write-ahead), the old name hidden where the share (or a sync running) has it.
+    fn rename_cached(
+        &self,
+        ctx: &Ctx,
+        from: PathBuf,
+        to: PathBuf,
+        to_parent: &Path,
+        flags: u32,
+        second: i64,
+    ) -> FsResult<()> {
         // What the share holds at both names, asked before the lock: the source (is there
         // a share copy to hide?), the target unless the cache took it over already.
         let look_from = self.look_before_lock(&from);
@@ -838,43 +865,16 @@ impl Overlay {
             .iter()
             .map(|m| crate::state::reroot(m, &from, &to))
             .collect();
-        // Take-overs first: the target (what the user replaces there), and every path that
-        // moves below it. The user saw nothing on the share below the target (it was
-        // absent, or a directory shown empty): what the share holds there now another
-        // workstation put there since, and the sync must find it a change (a conflict),
-        // not the base our moved file replaces.
-        let mut records: Vec<Record> = Vec::new();
-        let seen_to = self.still_stands(look_to);
-        records.extend(self.take_over_seen(
+        let (records, dirty) = self.rename_write_ahead(
             &inner,
-            &to,
-            seen_to.as_ref().map(Option::as_ref),
+            (&from, &to),
+            dst.as_ref(),
+            look_to,
+            &moved,
+            whiteout_from,
+            &hidden_below,
             second,
-        )?);
-        if let Some(d) = dst.as_ref().filter(|d| d.layer == Layer::Upper) {
-            records.extend(self.other_names_changed(&inner, &to, &d.meta)?);
-        }
-        records.extend(self.take_over_moved(&inner, &moved));
-        if whiteout_from {
-            records.extend(self.take_over(&inner, &from)?);
-        }
-        for p in &hidden_below {
-            records.extend(self.take_over(&inner, p)?);
-        }
-        // Write-ahead: the target and what moves below it are dirty before the cache
-        // changes, so a crash in between leaves a journal that sends them. A target
-        // already dirty (a config saved again) needs no new record, only the one that
-        // made it so on disk.
-        let dirty: Vec<Record> = std::iter::once(to.clone())
-            .chain(moved)
-            .map(Record::Dirty)
-            .collect();
-        records.extend(
-            dirty
-                .iter()
-                .filter(|r| !matches!(r, Record::Dirty(p) if inner.state.is_dirty(p)))
-                .cloned(),
-        );
+        )?;
         // The records reach the disk, and the cache changes, without the lock.
         let flight = self.in_flight(&mut inner, vec![from.clone(), to.clone()], records)?;
         drop(inner);
@@ -903,6 +903,61 @@ impl Overlay {
         inner.touched.insert(to);
         drop(inner);
         self.durable(renamed)
+    }
+
+    /// The records a cached rename writes ahead (take-overs of the target and of what
+    /// moves below it, of the source where it is hidden; the dirty marks not yet on
+    /// disk), and every dirty mark of the rename (for the records after it).
+    #[allow(clippy::too_many_arguments)]
+    fn rename_write_ahead(
+        &self,
+        inner: &Inner,
+        (from, to): (&Path, &Path),
+        dst: Option<&Found>,
+        look_to: ShareLook,
+        moved: &[PathBuf],
+        whiteout_from: bool,
+        hidden_below: &[PathBuf],
+        second: i64,
+    ) -> FsResult<(Vec<Record>, Vec<Record>)> {
+        // Take-overs first: the target (what the user replaces there), and every path that
+        // moves below it. The user saw nothing on the share below the target (it was
+        // absent, or a directory shown empty): what the share holds there now another
+        // workstation put there since, and the sync must find it a change (a conflict),
+        // not the base our moved file replaces.
+        let mut records: Vec<Record> = Vec::new();
+        let seen_to = self.still_stands(look_to);
+        records.extend(self.take_over_seen(
+            inner,
+            to,
+            seen_to.as_ref().map(Option::as_ref),
+            second,
+        )?);
+        if let Some(d) = dst.filter(|d| d.layer == Layer::Upper) {
+            records.extend(self.other_names_changed(inner, to, &d.meta)?);
+        }
+        records.extend(self.take_over_moved(inner, moved));
+        if whiteout_from {
+            records.extend(self.take_over(inner, from)?);
+        }
+        for p in hidden_below {
+            records.extend(self.take_over(inner, p)?);
+        }
+        // Write-ahead: the target and what moves below it are dirty before the cache
+        // changes, so a crash in between leaves a journal that sends them. A target
+        // already dirty (a config saved again) needs no new record, only the one that
+        // made it so on disk.
+        let dirty: Vec<Record> = std::iter::once(to.to_path_buf())
+            .chain(moved.iter().cloned())
+            .map(Record::Dirty)
+            .collect();
+        records.extend(
+            dirty
+                .iter()
+                .filter(|r| !matches!(r, Record::Dirty(p) if inner.state.is_dirty(p)))
+                .cloned(),
+        );
+        Ok((records, dirty))
     }
 
     /// The take-overs of the paths a directory renamed here moves below its new name
