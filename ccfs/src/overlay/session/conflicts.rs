@@ -94,128 +94,154 @@ impl Overlay {
         self.check_directories(&dirty, host, stamp, session, &mut held)?;
         self.check_databases(&dirty, host, stamp, session, &mut held)?;
         for p in &dirty {
-            let p = p.clone();
-            // Held, or moved aside with its directory above.
-            if held.contains(&p) || !self.lock().state.is_dirty(&p) {
-                continue;
-            }
-            // The share is asked without the lock held; the answer is compared under it.
-            let second = self.share_second();
-            let Some(cur) = self.share_now(&p, session, &mut held) else {
-                continue;
-            };
-            let Some(stands) = self.still_base(&p, cur, second, session, &mut held, &[])? else {
-                continue;
-            };
-            let mut inner = self.lock();
-            let base = inner.state.base(&p);
-            if (cur == base && stands) || !inner.state.is_dirty(&p) {
-                continue;
-            }
-            let ours = match self.upper_stat(&p) {
-                Ok(Some(m)) if !m.is_dir() => m,
-                Ok(_) => continue,
-                Err(e) => {
-                    session.errors.push(io_err("cannot look at", &p, &e));
-                    held.insert(p);
-                    continue;
-                }
-            };
-            let same = match (base, cur) {
-                (None, Some(c)) => self.same_content(&p, &ours, &c).unwrap_or(None),
-                _ => None,
-            };
-            match (base, cur) {
-                (Some(_), None) => {
-                    self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
-                    session.conflicts.push(Conflict {
-                        path: p.clone(),
-                        kind: ConflictKind::ModifiedHereDeletedThere,
-                        kept: "ours, written back".into(),
-                    });
-                }
-                // Created on both with the same bytes: theirs is the base, and a racy one
-                // stands for those bytes (ours, as compared: a read of the share now could
-                // take a write made there since for them).
-                (None, Some(c)) if same.is_some() => {
-                    let mut base = vec![Record::Base(p.clone(), Some(c))];
-                    if Self::is_racy(&c, second) {
-                        base.extend(same.map(|content| Record::Racy(p.clone(), content)));
-                    }
-                    self.record(&mut inner, &base)?;
-                }
-                _ => match self.move_aside(&mut inner, &p, cur, second, host, stamp) {
-                    Ok(name) => {
-                        let kind = if base.is_none() {
-                            ConflictKind::CreatedOnBoth
-                        } else {
-                            ConflictKind::ModifiedOnBoth
-                        };
-                        tracing::warn!(path = %shown(&p), kept = %shown(&name), "conflict: {kind:?}");
-                        session.conflicts.push(Conflict {
-                            path: p.clone(),
-                            kind,
-                            kept: name.to_string_lossy().into_owned(),
-                        });
-                    }
-                    Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
-                    Err(e) => {
-                        session.errors.push(format!(
-                            "{} changed on the share and here, and our version could not be set aside: {e}",
-                            shown(&p)
-                        ));
-                        held.insert(p);
-                    }
-                },
-            }
+            self.check_dirty_path(p.clone(), host, stamp, session, &mut held)?;
         }
         for w in whiteouts {
-            // Below a share object that is no directory (another workstation replaced one,
-            // or our own directory went aside above), the share has nothing to delete.
-            match self.share_ancestor_not_dir(&w) {
-                Ok(true) => {
-                    let mut inner = self.lock();
-                    if inner.state.is_whiteout(&w) && self.upper_stat(&w)?.is_none() {
-                        self.record(&mut inner, &[Record::Deleted(w.clone())])?;
-                    }
-                    continue;
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    session
-                        .errors
-                        .push(io_err("cannot check on the share", &w, &e));
-                    held.insert(w);
-                    continue;
-                }
-            }
-            let second = self.share_second();
-            let Some(cur) = self.share_now(&w, session, &mut held) else {
-                continue;
-            };
-            let Some(stands) = self.still_base(&w, cur, second, session, &mut held, &[])? else {
-                continue;
-            };
-            let mut inner = self.lock();
-            if !inner.state.is_whiteout(&w)
-                || cur.is_none()
-                || (cur == inner.state.base(&w) && stands)
-                || self.upper_stat(&w)?.is_some()
-            {
-                continue;
-            }
-            let mut records = vec![Record::Deleted(w.clone())];
-            records.extend(self.base_records(&w, cur, second));
-            self.record(&mut inner, &records)?;
-            tracing::warn!(path = %shown(&w), "conflict: deleted here, changed on the share; kept");
-            session.conflicts.push(Conflict {
-                path: w,
-                kind: ConflictKind::DeletedHereModifiedThere,
-                kept: "the share's version".into(),
-            });
+            self.check_whiteout(w, session, &mut held)?;
         }
         self.check_replaced_directories(&dirty, host, stamp, session, &mut held)?;
         Ok(held)
+    }
+
+    /// The conflict check of one dirty path `p`: the share's object against its base;
+    /// another workstation's change sets ours aside (or, created on both with the same
+    /// bytes, theirs becomes the base). A path the share cannot be asked about is held.
+    fn check_dirty_path(
+        &self,
+        p: PathBuf,
+        host: &str,
+        stamp: &str,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<()> {
+        // Held, or moved aside with its directory above.
+        if held.contains(&p) || !self.lock().state.is_dirty(&p) {
+            return Ok(());
+        }
+        // The share is asked without the lock held; the answer is compared under it.
+        let second = self.share_second();
+        let Some(cur) = self.share_now(&p, session, held) else {
+            return Ok(());
+        };
+        let Some(stands) = self.still_base(&p, cur, second, session, held, &[])? else {
+            return Ok(());
+        };
+        let mut inner = self.lock();
+        let base = inner.state.base(&p);
+        if (cur == base && stands) || !inner.state.is_dirty(&p) {
+            return Ok(());
+        }
+        let ours = match self.upper_stat(&p) {
+            Ok(Some(m)) if !m.is_dir() => m,
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                session.errors.push(io_err("cannot look at", &p, &e));
+                held.insert(p);
+                return Ok(());
+            }
+        };
+        let same = match (base, cur) {
+            (None, Some(c)) => self.same_content(&p, &ours, &c).unwrap_or(None),
+            _ => None,
+        };
+        match (base, cur) {
+            (Some(_), None) => {
+                self.record(&mut inner, &[Record::Base(p.clone(), None)])?;
+                session.conflicts.push(Conflict {
+                    path: p.clone(),
+                    kind: ConflictKind::ModifiedHereDeletedThere,
+                    kept: "ours, written back".into(),
+                });
+            }
+            // Created on both with the same bytes: theirs is the base, and a racy one
+            // stands for those bytes (ours, as compared: a read of the share now could
+            // take a write made there since for them).
+            (None, Some(c)) if same.is_some() => {
+                let mut base = vec![Record::Base(p.clone(), Some(c))];
+                if Self::is_racy(&c, second) {
+                    base.extend(same.map(|content| Record::Racy(p.clone(), content)));
+                }
+                self.record(&mut inner, &base)?;
+            }
+            _ => match self.move_aside(&mut inner, &p, cur, second, host, stamp) {
+                Ok(name) => {
+                    let kind = if base.is_none() {
+                        ConflictKind::CreatedOnBoth
+                    } else {
+                        ConflictKind::ModifiedOnBoth
+                    };
+                    tracing::warn!(path = %shown(&p), kept = %shown(&name), "conflict: {kind:?}");
+                    session.conflicts.push(Conflict {
+                        path: p.clone(),
+                        kind,
+                        kept: name.to_string_lossy().into_owned(),
+                    });
+                }
+                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                Err(e) => {
+                    session.errors.push(format!(
+                        "{} changed on the share and here, and our version could not be set aside: {e}",
+                        shown(&p)
+                    ));
+                    held.insert(p);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// The conflict check of one deletion `w`: the share's object changed since its base
+    /// keeps the deletion from being sent (deleted here, changed there: theirs is kept).
+    fn check_whiteout(
+        &self,
+        w: PathBuf,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<()> {
+        // Below a share object that is no directory (another workstation replaced one,
+        // or our own directory went aside above), the share has nothing to delete.
+        match self.share_ancestor_not_dir(&w) {
+            Ok(true) => {
+                let mut inner = self.lock();
+                if inner.state.is_whiteout(&w) && self.upper_stat(&w)?.is_none() {
+                    self.record(&mut inner, &[Record::Deleted(w.clone())])?;
+                }
+                return Ok(());
+            }
+            Ok(false) => {}
+            Err(e) => {
+                session
+                    .errors
+                    .push(io_err("cannot check on the share", &w, &e));
+                held.insert(w);
+                return Ok(());
+            }
+        }
+        let second = self.share_second();
+        let Some(cur) = self.share_now(&w, session, held) else {
+            return Ok(());
+        };
+        let Some(stands) = self.still_base(&w, cur, second, session, held, &[])? else {
+            return Ok(());
+        };
+        let mut inner = self.lock();
+        if !inner.state.is_whiteout(&w)
+            || cur.is_none()
+            || (cur == inner.state.base(&w) && stands)
+            || self.upper_stat(&w)?.is_some()
+        {
+            return Ok(());
+        }
+        let mut records = vec![Record::Deleted(w.clone())];
+        records.extend(self.base_records(&w, cur, second));
+        self.record(&mut inner, &records)?;
+        tracing::warn!(path = %shown(&w), "conflict: deleted here, changed on the share; kept");
+        session.conflicts.push(Conflict {
+            path: w,
+            kind: ConflictKind::DeletedHereModifiedThere,
+            kept: "the share's version".into(),
+        });
+        Ok(())
     }
 
     /// A directory we send into must be a directory on the share, or nothing there: rsync

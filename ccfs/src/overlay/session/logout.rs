@@ -134,6 +134,9 @@ pub(super) fn find_kept(
     Ok(())
 }
 
+/// A clean copy kept: its path, its base, the cache copy's mtime.
+type KeptCopy = (PathBuf, ShareId, (i64, i64));
+
 impl Overlay {
     /// Empties the cache of everything but local-only paths and forgets the session. Only
     /// when nothing is unsynced and no sync is half done.
@@ -180,13 +183,63 @@ impl Overlay {
                  was sent: kept in the cache as unsynced work, sent by the next sync"
             );
         }
+        let (copies, settled) = self.clean_copies_to_keep(&inner, &kept);
+        // What the kept files become, journaled before anything beside them is removed:
+        // a failure here leaves the whole cache in place.
+        let mut keep: Vec<Record> = copies
+            .iter()
+            .flat_map(|(p, b, _)| {
+                let racy = inner
+                    .state
+                    .racy(p)
+                    .filter(|_| !settled.contains(p))
+                    .map(|c| Record::Racy(p.clone(), c));
+                std::iter::once(Record::Base(p.clone(), Some(*b))).chain(racy)
+            })
+            .collect();
+        for p in &kept {
+            keep.extend(self.carried_base(&inner, p)?);
+            if let Some((db, _)) = database_of(p) {
+                if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
+                    keep.extend(self.carried_base(&inner, &db)?);
+                }
+            }
+            keep.push(Record::Dirty(p.clone()));
+        }
+        if !keep.is_empty() {
+            inner.journal.append(&keep).map_err(FsError::Journal)?;
+        }
+        let mut held: HashSet<PathBuf> = held.into_iter().collect();
+        held.extend(copies.iter().map(|(p, _, _)| up(p)));
+        held.extend(local);
+        for rel in &tops {
+            remove_tree_keeping(&self.cache, &up(rel), &held)?;
+        }
+        inner.state.reset();
+        for r in &keep {
+            inner.state.apply(r);
+        }
+        self.rewrite(&mut inner)?;
+        Ok(Emptied {
+            dropped: kept.is_empty(),
+            kept_open: kept,
+        })
+    }
+
+    /// The clean copies that stay for the next login on this workstation, with the racy
+    /// ones whose mark is settled now (their share file checked once its second is over).
+    fn clean_copies_to_keep(
+        &self,
+        inner: &crate::overlay::Inner,
+        kept: &[PathBuf],
+    ) -> (Vec<KeptCopy>, HashSet<PathBuf>) {
         // Clean copies stay for the next login on this workstation (a returning user's
         // profile costs the share a look a file, not a read): each file a sync left on the
         // share as it is (the size and mtime of its base), single-name. A lookup checks
         // each against the share before it serves (see `Overlay::revalidate`).
         // At most [`Overlay::set_keep_copies`] bytes of them, the newest first.
         // Newest first by the cache copy's mtime (a share's may be cut to whole seconds).
-        let mut copies: Vec<(PathBuf, ShareId, (i64, i64))> = inner
+        let mut copies: Vec<KeptCopy> = inner
             .state
             .bases()
             .filter_map(|(p, b)| Some((p.clone(), b?)))
@@ -240,46 +293,7 @@ impl Overlay {
             },
             _ => true,
         });
-        // What the kept files become, journaled before anything beside them is removed:
-        // a failure here leaves the whole cache in place.
-        let mut keep: Vec<Record> = copies
-            .iter()
-            .flat_map(|(p, b, _)| {
-                let racy = inner
-                    .state
-                    .racy(p)
-                    .filter(|_| !settled.contains(p))
-                    .map(|c| Record::Racy(p.clone(), c));
-                std::iter::once(Record::Base(p.clone(), Some(*b))).chain(racy)
-            })
-            .collect();
-        for p in &kept {
-            keep.extend(self.carried_base(&inner, p)?);
-            if let Some((db, _)) = database_of(p) {
-                if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
-                    keep.extend(self.carried_base(&inner, &db)?);
-                }
-            }
-            keep.push(Record::Dirty(p.clone()));
-        }
-        if !keep.is_empty() {
-            inner.journal.append(&keep).map_err(FsError::Journal)?;
-        }
-        let mut held: HashSet<PathBuf> = held.into_iter().collect();
-        held.extend(copies.iter().map(|(p, _, _)| up(p)));
-        held.extend(local);
-        for rel in &tops {
-            remove_tree_keeping(&self.cache, &up(rel), &held)?;
-        }
-        inner.state.reset();
-        for r in &keep {
-            inner.state.apply(r);
-        }
-        self.rewrite(&mut inner)?;
-        Ok(Emptied {
-            dropped: kept.is_empty(),
-            kept_open: kept,
-        })
+        (copies, settled)
     }
 
     /// The base `p` keeps when the session is forgotten around it: the one recorded (what

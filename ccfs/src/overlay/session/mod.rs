@@ -188,44 +188,8 @@ impl Overlay {
         // a look that reads the new count then sees the sync running, or ended.
         self.sync_running.store(true, Ordering::SeqCst);
         self.syncs_started.fetch_add(1, Ordering::SeqCst);
-        let mut session = SyncSession {
-            overlay: self,
-            files: Vec::new(),
-            deletions: Vec::new(),
-            stale: Vec::new(),
-            sent: Vec::new(),
-            versions: Vec::new(),
-            quiet: Vec::new(),
-            snapshots: Vec::new(),
-            sparse: Vec::new(),
-            conflicts: Vec::new(),
-            errors: Vec::new(),
-            carries: Carries {
-                acls: true,
-                xattrs: true,
-                implied_dirs: false,
-            },
-            unchanged: 0,
-            finished: false,
-        };
-        // A crash (or a failed settle) left Sending marks: settle them before anything
-        // compares the share with the bases.
-        let leftover: Vec<(PathBuf, Option<Sent>)> = {
-            let mut inner = self.lock();
-            inner.touched.clear();
-            inner.released.clear();
-            inner
-                .state
-                .sending()
-                .map(|(p, s)| (p.clone(), *s))
-                .collect()
-        };
-        if !leftover.is_empty() {
-            let (files, sent): (Vec<_>, Vec<_>) = leftover.into_iter().unzip();
-            self.settle(&files, &sent, &Transfer::Incomplete, &mut session.errors)?;
-            self.record(&mut self.lock(), &[Record::SyncEnd])?;
-            self.clean_partial_transfers(&files, &mut session.errors);
-        }
+        let mut session = SyncSession::new(self);
+        self.settle_leftover(&mut session.errors)?;
         let mut held = self.check_conflicts(host, stamp, &mut session)?;
         session.unchanged = self.settle_unchanged(&mut held, &mut session.errors)?;
         let mut inner = self.lock();
@@ -278,6 +242,63 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
+        self.take_snapshots(&present, &mut session, handed_over);
+        let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
+        session.carries.acls = acls;
+        session.carries.xattrs = xattrs;
+        session.files = present.into_iter().map(|(p, _)| p).collect();
+        inner.handed = session.files.iter().cloned().collect();
+        let mut deletions: Vec<PathBuf> = inner
+            .state
+            .whiteouts()
+            .filter(|p| !held.contains(*p))
+            .cloned()
+            .collect();
+        deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        session.deletions = deletions;
+        let records: Vec<Record> = session
+            .files
+            .iter()
+            .zip(&session.sent)
+            .map(|(p, s)| Record::Sending(p.clone(), *s))
+            .collect();
+        self.record(&mut inner, &records)?;
+        drop(inner);
+        let files = session.files.clone();
+        self.clean_partial_transfers(&files, &mut session.errors);
+        Ok(session)
+    }
+
+    /// Settles the Sending marks a crash (or a failed settle) left, before anything
+    /// compares the share with the bases.
+    fn settle_leftover(&self, errors: &mut Vec<String>) -> FsResult<()> {
+        let leftover: Vec<(PathBuf, Option<Sent>)> = {
+            let mut inner = self.lock();
+            inner.touched.clear();
+            inner.released.clear();
+            inner
+                .state
+                .sending()
+                .map(|(p, s)| (p.clone(), *s))
+                .collect()
+        };
+        if !leftover.is_empty() {
+            let (files, sent): (Vec<_>, Vec<_>) = leftover.into_iter().unzip();
+            self.settle(&files, &sent, &Transfer::Incomplete, errors)?;
+            self.record(&mut self.lock(), &[Record::SyncEnd])?;
+            self.clean_partial_transfers(&files, errors);
+        }
+        Ok(())
+    }
+
+    /// Copies taken now of the files of `present` open for writing, handed over in their
+    /// place (see [`super::snapshot`]); a file mostly holes is sent by the sync itself.
+    fn take_snapshots(
+        &self,
+        present: &[(PathBuf, Stat)],
+        session: &mut SyncSession<'_>,
+        handed_over: (i64, i64),
+    ) {
         // A file that is mostly holes is sent by the sync itself; one open for writing
         // as a copy taken now (a file that changes while rsync reads it is discarded by
         // rsync's check): what is handed over is the copy.
@@ -318,30 +339,6 @@ impl Overlay {
                 }
             }
         }
-        let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
-        session.carries.acls = acls;
-        session.carries.xattrs = xattrs;
-        session.files = present.into_iter().map(|(p, _)| p).collect();
-        inner.handed = session.files.iter().cloned().collect();
-        let mut deletions: Vec<PathBuf> = inner
-            .state
-            .whiteouts()
-            .filter(|p| !held.contains(*p))
-            .cloned()
-            .collect();
-        deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        session.deletions = deletions;
-        let records: Vec<Record> = session
-            .files
-            .iter()
-            .zip(&session.sent)
-            .map(|(p, s)| Record::Sending(p.clone(), *s))
-            .collect();
-        self.record(&mut inner, &records)?;
-        drop(inner);
-        let files = session.files.clone();
-        self.clean_partial_transfers(&files, &mut session.errors);
-        Ok(session)
     }
 
     /// Dirty files whose bytes, mode and owner the share already has at their path, as
@@ -562,6 +559,32 @@ impl Overlay {
     pub fn has_unsynced_work(&self) -> bool {
         let inner = self.lock();
         !inner.state.is_clean() || inner.state.sending().next().is_some()
+    }
+}
+
+impl<'a> SyncSession<'a> {
+    /// An empty session of `overlay`, nothing checked or handed over yet.
+    fn new(overlay: &'a Overlay) -> Self {
+        SyncSession {
+            overlay,
+            files: Vec::new(),
+            deletions: Vec::new(),
+            stale: Vec::new(),
+            sent: Vec::new(),
+            versions: Vec::new(),
+            quiet: Vec::new(),
+            snapshots: Vec::new(),
+            sparse: Vec::new(),
+            conflicts: Vec::new(),
+            errors: Vec::new(),
+            carries: Carries {
+                acls: true,
+                xattrs: true,
+                implied_dirs: false,
+            },
+            unchanged: 0,
+            finished: false,
+        }
     }
 }
 
