@@ -799,37 +799,16 @@ impl Overlay {
         let src = self.resolve_looked(&inner, &from, look_from.clone())?;
         self.check_parent(&inner, to_parent)?;
         let dst = self.resolve_looked(&inner, &to, look_to.clone()).ok();
-        if from == to {
+        if !Self::rename_changes_anything(&from, &to, &src, dst.as_ref(), flags)? {
             return Ok(());
         }
-        // Two names of one file: POSIX rename does nothing.
-        if let Some(d) = &dst {
-            if d.layer == src.layer
-                && d.meta.dev() == src.meta.dev()
-                && d.meta.ino() == src.meta.ino()
-            {
-                return Ok(());
+        // A directory replaces only an empty one (listed without the lock).
+        if src.meta.is_dir() && dst.as_ref().is_some_and(|d| d.meta.is_dir()) {
+            drop(inner);
+            if !self.readdir(&to)?.is_empty() {
+                return Err(errno(libc::ENOTEMPTY));
             }
-        }
-        if to.starts_with(&from) {
-            return Err(errno(libc::EINVAL));
-        }
-        if let Some(d) = &dst {
-            if flags & libc::RENAME_NOREPLACE != 0 {
-                return Err(errno(libc::EEXIST));
-            }
-            match (src.meta.is_dir(), d.meta.is_dir()) {
-                (true, false) => return Err(errno(libc::ENOTDIR)),
-                (false, true) => return Err(errno(libc::EISDIR)),
-                (true, true) => {
-                    drop(inner);
-                    if !self.readdir(&to)?.is_empty() {
-                        return Err(errno(libc::ENOTEMPTY));
-                    }
-                    inner = self.lock_for(&names);
-                }
-                (false, false) => {}
-            }
+            inner = self.lock_for(&names);
         }
         let src_on_share = self.lower_meta_looked(&inner, &from, look_from)?;
         if src.meta.is_dir() && src_on_share.as_ref().is_some_and(|m| m.is_dir()) {
@@ -903,6 +882,44 @@ impl Overlay {
         inner.touched.insert(to);
         drop(inner);
         self.durable(renamed)
+    }
+
+    /// The checks of a rename from `from` (found as `src`) to `to` (found as `dst`) that
+    /// need nothing but the two looks: false when it changes nothing (the same name, two
+    /// names of one file: POSIX rename does nothing); an error for a directory moved
+    /// below itself, a target that must not be replaced, or kinds that do not match.
+    fn rename_changes_anything(
+        from: &Path,
+        to: &Path,
+        src: &Found,
+        dst: Option<&Found>,
+        flags: u32,
+    ) -> FsResult<bool> {
+        if from == to {
+            return Ok(false);
+        }
+        if let Some(d) = dst {
+            if d.layer == src.layer
+                && d.meta.dev() == src.meta.dev()
+                && d.meta.ino() == src.meta.ino()
+            {
+                return Ok(false);
+            }
+        }
+        if to.starts_with(from) {
+            return Err(errno(libc::EINVAL));
+        }
+        if let Some(d) = dst {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(errno(libc::EEXIST));
+            }
+            match (src.meta.is_dir(), d.meta.is_dir()) {
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                (false, true) => return Err(errno(libc::EISDIR)),
+                _ => {}
+            }
+        }
+        Ok(true)
     }
 
     /// The records a cached rename writes ahead (take-overs of the target and of what
