@@ -42,27 +42,7 @@ impl Overlay {
         // (`.NAME.XXXXXX`, a regular file of mode 0600 on the share): looked at on the share
         // before the lock is taken to list; none when no sync runs.
         let rsync_temps: HashSet<OsString> = if class == PathClass::Cached {
-            let candidates: Vec<&OsString> = {
-                let inner = self.lock_any();
-                share_names
-                    .iter()
-                    .filter(|(name, kind)| {
-                        *kind == libc::S_IFREG
-                            && !inner.handed.is_empty()
-                            && rsync_temp_of(&rel.join(name))
-                                .is_some_and(|of| inner.handed.contains(&of))
-                    })
-                    .map(|(name, _)| name)
-                    .collect()
-            };
-            candidates
-                .into_iter()
-                .filter(|name| {
-                    matches!(self.share.stat(&rel.join(name)),
-                        Ok(Some(m)) if m.is_file() && m.mode() & 0o7777 == 0o600)
-                })
-                .cloned()
-                .collect()
+            self.rsync_temps_in(rel, &share_names)
         } else {
             HashSet::new()
         };
@@ -130,6 +110,33 @@ impl Overlay {
             }
         }
         Ok(names.into_values().collect())
+    }
+
+    /// The names of `share_names` (the share's listing of `rel`) that are rsync's
+    /// temporary files of files a running sync handed it: `.NAME.XXXXXX`, a regular
+    /// file of mode 0600 on the share, looked at there without the lock.
+    fn rsync_temps_in(&self, rel: &Path, share_names: &[(OsString, u32)]) -> HashSet<OsString> {
+        let candidates: Vec<&OsString> = {
+            let inner = self.lock_any();
+            share_names
+                .iter()
+                .filter(|(name, kind)| {
+                    *kind == libc::S_IFREG
+                        && !inner.handed.is_empty()
+                        && rsync_temp_of(&rel.join(name))
+                            .is_some_and(|of| inner.handed.contains(&of))
+                })
+                .map(|(name, _)| name)
+                .collect()
+        };
+        candidates
+            .into_iter()
+            .filter(|name| {
+                matches!(self.share.stat(&rel.join(name)),
+                    Ok(Some(m)) if m.is_file() && m.mode() & 0o7777 == 0o600)
+            })
+            .cloned()
+            .collect()
     }
 
     /// What tells whether directory `rel`'s listing changed: the attributes of its cache
