@@ -17,28 +17,7 @@ pub(crate) fn named_user(user: Option<&str>) -> Result<String, Error> {
 pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
     // --timeout counts from here: the checks below look at the share too.
     let start = Instant::now();
-    let (share, mountpoint) = match (args.share, args.mountpoint) {
-        (Some(s), Some(m)) => (s, m),
-        (Some(_), None) => {
-            return Err(user_error(
-                "a share was given without a mount point",
-                "give both SHARE and MOUNTPOINT, or neither to use the config's [homes]",
-            )
-            .into())
-        }
-        _ => {
-            let (_, settings) = daemon::effective_config(args.config.as_deref())?;
-            let name = named_user(args.user.as_deref())?;
-            let (share, home) = daemon::home_paths(&settings, &name)?;
-            // The mount point is made only for a request the checks below would not
-            // refuse for a missing user or share.
-            let user_exists = ccfs::sys::user_by_name(&name).ok().flatten().is_some();
-            if args.user.is_some() && ccfs::sys::geteuid() == 0 && user_exists && share.is_dir() {
-                daemon::make_mount_point(&settings.homes.home_root, &name)?;
-            }
-            (share, home)
-        }
-    };
+    let (share, mountpoint) = mount_paths(&args)?;
     let plan = daemon::plan_mount(
         &share,
         &mountpoint,
@@ -64,6 +43,42 @@ pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
     // Background: start the daemon as a child and return once it says the mount is live.
     // The daemon makes its cache directory and opens its own log (as the user, for a
     // mount made for one); until it is live its output comes here, through a pipe.
+    let (mut child, output) = spawn_daemon(&plan)?;
+    wait_until_live(&plan, &mut child, output, start, args.timeout)
+}
+
+/// The share and mount point: both given, or neither (the config's `[homes]` for the
+/// user; the mount point made for root's `--user` mount the checks would not refuse).
+fn mount_paths(args: &MountArgs) -> Result<(PathBuf, PathBuf), Error> {
+    Ok(match (&args.share, &args.mountpoint) {
+        (Some(s), Some(m)) => (s.clone(), m.clone()),
+        (Some(_), None) => {
+            return Err(user_error(
+                "a share was given without a mount point",
+                "give both SHARE and MOUNTPOINT, or neither to use the config's [homes]",
+            )
+            .into())
+        }
+        _ => {
+            let (_, settings) = daemon::effective_config(args.config.as_deref())?;
+            let name = named_user(args.user.as_deref())?;
+            let (share, home) = daemon::home_paths(&settings, &name)?;
+            // The mount point is made only for a request the checks below would not
+            // refuse for a missing user or share.
+            let user_exists = ccfs::sys::user_by_name(&name).ok().flatten().is_some();
+            if args.user.is_some() && ccfs::sys::geteuid() == 0 && user_exists && share.is_dir() {
+                daemon::make_mount_point(&settings.homes.home_root, &name)?;
+            }
+            (share, home)
+        }
+    })
+}
+
+/// Starts the daemon (`ccfs mount --foreground --daemon`) in a process group of its
+/// own, its standard output and error a pipe whose reading end is returned.
+fn spawn_daemon(
+    plan: &daemon::MountPlan,
+) -> Result<(std::process::Child, std::io::PipeReader), Error> {
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find own binary: {e}")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
@@ -87,11 +102,24 @@ pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
     cmd.stdin(Stdio::null())
         .stdout(output_end)
         .stderr(output_end2);
-    let mut child = cmd
+    let child = cmd
         .spawn()
         .map_err(|e| fail(format!("cannot start the ccfs daemon: {e}")))?;
     // Our copies of the pipe's writing end go with `cmd`: the daemon holds the only ones.
     drop(cmd);
+    Ok((child, output))
+}
+
+/// Waits for the daemon's READY line (within `timeout` seconds of `start`), showing
+/// the mount when it comes; the daemon's last words when it exits first; a daemon that
+/// is not live in time is stopped (and its mount, if any, lazily unmounted).
+fn wait_until_live(
+    plan: &daemon::MountPlan,
+    child: &mut std::process::Child,
+    output: std::io::PipeReader,
+    start: Instant,
+    timeout: u64,
+) -> Result<(), Error> {
     let (lines_tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(output)) {
@@ -120,7 +148,7 @@ pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
                 if exited.is_none() {
                     exited = child.try_wait().ok().flatten().map(|s| (s, Instant::now()));
                 }
-                if exited.is_none() && start.elapsed() > Duration::from_secs(args.timeout) {
+                if exited.is_none() && start.elapsed() > Duration::from_secs(timeout) {
                     // Stopped, so that it cannot mount later over whatever comes instead.
                     let _ = child.kill();
                     let _ = child.wait();
@@ -129,7 +157,7 @@ pub(crate) fn mount(args: MountArgs) -> Result<(), Error> {
                     }
                     return Err(fail(format!(
                         "the mount did not come up within {} s (the share may hang); the daemon was stopped; see {}/ccfs.log",
-                        args.timeout,
+                        timeout,
                         shown(&plan.cache_dir)
                     )));
                 }
