@@ -27,7 +27,8 @@ pub(super) enum Handle {
     },
     Dir {
         /// Listed at the first READDIR (and again at a rewind), not at OPENDIR: when the
-        /// kernel keeps the directory's listing, it asks for none.
+        /// kernel keeps the directory's listing, it asks for none. Lock order: 2
+        /// (ARCHITECTURE.md, Locks), held while the listing is made.
         listing: Mutex<Option<Vec<DirListEntry>>>,
         /// What the directory was at OPENDIR; None when that could not be told.
         sig: Option<DirSignature>,

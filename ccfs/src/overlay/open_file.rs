@@ -13,6 +13,7 @@ use super::*;
 /// An open regular file of the overlay.
 #[derive(Debug)]
 pub struct OpenFile {
+    /// Lock order: 3 (ARCHITECTURE.md, Locks): written for a deferred copy-up.
     io: RwLock<FileIo>,
 }
 
