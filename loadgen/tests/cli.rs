@@ -371,7 +371,7 @@ fn root_never_works_where_another_user_can_steer_it() {
     use std::os::unix::fs::{chown, PermissionsExt};
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the check applies to root only");
+        e2e::skip("the check applies to root only");
         return;
     }
     let nobody = 65534;
@@ -957,7 +957,7 @@ fn nfs_target_writes_the_same_tree_as_a_local_run() {
         std::env::var_os("LOADGEN_TEST_NFS"),
         std::env::var_os("LOADGEN_TEST_NFS_EXPORT"),
     ) else {
-        eprintln!("skipped: LOADGEN_TEST_NFS and LOADGEN_TEST_NFS_EXPORT are not set");
+        e2e::skip("LOADGEN_TEST_NFS and LOADGEN_TEST_NFS_EXPORT are not set (scripts/test sets them for the NFS-Ganesha testbed)");
         return;
     };
     let url = url.to_str().expect("utf8");

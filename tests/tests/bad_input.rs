@@ -1,15 +1,13 @@
 //! Bad input gets a one-line error naming the problem and the fix, exit code 2, and
 //! changes nothing: no mount, no cache directory.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use e2e::*;
 
 /// Runs `ccfs ARGS` expecting a refusal that mentions every word in `words`.
 fn refused(fx: &Fixture, args: &[&OsStr], words: &[&str]) {

@@ -4,9 +4,7 @@
 //! discarded the transfer, so the syncs failed one after another and the session's work
 //! waited for the logout); the logout, once the program is done, sends the last version.
 
-mod common;
-
-use common::*;
+use e2e::*;
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

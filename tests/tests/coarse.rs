@@ -8,15 +8,13 @@
 //! Each scenario needs the two writes in one second of the share's clock; a try that
 //! crossed a second is made again (the test checks the looks, not the clock).
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 fn sync(fx: &Fixture) -> String {
     let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);

@@ -3,9 +3,7 @@
 //! that finds it, a logout; then every SQLite database on the share must pass SQLite's own
 //! integrity check and hold what each start wrote.
 
-mod common;
-
-use common::{read, text, Fixture};
+use e2e::{read, text, Fixture};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,7 +50,7 @@ fn firefox(home: &Path, args: &[&str]) {
         .arg(format!("HOME={}", home.display()))
         .args(["firefox-esr", "--headless"])
         .args(args);
-    let o = common::run_bounded(&mut cmd).expect("Firefox ended within a minute");
+    let o = e2e::run_bounded(&mut cmd).expect("Firefox ended within a minute");
     assert!(o.status.success(), "firefox {args:?}: {}", text(&o));
 }
 

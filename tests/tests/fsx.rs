@@ -10,9 +10,7 @@
 //! `CCFS_FSX_OPS` sets the operations per file (default 600), `CCFS_FSX_SEED` the seed
 //! (default: a new one, printed, so that a failure can be replayed).
 
-mod common;
-
-use common::*;
+use e2e::*;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;

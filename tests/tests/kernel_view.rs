@@ -3,8 +3,6 @@
 //! beyond the timeouts, never clips a file to an old size, and never serves one name's
 //! requests from another name's file.
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -13,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 fn sync(fx: &Fixture) -> String {
     let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);

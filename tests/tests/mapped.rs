@@ -5,9 +5,7 @@
 //! calls the file clean meanwhile, not at logout, not after a crash and `ccfs recover`,
 //! on a cache that updates a mapped file's times (ext4) and on one that does not (tmpfs).
 
-mod common;
-
-use common::*;
+use e2e::*;
 use std::fs;
 
 const LEN: usize = 8192;

@@ -1,7 +1,5 @@
 //! Real ccfs mounts over a temporary share, driven through the `ccfs` binary.
 
-mod common;
-
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
@@ -10,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 /// A dotfile saved with the bytes it had (a program that writes back what it read), and
 /// one only touched, are not sent at logout: the share keeps its file (same inode), with

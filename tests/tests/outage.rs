@@ -12,15 +12,13 @@
 //! Every command runs under a guard that fails the test if it has not answered within
 //! [`GUARD`]: it only keeps a broken build from hanging the suite; it is no speed target.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
+use e2e::*;
 
 /// The longest any command may take before the test gives up on it (see the module doc).
 const GUARD: Duration = Duration::from_secs(180);
@@ -1040,7 +1038,7 @@ fn a_handle_stuck_on_a_hung_share_holds_up_no_other_open() {
 
 fn on_gluster(how: Outage, cached_io: bool) {
     let Some(mut server) = GlusterServer::from_env() else {
-        eprintln!("CCFS_TEST_GLUSTER_STATE is not set: skipped");
+        e2e::skip("CCFS_TEST_GLUSTER_STATE is not set (scripts/test starts the GlusterFS testbed and sets it)");
         return;
     };
     let _one_outage_at_a_time = GLUSTER.lock().unwrap_or_else(|e| e.into_inner());
@@ -1113,7 +1111,7 @@ fn the_mount_table_names_the_cache_and_uncarriable_cache_dirs_are_refused() {
 #[test]
 fn a_control_socket_served_by_another_user_is_not_trusted() {
     let Some(bob) = ccfs::sys::user_by_name("ccfs-bob").expect("passwd") else {
-        eprintln!("ccfs-bob is missing (./scripts/setup): skipped");
+        e2e::skip("the user ccfs-bob is missing (./scripts/setup makes it)");
         return;
     };
     let fx = Fixture::new();

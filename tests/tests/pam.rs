@@ -7,8 +7,6 @@
 //!
 //! Needs pamtester and the user ccfs-alice (scripts/setup installs and creates them).
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -16,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
+use e2e::*;
 
 /// The hook keeps its state per user in /run/ccfs/sessions: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -3,13 +3,11 @@
 //! Needs `pjdfstest` on PATH (scripts/setup installs it) and the users named in
 //! tests/pjdfstest.toml (scripts/setup creates them).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use e2e::*;
 
 struct Run {
     summary: String,

@@ -2,8 +2,6 @@
 //! workstations changing the same dotfile, a full cache filesystem, periodic sync.
 //! `CCFS_FAULT_POINTS=N` runs more fault points (the long mode).
 
-mod common;
-
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -14,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 // ---- two workstations ---------------------------------------------------------------
 

@@ -3,8 +3,6 @@
 //! runs, opens or writes, and filling the cache's filesystem does not take the daemon
 //! down. Needs the user ccfs-alice (scripts/setup creates it).
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -12,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 fn ccfs_with_env(env: &[(&str, &OsStr)], args: &[&OsStr]) -> Output {
     let mut c = Command::new(ccfs_bin());

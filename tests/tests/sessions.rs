@@ -5,8 +5,6 @@
 //! Each test is the regression test of a fault that was reproduced against an earlier
 //! version; the scenario is named in its comment.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -14,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 /// Sets a file's mtime (and atime) to `secs` after the epoch, as `touch -d` or a
 /// workstation clock behind the server would.

@@ -7,8 +7,6 @@
 //! Runs when $CCFS_TEST_SHARE_ROOT is on ext4 (scripts/test sets it to the mount point
 //! `scripts/ext4-share up` prints); elsewhere it says why it is skipped.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
@@ -18,8 +16,10 @@ const TRIES: usize = 50;
 
 #[test]
 fn the_ext4_share_gives_a_freed_inode_number_to_the_next_new_file() {
-    let Some(root) = common::share_root() else {
-        eprintln!("skipped: CCFS_TEST_SHARE_ROOT is not set (scripts/test sets it to scripts/ext4-share's mount)");
+    let Some(root) = e2e::share_root() else {
+        e2e::skip(
+            "CCFS_TEST_SHARE_ROOT is not set (scripts/test sets it to scripts/ext4-share's mount)",
+        );
         return;
     };
     let canonical = root
@@ -30,13 +30,13 @@ fn the_ext4_share_gives_a_freed_inode_number_to_the_next_new_file() {
         .map(|m| m.fs_type)
         .unwrap_or_default();
     if fs_type != "ext4" {
-        eprintln!(
-            "skipped: CCFS_TEST_SHARE_ROOT {} is {fs_type}, not ext4",
+        e2e::skip(&format!(
+            "CCFS_TEST_SHARE_ROOT {} is {fs_type}, not ext4",
             root.display()
-        );
+        ));
         return;
     }
-    let dir = common::share_dir();
+    let dir = e2e::share_dir();
     let sync_dir = || {
         fs::File::open(dir.path())
             .and_then(|d| d.sync_all())

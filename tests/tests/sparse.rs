@@ -2,9 +2,7 @@
 //! ~/.big` (rsync would read 15 TiB of holes) reaches the share at logout and through
 //! `ccfs recover` after a crash as a file of the same length, holes kept, data in place.
 
-mod common;
-
-use common::*;
+use e2e::*;
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;

@@ -1,19 +1,17 @@
 //! `loadgen login-storm` end to end: real ccfs mounts (one per user and the share meter),
 //! real rsync at logout, counts taken at the share side.
 
-mod common;
-
-use common::text;
+use e2e::text;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn loadgen_bin() -> PathBuf {
-    common::ccfs_bin().with_file_name("loadgen")
+    e2e::ccfs_bin().with_file_name("loadgen")
 }
 
 fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
-    storm_with(&common::ccfs_bin(), share, work, extra)
+    storm_with(&e2e::ccfs_bin(), share, work, extra)
 }
 
 /// [`storm`] with the given `ccfs` program.
@@ -44,7 +42,7 @@ fn setup(profile: &str) -> Setup {
     let path = scratch.path().join("profile.txt");
     std::fs::write(&path, profile).expect("profile");
     Setup {
-        share: common::share_dir(),
+        share: e2e::share_dir(),
         work: tempfile::tempdir().expect("work"),
         scratch,
         profile: path,
@@ -69,7 +67,7 @@ fn kept_runs(share: &Path) -> Vec<PathBuf> {
 
 /// The runs of a `--json` list: the timed ones, then the metered ones.
 fn timed_and_metered(json: &Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
-    let all = common::read_json(json);
+    let all = e2e::read_json(json);
     let runs = all.as_array().expect("a list of runs").clone();
     for r in &runs {
         assert_eq!(r["schema"], "loadgen-login-storm/2");
@@ -106,7 +104,7 @@ fn long_storm(share: &Path, work: &Path, profile: &Path, extra: &[&str]) -> std:
         .arg("--work")
         .arg(work)
         .arg("--ccfs")
-        .arg(common::ccfs_bin())
+        .arg(e2e::ccfs_bin())
         .args([
             "--users",
             "2",
@@ -135,7 +133,7 @@ fn entries(dir: &Path) -> usize {
 #[test]
 fn compare_counts_share_writes_at_the_share_side() {
     // On $CCFS_TEST_SHARE_ROOT when set: scripts/test runs this on GlusterFS too.
-    let share = common::share_dir();
+    let share = e2e::share_dir();
     let work = tempfile::tempdir().expect("work");
     let out = tempfile::tempdir().expect("out");
     let json = out.path().join("storm.json");
@@ -434,7 +432,7 @@ fn with_ccfs_every_change_reaches_the_share_at_logout() {
 
 #[test]
 fn bad_storm_input_is_refused_and_changes_nothing() {
-    let share = common::share_dir();
+    let share = e2e::share_dir();
     let work = tempfile::tempdir().expect("work");
     let bad_profile = work.path().join("bad.txt");
     std::fs::write(&bad_profile, "[login]\nread /etc/shadow\n").expect("write");
@@ -565,7 +563,7 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
     let mut child = long_storm(share.path(), work.path(), &profile, &["--keep"]);
     let mounts = || mounts_under(work.path());
     // Both users' mounts (a timed run has no meter).
-    common::wait_until(
+    e2e::wait_until(
         "both users' mounts",
         std::time::Duration::from_secs(60),
         || mounts() == 2,
@@ -581,7 +579,7 @@ fn an_interrupted_storm_logs_everyone_out_and_leaves_no_mount() {
             })
         })
     };
-    common::wait_until(
+    e2e::wait_until(
         "a session tick of both users",
         std::time::Duration::from_secs(60),
         || (0..2).all(in_session),
@@ -689,7 +687,7 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
     let mounts = || mounts_under(work.path());
     let long_storm = || long_storm(share.path(), work.path(), &profile, &[]);
     let mut child = long_storm();
-    common::wait_until(
+    e2e::wait_until(
         "both users' mounts",
         std::time::Duration::from_secs(60),
         || mounts() == 2,
@@ -706,7 +704,7 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
         .arg("--work")
         .arg(work.path())
         .arg("--ccfs")
-        .arg(common::ccfs_bin())
+        .arg(e2e::ccfs_bin())
         .args(["--users", "1", "--session", "1", "--no-meter"])
         .arg("--profile")
         .arg(&profile)
@@ -724,7 +722,7 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
 
     // A user's ccfs that dies mid-storm: the storm stops with that said, and detaches it.
     let child = long_storm();
-    common::wait_until(
+    e2e::wait_until(
         "both users' mounts",
         std::time::Duration::from_secs(60),
         || mounts() == 2,
@@ -765,7 +763,7 @@ fn a_failed_storm_keeps_its_evidence_and_names_how_the_daemon_ended() {
         scratch,
         profile,
     } = setup("[home]\nfile .app.conf 10\n[login]\nreplace .app.conf 123\n[session 1]\n[logout]\n");
-    let real = common::ccfs_bin();
+    let real = e2e::ccfs_bin();
     let wrapper = scratch.path().join("ccfs-killed-at-logout");
     std::fs::write(
         &wrapper,

@@ -1,12 +1,10 @@
 //! `ccfs umount` and a daemon that ends while the command asks it for its status.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 /// A logout sync that lasts longer than `ccfs umount`'s wait slice (5 s) makes the command
 /// ask the daemon for its status between slices. A daemon that answers the logout and

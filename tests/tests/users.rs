@@ -2,15 +2,13 @@
 //! cache is theirs and private, and another local user cannot read their cached dotfiles.
 //! Needs the users ccfs-alice and ccfs-bob (scripts/setup creates them).
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::*;
+use e2e::*;
 
 fn ids_of(pid: u32) -> Vec<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

@@ -12,19 +12,9 @@ pub fn loadgen(args: &[&str]) -> Output {
         .expect("run loadgen")
 }
 
-pub fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A JSON file loadgen wrote (whole: it is written atomically).
-pub fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).expect("json written")).expect("whole JSON")
-}
+/// The harness the end-to-end tests share (a command's output as text, a JSON file read
+/// whole).
+pub use e2e::{read_json, text};
 
 pub fn schema(file: &str) -> jsonschema::Validator {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
