@@ -166,6 +166,7 @@ mod lookup;
 mod namespace;
 mod open_file;
 mod racy;
+mod rename;
 mod session;
 mod snapshot;
 mod sparse;
@@ -174,6 +175,8 @@ mod sparse;
 mod crash_tests;
 #[cfg(test)]
 mod interleave_tests;
+#[cfg(test)]
+mod journal_failure_tests;
 #[cfg(test)]
 mod test_support;
 
