@@ -178,12 +178,7 @@ impl CcfsFs {
         req: &Request,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
-        let Handle::File { file, node, .. } = h else {
-            return Err(Errno::EISDIR);
-        };
-        self.overlay
-            .file_to_write(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
-            .map_err(|f| reply_err(f.op, &f.path, &f.error))
+        self.file_ready(req, h, true)
     }
 
     /// The file of a handle for reading (see [`Overlay::file_to_read`]).
@@ -192,12 +187,25 @@ impl CcfsFs {
         req: &Request,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
+        self.file_ready(req, h, false)
+    }
+
+    fn file_ready<'a>(
+        &self,
+        req: &Request,
+        h: &'a Handle,
+        write: bool,
+    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
         let Handle::File { file, node, .. } = h else {
             return Err(Errno::EISDIR);
         };
-        self.overlay
-            .file_to_read(&ctx(req, 0), file, || self.path(INodeNo(*node)).ok())
-            .map_err(|f| reply_err(f.op, &f.path, &f.error))
+        let (ctx, name) = (ctx(req, 0), || self.path(INodeNo(*node)).ok());
+        let ready = if write {
+            self.overlay.file_to_write(&ctx, file, name)
+        } else {
+            self.overlay.file_to_read(&ctx, file, name)
+        };
+        ready.map_err(|f| reply_err(f.op, &f.path, &f.error))
     }
 
     /// What closing `h` undoes: its share of the cache file's writers, its I/O mode (the

@@ -63,6 +63,14 @@ pub fn conflict_file_name(name: &[u8], host: &str, stamp: &str, n: u32, max: usi
     OsString::from_vec(out)
 }
 
+/// What a conflict check found on the share at a path: the share's second before the
+/// look, its object (none: nothing there), and whether a racy base still stands.
+struct Checked {
+    second: i64,
+    cur: Option<ShareId>,
+    stands: bool,
+}
+
 impl Overlay {
     /// Compares what the share holds at each dirty or deleted path with its base. Where
     /// another workstation changed it, nothing is overwritten: our version moves to a
@@ -103,6 +111,29 @@ impl Overlay {
         Ok(held)
     }
 
+    /// The share's object at `p` for a conflict check, asked without the lock held (the
+    /// answer is compared under it): None when the share could not be asked (`p` is held,
+    /// with the error).
+    fn look_to_check(
+        &self,
+        p: &Path,
+        session: &mut SyncSession<'_>,
+        held: &mut HashSet<PathBuf>,
+    ) -> FsResult<Option<Checked>> {
+        let second = self.share_second();
+        let Some(cur) = self.share_now(p, session, held) else {
+            return Ok(None);
+        };
+        let Some(stands) = self.still_base(p, cur, second, session, held, &[])? else {
+            return Ok(None);
+        };
+        Ok(Some(Checked {
+            second,
+            cur,
+            stands,
+        }))
+    }
+
     /// The conflict check of one dirty path `p`: the share's object against its base;
     /// another workstation's change sets ours aside (or, created on both with the same
     /// bytes, theirs becomes the base). A path the share cannot be asked about is held.
@@ -118,12 +149,12 @@ impl Overlay {
         if held.contains(&p) || !self.lock().state.is_dirty(&p) {
             return Ok(());
         }
-        // The share is asked without the lock held; the answer is compared under it.
-        let second = self.share_second();
-        let Some(cur) = self.share_now(&p, session, held) else {
-            return Ok(());
-        };
-        let Some(stands) = self.still_base(&p, cur, second, session, held, &[])? else {
+        let Some(Checked {
+            second,
+            cur,
+            stands,
+        }) = self.look_to_check(&p, session, held)?
+        else {
             return Ok(());
         };
         let mut inner = self.lock();
@@ -217,11 +248,12 @@ impl Overlay {
                 return Ok(());
             }
         }
-        let second = self.share_second();
-        let Some(cur) = self.share_now(&w, session, held) else {
-            return Ok(());
-        };
-        let Some(stands) = self.still_base(&w, cur, second, session, held, &[])? else {
+        let Some(Checked {
+            second,
+            cur,
+            stands,
+        }) = self.look_to_check(&w, session, held)?
+        else {
             return Ok(());
         };
         let mut inner = self.lock();
