@@ -63,12 +63,12 @@ pub fn conflict_file_name(name: &[u8], host: &str, stamp: &str, n: u32, max: usi
     OsString::from_vec(out)
 }
 
-/// What a conflict check found on the share at a path: the share's second before the
-/// look, its object (none: nothing there), and whether a racy base still stands.
-struct Checked {
-    second: i64,
-    cur: Option<ShareId>,
-    stands: bool,
+/// How a conflict set aside is told: its kind, what the log line says of it, and the
+/// problem named when it cannot be set aside ("PATH {problem} could not be set aside").
+struct Aside<'a> {
+    kind: ConflictKind,
+    said: &'a str,
+    problem: &'a str,
 }
 
 impl Overlay {
@@ -112,14 +112,15 @@ impl Overlay {
     }
 
     /// The share's object at `p` for a conflict check, asked without the lock held (the
-    /// answer is compared under it): None when the share could not be asked (`p` is held,
-    /// with the error).
+    /// answer is compared under it): the share's second before the look, the object (none:
+    /// nothing there), and whether a racy base still stands. None when the share could not
+    /// be asked (`p` is held, with the error).
     fn look_to_check(
         &self,
         p: &Path,
         session: &mut SyncSession<'_>,
         held: &mut HashSet<PathBuf>,
-    ) -> FsResult<Option<Checked>> {
+    ) -> FsResult<Option<(i64, Option<ShareId>, bool)>> {
         let second = self.share_second();
         let Some(cur) = self.share_now(p, session, held) else {
             return Ok(None);
@@ -127,11 +128,7 @@ impl Overlay {
         let Some(stands) = self.still_base(p, cur, second, session, held, &[])? else {
             return Ok(None);
         };
-        Ok(Some(Checked {
-            second,
-            cur,
-            stands,
-        }))
+        Ok(Some((second, cur, stands)))
     }
 
     /// The conflict check of one dirty path `p`: the share's object against its base;
@@ -149,12 +146,7 @@ impl Overlay {
         if held.contains(&p) || !self.lock().state.is_dirty(&p) {
             return Ok(());
         }
-        let Some(Checked {
-            second,
-            cur,
-            stands,
-        }) = self.look_to_check(&p, session, held)?
-        else {
+        let Some((second, cur, stands)) = self.look_to_check(&p, session, held)? else {
             return Ok(());
         };
         let mut inner = self.lock();
@@ -194,29 +186,22 @@ impl Overlay {
                 }
                 self.record(&mut inner, &base)?;
             }
-            _ => match self.move_aside(&mut inner, &p, cur, second, host, stamp) {
-                Ok(name) => {
-                    let kind = if base.is_none() {
-                        ConflictKind::CreatedOnBoth
-                    } else {
-                        ConflictKind::ModifiedOnBoth
-                    };
-                    tracing::warn!(path = %shown(&p), kept = %shown(&name), "conflict: {kind:?}");
-                    session.conflicts.push(Conflict {
-                        path: p.clone(),
-                        kind,
-                        kept: name.to_string_lossy().into_owned(),
-                    });
-                }
-                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
-                Err(e) => {
-                    session.errors.push(format!(
-                        "{} changed on the share and here, and our version could not be set aside: {e}",
-                        shown(&p)
-                    ));
+            _ => {
+                let kind = if base.is_none() {
+                    ConflictKind::CreatedOnBoth
+                } else {
+                    ConflictKind::ModifiedOnBoth
+                };
+                let aside = Aside {
+                    kind,
+                    said: &format!("{kind:?}"),
+                    problem: "changed on the share and here, and our version",
+                };
+                let look = (cur, second);
+                if !self.set_aside(&mut inner, &p, look, (host, stamp), aside, session)? {
                     held.insert(p);
                 }
-            },
+            }
         }
         Ok(())
     }
@@ -248,12 +233,7 @@ impl Overlay {
                 return Ok(());
             }
         }
-        let Some(Checked {
-            second,
-            cur,
-            stands,
-        }) = self.look_to_check(&w, session, held)?
-        else {
+        let Some((second, cur, stands)) = self.look_to_check(&w, session, held)? else {
             return Ok(());
         };
         let mut inner = self.lock();
@@ -366,25 +346,15 @@ impl Overlay {
                 } else {
                     ConflictKind::ModifiedOnBoth
                 };
-                match self.move_aside(&mut inner, dir, cur, second, host, stamp) {
-                    Ok(name) => {
-                        tracing::warn!(path = %shown(dir), kept = %shown(&name),
-                            "conflict: another kind of object on the share where we send a directory");
-                        session.conflicts.push(Conflict {
-                            path: dir.to_path_buf(),
-                            kind,
-                            kept: name.to_string_lossy().into_owned(),
-                        });
-                    }
-                    Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
-                    Err(e) => {
-                        session.errors.push(format!(
-                            "{} is no directory on the share, and our directory could not be set aside: {e}",
-                            shown(dir)
-                        ));
-                        drop(inner);
-                        self.hold_below(dir, held);
-                    }
+                let aside = Aside {
+                    kind,
+                    said: "another kind of object on the share where we send a directory",
+                    problem: "is no directory on the share, and our directory",
+                };
+                let look = (cur, second);
+                if !self.set_aside(&mut inner, dir, look, (host, stamp), aside, session)? {
+                    drop(inner);
+                    self.hold_below(dir, held);
                 }
                 break;
             }
@@ -626,24 +596,14 @@ impl Overlay {
                 }
             }
             // (`cur` is a directory's: no look at one is racy.)
-            match self.move_aside(&mut inner, p, cur, i64::MAX, host, stamp) {
-                Ok(name) => {
-                    tracing::warn!(path = %shown(p), kept = %shown(&name),
-                        "conflict: a directory on the share holds what we did not delete");
-                    session.conflicts.push(Conflict {
-                        path: p.clone(),
-                        kind: ConflictKind::ModifiedOnBoth,
-                        kept: name.to_string_lossy().into_owned(),
-                    });
-                }
-                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
-                Err(e) => {
-                    session.errors.push(format!(
-                        "{} is a directory on the share, and our version could not be set aside: {e}",
-                        shown(p)
-                    ));
-                    held.insert(p.clone());
-                }
+            let aside = Aside {
+                kind: ConflictKind::ModifiedOnBoth,
+                said: "a directory on the share holds what we did not delete",
+                problem: "is a directory on the share, and our version",
+            };
+            let look = (cur, i64::MAX);
+            if !self.set_aside(&mut inner, p, look, (host, stamp), aside, session)? {
+                held.insert(p.clone());
             }
         }
         Ok(())
@@ -729,6 +689,41 @@ impl Overlay {
             held.extend(also.iter().cloned());
         }
         Ok(holds)
+    }
+
+    /// Sets our version of `p` aside as a conflict ([`Overlay::move_aside`], with the
+    /// share's object and second of the look `(cur, second)`), logged and reported as
+    /// `aside` says. False when it could not be moved (the error is the session's; the
+    /// caller holds the path back); a journal that fails fails the sync.
+    fn set_aside(
+        &self,
+        inner: &mut crate::overlay::Inner,
+        p: &Path,
+        (cur, second): (Option<ShareId>, i64),
+        (host, stamp): (&str, &str),
+        aside: Aside<'_>,
+        session: &mut SyncSession<'_>,
+    ) -> FsResult<bool> {
+        match self.move_aside(inner, p, cur, second, host, stamp) {
+            Ok(name) => {
+                tracing::warn!(path = %shown(p), kept = %shown(&name), "conflict: {}", aside.said);
+                session.conflicts.push(Conflict {
+                    path: p.to_path_buf(),
+                    kind: aside.kind,
+                    kept: name.to_string_lossy().into_owned(),
+                });
+                Ok(true)
+            }
+            Err(FsError::Journal(e)) => Err(FsError::Journal(e)),
+            Err(e) => {
+                session.errors.push(format!(
+                    "{} {} could not be set aside: {e}",
+                    shown(p),
+                    aside.problem
+                ));
+                Ok(false)
+            }
+        }
     }
 
     /// Moves our version of `p` to a conflict name; the share's version at `p` becomes the
