@@ -15,11 +15,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::locks::{self, Locked};
 use crate::store::{Handle, Kind, Store, Target};
 use crate::workload::{Action, Entry, ListId, Lists, Phase, Round, Step, Workload};
 
@@ -898,10 +899,6 @@ struct Pool {
     files_done: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// How a pass ended.
 struct Pass {
     clients: Vec<ClientResult>,
@@ -915,7 +912,7 @@ impl Pool {
     fn worker(&self, w: usize) {
         loop {
             let id = {
-                let mut b = lock(&self.board);
+                let mut b = self.board.locked();
                 loop {
                     if b.shutdown {
                         return;
@@ -923,13 +920,13 @@ impl Pool {
                     if let Some(id) = b.queue.pop_front() {
                         break id;
                     }
-                    b = self.work.wait(b).unwrap_or_else(|p| p.into_inner());
+                    b = locks::wait(&self.work, b);
                 }
             };
             let finished = {
-                let mut task = lock(&self.tasks[id]);
-                let mut worker = lock(&self.workers[w]);
-                let epoch = *lock(&self.epoch);
+                let mut task = self.tasks[id].locked();
+                let mut worker = self.workers[w].locked();
+                let epoch = *self.epoch.locked();
                 if !task.started {
                     task.started = true;
                     task.result.start = epoch.elapsed();
@@ -961,7 +958,7 @@ impl Pool {
                 }
                 finished
             };
-            let mut b = lock(&self.board);
+            let mut b = self.board.locked();
             if finished {
                 b.remaining -= 1;
                 if b.remaining == 0 {
@@ -987,7 +984,7 @@ impl Pool {
     ) -> Pass {
         let n = self.tasks.len();
         for (id, t) in self.tasks.iter().enumerate() {
-            let mut t = lock(t);
+            let mut t = t.locked();
             t.jobs = jobs(id).into();
             t.cur = None;
             t.started = false;
@@ -998,22 +995,19 @@ impl Pool {
             };
         }
         for w in &self.workers {
-            lock(w).lat = Latencies::new();
+            w.locked().lat = Latencies::new();
         }
         self.files_done.store(0, Ordering::Relaxed);
         let released = Instant::now();
-        *lock(&self.epoch) = released;
+        *self.epoch.locked() = released;
         let mut hung = false;
         {
-            let mut b = lock(&self.board);
+            let mut b = self.board.locked();
             b.queue = (0..n).collect();
             b.remaining = n;
             self.work.notify_all();
             while b.remaining > 0 {
-                let (g, _) = self
-                    .done
-                    .wait_timeout(b, Duration::from_millis(100))
-                    .unwrap_or_else(|p| p.into_inner());
+                let (g, _) = locks::wait_timeout(&self.done, b, Duration::from_millis(100));
                 b = g;
                 progress
                     .files_done
@@ -1063,7 +1057,7 @@ impl Pool {
     }
 
     fn shutdown(&self) {
-        lock(&self.board).shutdown = true;
+        self.board.locked().shutdown = true;
         self.work.notify_all();
     }
 }

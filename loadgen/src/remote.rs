@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{ClientResult, Latencies, PhaseResult};
+use crate::locks::Locked;
 use crate::workload::Round;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,7 +115,7 @@ static GO: std::sync::Mutex<Option<std::sync::mpsc::Receiver<bool>>> = std::sync
 pub fn agent_listen(stop: &'static std::sync::atomic::AtomicBool) {
     AGENT_EPOCH.get_or_init(Instant::now);
     let (tx, rx) = std::sync::mpsc::channel();
-    *GO.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+    *GO.locked() = Some(rx);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         let mut line = String::new();
@@ -150,7 +151,7 @@ pub fn agent_gate(phase: usize) -> bool {
         return false;
     }
     drop(out);
-    let go = GO.lock().unwrap_or_else(|p| p.into_inner());
+    let go = GO.locked();
     match go.as_ref() {
         Some(rx) => rx.recv().unwrap_or(false),
         None => false,
