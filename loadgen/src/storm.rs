@@ -1839,4 +1839,201 @@ mod tests {
         assert!(cpu_seconds(&[std::process::id()]) > 0.0);
         assert_eq!(cpu_seconds(&[u32::MAX]), 0.0);
     }
+
+    /// A storm of two timed runs a mode and a metered run a mode, with every row's value
+    /// present somewhere, by-path counts, latencies and a stopped run.
+    fn table_fixture() -> Vec<StormReport> {
+        let lat = |count, p50: f64| LatencyReport {
+            count,
+            mean_us: p50,
+            p50_us: p50,
+            p90_us: p50 * 2.0,
+            p99_us: p50 * 3.0,
+            p999_us: p50 * 4.0,
+            max_us: p50 * 10.0,
+        };
+        let counts = |k: u64| ShareCounts {
+            total: 100 * k,
+            mutating: 10 * k,
+            read_bytes: 3_000_000 * k,
+            write_bytes: 1_500_000 * k,
+            by_op: BTreeMap::new(),
+            by_path: [
+                (".mozilla/firefox/p".to_string(), 40 * k),
+                (".".to_string(), 7 * k),
+                (".config".to_string(), 40 * k),
+            ]
+            .into(),
+        };
+        let user = |u: usize, login_s: f64, with_ccfs: bool| UserResult {
+            user: u,
+            mount_s: if with_ccfs { 0.1 * (u + 1) as f64 } else { 0.0 },
+            login_s,
+            session_ticks: 2,
+            logout_s: login_s / 2.0,
+            bytes_written: 1000,
+            missing_files: 3 + u as u64,
+            rebuilt_files: u as u64,
+            ccfs_cpu_s: with_ccfs.then_some(0.25),
+            session_latency: BTreeMap::new(),
+            error: None,
+            start_s: 0.001 * u as f64,
+        };
+        let run = |with_ccfs: bool, metered: bool, run_index: usize, k: f64| {
+            let per_user = vec![user(0, 1.0 * k, with_ccfs), user(1, 2.0 * k, with_ccfs)];
+            let of = |f: fn(&UserResult) -> f64| {
+                Summary::of(&per_user.iter().map(f).collect::<Vec<_>>())
+            };
+            let c = |i: u64| metered.then(|| counts(i + u64::from(with_ccfs)));
+            StormReport {
+                schema: SCHEMA.into(),
+                tool: "loadgen".into(),
+                version: "0".into(),
+                started_at_unix: 0,
+                label: None,
+                share: "/mnt/share".into(),
+                environment: Environment {
+                    fs_type: "fuse.glusterfs".into(),
+                    fs_magic: "0x65735546".into(),
+                    mount_point: "/mnt/share".into(),
+                    mount_source: "h:/v".into(),
+                    mount_options: "rw".into(),
+                    kernel: "6.1".into(),
+                    cpus: 2,
+                    hostname: "h".into(),
+                },
+                users: 2,
+                with_ccfs,
+                metered,
+                run_index,
+                baseline: Baseline::Fair,
+                session_s: 30.0,
+                profile: "desktop".into(),
+                returning_users: with_ccfs,
+                settled: Settled::default(),
+                time_to_login: of(|u| u.login_s),
+                logout: of(|u| u.logout_s),
+                login_plus_logout: of(|u| u.login_s + u.logout_s),
+                latency_login: [("open".to_string(), lat(10, 1500.0 * k))].into(),
+                latency_session: if with_ccfs {
+                    [("stat".to_string(), lat(4, 250.0))].into()
+                } else {
+                    BTreeMap::new()
+                },
+                share_login: c(1),
+                share_session: c(2),
+                share_logout: c(3),
+                server_cpu_s: (!metered).then_some(1.5 * k),
+                client_cpu_s: (!metered && !with_ccfs).then_some(0.75 * k),
+                ccfs_cpu_s: (with_ccfs && !metered).then_some(0.5),
+                cpu_window_s: (!metered).then_some(10.0),
+                complete: true,
+                error: None,
+                per_user,
+            }
+        };
+        let mut runs = vec![
+            run(false, false, 0, 1.0),
+            run(true, false, 1, 0.5),
+            run(true, false, 2, 0.6),
+            run(false, false, 3, 1.2),
+            run(false, true, 4, 1.0),
+            run(true, true, 5, 0.5),
+        ];
+        runs[5].error = Some("user001: logout: no space".into());
+        runs[5].label = Some("lab".into());
+        runs
+    }
+
+    #[test]
+    fn the_table_compares_the_modes_row_by_row() {
+        assert_eq!(table(&table_fixture()), TWO_MODES);
+    }
+
+    #[test]
+    fn a_table_of_one_mode_has_no_ratio_and_leaves_out_rows_without_values() {
+        let one: Vec<StormReport> = table_fixture()
+            .into_iter()
+            .filter(|r| !r.with_ccfs && !r.metered)
+            .collect();
+        assert_eq!(table(&one), ONE_MODE);
+        assert_eq!(table(&[]), "");
+    }
+
+    /// The table of [`table_fixture`].
+    const TWO_MODES: &str = r#"loadgen login-storm: 2 users on /mnt/share (fuse.glusterfs), session 30 s, profile desktop
+baseline: fair (without ccfs, .cache on the workstation's disk); first logins (workstations never used)
+times: median (min-max) of 2 timed run(s) a mode, order ABBA (A without ccfs, B with); counts: one more run a mode through the share meter
+
+                                                without ccfs             with ccfs    ratio
+time to login p50 (s)                       1.10 (1.00-1.20)      0.55 (0.50-0.60)    0.500
+time to login p95 (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)    0.500
+time to login max (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)    0.500
+  of which ccfs mount p50 (s)                              -                  0.10
+logout p50 (s)                              0.55 (0.50-0.60)      0.28 (0.25-0.30)    0.500
+logout max (s)                              1.10 (1.00-1.20)      0.55 (0.50-0.60)    0.500
+login + logout p50 (s)                      1.65 (1.50-1.80)      0.82 (0.75-0.90)    0.500
+users' start spread (ms)                                 1.0                   1.0    1.000
+server CPU, whole run (s)                   1.65 (1.50-1.80)      0.82 (0.75-0.90)    0.500
+client CPU: share client (s)                0.82 (0.75-0.90)                     -
+client CPU: ccfs daemons (s)                               -                  0.50
+  CPU window (s)                                       10.00                 10.00
+share requests, login                                    100                   200    2.000
+share requests, session                                  200                   300    1.500
+share requests, logout                                   300                   400    1.333
+share writes, login                                       10                    20    2.000
+share writes, session                                     20                    30    1.500
+share writes, logout                                      30                    40    1.333
+share bytes written, login                            1.5 MB                3.0 MB    2.000
+share bytes written, session                          3.0 MB                4.5 MB    1.500
+share bytes written, logout                           4.5 MB                6.0 MB    1.333
+share requests, whole run                                600                   900    1.500
+share writes, whole run                                   60                    90    1.500
+share bytes written, whole run                        9.0 MB               13.5 MB    1.500
+share bytes read, whole run                          18.0 MB               27.0 MB    1.500
+files not found (per user)                                 4                     4    1.000
+  of which rebuilt (per user)                              0                     0    1.000
+
+share requests of the logins without ccfs, by path in the home (all users; the 3 most of 3):
+         40  .config
+         40  .mozilla/firefox/p
+          7  .
+
+share requests of the logins with ccfs, by path in the home (all users; the 3 most of 3):
+         80  .config
+         80  .mozilla/firefox/p
+         14  .
+
+login latency (ms)            op        count     p50     p99     max
+  without ccfs #1             open         10    1.50    4.50    15.0
+  with ccfs #2                open         10    0.75    2.25     7.5
+
+session latency (ms)          op        count     p50     p99     max
+  with ccfs #2                stat          4    0.25    0.75     2.5
+
+lab, with ccfs, metered: stopped: user001: logout: no space
+"#;
+
+    /// The table of [`table_fixture`]'s timed runs without ccfs.
+    const ONE_MODE: &str = r#"loadgen login-storm: 2 users on /mnt/share (fuse.glusterfs), session 30 s, profile desktop
+baseline: fair (without ccfs, .cache on the workstation's disk); first logins (workstations never used)
+times: median (min-max) of 2 timed run(s) a mode, order AA (A without ccfs, B with); counts: none (--no-meter)
+
+                                                without ccfs
+time to login p50 (s)                       1.10 (1.00-1.20)
+time to login p95 (s)                       2.20 (2.00-2.40)
+time to login max (s)                       2.20 (2.00-2.40)
+logout p50 (s)                              0.55 (0.50-0.60)
+logout max (s)                              1.10 (1.00-1.20)
+login + logout p50 (s)                      1.65 (1.50-1.80)
+users' start spread (ms)                                 1.0
+server CPU, whole run (s)                   1.65 (1.50-1.80)
+client CPU: share client (s)                0.82 (0.75-0.90)
+  CPU window (s)                                       10.00
+files not found (per user)                                 4
+  of which rebuilt (per user)                              0
+
+login latency (ms)            op        count     p50     p99     max
+  without ccfs #1             open         10    1.50    4.50    15.0
+"#;
 }
