@@ -1,8 +1,11 @@
-//! The comparison table of a storm's runs.
+//! The comparison table of a storm's runs: a heading, one row a measure ([`ROWS`]: its
+//! label, where its value comes from, its unit), where the login's share requests went,
+//! the operations' latencies, and the runs that stopped.
 
 use std::collections::BTreeMap;
 
-use super::{StormReport, Summary, UserResult};
+use super::{ShareCounts, StormReport, Summary, UserResult};
+use crate::report::LatencyReport;
 
 fn mb(b: u64) -> String {
     format!("{:.1} MB", b as f64 / 1e6)
@@ -31,11 +34,245 @@ fn per_user(r: &StormReport, f: fn(&UserResult) -> u64) -> Option<f64> {
 }
 
 /// Where a table row takes its value from.
+#[derive(Clone, Copy)]
 enum From {
     /// The runs without the meter: median and spread.
     Timed(fn(&StormReport) -> Option<f64>),
     /// The metered run.
     Metered(fn(&StormReport) -> Option<f64>),
+}
+
+/// How a row's values are written.
+#[derive(Clone, Copy)]
+enum Unit {
+    /// Seconds, two decimals.
+    Seconds,
+    /// Milliseconds, one decimal.
+    Millis,
+    /// A whole number.
+    Count,
+    /// Bytes, as megabytes with one decimal.
+    Bytes,
+}
+
+impl Unit {
+    fn show(self, v: f64) -> String {
+        match self {
+            Unit::Seconds => format!("{v:.2}"),
+            Unit::Millis => format!("{v:.1}"),
+            Unit::Count => format!("{v:.0}"),
+            Unit::Bytes => mb(v as u64),
+        }
+    }
+}
+
+/// One row of the comparison: its label, where its value comes from, its unit.
+struct Row {
+    label: &'static str,
+    from: From,
+    unit: Unit,
+}
+
+/// A row of the timed runs.
+const fn timed(label: &'static str, get: fn(&StormReport) -> Option<f64>, unit: Unit) -> Row {
+    Row {
+        label,
+        from: From::Timed(get),
+        unit,
+    }
+}
+
+/// A row of the metered run.
+const fn metered(label: &'static str, get: fn(&StormReport) -> Option<f64>, unit: Unit) -> Row {
+    Row {
+        label,
+        from: From::Metered(get),
+        unit,
+    }
+}
+
+/// What reached the share during the logins, the sessions, the logouts, the whole run.
+fn login(r: &StormReport) -> Option<&ShareCounts> {
+    r.share_login.as_ref()
+}
+fn session(r: &StormReport) -> Option<&ShareCounts> {
+    r.share_session.as_ref()
+}
+fn logout(r: &StormReport) -> Option<&ShareCounts> {
+    r.share_logout.as_ref()
+}
+
+/// The rows of the comparison, in order; a row no column has a value for is left out.
+const ROWS: &[Row] = &[
+    timed(
+        "time to login p50 (s)",
+        |r| Some(r.time_to_login.p50_s),
+        Unit::Seconds,
+    ),
+    timed(
+        "time to login p95 (s)",
+        |r| Some(r.time_to_login.p95_s),
+        Unit::Seconds,
+    ),
+    timed(
+        "time to login max (s)",
+        |r| Some(r.time_to_login.max_s),
+        Unit::Seconds,
+    ),
+    timed("  of which ccfs mount p50 (s)", mount_p50, Unit::Seconds),
+    timed("logout p50 (s)", |r| Some(r.logout.p50_s), Unit::Seconds),
+    timed("logout max (s)", |r| Some(r.logout.max_s), Unit::Seconds),
+    timed(
+        "login + logout p50 (s)",
+        |r| Some(r.login_plus_logout.p50_s),
+        Unit::Seconds,
+    ),
+    timed("users' start spread (ms)", start_spread_ms, Unit::Millis),
+    timed(
+        "server CPU, whole run (s)",
+        |r| r.server_cpu_s,
+        Unit::Seconds,
+    ),
+    timed(
+        "client CPU: share client (s)",
+        |r| r.client_cpu_s,
+        Unit::Seconds,
+    ),
+    timed(
+        "client CPU: ccfs daemons (s)",
+        |r| r.ccfs_cpu_s,
+        Unit::Seconds,
+    ),
+    timed("  CPU window (s)", |r| r.cpu_window_s, Unit::Seconds),
+    metered(
+        "share requests, login",
+        |r| Some(login(r)?.total as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share requests, session",
+        |r| Some(session(r)?.total as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share requests, logout",
+        |r| Some(logout(r)?.total as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share writes, login",
+        |r| Some(login(r)?.mutating as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share writes, session",
+        |r| Some(session(r)?.mutating as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share writes, logout",
+        |r| Some(logout(r)?.mutating as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share bytes written, login",
+        |r| Some(login(r)?.write_bytes as f64),
+        Unit::Bytes,
+    ),
+    metered(
+        "share bytes written, session",
+        |r| Some(session(r)?.write_bytes as f64),
+        Unit::Bytes,
+    ),
+    metered(
+        "share bytes written, logout",
+        |r| Some(logout(r)?.write_bytes as f64),
+        Unit::Bytes,
+    ),
+    metered(
+        "share requests, whole run",
+        |r| Some(r.share_whole()?.total as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share writes, whole run",
+        |r| Some(r.share_whole()?.mutating as f64),
+        Unit::Count,
+    ),
+    metered(
+        "share bytes written, whole run",
+        |r| Some(r.share_whole()?.write_bytes as f64),
+        Unit::Bytes,
+    ),
+    metered(
+        "share bytes read, whole run",
+        |r| Some(r.share_whole()?.read_bytes as f64),
+        Unit::Bytes,
+    ),
+    timed(
+        "files not found (per user)",
+        |r| per_user(r, |u| u.missing_files),
+        Unit::Count,
+    ),
+    timed(
+        "  of which rebuilt (per user)",
+        |r| per_user(r, |u| u.rebuilt_files),
+        Unit::Count,
+    ),
+];
+
+/// The median ccfs mount time of a run's users (runs with ccfs).
+fn mount_p50(r: &StormReport) -> Option<f64> {
+    r.with_ccfs
+        .then(|| Summary::of(&r.per_user.iter().map(|u| u.mount_s).collect::<Vec<_>>()).p50_s)
+}
+
+/// How long after the first user the last one started, in milliseconds.
+fn start_spread_ms(r: &StormReport) -> Option<f64> {
+    let starts = r.per_user.iter().map(|u| u.start_s);
+    Some(starts.fold(0.0, f64::max) * 1000.0)
+}
+
+/// The table's columns: one a mode that ran (without ccfs first).
+struct Columns<'a> {
+    runs: &'a [StormReport],
+    modes: Vec<bool>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(runs: &'a [StormReport]) -> Self {
+        let modes = [false, true]
+            .into_iter()
+            .filter(|m| runs.iter().any(|r| r.with_ccfs == *m))
+            .collect();
+        Self { runs, modes }
+    }
+
+    /// The timed runs of mode `m`.
+    fn timed(&self, m: bool) -> impl Iterator<Item = &'a StormReport> {
+        self.runs
+            .iter()
+            .filter(move |r| r.with_ccfs == m && !r.metered)
+    }
+
+    /// The metered run of mode `m`.
+    fn metered(&self, m: bool) -> Option<&'a StormReport> {
+        self.runs.iter().find(|r| r.with_ccfs == m && r.metered)
+    }
+
+    /// A row's value in each column: the median and spread of the timed runs, or the
+    /// metered run's value three times.
+    fn cells(&self, from: From) -> Vec<Option<(f64, f64, f64)>> {
+        self.modes
+            .iter()
+            .map(|&m| match from {
+                From::Timed(get) => {
+                    median_spread(&self.timed(m).filter_map(get).collect::<Vec<_>>())
+                }
+                From::Metered(get) => self.metered(m).and_then(get).map(|v| (v, v, v)),
+            })
+            .collect()
+    }
 }
 
 /// The comparison: one column a mode (median and spread of the timed runs; counts from
@@ -45,18 +282,31 @@ pub fn table(runs: &[StormReport]) -> String {
     let Some(first) = runs.first() else {
         return out;
     };
-    let modes: Vec<bool> = [false, true]
-        .into_iter()
-        .filter(|m| runs.iter().any(|r| r.with_ccfs == *m))
-        .collect();
-    let timed = |m: bool| runs.iter().filter(move |r| r.with_ccfs == m && !r.metered);
-    let metered = |m: bool| runs.iter().find(|r| r.with_ccfs == m && r.metered);
+    let cols = Columns::of(runs);
+    out.push_str(&heading(first, &cols));
+    out.push_str(&column_heads(&cols.modes));
+    for row in ROWS {
+        out.push_str(&render_row(row, &cols.cells(row.from)));
+    }
+    out.push_str(&login_requests_by_path(&cols));
+    out.push_str(&latencies(&cols));
+    for r in runs {
+        if let Some(e) = &r.error {
+            out.push_str(&format!("\n{}: stopped: {e}\n", r.name()));
+        }
+    }
+    out
+}
+
+/// What ran, on what, and how the values were taken.
+fn heading(first: &StormReport, cols: &Columns) -> String {
+    let runs = cols.runs;
     let order: String = runs
         .iter()
         .filter(|r| !r.metered)
         .map(|r| if r.with_ccfs { 'B' } else { 'A' })
         .collect();
-    out.push_str(&format!(
+    format!(
         "loadgen login-storm: {} users on {} ({}), session {} s, profile {}\n\
          baseline: {}; {}\n\
          times: median (min-max) of {} timed run(s) a mode, order {} (A without ccfs, B with); \
@@ -72,16 +322,20 @@ pub fn table(runs: &[StormReport]) -> String {
         } else {
             "first logins (workstations never used)"
         },
-        timed(modes[0]).count(),
+        cols.timed(cols.modes[0]).count(),
         if order.is_empty() { "-" } else { &order },
         if runs.iter().any(|r| r.metered) {
             "one more run a mode through the share meter"
         } else {
             "none (--no-meter)"
         }
-    ));
-    out.push_str(&format!("{:<38}", ""));
-    for m in &modes {
+    )
+}
+
+/// The line naming the columns (and the ratio's, with both modes).
+fn column_heads(modes: &[bool]) -> String {
+    let mut out = format!("{:<38}", "");
+    for m in modes {
         out.push_str(&format!(
             "{:>22}",
             if *m { "with ccfs" } else { "without ccfs" }
@@ -91,182 +345,44 @@ pub fn table(runs: &[StormReport]) -> String {
         out.push_str(&format!("{:>9}", "ratio"));
     }
     out.push('\n');
-    type Row = (&'static str, From, fn(f64) -> String);
-    let secs = |v: f64| format!("{v:.2}");
-    let count = |v: f64| format!("{v:.0}");
-    let bytes = |v: f64| mb(v as u64);
-    let rows: Vec<Row> = vec![
-        (
-            "time to login p50 (s)",
-            From::Timed(|r| Some(r.time_to_login.p50_s)),
-            secs,
-        ),
-        (
-            "time to login p95 (s)",
-            From::Timed(|r| Some(r.time_to_login.p95_s)),
-            secs,
-        ),
-        (
-            "time to login max (s)",
-            From::Timed(|r| Some(r.time_to_login.max_s)),
-            secs,
-        ),
-        (
-            "  of which ccfs mount p50 (s)",
-            From::Timed(|r| {
-                r.with_ccfs.then(|| {
-                    Summary::of(&r.per_user.iter().map(|u| u.mount_s).collect::<Vec<_>>()).p50_s
-                })
-            }),
-            secs,
-        ),
-        (
-            "logout p50 (s)",
-            From::Timed(|r| Some(r.logout.p50_s)),
-            secs,
-        ),
-        (
-            "logout max (s)",
-            From::Timed(|r| Some(r.logout.max_s)),
-            secs,
-        ),
-        (
-            "login + logout p50 (s)",
-            From::Timed(|r| Some(r.login_plus_logout.p50_s)),
-            secs,
-        ),
-        (
-            "users' start spread (ms)",
-            From::Timed(|r| {
-                let starts = r.per_user.iter().map(|u| u.start_s);
-                Some(starts.fold(0.0, f64::max) * 1000.0)
-            }),
-            |v: f64| format!("{v:.1}"),
-        ),
-        (
-            "server CPU, whole run (s)",
-            From::Timed(|r| r.server_cpu_s),
-            secs,
-        ),
-        (
-            "client CPU: share client (s)",
-            From::Timed(|r| r.client_cpu_s),
-            secs,
-        ),
-        (
-            "client CPU: ccfs daemons (s)",
-            From::Timed(|r| r.ccfs_cpu_s),
-            secs,
-        ),
-        ("  CPU window (s)", From::Timed(|r| r.cpu_window_s), secs),
-        (
-            "share requests, login",
-            From::Metered(|r| r.share_login.as_ref().map(|c| c.total as f64)),
-            count,
-        ),
-        (
-            "share requests, session",
-            From::Metered(|r| r.share_session.as_ref().map(|c| c.total as f64)),
-            count,
-        ),
-        (
-            "share requests, logout",
-            From::Metered(|r| r.share_logout.as_ref().map(|c| c.total as f64)),
-            count,
-        ),
-        (
-            "share writes, login",
-            From::Metered(|r| r.share_login.as_ref().map(|c| c.mutating as f64)),
-            count,
-        ),
-        (
-            "share writes, session",
-            From::Metered(|r| r.share_session.as_ref().map(|c| c.mutating as f64)),
-            count,
-        ),
-        (
-            "share writes, logout",
-            From::Metered(|r| r.share_logout.as_ref().map(|c| c.mutating as f64)),
-            count,
-        ),
-        (
-            "share bytes written, login",
-            From::Metered(|r| r.share_login.as_ref().map(|c| c.write_bytes as f64)),
-            bytes,
-        ),
-        (
-            "share bytes written, session",
-            From::Metered(|r| r.share_session.as_ref().map(|c| c.write_bytes as f64)),
-            bytes,
-        ),
-        (
-            "share bytes written, logout",
-            From::Metered(|r| r.share_logout.as_ref().map(|c| c.write_bytes as f64)),
-            bytes,
-        ),
-        (
-            "share requests, whole run",
-            From::Metered(|r| r.share_whole().map(|c| c.total as f64)),
-            count,
-        ),
-        (
-            "share writes, whole run",
-            From::Metered(|r| r.share_whole().map(|c| c.mutating as f64)),
-            count,
-        ),
-        (
-            "share bytes written, whole run",
-            From::Metered(|r| r.share_whole().map(|c| c.write_bytes as f64)),
-            bytes,
-        ),
-        (
-            "share bytes read, whole run",
-            From::Metered(|r| r.share_whole().map(|c| c.read_bytes as f64)),
-            bytes,
-        ),
-        (
-            "files not found (per user)",
-            From::Timed(|r| per_user(r, |u| u.missing_files)),
-            count,
-        ),
-        (
-            "  of which rebuilt (per user)",
-            From::Timed(|r| per_user(r, |u| u.rebuilt_files)),
-            count,
-        ),
-    ];
-    for (name, from, fmt) in rows {
-        let cells: Vec<Option<(f64, f64, f64)>> = modes
-            .iter()
-            .map(|&m| match &from {
-                From::Timed(get) => median_spread(&timed(m).filter_map(get).collect::<Vec<_>>()),
-                From::Metered(get) => metered(m).and_then(get).map(|v| (v, v, v)),
-            })
-            .collect();
-        if cells.iter().all(Option::is_none) {
-            continue;
-        }
-        out.push_str(&format!("{name:<38}"));
-        for c in &cells {
-            let cell = match c {
-                None => "-".to_string(),
-                Some((m, lo, hi)) if lo < hi => {
-                    format!("{} ({}-{})", fmt(*m), fmt(*lo), fmt(*hi))
-                }
-                Some((m, _, _)) => fmt(*m),
-            };
-            out.push_str(&format!("{cell:>22}"));
-        }
-        if let [Some((a, ..)), Some((b, ..))] = cells[..] {
-            if a > 0.0 && !name.contains("window") {
-                out.push_str(&format!("{:>9.3}", b / a));
-            }
-        }
-        out.push('\n');
+    out
+}
+
+/// One row's line: its label, a cell a column ("-" for none, the spread when the runs
+/// differ), and the ratio with/without when both have a value (not for the CPU window);
+/// nothing when no column has a value.
+fn render_row(row: &Row, cells: &[Option<(f64, f64, f64)>]) -> String {
+    if cells.iter().all(Option::is_none) {
+        return String::new();
     }
-    // Where the login's share requests went, from the metered runs.
-    for m in &modes {
-        let Some(c) = metered(*m).and_then(|r| r.share_login.as_ref()) else {
+    let name = row.label;
+    let fmt = |v: f64| row.unit.show(v);
+    let mut out = format!("{name:<38}");
+    for c in cells {
+        let cell = match c {
+            None => "-".to_string(),
+            Some((m, lo, hi)) if lo < hi => {
+                format!("{} ({}-{})", fmt(*m), fmt(*lo), fmt(*hi))
+            }
+            Some((m, _, _)) => fmt(*m),
+        };
+        out.push_str(&format!("{cell:>22}"));
+    }
+    if let [Some((a, ..)), Some((b, ..))] = cells[..] {
+        if a > 0.0 && !name.contains("window") {
+            out.push_str(&format!("{:>9.3}", b / a));
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// Where the login's share requests went, from the metered runs: the ten paths most
+/// asked for, a list a mode.
+fn login_requests_by_path(cols: &Columns) -> String {
+    let mut out = String::new();
+    for m in &cols.modes {
+        let Some(c) = cols.metered(*m).and_then(|r| r.share_login.as_ref()) else {
             continue;
         };
         if c.by_path.is_empty() {
@@ -284,15 +400,25 @@ pub fn table(runs: &[StormReport]) -> String {
             out.push_str(&format!("  {v:>9}  {k}\n"));
         }
     }
-    for (title, pick) in [
-        (
-            "login",
-            (|r: &StormReport| &r.latency_login) as fn(&StormReport) -> &BTreeMap<_, _>,
-        ),
-        ("session", |r: &StormReport| &r.latency_session),
-    ] {
+    out
+}
+
+/// The login's and the session's operation latencies, from the first timed run of each
+/// mode.
+fn latencies(cols: &Columns) -> String {
+    let mut out = String::new();
+    type Pick = fn(&StormReport) -> &BTreeMap<String, LatencyReport>;
+    let picks: [(&str, Pick); 2] = [
+        ("login", |r| &r.latency_login),
+        ("session", |r| &r.latency_session),
+    ];
+    for (title, pick) in picks {
         // The first timed run of each mode.
-        let shown: Vec<&StormReport> = modes.iter().filter_map(|&m| timed(m).next()).collect();
+        let shown: Vec<&StormReport> = cols
+            .modes
+            .iter()
+            .filter_map(|&m| cols.timed(m).next())
+            .collect();
         if shown.iter().all(|r| pick(r).is_empty()) {
             continue;
         }
@@ -316,11 +442,6 @@ pub fn table(runs: &[StormReport]) -> String {
                     l.max_us / 1000.0
                 ));
             }
-        }
-    }
-    for r in runs {
-        if let Some(e) = &r.error {
-            out.push_str(&format!("\n{}: stopped: {e}\n", r.name()));
         }
     }
     out
