@@ -228,11 +228,6 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
             }
         }
     }
-    let find = |name: &str, c: usize| {
-        runs.iter()
-            .rev()
-            .find(|r| r.name() == name && r.config.clients == c)
-    };
     for &c in &clients {
         for rated in [true, false] {
             let groups: Vec<String> = phases
@@ -243,109 +238,141 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
             if groups.is_empty() {
                 continue;
             }
-            let series: Vec<(String, Vec<Option<f64>>)> = names
-                .iter()
-                .filter_map(|n| {
-                    let r = find(n, c)?;
-                    Some((
-                        n.clone(),
-                        groups
-                            .iter()
-                            .map(|ph| {
-                                phase_of(r, ph).map(|(s, _)| {
-                                    if rated {
-                                        s.avg_mb_s.unwrap_or(0.0)
-                                    } else {
-                                        s.avg_seconds
-                                    }
-                                })
-                            })
-                            .collect(),
-                    ))
-                })
-                .collect();
-            // Local and network filesystems differ by orders of magnitude: a log scale
-            // keeps the slow ones visible.
-            let values: Vec<f64> = series
-                .iter()
-                .flat_map(|(_, v)| v.iter().flatten().copied())
-                .filter(|v| *v > 0.0)
-                .collect();
-            let spread = values.iter().copied().fold(0.0f64, f64::max)
-                / values.iter().copied().fold(f64::INFINITY, f64::min);
-            let log_y = spread.is_finite() && spread > 100.0;
-            let plural = if c == 1 { "" } else { "s" };
-            let (stem, title, y) = if rated {
-                (
-                    format!("throughput-{c}-clients"),
-                    format!("Throughput per phase, {c} client{plural}"),
-                    "wall MB/s",
-                )
-            } else {
-                (
-                    format!("seconds-{c}-clients"),
-                    format!("Delete and stat, {c} client{plural} (lower is better)"),
-                    "seconds",
-                )
-            };
-            out.push((
-                stem,
-                Bars {
-                    title,
-                    y_label: if log_y {
-                        format!("{y} (log)")
-                    } else {
-                        y.into()
-                    },
-                    groups,
-                    series,
-                    log_y,
-                },
-            ));
+            out.push(phase_bars(runs, &names, c, rated, groups));
         }
     }
     let top = clients.iter().copied().max().unwrap_or(1);
     for (ph, _) in &phases {
-        let mut series = Vec::new();
-        let mut op_name = String::new();
-        for n in &names {
-            let Some(r) = find(n, top) else { continue };
-            let Some((_, lat)) = phase_of(r, ph) else {
-                continue;
-            };
-            let Some(op) = report::main_op(ph, &lat) else {
-                continue;
-            };
-            op_name = op.to_string();
-            let l = &lat[op];
-            series.push((
-                n.clone(),
-                vec![
-                    Some(l.p50_us),
-                    Some(l.p90_us),
-                    Some(l.p99_us),
-                    Some(l.p999_us),
-                ],
-            ));
-        }
-        if series.is_empty() {
-            continue;
-        }
-        out.push((
-            format!("latency-{ph}"),
-            Bars {
-                title: format!(
-                    "{ph}: {op_name} latency, {top} client{}",
-                    if top == 1 { "" } else { "s" }
-                ),
-                y_label: "microseconds (log)".into(),
-                groups: vec!["p50".into(), "p90".into(), "p99".into(), "p99.9".into()],
-                series,
-                log_y: true,
-            },
-        ));
+        out.extend(latency_bars(runs, &names, top, ph));
     }
     out
+}
+
+/// The last run named `name` with `c` clients.
+fn latest<'a>(runs: &'a [RunReport], name: &str, c: usize) -> Option<&'a RunReport> {
+    runs.iter()
+        .rev()
+        .find(|r| r.name() == name && r.config.clients == c)
+}
+
+/// The chart of the phases `groups` with `c` clients, a bar a run name: throughput for
+/// the phases that have one (`rated`), else seconds.
+fn phase_bars(
+    runs: &[RunReport],
+    names: &[String],
+    c: usize,
+    rated: bool,
+    groups: Vec<String>,
+) -> (String, Bars) {
+    let series: Vec<(String, Vec<Option<f64>>)> = names
+        .iter()
+        .filter_map(|n| {
+            let r = latest(runs, n, c)?;
+            Some((
+                n.clone(),
+                groups
+                    .iter()
+                    .map(|ph| {
+                        phase_of(r, ph).map(|(s, _)| {
+                            if rated {
+                                s.avg_mb_s.unwrap_or(0.0)
+                            } else {
+                                s.avg_seconds
+                            }
+                        })
+                    })
+                    .collect(),
+            ))
+        })
+        .collect();
+    // Local and network filesystems differ by orders of magnitude: a log scale
+    // keeps the slow ones visible.
+    let values: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .filter(|v| *v > 0.0)
+        .collect();
+    let spread = values.iter().copied().fold(0.0f64, f64::max)
+        / values.iter().copied().fold(f64::INFINITY, f64::min);
+    let log_y = spread.is_finite() && spread > 100.0;
+    let plural = if c == 1 { "" } else { "s" };
+    let (stem, title, y) = if rated {
+        (
+            format!("throughput-{c}-clients"),
+            format!("Throughput per phase, {c} client{plural}"),
+            "wall MB/s",
+        )
+    } else {
+        (
+            format!("seconds-{c}-clients"),
+            format!("Delete and stat, {c} client{plural} (lower is better)"),
+            "seconds",
+        )
+    };
+    (
+        stem,
+        Bars {
+            title,
+            y_label: if log_y {
+                format!("{y} (log)")
+            } else {
+                y.into()
+            },
+            groups,
+            series,
+            log_y,
+        },
+    )
+}
+
+/// The chart of phase `ph`'s main operation's latency percentiles with `top` clients, a
+/// bar a run name; none when no run has it.
+fn latency_bars(
+    runs: &[RunReport],
+    names: &[String],
+    top: usize,
+    ph: &str,
+) -> Option<(String, Bars)> {
+    let mut series = Vec::new();
+    let mut op_name = String::new();
+    for n in names {
+        let Some(r) = latest(runs, n, top) else {
+            continue;
+        };
+        let Some((_, lat)) = phase_of(r, ph) else {
+            continue;
+        };
+        let Some(op) = report::main_op(ph, &lat) else {
+            continue;
+        };
+        op_name = op.to_string();
+        let l = &lat[op];
+        series.push((
+            n.clone(),
+            vec![
+                Some(l.p50_us),
+                Some(l.p90_us),
+                Some(l.p99_us),
+                Some(l.p999_us),
+            ],
+        ));
+    }
+    if series.is_empty() {
+        return None;
+    }
+    Some((
+        format!("latency-{ph}"),
+        Bars {
+            title: format!(
+                "{ph}: {op_name} latency, {top} client{}",
+                if top == 1 { "" } else { "s" }
+            ),
+            y_label: "microseconds (log)".into(),
+            groups: vec!["p50".into(), "p90".into(), "p99".into(), "p99.9".into()],
+            series,
+            log_y: true,
+        },
+    ))
 }
 
 /// The HTML page: where the numbers come from, the tables, the charts.

@@ -10,6 +10,7 @@
 
 pub mod charts;
 pub mod engine;
+pub mod locks;
 pub mod login;
 pub mod pyrandom;
 pub mod remote;

@@ -396,132 +396,40 @@ fn main() -> ExitCode {
         // written, and what the run made is removed.
         loadgen::storm::stop_on_signals();
     }
-    let result = (|| -> Result<(), Error> {
-        match cli.command {
-            Cmd::Compilebench { dir, opts, clients } => {
-                if !opts.net.hosts.is_empty() && clients != 1 {
-                    return Err(user(
-                        "--clients counts clients on this machine; with --hosts use --clients-per-host",
-                    ));
-                }
-                check_common(clients, &opts)?;
-                let schedule = parse_schedule(&opts, COMPILEBENCH_DEFAULT)?;
-                check_outputs(&opts.out)?;
-                let w = make_workload(&opts, &schedule);
-                let r = run_workload("compilebench", &dir, w, &schedule, clients, &opts, true)?;
-                finish(&r)
-            }
-            Cmd::Sweep { dir, opts, clients } => {
-                for &c in &clients {
-                    check_common(c, &opts)?;
-                }
-                let schedule = parse_schedule(&opts, sweep_default())?;
-                check_outputs(&opts.out)?;
-                let w = make_workload(&opts, &schedule);
-                let mut runs = Vec::new();
-                for &c in &clients {
-                    eprintln!("loadgen sweep: {c} clients");
-                    let r = run_workload("sweep", &dir, w.clone(), &schedule, c, &opts, false)?;
-                    let failed = r.error.clone();
-                    runs.push(r);
-                    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Some(e) = failed {
-                        eprintln!("loadgen sweep: stopped at {c} clients: {e}");
-                        break;
-                    }
-                }
-                print!("{}", report::sweep_table(&runs));
-                finish_runs(&runs, &opts.out, true, "--scale")
-            }
-            Cmd::GenerateDocs { dir } => {
-                use clap::CommandFactory;
-                clidocs::generate(Cli::command(), &dir)
-                    .map_err(|e| Error::Failed(format!("cannot write to {}: {e}", dir.display())))
-            }
-            Cmd::Report { results, out, font } => {
-                let mut runs: Vec<RunReport> = Vec::new();
-                let mut storms: Vec<loadgen::storm::StormReport> = Vec::new();
-                for f in &results {
-                    let bytes = std::fs::read(f)
-                        .map_err(|e| user(format!("cannot read {}: {e}", f.display())))?;
-                    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-                        user(format!(
-                            "{} is not JSON ({e}); give files written by --json",
-                            f.display()
-                        ))
-                    })?;
-                    let items = match value {
-                        serde_json::Value::Array(a) => a,
-                        v => vec![v],
-                    };
-                    for item in items {
-                        let bad = |e: serde_json::Error| {
-                            user(format!(
-                                "{} is not a loadgen result ({e}); give files written by --json",
-                                f.display()
-                            ))
-                        };
-                        if item["schema"] == loadgen::storm::SCHEMA {
-                            storms.push(serde_json::from_value(item).map_err(bad)?);
-                        } else {
-                            runs.push(serde_json::from_value(item).map_err(bad)?);
-                        }
-                    }
-                }
-                if runs.is_empty() && storms.is_empty() {
-                    return Err(user("no runs in the given files"));
-                }
-                let written = loadgen::charts::write_report(&runs, &storms, &out, &font).map_err(
-                    |e| match e {
-                        loadgen::charts::ChartError::Font { .. }
-                        | loadgen::charts::ChartError::BadFont(_) => user(e.to_string()),
-                        other => Error::Failed(other.to_string()),
-                    },
-                )?;
-                println!(
-                    "loadgen report: {} runs, {} files in {}",
-                    runs.len() + storms.len(),
-                    written.len(),
-                    out.display()
-                );
-                Ok(())
-            }
-            Cmd::Agent {
-                dir,
-                opts,
-                clients,
-                run_group,
-            } => agent(&dir, &opts, clients, run_group.as_deref()),
-            Cmd::LoginStorm(a) => login_storm(&a),
-            Cmd::Stream(a) => stream(&a),
-            Cmd::Access {
-                dir,
-                files,
-                clients,
-                out,
-            } => {
-                if files == 0 {
-                    return Err(user("--files must be at least 1"));
-                }
-                let opts = RunOpts::plain(4096, out);
-                check_common(clients, &opts)?;
-                check_outputs(&opts.out)?;
-                let schedule = Schedule::Phases(vec![Phase::Create, Phase::DeleteTree]);
-                let r = run_workload(
-                    "access",
-                    &dir,
-                    access_workload(files),
-                    &schedule,
-                    clients,
-                    &opts,
-                    true,
-                )?;
-                finish(&r)
-            }
+    exit_code(dispatch(cli.command))
+}
+
+/// Runs the command.
+fn dispatch(command: Cmd) -> Result<(), Error> {
+    match command {
+        Cmd::Compilebench { dir, opts, clients } => compilebench(&dir, &opts, clients),
+        Cmd::Sweep { dir, opts, clients } => sweep(&dir, &opts, &clients),
+        Cmd::GenerateDocs { dir } => {
+            use clap::CommandFactory;
+            clidocs::generate(Cli::command(), &dir)
+                .map_err(|e| Error::Failed(format!("cannot write to {}: {e}", dir.display())))
         }
-    })();
+        Cmd::Report { results, out, font } => report_command(&results, &out, &font),
+        Cmd::Agent {
+            dir,
+            opts,
+            clients,
+            run_group,
+        } => agent(&dir, &opts, clients, run_group.as_deref()),
+        Cmd::LoginStorm(a) => login_storm(&a),
+        Cmd::Stream(a) => stream(&a),
+        Cmd::Access {
+            dir,
+            files,
+            clients,
+            out,
+        } => access(&dir, files, clients, out),
+    }
+}
+
+/// The exit code of a command's result, its error said on stderr: 2 for the user's
+/// mistake, 1 for a failed run, 130 for an interrupted one.
+fn exit_code(result: Result<(), Error>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Error::User(m)) => {

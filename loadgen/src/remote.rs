@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{ClientResult, Latencies, PhaseResult};
+use crate::locks::Locked;
 use crate::workload::Round;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,7 +115,7 @@ static GO: std::sync::Mutex<Option<std::sync::mpsc::Receiver<bool>>> = std::sync
 pub fn agent_listen(stop: &'static std::sync::atomic::AtomicBool) {
     AGENT_EPOCH.get_or_init(Instant::now);
     let (tx, rx) = std::sync::mpsc::channel();
-    *GO.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+    *GO.locked() = Some(rx);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         let mut line = String::new();
@@ -150,7 +151,7 @@ pub fn agent_gate(phase: usize) -> bool {
         return false;
     }
     drop(out);
-    let go = GO.lock().unwrap_or_else(|p| p.into_inner());
+    let go = GO.locked();
     match go.as_ref() {
         Some(rx) => rx.recv().unwrap_or(false),
         None => false,
@@ -222,12 +223,12 @@ pub struct Hosts {
     pub clients_per_host: usize,
 }
 
-/// Waits for one message from every agent, each checked by `want`; fails naming the host
-/// that did not answer within `timeout`, or when `stop` is set.
 /// What came from an agent before the others had sent theirs (its next round's ready,
 /// or its end after its last result), kept for the next [`from_all`].
 type Early = Vec<VecDeque<Result<AgentMsg, String>>>;
 
+/// Waits for one message from every agent, each checked by `want`; fails naming the host
+/// that did not answer within `timeout`, or when `stop` is set.
 fn from_all(
     agents: &[Agent],
     rx: &Receiver<(usize, Result<AgentMsg, String>)>,
@@ -300,6 +301,24 @@ enum Take {
     Later,
 }
 
+/// The coordinator's side of a multi-host run: the agents, what they send, how long a
+/// wait may take, and the stop flag.
+struct Crew<'a> {
+    agents: Vec<Agent>,
+    rx: Receiver<(usize, Result<AgentMsg, String>)>,
+    early: Early,
+    timeout: Duration,
+    stop: &'a AtomicBool,
+}
+
+impl Crew<'_> {
+    fn send_all(&mut self, word: &str) {
+        for a in self.agents.iter_mut() {
+            a.send(word);
+        }
+    }
+}
+
 /// Runs `rounds` on every host at once: each agent gets `agent_args` (the workload
 /// options, from which it makes the same rounds) and the number of its first client.
 /// Calls `on_phase` with the merged result of each round. A host that does not answer
@@ -313,8 +332,44 @@ pub fn run(
     stop: &AtomicBool,
     mut on_phase: impl FnMut(&PhaseResult),
 ) -> Result<Vec<PhaseResult>, String> {
-    let mut agents = Vec::new();
     let (tx, rx) = std::sync::mpsc::channel();
+    let agents = start_agents(hosts, agent_args, &tx)?;
+    drop(tx);
+    let mut crew = Crew {
+        early: vec![VecDeque::new(); agents.len()],
+        agents,
+        rx,
+        timeout,
+        stop,
+    };
+    let mut results = Vec::new();
+    let outcome = clock_offsets(&mut crew).and_then(|offsets| {
+        for (i, round) in rounds.iter().enumerate() {
+            let pr = play_round(&mut crew, i, round, &offsets)?;
+            on_phase(&pr);
+            let failed = pr.error().is_some();
+            results.push(pr);
+            if failed {
+                return Ok(());
+            }
+        }
+        Ok(())
+    });
+    stop_agents(crew);
+    match outcome {
+        Err(e) if e == "interrupted" => Ok(results),
+        other => other.map(|()| results),
+    }
+}
+
+/// Starts an agent on every host (through the launcher), each reading its stdout on a
+/// thread of its own into `tx`.
+fn start_agents(
+    hosts: &Hosts,
+    agent_args: &[String],
+    tx: &Sender<(usize, Result<AgentMsg, String>)>,
+) -> Result<Vec<Agent>, String> {
+    let mut agents = Vec::new();
     for (k, host) in hosts.names.iter().enumerate() {
         let (prog, pre) = hosts
             .ssh
@@ -346,113 +401,116 @@ pub fn run(
             stdin,
         });
     }
-    drop(tx);
-    let mut early: Early = vec![VecDeque::new(); agents.len()];
-    let mut results = Vec::new();
+    Ok(agents)
+}
+
+/// Each agent's clock against ours: five pings, the shortest round trip kept. Returns,
+/// an agent each, its clock's offset (nanoseconds) and that round trip.
+fn clock_offsets(crew: &mut Crew) -> Result<Vec<(i128, u64)>, String> {
     let origin = Instant::now();
-    let mut offsets: Vec<(i128, u64)> = vec![(0, u64::MAX); agents.len()];
-    let outcome = (|| -> Result<(), String> {
-        // Each agent's clock against ours: five pings, the shortest round trip kept.
-        for _ in 0..5 {
-            let sent = origin.elapsed().as_nanos();
-            for a in agents.iter_mut() {
-                a.send("ping");
-            }
-            from_all(
-                &agents,
-                &rx,
-                &mut early,
-                timeout,
-                stop,
-                "answer a ping",
-                |k, m| match m {
-                    AgentMsg::Pong(theirs) => {
-                        let back = origin.elapsed().as_nanos();
-                        let rtt = back.saturating_sub(sent);
-                        let mid = (back - rtt / 2) as i128;
-                        if (rtt as u64) < offsets[k].1 {
-                            offsets[k] = (i128::from(*theirs) - mid, rtt as u64);
-                        }
-                        Ok(Take::Mine)
+    let mut offsets: Vec<(i128, u64)> = vec![(0, u64::MAX); crew.agents.len()];
+    for _ in 0..5 {
+        let sent = origin.elapsed().as_nanos();
+        crew.send_all("ping");
+        from_all(
+            &crew.agents,
+            &crew.rx,
+            &mut crew.early,
+            crew.timeout,
+            crew.stop,
+            "answer a ping",
+            |k, m| match m {
+                AgentMsg::Pong(theirs) => {
+                    let back = origin.elapsed().as_nanos();
+                    let rtt = back.saturating_sub(sent);
+                    let mid = (back - rtt / 2) as i128;
+                    if (rtt as u64) < offsets[k].1 {
+                        offsets[k] = (i128::from(*theirs) - mid, rtt as u64);
                     }
-                    _ => Ok(Take::Later),
-                },
-            )?;
-        }
-        for (i, round) in rounds.iter().enumerate() {
-            let phase = round.timed.phase;
-            // Preparing can take as long as a round.
-            from_all(
-                &agents,
-                &rx,
-                &mut early,
-                timeout,
-                stop,
-                "get ready",
-                |k, m| match m {
-                    AgentMsg::Ready(n) if *n == i => Ok(Take::Mine),
-                    other => Err(format!(
-                        "{}: expected ready {i}, got {other:?}",
-                        agents[k].host
-                    )),
-                },
-            )?;
-            // The cross-host barrier: every host prepared, all start now.
-            for a in agents.iter_mut() {
-                a.send("go");
-            }
-            let mut clients = Vec::new();
-            let mut latencies = Latencies::new();
-            from_all(
-                &agents,
-                &rx,
-                &mut early,
-                timeout,
-                stop,
-                "finish the round",
-                |k, m| match m {
-                    AgentMsg::Result(w)
-                        if w.phase == phase.name() && w.tree == round.timed.tree =>
-                    {
-                        clients.extend(from_wire(w, offsets[k].0));
-                        latencies.merge(&Latencies::from_wire(&w.latencies));
-                        Ok(Take::Mine)
-                    }
-                    other => Err(format!(
-                        "{}: expected the {} result, got {other:?}",
-                        agents[k].host,
-                        phase.name()
-                    )),
-                },
-            )?;
-            clients.sort_by_key(|c| c.client);
-            // From the first client's start, on the coordinator's clock.
-            let first = clients.iter().map(|c| c.start).min().unwrap_or_default();
-            for c in clients.iter_mut() {
-                c.start -= first;
-                c.end = c.end.saturating_sub(first);
-            }
-            let pr = PhaseResult::new(phase, round.timed.tree, clients, latencies);
-            on_phase(&pr);
-            let failed = pr.error().is_some();
-            results.push(pr);
-            if failed {
-                return Ok(());
-            }
-        }
-        Ok(())
-    })();
-    for a in agents.iter_mut() {
-        a.send("stop");
+                    Ok(Take::Mine)
+                }
+                _ => Ok(Take::Later),
+            },
+        )?;
     }
-    // Agents clean up, then end; one that does not within the timeout is ended here.
+    Ok(offsets)
+}
+
+/// Round `i` on every host: each gets ready, all go at once (the cross-host barrier),
+/// and their results are merged on the coordinator's clock.
+fn play_round(
+    crew: &mut Crew,
+    i: usize,
+    round: &Round,
+    offsets: &[(i128, u64)],
+) -> Result<PhaseResult, String> {
+    let phase = round.timed.phase;
+    // Preparing can take as long as a round.
+    from_all(
+        &crew.agents,
+        &crew.rx,
+        &mut crew.early,
+        crew.timeout,
+        crew.stop,
+        "get ready",
+        |k, m| match m {
+            AgentMsg::Ready(n) if *n == i => Ok(Take::Mine),
+            other => Err(format!(
+                "{}: expected ready {i}, got {other:?}",
+                crew.agents[k].host
+            )),
+        },
+    )?;
+    // The cross-host barrier: every host prepared, all start now.
+    crew.send_all("go");
+    let mut clients = Vec::new();
+    let mut latencies = Latencies::new();
+    from_all(
+        &crew.agents,
+        &crew.rx,
+        &mut crew.early,
+        crew.timeout,
+        crew.stop,
+        "finish the round",
+        |k, m| match m {
+            AgentMsg::Result(w) if w.phase == phase.name() && w.tree == round.timed.tree => {
+                clients.extend(from_wire(w, offsets[k].0));
+                latencies.merge(&Latencies::from_wire(&w.latencies));
+                Ok(Take::Mine)
+            }
+            other => Err(format!(
+                "{}: expected the {} result, got {other:?}",
+                crew.agents[k].host,
+                phase.name()
+            )),
+        },
+    )?;
+    clients.sort_by_key(|c| c.client);
+    // From the first client's start, on the coordinator's clock.
+    let first = clients.iter().map(|c| c.start).min().unwrap_or_default();
+    for c in clients.iter_mut() {
+        c.start -= first;
+        c.end = c.end.saturating_sub(first);
+    }
+    Ok(PhaseResult::new(
+        phase,
+        round.timed.tree,
+        clients,
+        latencies,
+    ))
+}
+
+/// Tells every agent to stop; agents clean up, then end; one that does not within the
+/// timeout is ended here.
+fn stop_agents(mut crew: Crew) {
+    crew.send_all("stop");
     let start = Instant::now();
-    for mut a in agents {
+    for mut a in crew.agents {
         drop(a.stdin);
         loop {
             match a.child.try_wait() {
                 Ok(Some(_)) | Err(_) => break,
-                Ok(None) if start.elapsed() > timeout => {
+                Ok(None) if start.elapsed() > crew.timeout => {
                     let _ = a.child.kill();
                     let _ = a.child.wait();
                     break;
@@ -460,9 +518,5 @@ pub fn run(
                 Ok(None) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
-    }
-    match outcome {
-        Err(e) if e == "interrupted" => Ok(results),
-        other => other.map(|()| results),
     }
 }

@@ -1,10 +1,12 @@
 //! One file per command, and the run directories they share.
 
+pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod rundir;
 pub(crate) mod storm;
 pub(crate) mod stream;
 
+pub(crate) use report::*;
 pub(crate) use run::*;
 pub(crate) use rundir::*;
 pub(crate) use storm::*;

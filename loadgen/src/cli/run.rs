@@ -2,6 +2,74 @@
 
 use crate::*;
 
+/// `loadgen compilebench`: one run, its report written and summed up.
+pub(crate) fn compilebench(dir: &Path, opts: &RunOpts, clients: usize) -> Result<(), Error> {
+    if !opts.net.hosts.is_empty() && clients != 1 {
+        return Err(user(
+            "--clients counts clients on this machine; with --hosts use --clients-per-host",
+        ));
+    }
+    check_common(clients, opts)?;
+    let schedule = parse_schedule(opts, COMPILEBENCH_DEFAULT)?;
+    check_outputs(&opts.out)?;
+    let w = make_workload(opts, &schedule);
+    let r = run_workload("compilebench", dir, w, &schedule, clients, opts, true)?;
+    finish(&r)
+}
+
+/// `loadgen sweep`: one run for each number of clients, until one fails or a signal
+/// stops it, then the sweep's table.
+pub(crate) fn sweep(dir: &Path, opts: &RunOpts, clients: &[usize]) -> Result<(), Error> {
+    for &c in clients {
+        check_common(c, opts)?;
+    }
+    let schedule = parse_schedule(opts, sweep_default())?;
+    check_outputs(&opts.out)?;
+    let w = make_workload(opts, &schedule);
+    let mut runs = Vec::new();
+    for &c in clients {
+        eprintln!("loadgen sweep: {c} clients");
+        let r = run_workload("sweep", dir, w.clone(), &schedule, c, opts, false)?;
+        let failed = r.error.clone();
+        runs.push(r);
+        if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
+        if let Some(e) = failed {
+            eprintln!("loadgen sweep: stopped at {c} clients: {e}");
+            break;
+        }
+    }
+    print!("{}", report::sweep_table(&runs));
+    finish_runs(&runs, &opts.out, true, "--scale")
+}
+
+/// `loadgen access`: `files` files created and removed by each client.
+pub(crate) fn access(
+    dir: &Path,
+    files: usize,
+    clients: usize,
+    out: OutputOpts,
+) -> Result<(), Error> {
+    if files == 0 {
+        return Err(user("--files must be at least 1"));
+    }
+    let opts = RunOpts::plain(4096, out);
+    check_common(clients, &opts)?;
+    check_outputs(&opts.out)?;
+    let schedule = Schedule::Phases(vec![Phase::Create, Phase::DeleteTree]);
+    let r = run_workload(
+        "access",
+        dir,
+        access_workload(files),
+        &schedule,
+        clients,
+        &opts,
+        true,
+    )?;
+    finish(&r)
+}
+
 /// The rounds' schedule from the options; `default` when neither --phases nor --runs.
 pub(crate) fn parse_schedule(opts: &RunOpts, default: Schedule) -> Result<Schedule, Error> {
     if opts.phases.is_some() && (opts.runs.is_some() || opts.initial_dirs.is_some()) {
@@ -189,38 +257,8 @@ pub(crate) fn run_workload(
     let json = opts.out.json.as_deref().filter(|_| to_files);
     let csv = opts.out.csv.as_deref().filter(|_| to_files);
     let mut warnings = Vec::new();
-    let hosts = (!opts.net.hosts.is_empty()).then(|| remote::Hosts {
-        names: opts.net.hosts.clone(),
-        ssh: opts
-            .net
-            .ssh_command
-            .split_whitespace()
-            .map(str::to_string)
-            .collect(),
-        remote_loadgen: opts.net.remote_loadgen.clone().unwrap_or_else(|| {
-            std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "loadgen".into())
-        }),
-        clients_per_host: opts.net.clients_per_host,
-    });
-    // Caches are dropped where the clients run: here for a local run (root only), by the
-    // agents on their hosts.
-    let drop_caches = !opts.no_sync && !opts.no_drop_caches;
-    let dropped = if drop_caches && hosts.is_none() {
-        let ok = engine::drop_caches();
-        if !ok {
-            warnings.push(
-                "caches were not dropped between operations: that needs root (run as root, \
-                 or pass --no-drop-caches to say so)"
-                    .to_string(),
-            );
-            eprintln!("loadgen: note: dropping caches needs root; running without");
-        }
-        ok
-    } else {
-        drop_caches
-    };
+    let hosts = hosts(opts);
+    let dropped = drop_caches_here(opts, hosts.is_some(), &mut warnings);
     let clients = match &hosts {
         Some(h) => h.names.len() * h.clients_per_host,
         None => clients,
@@ -250,56 +288,16 @@ pub(crate) fn run_workload(
     let rounds = workload.rounds.clone();
     let workload_totals = workload.files_per_round();
     let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
-    let (mode, initial_dirs, runs) = match schedule {
-        _ if opts.stream.is_some() => ("stream", 0, rounds.len()),
-        Schedule::Random { initial, runs } => ("random", *initial, *runs),
-        Schedule::Phases(p) => ("phases", 0, p.len()),
-    };
-    let mut report = RunReport {
-        schema: report::SCHEMA.to_string(),
-        tool: "loadgen".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        command: command.into(),
-        args: std::env::args().collect(),
-        seed: opts.seed,
-        started_at_unix: now_unix(),
-        target: target.describe(),
-        label: opts.out.label.clone(),
-        environment: Environment::probe(&target),
-        config: RunConfig {
-            clients,
-            mode: mode.into(),
-            phases: match schedule {
-                Schedule::Phases(p) => p.iter().map(|p| p.name().to_string()).collect(),
-                Schedule::Random { .. } => names.iter().map(|n| n.to_string()).collect(),
-            },
-            initial_dirs,
-            runs,
-            scale: opts.scale,
-            write_size: opts.write_size,
-            fsync: opts.fsync,
-            sync: !opts.no_sync,
-            drop_caches: dropped,
-            read_other: cfg.read_other,
-            read_other_means: if cfg.read_other {
-                if hosts.is_some() {
-                    "the tree of the next client on the same host".into()
-                } else {
-                    "the tree of the next client".into()
-                }
-            } else {
-                String::new()
-            },
-            native_order: cfg.native_order,
-            threads: cfg.threads,
-            direct: cfg.direct,
-        },
-        phases: Vec::new(),
-        summary: Vec::new(),
-        complete: false,
-        error: None,
-        warnings,
-    };
+    let mut report = new_report(
+        command,
+        schedule,
+        opts,
+        &target,
+        &cfg,
+        &names,
+        hosts.is_some(),
+    );
+    report.warnings = warnings;
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
     let totals = workload_totals.iter().map(|n| n * clients as u64).collect();
@@ -329,66 +327,28 @@ pub(crate) fn run_workload(
             }
         }
     };
-    let stop = &loadgen::login::INTERRUPTED;
-    let (results, left, hung, host_error) = match &hosts {
-        None => {
-            let o = engine::run(&cfg, &progress, stop, on_phase);
-            (o.phases.len(), o.left, o.hung, None)
-        }
-        Some(h) => {
-            let mut args = agent_args(dir, schedule, opts);
-            // The agents' run directories name this run: on a directory the hosts share,
-            // each sees the others' and knows them for its siblings.
-            let group = format!("{}-{}-{}", hostname(), std::process::id(), now_unix());
-            args.extend(["--run-group".to_string(), group]);
-            match remote::run(
-                h,
-                &rounds,
-                &args,
-                Duration::from_secs(opts.limits.phase_timeout),
-                stop,
-                on_phase,
-            ) {
-                Ok(r) => (r.len(), Vec::new(), false, None),
-                Err(e) => (0, Vec::new(), false, Some(e)),
-            }
-        }
-    };
+    let ran = run_clients(
+        &cfg,
+        hosts.as_ref(),
+        dir,
+        schedule,
+        opts,
+        &rounds,
+        &progress,
+        on_phase,
+    );
     done.store(true, Ordering::Relaxed);
-    if let Some(e) = host_error {
-        report.error = Some(format!("multi-host run: {e}"));
-        report.warnings.push(format!(
-            "a host that stopped may have left its run directory (loadgen-run-* in {}); \
-             look there on that host and remove it",
-            dir.display()
-        ));
-    }
-    if stop.load(Ordering::Relaxed) {
-        report.error = Some("interrupted by a signal".into());
-    }
-    report.complete = report.error.is_none() && results == rounds.len();
-    report
-        .warnings
-        .extend(left.into_iter().map(|l| format!("cleanup left: {l}")));
-    if hung {
-        report.error = Some(format!(
-            "{} did not answer: {}",
-            target.describe(),
-            report.error.clone().unwrap_or_default()
-        ));
-        report.warnings.push(format!(
-            "{} is left in place (the target did not answer, so nothing could be removed); \
-             remove it with `rm -r {}` once the target answers again",
-            run_dir.display(),
-            run_dir.display()
-        ));
-    } else if !opts.out.keep && hosts.is_none() {
-        if let Some(w) = finish_run_dir(&target, &run_dir) {
-            report.warnings.push(w);
-        }
-    } else if hosts.is_none() {
-        mark_kept(&target, &run_dir);
-    }
+    let hung = ran.hung;
+    settle_report(&mut report, ran, rounds.len(), dir, &target);
+    let multi_host = hosts.is_some();
+    leave_run_dir(
+        &mut report,
+        &target,
+        &run_dir,
+        hung,
+        opts.out.keep,
+        multi_host,
+    );
     if let Some(j) = json {
         write_out(j, &report::to_json(&report))
             .map_err(|e| Error::Failed(format!("cannot write {}: {e}", j.display())))?;
@@ -401,6 +361,227 @@ pub(crate) fn run_workload(
         report.warnings.push(e);
     }
     Ok(report)
+}
+
+/// The hosts of a multi-host run (`--hosts`), and how to reach them.
+fn hosts(opts: &RunOpts) -> Option<remote::Hosts> {
+    (!opts.net.hosts.is_empty()).then(|| remote::Hosts {
+        names: opts.net.hosts.clone(),
+        ssh: opts
+            .net
+            .ssh_command
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        remote_loadgen: opts.net.remote_loadgen.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "loadgen".into())
+        }),
+        clients_per_host: opts.net.clients_per_host,
+    })
+}
+
+/// Whether caches are dropped between operations. They are dropped where the clients
+/// run: here for a local run (root only; tried now, with a warning when it cannot), by
+/// the agents on their hosts.
+fn drop_caches_here(opts: &RunOpts, multi_host: bool, warnings: &mut Vec<String>) -> bool {
+    let drop_caches = !opts.no_sync && !opts.no_drop_caches;
+    if drop_caches && !multi_host {
+        let ok = engine::drop_caches();
+        if !ok {
+            warnings.push(
+                "caches were not dropped between operations: that needs root (run as root, \
+                 or pass --no-drop-caches to say so)"
+                    .to_string(),
+            );
+            eprintln!("loadgen: note: dropping caches needs root; running without");
+        }
+        ok
+    } else {
+        drop_caches
+    }
+}
+
+/// The report of a run about to start: what runs where, with which settings; no phases
+/// yet.
+fn new_report(
+    command: &str,
+    schedule: &Schedule,
+    opts: &RunOpts,
+    target: &Target,
+    cfg: &engine::Config,
+    names: &[&'static str],
+    multi_host: bool,
+) -> RunReport {
+    let (mode, initial_dirs, runs) = match schedule {
+        _ if opts.stream.is_some() => ("stream", 0, names.len()),
+        Schedule::Random { initial, runs } => ("random", *initial, *runs),
+        Schedule::Phases(p) => ("phases", 0, p.len()),
+    };
+    RunReport {
+        schema: report::SCHEMA.to_string(),
+        tool: "loadgen".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        command: command.into(),
+        args: std::env::args().collect(),
+        seed: opts.seed,
+        started_at_unix: now_unix(),
+        target: target.describe(),
+        label: opts.out.label.clone(),
+        environment: Environment::probe(target),
+        config: RunConfig {
+            clients: cfg.clients,
+            mode: mode.into(),
+            phases: match schedule {
+                Schedule::Phases(p) => p.iter().map(|p| p.name().to_string()).collect(),
+                Schedule::Random { .. } => names.iter().map(|n| n.to_string()).collect(),
+            },
+            initial_dirs,
+            runs,
+            scale: opts.scale,
+            write_size: opts.write_size,
+            fsync: opts.fsync,
+            sync: !opts.no_sync,
+            drop_caches: cfg.drop_caches,
+            read_other: cfg.read_other,
+            read_other_means: if cfg.read_other {
+                if multi_host {
+                    "the tree of the next client on the same host".into()
+                } else {
+                    "the tree of the next client".into()
+                }
+            } else {
+                String::new()
+            },
+            native_order: cfg.native_order,
+            threads: cfg.threads,
+            direct: cfg.direct,
+        },
+        phases: Vec::new(),
+        summary: Vec::new(),
+        complete: false,
+        error: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// How the clients' run ended.
+struct Ran {
+    /// Rounds with a result.
+    results: usize,
+    /// What the cleanup could not remove.
+    left: Vec<String>,
+    /// A round passed its deadline with calls in flight.
+    hung: bool,
+    /// Why a multi-host run ended early.
+    host_error: Option<String>,
+}
+
+/// Runs the clients: here with the engine, or on the hosts through their agents (each
+/// told this run's group, so that agents on a shared directory know each other's run
+/// directories).
+#[allow(clippy::too_many_arguments)]
+fn run_clients(
+    cfg: &engine::Config,
+    hosts: Option<&remote::Hosts>,
+    dir: &Path,
+    schedule: &Schedule,
+    opts: &RunOpts,
+    rounds: &[workload::Round],
+    progress: &Progress,
+    on_phase: impl FnMut(&engine::PhaseResult),
+) -> Ran {
+    let stop = &loadgen::login::INTERRUPTED;
+    match hosts {
+        None => {
+            let o = engine::run(cfg, progress, stop, on_phase);
+            Ran {
+                results: o.phases.len(),
+                left: o.left,
+                hung: o.hung,
+                host_error: None,
+            }
+        }
+        Some(h) => {
+            let mut args = agent_args(dir, schedule, opts);
+            // The agents' run directories name this run: on a directory the hosts share,
+            // each sees the others' and knows them for its siblings.
+            let group = format!("{}-{}-{}", hostname(), std::process::id(), now_unix());
+            args.extend(["--run-group".to_string(), group]);
+            let (results, host_error) = match remote::run(
+                h,
+                rounds,
+                &args,
+                Duration::from_secs(opts.limits.phase_timeout),
+                stop,
+                on_phase,
+            ) {
+                Ok(r) => (r.len(), None),
+                Err(e) => (0, Some(e)),
+            };
+            Ran {
+                results,
+                left: Vec::new(),
+                hung: false,
+                host_error,
+            }
+        }
+    }
+}
+
+/// The report's end: why the run stopped (a host, a signal, a target that did not
+/// answer), whether it is complete, and what the cleanup left.
+fn settle_report(report: &mut RunReport, ran: Ran, rounds: usize, dir: &Path, target: &Target) {
+    if let Some(e) = ran.host_error {
+        report.error = Some(format!("multi-host run: {e}"));
+        report.warnings.push(format!(
+            "a host that stopped may have left its run directory (loadgen-run-* in {}); \
+             look there on that host and remove it",
+            dir.display()
+        ));
+    }
+    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+        report.error = Some("interrupted by a signal".into());
+    }
+    report.complete = report.error.is_none() && ran.results == rounds;
+    report
+        .warnings
+        .extend(ran.left.into_iter().map(|l| format!("cleanup left: {l}")));
+    if ran.hung {
+        report.error = Some(format!(
+            "{} did not answer: {}",
+            target.describe(),
+            report.error.clone().unwrap_or_default()
+        ));
+    }
+}
+
+/// The run directory after the run: left in place when the target did not answer,
+/// removed unless kept, marked as kept otherwise (a local run's; the agents see to
+/// theirs).
+fn leave_run_dir(
+    report: &mut RunReport,
+    target: &Target,
+    run_dir: &Path,
+    hung: bool,
+    keep: bool,
+    multi_host: bool,
+) {
+    if hung {
+        report.warnings.push(format!(
+            "{} is left in place (the target did not answer, so nothing could be removed); \
+             remove it with `rm -r {}` once the target answers again",
+            run_dir.display(),
+            run_dir.display()
+        ));
+    } else if !keep && !multi_host {
+        if let Some(w) = finish_run_dir(target, run_dir) {
+            report.warnings.push(w);
+        }
+    } else if !multi_host {
+        mark_kept(target, run_dir);
+    }
 }
 
 /// The engine's settings for this host's clients, from the command line.

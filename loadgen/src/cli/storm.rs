@@ -4,43 +4,8 @@ use crate::*;
 
 /// Checks the login-storm arguments and builds its configuration.
 pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
-    use loadgen::login::Profile;
-    if a.users == 0 || a.users > 1000 {
-        return Err(user("--users must be between 1 and 1000"));
-    }
-    if a.session > 86_400 {
-        return Err(user("--session is in seconds, at most 86400 (one day)"));
-    }
-    if a.repeat == 0 || a.repeat > 50 {
-        return Err(user("--repeat must be between 1 and 50"));
-    }
-    if a.cpu_window.is_some_and(|w| w == 0 || w > 86_400 * 2) {
-        return Err(user(
-            "--cpu-window is in seconds, between 1 and 172800 (two days)",
-        ));
-    }
-    if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {
-        return Err(user(
-            "--remount is empty; give the command that mounts the share's client again",
-        ));
-    }
-    let share = a.share.canonicalize().map_err(|e| {
-        user(format!(
-            "--share {} is not usable: {e}; give an existing directory on the share",
-            a.share.display()
-        ))
-    })?;
-    if !share.is_dir() {
-        return Err(user(format!(
-            "--share {} is not a directory",
-            share.display()
-        )));
-    }
-    // Root makes the homes and the mount points there (fusermount3 mounts where a path
-    // leads): no other user may be able to swap them.
-    if let Some(why) = unsafe_for_root(&a.share) {
-        return Err(user(format!("--share: {why}")));
-    }
+    check_numbers(a)?;
+    let share = checked_share(a)?;
     let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
     let work_abs = std::env::current_dir()
         .map(|d| d.join(&a.work))
@@ -56,37 +21,8 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
     {
         return Err(user(format!("--work: {why}")));
     }
-    let (profile, profile_name) = match &a.profile {
-        None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| user(format!("cannot read --profile {}: {e}", p.display())))?;
-            let prof = Profile::parse(&text)
-                .map_err(|e| user(format!("--profile {}: {e}", p.display())))?;
-            (prof, p.display().to_string())
-        }
-    };
-    let ccfs = match &a.ccfs {
-        Some(c) => c.clone(),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join("ccfs")))
-            .filter(|c| c.is_file())
-            .unwrap_or_else(|| PathBuf::from("ccfs")),
-    };
-    let needs_ccfs = a.with_ccfs || a.compare || !a.no_meter;
-    if needs_ccfs
-        && Command::new(&ccfs)
-            .arg("--version")
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-    {
-        return Err(user(format!(
-            "cannot run ccfs ({}); build it (cargo build --release) or pass --ccfs PATH",
-            ccfs.display()
-        )));
-    }
+    let (profile, profile_name) = profile(a)?;
+    let ccfs = ccfs(a)?;
     let ccfs_config = match &a.ccfs_config {
         None => None,
         Some(c) => Some(
@@ -94,24 +30,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
                 .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?,
         ),
     };
-    let mut pids = a.server_pids.clone();
-    if let Some(f) = &a.server_pids_file {
-        pids.extend(
-            loadgen::storm::read_pids_file(f)
-                .map_err(|e| user(format!("--server-pids-file: {e}")))?,
-        );
-    }
-    let client_pids_file = match &a.client_pids_file {
-        None => None,
-        Some(f) => {
-            loadgen::storm::read_pids_file(f)
-                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
-            Some(
-                f.canonicalize()
-                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
-            )
-        }
-    };
+    let (pids, client_pids_file) = measured_processes(a)?;
     let cpu_window = match a.cpu_window {
         Some(w) => Some(Duration::from_secs(w)),
         None if !pids.is_empty() || client_pids_file.is_some() => {
@@ -119,30 +38,9 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         }
         None => None,
     };
-    if let Some(j) = &a.json {
-        let parent = match j.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if let Some(why) = unsafe_for_root(parent) {
-            return Err(user(format!("--json {}: {why}", j.display())));
-        }
-    }
+    check_json(a)?;
     // Made last: bad input changes nothing.
-    let existed = a.work.exists();
-    std::fs::create_dir_all(&a.work)
-        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
-    // Again now that it exists: someone may have made it first.
-    if let Some(why) = unsafe_for_root(&a.work) {
-        if !existed {
-            let _ = std::fs::remove_dir(&a.work);
-        }
-        return Err(user(format!("--work: {why}")));
-    }
-    let work = a
-        .work
-        .canonicalize()
-        .map_err(|e| user(format!("--work: {e}")))?;
+    let work = made_work(a)?;
     if !outside(&work) {
         return Err(user(WORK_OUTSIDE));
     }
@@ -169,6 +67,151 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         keep: a.keep,
         label: a.label.clone(),
     })
+}
+
+/// Checks the numbers and the `--remount` command against their limits.
+fn check_numbers(a: &StormArgs) -> Result<(), Error> {
+    if a.users == 0 || a.users > 1000 {
+        return Err(user("--users must be between 1 and 1000"));
+    }
+    if a.session > 86_400 {
+        return Err(user("--session is in seconds, at most 86400 (one day)"));
+    }
+    if a.repeat == 0 || a.repeat > 50 {
+        return Err(user("--repeat must be between 1 and 50"));
+    }
+    if a.cpu_window.is_some_and(|w| w == 0 || w > 86_400 * 2) {
+        return Err(user(
+            "--cpu-window is in seconds, between 1 and 172800 (two days)",
+        ));
+    }
+    if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        return Err(user(
+            "--remount is empty; give the command that mounts the share's client again",
+        ));
+    }
+    Ok(())
+}
+
+/// The share, resolved: an existing directory that no other user can swap.
+fn checked_share(a: &StormArgs) -> Result<PathBuf, Error> {
+    let share = a.share.canonicalize().map_err(|e| {
+        user(format!(
+            "--share {} is not usable: {e}; give an existing directory on the share",
+            a.share.display()
+        ))
+    })?;
+    if !share.is_dir() {
+        return Err(user(format!(
+            "--share {} is not a directory",
+            share.display()
+        )));
+    }
+    // Root makes the homes and the mount points there (fusermount3 mounts where a path
+    // leads): no other user may be able to swap them.
+    if let Some(why) = unsafe_for_root(&a.share) {
+        return Err(user(format!("--share: {why}")));
+    }
+    Ok(share)
+}
+
+/// The home profile, and the name it is reported under: the shipped one, or
+/// `--profile`'s.
+fn profile(a: &StormArgs) -> Result<(loadgen::login::Profile, String), Error> {
+    use loadgen::login::Profile;
+    Ok(match &a.profile {
+        None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| user(format!("cannot read --profile {}: {e}", p.display())))?;
+            let prof = Profile::parse(&text)
+                .map_err(|e| user(format!("--profile {}: {e}", p.display())))?;
+            (prof, p.display().to_string())
+        }
+    })
+}
+
+/// The ccfs binary (`--ccfs`, else the one beside loadgen, else from PATH), checked to
+/// run when the storm needs it.
+fn ccfs(a: &StormArgs) -> Result<PathBuf, Error> {
+    let ccfs = match &a.ccfs {
+        Some(c) => c.clone(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("ccfs")))
+            .filter(|c| c.is_file())
+            .unwrap_or_else(|| PathBuf::from("ccfs")),
+    };
+    let needs_ccfs = a.with_ccfs || a.compare || !a.no_meter;
+    if needs_ccfs
+        && Command::new(&ccfs)
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+    {
+        return Err(user(format!(
+            "cannot run ccfs ({}); build it (cargo build --release) or pass --ccfs PATH",
+            ccfs.display()
+        )));
+    }
+    Ok(ccfs)
+}
+
+/// The server processes whose CPU is measured, and the file listing the client's
+/// (checked readable now, read again before every run).
+fn measured_processes(a: &StormArgs) -> Result<(Vec<u32>, Option<PathBuf>), Error> {
+    let mut pids = a.server_pids.clone();
+    if let Some(f) = &a.server_pids_file {
+        pids.extend(
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--server-pids-file: {e}")))?,
+        );
+    }
+    let client_pids_file = match &a.client_pids_file {
+        None => None,
+        Some(f) => {
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
+            Some(
+                f.canonicalize()
+                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
+            )
+        }
+    };
+    Ok((pids, client_pids_file))
+}
+
+/// Checks that `--json`'s directory is safe for root to write in.
+fn check_json(a: &StormArgs) -> Result<(), Error> {
+    if let Some(j) = &a.json {
+        let parent = match j.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Some(why) = unsafe_for_root(parent) {
+            return Err(user(format!("--json {}: {why}", j.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Makes the scratch space `--work` and checks it again once it exists (someone may have
+/// made it first); returns it resolved.
+fn made_work(a: &StormArgs) -> Result<PathBuf, Error> {
+    let existed = a.work.exists();
+    std::fs::create_dir_all(&a.work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+    // Again now that it exists: someone may have made it first.
+    if let Some(why) = unsafe_for_root(&a.work) {
+        if !existed {
+            let _ = std::fs::remove_dir(&a.work);
+        }
+        return Err(user(format!("--work: {why}")));
+    }
+    a.work
+        .canonicalize()
+        .map_err(|e| user(format!("--work: {e}")))
 }
 
 pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {

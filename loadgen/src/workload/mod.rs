@@ -66,13 +66,13 @@ impl Datasets {
     pub fn embedded() -> Self {
         let p = |t: &str| parse(t).unwrap_or_default();
         Self {
-            unpatched: p(include_str!("../data/compilebench/dataset-unpatched")),
+            unpatched: p(include_str!("../../data/compilebench/dataset-unpatched")),
             unpatched_compiled: p(include_str!(
-                "../data/compilebench/dataset-unpatched-compiled"
+                "../../data/compilebench/dataset-unpatched-compiled"
             )),
-            patched: p(include_str!("../data/compilebench/dataset-patched")),
+            patched: p(include_str!("../../data/compilebench/dataset-patched")),
             patched_compiled: p(include_str!(
-                "../data/compilebench/dataset-patched-compiled"
+                "../../data/compilebench/dataset-patched-compiled"
             )),
         }
     }
@@ -346,6 +346,36 @@ impl Kind {
     pub fn compiled(self) -> bool {
         matches!(self, Kind::UnpatchedCompiled | Kind::PatchedCompiled)
     }
+
+    /// compilebench's patch of a tree not patched yet (unpatched, or compiled unpatched):
+    /// the list it writes and the state it leaves.
+    fn patching(self) -> (ListId, Kind) {
+        if self == Kind::Unpatched {
+            (ListId::Patch, Kind::Patched)
+        } else {
+            (ListId::CompilePatched, Kind::PatchedCompiled)
+        }
+    }
+
+    /// compilebench's compile of a tree not compiled (unpatched or patched): the list it
+    /// writes and the state it leaves.
+    fn compiling(self) -> (ListId, Kind) {
+        if self == Kind::Unpatched {
+            (ListId::Compile, Kind::UnpatchedCompiled)
+        } else {
+            (ListId::CompilePatched, Kind::PatchedCompiled)
+        }
+    }
+
+    /// compilebench's clean of a compiled tree: the list it unlinks and the state it
+    /// leaves.
+    fn cleaning(self) -> (ListId, Kind) {
+        if self == Kind::UnpatchedCompiled {
+            (ListId::Compile, Kind::Unpatched)
+        } else {
+            (ListId::CompilePatched, Kind::Patched)
+        }
+    }
 }
 
 /// What a step does to its tree.
@@ -428,7 +458,6 @@ fn write(list: ListId) -> Action {
 /// to work on is skipped and not counted, as in compilebench. Every timed operation ends
 /// with a sync when `sync`, the initial creates excepted.
 pub fn random_rounds(rng: &mut PyRandom, initial: usize, runs: usize, sync: bool) -> Vec<Round> {
-    use Kind::*;
     let mut pool = Pool::default();
     let mut rounds = Vec::new();
     let round = |phase, tree, action, sync| Round {
@@ -447,106 +476,11 @@ pub fn random_rounds(rng: &mut PyRandom, initial: usize, runs: usize, sync: bool
             write(ListId::Unpatched),
             false,
         ));
-        pool.add(Unpatched, t);
-    }
-    // Picks one of the non-empty sources; None when all are empty.
-    fn pick(rng: &mut PyRandom, pool: &Pool, from: &[Kind]) -> Option<(Kind, usize)> {
-        let good: Vec<Kind> = from
-            .iter()
-            .copied()
-            .filter(|k| !pool.of(*k).is_empty())
-            .collect();
-        if good.is_empty() {
-            return None;
-        }
-        let k = good[rng.below(good.len())];
-        let i = rng.below(pool.of(k).len());
-        Some((k, i))
+        pool.add(Kind::Unpatched, t);
     }
     let mut done = 0;
     while done < runs {
-        let step = match rng.below(7) {
-            // patch_one_dir
-            0 => pick(rng, &pool, &[Unpatched, UnpatchedCompiled]).map(|(k, i)| {
-                let tree = pool.take(k, i);
-                let unlink = rng.randint(0, 3) == 1;
-                let (list, to) = if k == Unpatched {
-                    (ListId::Patch, Patched)
-                } else {
-                    (ListId::CompilePatched, PatchedCompiled)
-                };
-                pool.add(to, tree);
-                let action = Action::Write {
-                    list,
-                    unlink,
-                    read_first: true,
-                };
-                (Phase::Patch, tree, action)
-            }),
-            // compile_one_dir
-            1 => pick(rng, &pool, &[Unpatched, Patched]).map(|(k, i)| {
-                let tree = pool.take(k, i);
-                let (list, to) = if k == Unpatched {
-                    (ListId::Compile, UnpatchedCompiled)
-                } else {
-                    (ListId::CompilePatched, PatchedCompiled)
-                };
-                pool.add(to, tree);
-                (Phase::Compile, tree, write(list))
-            }),
-            // clean_one_dir
-            2 => pick(rng, &pool, &[PatchedCompiled, UnpatchedCompiled]).map(|(k, i)| {
-                let tree = pool.take(k, i);
-                let (list, to) = if k == PatchedCompiled {
-                    (ListId::CompilePatched, Patched)
-                } else {
-                    (ListId::Compile, Unpatched)
-                };
-                pool.add(to, tree);
-                (Phase::Clean, tree, Action::Unlink { list })
-            }),
-            // delete_one_dir
-            3 => pick(
-                rng,
-                &pool,
-                &[Patched, Unpatched, UnpatchedCompiled, PatchedCompiled],
-            )
-            .map(|(k, i)| {
-                let tree = pool.take(k, i);
-                let phase = if k.compiled() {
-                    Phase::DeleteCompiled
-                } else {
-                    Phase::DeleteTree
-                };
-                (phase, tree, Action::Delete)
-            }),
-            // create_one_dir
-            4 => {
-                let mut tree = rng.randint(100, 100_000) as u32;
-                while pool.used.contains(&tree) {
-                    tree = rng.randint(100, 100_000) as u32;
-                }
-                pool.add(Unpatched, tree);
-                Some((Phase::Create, tree, write(ListId::Unpatched)))
-            }
-            // read_one_dir, stat_one_dir
-            n => pick(
-                rng,
-                &pool,
-                &[Patched, Unpatched, UnpatchedCompiled, PatchedCompiled],
-            )
-            .map(|(k, i)| {
-                let tree = pool.of(k)[i];
-                let (phase, action) = match (n == 5, k.compiled()) {
-                    (true, false) => (Phase::ReadTree, Action::Read),
-                    (true, true) => (Phase::ReadCompiled, Action::Read),
-                    (false, false) => (Phase::StatTree, Action::Stat),
-                    (false, true) => (Phase::StatCompiled, Action::Stat),
-                };
-                (phase, tree, action)
-            }),
-        };
-        if let Some((phase, tree, action)) = step {
+        if let Some((phase, tree, action)) = random_step(rng, &mut pool) {
             rounds.push(round(phase, tree, action, sync));
             done += 1;
         }
@@ -554,136 +488,214 @@ pub fn random_rounds(rng: &mut PyRandom, initial: usize, runs: usize, sync: bool
     rounds
 }
 
+/// Picks one of the non-empty sources, and a tree of it; None when all are empty.
+fn pick(rng: &mut PyRandom, pool: &Pool, from: &[Kind]) -> Option<(Kind, usize)> {
+    let good: Vec<Kind> = from
+        .iter()
+        .copied()
+        .filter(|k| !pool.of(*k).is_empty())
+        .collect();
+    if good.is_empty() {
+        return None;
+    }
+    let k = good[rng.below(good.len())];
+    let i = rng.below(pool.of(k).len());
+    Some((k, i))
+}
+
+/// One operation of the random mode, drawn as compilebench draws it, with the tree it
+/// works on (the pool updated); None when it finds no tree to work on.
+fn random_step(rng: &mut PyRandom, pool: &mut Pool) -> Option<(Phase, u32, Action)> {
+    use Kind::*;
+    let any = [Patched, Unpatched, UnpatchedCompiled, PatchedCompiled];
+    match rng.below(7) {
+        // patch_one_dir
+        0 => pick(rng, pool, &[Unpatched, UnpatchedCompiled]).map(|(k, i)| {
+            let tree = pool.take(k, i);
+            let unlink = rng.randint(0, 3) == 1;
+            let (list, to) = k.patching();
+            pool.add(to, tree);
+            let action = Action::Write {
+                list,
+                unlink,
+                read_first: true,
+            };
+            (Phase::Patch, tree, action)
+        }),
+        // compile_one_dir
+        1 => pick(rng, pool, &[Unpatched, Patched]).map(|(k, i)| {
+            let tree = pool.take(k, i);
+            let (list, to) = k.compiling();
+            pool.add(to, tree);
+            (Phase::Compile, tree, write(list))
+        }),
+        // clean_one_dir
+        2 => pick(rng, pool, &[PatchedCompiled, UnpatchedCompiled]).map(|(k, i)| {
+            let tree = pool.take(k, i);
+            let (list, to) = k.cleaning();
+            pool.add(to, tree);
+            (Phase::Clean, tree, Action::Unlink { list })
+        }),
+        // delete_one_dir
+        3 => pick(rng, pool, &any).map(|(k, i)| {
+            let tree = pool.take(k, i);
+            let phase = if k.compiled() {
+                Phase::DeleteCompiled
+            } else {
+                Phase::DeleteTree
+            };
+            (phase, tree, Action::Delete)
+        }),
+        // create_one_dir
+        4 => {
+            let mut tree = rng.randint(100, 100_000) as u32;
+            while pool.used.contains(&tree) {
+                tree = rng.randint(100, 100_000) as u32;
+            }
+            pool.add(Unpatched, tree);
+            Some((Phase::Create, tree, write(ListId::Unpatched)))
+        }
+        // read_one_dir, stat_one_dir
+        n => pick(rng, pool, &any).map(|(k, i)| {
+            let tree = pool.of(k)[i];
+            let (phase, action) = match (n == 5, k.compiled()) {
+                (true, false) => (Phase::ReadTree, Action::Read),
+                (true, true) => (Phase::ReadCompiled, Action::Read),
+                (false, false) => (Phase::StatTree, Action::Stat),
+                (false, true) => (Phase::StatCompiled, Action::Stat),
+            };
+            (phase, tree, action)
+        }),
+    }
+}
+
 /// A given phase sequence on one tree a client: each phase after the untimed steps that
 /// bring the tree into the state it needs (a create starts a new tree, kernel-0, 1, ...;
 /// a patch of a tree already patched starts a new one too). `rng` draws the patches'
 /// unlinks as compilebench does (one time in four).
 pub fn phase_rounds(rng: &mut PyRandom, phases: &[Phase], sync: bool) -> Vec<Round> {
-    use Kind::*;
     let mut rounds = Vec::new();
     let mut next = 0u32;
     let mut cur: Option<(u32, Kind)> = None;
     for &phase in phases {
-        let mut prepare = Vec::new();
-        let step = |phase, tree, action| Step {
-            phase,
-            tree,
-            action,
-        };
-        let mut create = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
-            prepare.push(step(Phase::Create, next, write(ListId::Unpatched)));
-            *cur = Some((next, Unpatched));
-            next += 1;
-        };
-        let compile = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
-            if let Some((t, k)) = *cur {
-                let (list, to) = if k == Unpatched {
-                    (ListId::Compile, UnpatchedCompiled)
-                } else {
-                    (ListId::CompilePatched, PatchedCompiled)
-                };
-                prepare.push(step(Phase::Compile, t, write(list)));
-                *cur = Some((t, to));
-            }
-        };
-        let clean = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
-            if let Some((t, k)) = *cur {
-                let (list, to) = if k == UnpatchedCompiled {
-                    (ListId::Compile, Unpatched)
-                } else {
-                    (ListId::CompilePatched, Patched)
-                };
-                prepare.push(step(Phase::Clean, t, Action::Unlink { list }));
-                *cur = Some((t, to));
-            }
-        };
-        let needs_compiled = matches!(
-            phase,
-            Phase::Clean | Phase::ReadCompiled | Phase::StatCompiled | Phase::DeleteCompiled
-        );
-        let needs_clean = matches!(
-            phase,
-            Phase::Compile | Phase::ReadTree | Phase::StatTree | Phase::DeleteTree
-        );
-        if matches!(phase, Phase::Create | Phase::InitialCreate) {
-            cur = None;
-        } else if phase == Phase::Patch {
-            if !matches!(cur, Some((_, Unpatched | UnpatchedCompiled))) {
-                create(&mut prepare, &mut cur);
-            }
-        } else {
-            if cur.is_none() {
-                create(&mut prepare, &mut cur);
-            }
-            let compiled = cur.is_some_and(|(_, k)| k.compiled());
-            if needs_compiled && !compiled {
-                compile(&mut prepare, &mut cur);
-            }
-            if needs_clean && compiled {
-                clean(&mut prepare, &mut cur);
-            }
-        }
+        let prepare = prepare_for(phase, &mut cur, &mut next);
         let (tree, kind) = match cur {
             Some(c) => c,
             None => {
                 // A create: a new tree.
                 next += 1;
-                (next - 1, Unpatched)
+                (next - 1, Kind::Unpatched)
             }
         };
-        let (action, after) = match phase {
-            Phase::InitialCreate | Phase::Create => (write(ListId::Unpatched), Some(Unpatched)),
-            Phase::Patch => {
-                let unlink = rng.randint(0, 3) == 1;
-                let (list, to) = if kind == Unpatched {
-                    (ListId::Patch, Patched)
-                } else {
-                    (ListId::CompilePatched, PatchedCompiled)
-                };
-                let a = Action::Write {
-                    list,
-                    unlink,
-                    read_first: true,
-                };
-                (a, Some(to))
-            }
-            Phase::Compile => {
-                let (list, to) = if kind == Unpatched {
-                    (ListId::Compile, UnpatchedCompiled)
-                } else {
-                    (ListId::CompilePatched, PatchedCompiled)
-                };
-                (write(list), Some(to))
-            }
-            Phase::Clean => {
-                let (list, to) = if kind == UnpatchedCompiled {
-                    (ListId::Compile, Unpatched)
-                } else {
-                    (ListId::CompilePatched, Patched)
-                };
-                (Action::Unlink { list }, Some(to))
-            }
-            Phase::ReadTree | Phase::ReadCompiled => (Action::Read, Some(kind)),
-            Phase::StatTree | Phase::StatCompiled => (Action::Stat, Some(kind)),
-            Phase::DeleteTree | Phase::DeleteCompiled => (Action::Delete, None),
-            // The stream's phases (not given with --phases; Workload::stream makes them).
-            Phase::StreamWrite => (write(ListId::Unpatched), Some(kind)),
-            Phase::StreamRewrite => (
-                Action::Overwrite {
-                    list: ListId::Unpatched,
-                },
-                Some(kind),
-            ),
-            Phase::StreamRead | Phase::StreamReread => (Action::Read, Some(kind)),
-        };
+        let (action, after) = timed_action(rng, phase, kind);
         cur = after.map(|k| (tree, k));
         rounds.push(Round {
             prepare,
-            timed: step(phase, tree, action),
+            timed: Step {
+                phase,
+                tree,
+                action,
+            },
             sync,
         });
     }
     rounds
+}
+
+/// The untimed steps that bring the current tree `cur` (none yet, or its number and
+/// state) into the state `phase` needs, `cur` updated: a create, patch or compile
+/// starts from a new tree (`next`, then counted) where the current one will not do; a
+/// create itself drops the current tree (it makes its own).
+fn prepare_for(phase: Phase, cur: &mut Option<(u32, Kind)>, next: &mut u32) -> Vec<Step> {
+    use Kind::*;
+    let mut prepare = Vec::new();
+    let mut create = |prepare: &mut Vec<Step>, cur: &mut Option<(u32, Kind)>| {
+        prepare.push(Step {
+            phase: Phase::Create,
+            tree: *next,
+            action: write(ListId::Unpatched),
+        });
+        *cur = Some((*next, Unpatched));
+        *next += 1;
+    };
+    let needs_compiled = matches!(
+        phase,
+        Phase::Clean | Phase::ReadCompiled | Phase::StatCompiled | Phase::DeleteCompiled
+    );
+    let needs_clean = matches!(
+        phase,
+        Phase::Compile | Phase::ReadTree | Phase::StatTree | Phase::DeleteTree
+    );
+    if matches!(phase, Phase::Create | Phase::InitialCreate) {
+        *cur = None;
+    } else if phase == Phase::Patch {
+        if !matches!(cur, Some((_, Unpatched | UnpatchedCompiled))) {
+            create(&mut prepare, cur);
+        }
+    } else {
+        if cur.is_none() {
+            create(&mut prepare, cur);
+        }
+        let compiled = cur.is_some_and(|(_, k)| k.compiled());
+        if let (true, false, Some((t, k))) = (needs_compiled, compiled, *cur) {
+            let (list, to) = k.compiling();
+            prepare.push(Step {
+                phase: Phase::Compile,
+                tree: t,
+                action: write(list),
+            });
+            *cur = Some((t, to));
+        }
+        if let (true, true, Some((t, k))) = (needs_clean, compiled, *cur) {
+            let (list, to) = k.cleaning();
+            prepare.push(Step {
+                phase: Phase::Clean,
+                tree: t,
+                action: Action::Unlink { list },
+            });
+            *cur = Some((t, to));
+        }
+    }
+    prepare
+}
+
+/// What `phase` does to a tree in state `kind`, and the state it leaves (none: the tree
+/// is gone). A patch draws its unlinks from `rng`.
+fn timed_action(rng: &mut PyRandom, phase: Phase, kind: Kind) -> (Action, Option<Kind>) {
+    use Kind::*;
+    match phase {
+        Phase::InitialCreate | Phase::Create => (write(ListId::Unpatched), Some(Unpatched)),
+        Phase::Patch => {
+            let unlink = rng.randint(0, 3) == 1;
+            let (list, to) = kind.patching();
+            let a = Action::Write {
+                list,
+                unlink,
+                read_first: true,
+            };
+            (a, Some(to))
+        }
+        Phase::Compile => {
+            let (list, to) = kind.compiling();
+            (write(list), Some(to))
+        }
+        Phase::Clean => {
+            let (list, to) = kind.cleaning();
+            (Action::Unlink { list }, Some(to))
+        }
+        Phase::ReadTree | Phase::ReadCompiled => (Action::Read, Some(kind)),
+        Phase::StatTree | Phase::StatCompiled => (Action::Stat, Some(kind)),
+        Phase::DeleteTree | Phase::DeleteCompiled => (Action::Delete, None),
+        // The stream's phases (not given with --phases; Workload::stream makes them).
+        Phase::StreamWrite => (write(ListId::Unpatched), Some(kind)),
+        Phase::StreamRewrite => (
+            Action::Overwrite {
+                list: ListId::Unpatched,
+            },
+            Some(kind),
+        ),
+        Phase::StreamRead | Phase::StreamReread => (Action::Read, Some(kind)),
+    }
 }
 
 /// What a run does: the lists and the rounds.
@@ -804,243 +816,4 @@ impl Workload {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: f64 = 1024.0 * 1024.0;
-
-    fn lists() -> Lists {
-        Lists::derive(&Datasets::embedded(), 1.0, &mut PyRandom::new(555))
-    }
-
-    #[test]
-    fn dataset_counts_and_bytes_match_source_txt() {
-        let d = Datasets::embedded();
-        assert_eq!(d.unpatched.len(), 21_280);
-        assert_eq!(d.unpatched.iter().map(|e| e.size).sum::<u64>(), 233_176_153);
-        assert_eq!(d.unpatched_compiled.len(), 24_543);
-        assert_eq!(
-            d.unpatched_compiled.iter().map(|e| e.size).sum::<u64>(),
-            946_872_913
-        );
-        assert_eq!(d.patched.len(), 21_624);
-        assert_eq!(d.patched.iter().map(|e| e.size).sum::<u64>(), 237_272_938);
-        assert_eq!(d.patched_compiled.len(), 24_964);
-        assert_eq!(
-            d.patched_compiled.iter().map(|e| e.size).sum::<u64>(),
-            965_056_765
-        );
-        let l = lists();
-        assert_eq!(Lists::dirs(&l.unpatched).len(), 1_263);
-        assert_eq!(l.compile.len(), 3_263);
-        assert_eq!(
-            format!("{:.1}", Lists::bytes(&l.compile) as f64 / MIB),
-            "680.6"
-        );
-        assert_eq!(l.patch.len(), 6_136);
-        assert_eq!(
-            format!("{:.1}", Lists::bytes(&l.patch) as f64 / MIB),
-            "109.7"
-        );
-        assert_eq!(l.compile_patched.len(), 2_573);
-        assert_eq!(
-            format!("{:.1}", Lists::bytes(&l.compile_patched) as f64 / MIB),
-            "691.6"
-        );
-    }
-
-    #[test]
-    fn the_compile_list_is_shuffled_by_the_seed_and_the_others_sorted() {
-        let a = lists();
-        let b = Lists::derive(&Datasets::embedded(), 1.0, &mut PyRandom::new(7));
-        assert_ne!(a.compile, b.compile);
-        let mut sa = a.compile.clone();
-        sa.sort_by(|x, y| x.path.cmp(&y.path));
-        let mut sb = b.compile.clone();
-        sb.sort_by(|x, y| x.path.cmp(&y.path));
-        assert_eq!(sa, sb, "the same files, in another order");
-        assert!(a.unpatched.windows(2).all(|w| w[0].path < w[1].path));
-    }
-
-    #[test]
-    fn scaling_is_deterministic_and_consistent() {
-        let full = lists();
-        let small = Lists::derive(&Datasets::embedded(), 0.05, &mut PyRandom::new(555));
-        let ratio = small.unpatched.len() as f64 / full.unpatched.len() as f64;
-        assert!((0.03..0.07).contains(&ratio), "{ratio}");
-        // A file kept in one list is kept in every list it appears in.
-        let kept: BTreeSet<&str> = small.unpatched.iter().map(|f| f.path.as_str()).collect();
-        let small_patch: BTreeSet<&str> = small.patch.iter().map(|f| f.path.as_str()).collect();
-        for f in &full.patch {
-            if full.unpatched.iter().any(|g| g.path == f.path) {
-                assert_eq!(
-                    small_patch.contains(f.path.as_str()),
-                    kept.contains(f.path.as_str())
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn reorder_follows_a_walk_and_keeps_the_rest() {
-        let mut l = Lists::only(vec![
-            Entry {
-                path: "a/x".into(),
-                size: 1,
-            },
-            Entry {
-                path: "b".into(),
-                size: 2,
-            },
-            Entry {
-                path: "c".into(),
-                size: 3,
-            },
-        ]);
-        l.reorder(ListId::Unpatched, &["c".into(), "a/x".into()]);
-        let order: Vec<&str> = l.unpatched.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(order, ["c", "a/x", "b"]);
-    }
-
-    #[test]
-    fn parse_refuses_unsafe_and_malformed_lines() {
-        assert!(parse("../etc/passwd 10").is_err());
-        assert!(parse("/abs 10").is_err());
-        assert!(parse("a//b 10").is_err());
-        assert!(parse("noSize").is_err());
-        assert!(parse("a/b x").is_err());
-        assert_eq!(parse("a b/c.c 5\n").expect("space in name").len(), 1);
-    }
-
-    /// Plays rounds against a model of the trees' states and checks that every timed
-    /// step finds its tree in a state compilebench would run it on.
-    fn check_rounds(rounds: &[Round]) {
-        use std::collections::HashMap;
-        let mut state: HashMap<u32, Kind> = HashMap::new();
-        let mut ever: BTreeSet<u32> = BTreeSet::new();
-        for r in rounds {
-            for s in r.prepare.iter().chain(std::iter::once(&r.timed)) {
-                let k = state.get(&s.tree).copied();
-                let next = match s.action {
-                    Action::Write {
-                        list: ListId::Unpatched,
-                        ..
-                    } => {
-                        assert!(ever.insert(s.tree), "a create reuses kernel-{}", s.tree);
-                        Some(Kind::Unpatched)
-                    }
-                    Action::Write {
-                        list, read_first, ..
-                    } => match (k, list, read_first) {
-                        (Some(Kind::Unpatched), ListId::Patch, true) => Some(Kind::Patched),
-                        (Some(Kind::UnpatchedCompiled), ListId::CompilePatched, true) => {
-                            Some(Kind::PatchedCompiled)
-                        }
-                        (Some(Kind::Unpatched), ListId::Compile, false) => {
-                            Some(Kind::UnpatchedCompiled)
-                        }
-                        (Some(Kind::Patched), ListId::CompilePatched, false) => {
-                            Some(Kind::PatchedCompiled)
-                        }
-                        other => panic!("{:?} on {other:?}", s.phase),
-                    },
-                    Action::Unlink { list } => match (k, list) {
-                        (Some(Kind::UnpatchedCompiled), ListId::Compile) => Some(Kind::Unpatched),
-                        (Some(Kind::PatchedCompiled), ListId::CompilePatched) => {
-                            Some(Kind::Patched)
-                        }
-                        other => panic!("clean on {other:?}"),
-                    },
-                    Action::Overwrite { .. } => panic!("compilebench never writes a file over"),
-                    Action::Read | Action::Stat | Action::Delete => {
-                        let k = k.unwrap_or_else(|| panic!("{:?} of no tree", s.phase));
-                        let compiled_phase = matches!(
-                            s.phase,
-                            Phase::ReadCompiled | Phase::StatCompiled | Phase::DeleteCompiled
-                        );
-                        assert_eq!(k.compiled(), compiled_phase, "{:?} on {k:?}", s.phase);
-                        (s.action != Action::Delete).then_some(k)
-                    }
-                };
-                match next {
-                    Some(n) => state.insert(s.tree, n),
-                    None => state.remove(&s.tree),
-                };
-            }
-        }
-    }
-
-    #[test]
-    fn every_phase_sequence_runs_on_a_tree_in_the_state_it_needs() {
-        // Every pair and triple of phases, from a fresh client.
-        for a in ALL_PHASES {
-            for b in ALL_PHASES {
-                for c in ALL_PHASES {
-                    let rounds = phase_rounds(&mut PyRandom::new(1), &[a, b, c], true);
-                    assert_eq!(rounds.len(), 3);
-                    check_rounds(&rounds);
-                }
-            }
-        }
-        // The bug of the first version: patching a compiled tree, then reading it.
-        let r = phase_rounds(
-            &mut PyRandom::new(555),
-            &[
-                Phase::Create,
-                Phase::Compile,
-                Phase::Patch,
-                Phase::ReadCompiled,
-            ],
-            true,
-        );
-        assert!(
-            r[2].prepare.is_empty(),
-            "a compiled tree is patched as it is"
-        );
-        assert_eq!(
-            r[2].timed.action,
-            Action::Write {
-                list: ListId::CompilePatched,
-                unlink: matches!(r[2].timed.action, Action::Write { unlink: true, .. }),
-                read_first: true
-            }
-        );
-        assert!(r[3].prepare.is_empty());
-    }
-
-    #[test]
-    fn the_files_a_round_handles_follow_its_trees() {
-        let w = Workload::compilebench(
-            &Datasets::embedded(),
-            0.05,
-            555,
-            &Schedule::Phases(vec![
-                Phase::Create,
-                Phase::Compile,
-                Phase::ReadCompiled,
-                Phase::Clean,
-                Phase::DeleteTree,
-            ]),
-            true,
-        );
-        let (u, c) = (w.lists.unpatched.len() as u64, w.lists.compile.len() as u64);
-        assert_eq!(w.files_per_round(), vec![u, c, u + c, c, u]);
-    }
-
-    #[test]
-    fn random_mode_runs_on_every_seed_and_counts_only_what_ran() {
-        for seed in 0..200 {
-            let rounds = random_rounds(&mut PyRandom::new(seed), 3, 60, true);
-            assert_eq!(rounds.len(), 63);
-            check_rounds(&rounds);
-            assert!(rounds[..3]
-                .iter()
-                .all(|r| !r.sync && r.timed.phase == Phase::InitialCreate));
-            assert!(rounds[3..].iter().all(|r| r.sync && r.prepare.is_empty()));
-        }
-        // With no initial tree the first counted operation can only be a create.
-        let r = random_rounds(&mut PyRandom::new(555), 0, 5, false);
-        assert_eq!(r[0].timed.phase, Phase::Create);
-        assert!((100..=100_000).contains(&r[0].timed.tree));
-    }
-}
+mod tests;

@@ -1,0 +1,158 @@
+//! What a storm killed earlier left (run directories, mounts, homes on the share), and
+//! the mark that keeps a failed run's evidence from being taken for it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::mount::detach;
+use super::procs::await_processes_naming;
+use super::StormConfig;
+
+/// `remove_dir_all`, tried again a few times when an entry appeared while it ran (a
+/// daemon's last log line, a lazily detached mount's last writer).
+fn remove_dir_settled(dir: &Path) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && tries < 5 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// What a storm killed earlier left, found and removed: in the scratch space, its run
+/// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
+/// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
+/// marker of this host). Returns what it did, a line each.
+pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
+    let mut said = Vec::new();
+    let dead = |name: &str, prefix: &str, parts: usize| -> bool {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split('-').collect();
+        fields.len() == parts
+            && fields.iter().all(|f| f.parse::<u64>().is_ok())
+            && !Path::new(&format!("/proc/{}", fields[1])).exists()
+    };
+    let not_mine = |p: &Path| {
+        format!(
+            "{} looks left by a storm that was killed, but is not this user's own \
+             directory; left alone (remove it by hand if it is a leftover)",
+            p.display()
+        )
+    };
+    let mounts = fsinfo::mounts().unwrap_or_default();
+    for e in std::fs::read_dir(&cfg.work).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !dead(&name, "storm-", 3) {
+            continue;
+        }
+        let dir = e.path();
+        if std::fs::symlink_metadata(dir.join(KEPT_MARK)).is_ok() {
+            said.push(format!(
+                "{} was kept by an earlier storm that failed (its error is in {}); remove it when done with it",
+                dir.display(),
+                dir.join(KEPT_MARK).display()
+            ));
+            continue;
+        }
+        if !crate::safety::owned_by_me(&dir) {
+            said.push(not_mine(&dir));
+            continue;
+        }
+        let mut below: Vec<&Path> = mounts
+            .iter()
+            .map(|m| m.mount_point.as_path())
+            .filter(|p| p.starts_with(&dir))
+            .collect();
+        below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in &below {
+            detach(m);
+        }
+        // A detached user's daemon still ends its session (its logout sync writes its
+        // cache and the share's home): removing under it would race it.
+        let left = await_processes_naming(&dir, Duration::from_secs(30));
+        if !left.is_empty() {
+            said.push(format!(
+                "{} still has daemons running after 30 s (pids {left:?}); stop them, then remove it",
+                dir.display()
+            ));
+            continue;
+        }
+        match remove_dir_settled(&dir) {
+            Ok(()) => said.push(format!(
+                "removed {} ({} mounts detached), left by a storm that was killed",
+                dir.display(),
+                below.len()
+            )),
+            Err(e) => said.push(format!(
+                "{} was left by a storm that was killed and cannot be removed ({e}); \
+                 detach what is mounted below it (fusermount3 -u -z) and remove it",
+                dir.display()
+            )),
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    for e in std::fs::read_dir(&cfg.share)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !dead(&name, "loadgen-storm-", 2) {
+            continue;
+        }
+        let marker = std::fs::read_to_string(e.path().join(".loadgen-run")).unwrap_or_default();
+        let m = serde_json::from_str::<serde_json::Value>(&marker).unwrap_or_default();
+        let ours = m["tool"] == "loadgen" && m["host"] == host.trim();
+        if ours && m["kept"] == true {
+            said.push(format!(
+                "{} was kept by an earlier storm (--keep); remove it when done with it",
+                e.path().display()
+            ));
+            continue;
+        }
+        if ours && !crate::safety::owned_by_me(&e.path()) {
+            said.push(not_mine(&e.path()));
+            continue;
+        }
+        if !ours {
+            said.push(format!(
+                "{} is another storm's (another host's, or an older loadgen's); if it is over, remove it",
+                e.path().display()
+            ));
+            continue;
+        }
+        match remove_dir_settled(&e.path()) {
+            Ok(()) => said.push(format!(
+                "removed {}, the homes of a storm that was killed",
+                e.path().display()
+            )),
+            Err(err) => said.push(format!(
+                "{} holds the homes of a storm that was killed and cannot be removed ({err})",
+                e.path().display()
+            )),
+        }
+    }
+    said
+}
+
+/// The name of the file that marks a storm's run directory as kept (a failed run's
+/// evidence): [`clear_leftovers`] leaves it.
+pub const KEPT_MARK: &str = ".loadgen-kept";
+
+/// Marks the run directory `work` as kept, with the error that kept it.
+pub(super) fn keep_evidence(work: &Path, error: &str) {
+    if let Err(e) =
+        crate::safety::write_atomic(&work.join(KEPT_MARK), format!("{error}\n").as_bytes())
+    {
+        eprintln!(
+            "loadgen login-storm: cannot mark {} as kept ({e}); a later storm may remove it",
+            work.display()
+        );
+    }
+}

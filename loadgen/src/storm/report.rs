@@ -1,0 +1,296 @@
+//! A storm's results as data: what reached the share, each user's times, the summaries,
+//! and the report of one run (JSON schema `loadgen-login-storm/2`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::Baseline;
+use crate::report::{Environment, LatencyReport};
+
+/// Requests that reached the share (from the meter).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareCounts {
+    pub total: u64,
+    pub mutating: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub by_op: BTreeMap<String, u64>,
+    /// Requests by where in the home they went: the first [`PATH_DEPTH`] components of
+    /// their path below the user's home ("." for the home itself), summed over the users.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_path: BTreeMap<String, u64>,
+}
+
+/// How many components of a path below a home the meter's counts by path keep
+/// (`.mozilla/firefox/PROFILE`).
+pub const PATH_DEPTH: usize = 3;
+
+/// What `by` has more than `before` in each key (keys without a change left out).
+fn map_minus(by: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    by.iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+impl ShareCounts {
+    pub(super) fn add(&mut self, other: &ShareCounts) {
+        self.total += other.total;
+        self.mutating += other.mutating;
+        self.read_bytes += other.read_bytes;
+        self.write_bytes += other.write_bytes;
+        for (k, v) in &other.by_op {
+            *self.by_op.entry(k.clone()).or_insert(0) += v;
+        }
+        for (k, v) in &other.by_path {
+            *self.by_path.entry(k.clone()).or_insert(0) += v;
+        }
+    }
+
+    pub(super) fn minus(&self, before: &ShareCounts) -> ShareCounts {
+        ShareCounts {
+            total: self.total.saturating_sub(before.total),
+            mutating: self.mutating.saturating_sub(before.mutating),
+            read_bytes: self.read_bytes.saturating_sub(before.read_bytes),
+            write_bytes: self.write_bytes.saturating_sub(before.write_bytes),
+            by_op: map_minus(&self.by_op, &before.by_op),
+            by_path: map_minus(&self.by_path, &before.by_path),
+        }
+    }
+
+    /// The meter counts paths from the share's root: keeps those below `homes` (the
+    /// run's homes, relative to the share's root, then a user's directory), each without
+    /// those components, summed over the users; the rest (the run's own directories above
+    /// the homes) under "(above the homes)".
+    pub(super) fn by_path_in_homes(mut self, homes: &str) -> ShareCounts {
+        let skip = Path::new(homes).components().count();
+        let mut by_home = BTreeMap::new();
+        for (k, v) in std::mem::take(&mut self.by_path) {
+            let parts: Vec<&str> = k.split('/').collect();
+            let key = if k.starts_with('(') {
+                k
+            } else if parts.len() > skip && parts[..skip].join("/") == homes {
+                match parts.get(skip + 1..) {
+                    Some(rest) if !rest.is_empty() => rest.join("/"),
+                    _ => ".".to_string(),
+                }
+            } else {
+                "(above the homes)".to_string()
+            };
+            *by_home.entry(key).or_insert(0) += v;
+        }
+        self.by_path = by_home;
+        self
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UserResult {
+    pub user: usize,
+    /// ccfs mount time (part of the time to login); 0 without ccfs.
+    pub mount_s: f64,
+    /// From the barrier to the end of the login burst.
+    pub login_s: f64,
+    pub session_ticks: u32,
+    /// The logout actions and, with ccfs, `ccfs umount` (the sync back).
+    pub logout_s: f64,
+    pub bytes_written: u64,
+    /// Profile files the user's programs looked for and did not find.
+    pub missing_files: u64,
+    /// Of those, home files rebuilt (written at their home size during the login).
+    pub rebuilt_files: u64,
+    /// CPU seconds of this user's ccfs daemon (and the rsync it ran), mount to exit.
+    pub ccfs_cpu_s: Option<f64>,
+    /// This user's operation latencies during the session.
+    pub session_latency: BTreeMap<String, LatencyReport>,
+    pub error: Option<String>,
+    /// When this user started after the start barrier released the class, from the
+    /// first user's start.
+    #[serde(default)]
+    pub start_s: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub max_s: f64,
+    pub mean_s: f64,
+}
+
+impl Summary {
+    pub fn of(values: &[f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        // Nearest rank.
+        let q = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Self {
+            p50_s: q(0.50),
+            p95_s: q(0.95),
+            max_s: v[v.len() - 1],
+            mean_s: v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+}
+
+/// How the machine was left before a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Settled {
+    /// Dirty and writeback bytes left after syncing (the sync stops at 1 MiB or 60 s).
+    pub dirty_left_bytes: u64,
+    /// The page cache was dropped (root only).
+    pub caches_dropped: bool,
+    /// The share's client was mounted afresh (`--remount`).
+    pub remounted: bool,
+}
+
+/// One storm's results (JSON schema `loadgen-login-storm/2`; `--json` writes a list of
+/// every run).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StormReport {
+    pub schema: String,
+    pub tool: String,
+    pub version: String,
+    pub started_at_unix: u64,
+    pub label: Option<String>,
+    pub share: String,
+    pub environment: Environment,
+    pub users: usize,
+    pub with_ccfs: bool,
+    /// Through the meter: counts kept, times not compared.
+    pub metered: bool,
+    /// This run's place in the schedule (0 first).
+    pub run_index: usize,
+    pub baseline: Baseline,
+    pub session_s: f64,
+    pub profile: String,
+    /// The workstations held what an earlier session of their users left.
+    pub returning_users: bool,
+    pub settled: Settled,
+    pub time_to_login: Summary,
+    pub logout: Summary,
+    /// Each user's login plus logout time.
+    pub login_plus_logout: Summary,
+    pub per_user: Vec<UserResult>,
+    pub latency_login: BTreeMap<String, LatencyReport>,
+    pub latency_session: BTreeMap<String, LatencyReport>,
+    /// What reached the share from the start to the end of the logins (metered runs).
+    pub share_login: Option<ShareCounts>,
+    /// ... from the end of the logins to the end of the sessions.
+    pub share_session: Option<ShareCounts>,
+    /// ... during the logouts.
+    pub share_logout: Option<ShareCounts>,
+    /// CPU seconds of the given server processes over `cpu_window_s`.
+    pub server_cpu_s: Option<f64>,
+    /// CPU seconds of the client side's given processes (the share's FUSE client) over
+    /// `cpu_window_s`.
+    pub client_cpu_s: Option<f64>,
+    /// CPU seconds of the users' ccfs daemons, mount to exit (with ccfs).
+    pub ccfs_cpu_s: Option<f64>,
+    pub cpu_window_s: Option<f64>,
+    pub complete: bool,
+    pub error: Option<String>,
+}
+
+impl StormReport {
+    pub fn mode(&self) -> &'static str {
+        if self.with_ccfs {
+            "with ccfs"
+        } else {
+            "without ccfs"
+        }
+    }
+
+    pub fn name(&self) -> String {
+        let run = if self.metered {
+            format!("{}, metered", self.mode())
+        } else {
+            format!("{} #{}", self.mode(), self.run_index + 1)
+        };
+        match &self.label {
+            Some(l) => format!("{l}, {run}"),
+            None => run,
+        }
+    }
+
+    /// What reached the share over the whole run (login + session + logout).
+    pub fn share_whole(&self) -> Option<ShareCounts> {
+        let mut all = ShareCounts::default();
+        for c in [&self.share_login, &self.share_session, &self.share_logout] {
+            all.add(c.as_ref()?);
+        }
+        Some(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_uses_nearest_rank_percentiles() {
+        let s = Summary::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!((s.p50_s, s.p95_s, s.max_s, s.mean_s), (3.0, 5.0, 5.0, 3.0));
+        assert_eq!(Summary::of(&[]), Summary::default());
+        let twenty: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(Summary::of(&twenty).p95_s, 19.0);
+    }
+
+    #[test]
+    fn share_count_deltas_subtract_per_kind() {
+        let a = ShareCounts {
+            total: 10,
+            mutating: 4,
+            read_bytes: 100,
+            write_bytes: 50,
+            by_op: [("write".to_string(), 4), ("lookup".to_string(), 6)].into(),
+            by_path: BTreeMap::new(),
+        };
+        let mut b = a.clone();
+        b.total = 15;
+        b.mutating = 6;
+        b.write_bytes = 80;
+        b.by_op.insert("write".into(), 6);
+        let d = b.minus(&a);
+        assert_eq!(
+            (d.total, d.mutating, d.write_bytes, d.read_bytes),
+            (5, 2, 30, 0)
+        );
+        assert_eq!(d.by_op, [("write".to_string(), 2)].into());
+    }
+
+    #[test]
+    fn counts_by_path_are_taken_relative_to_each_home_and_summed_over_users() {
+        let c = |pairs: &[(&str, u64)]| ShareCounts {
+            by_path: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..ShareCounts::default()
+        };
+        let before = c(&[("s/run-1/user000/.mozilla/firefox/p", 5)]);
+        let after = c(&[
+            ("s/run-1/user000/.mozilla/firefox/p", 8),
+            ("s/run-1/user001/.mozilla/firefox/p", 4),
+            ("s/run-1/user001", 2),
+            ("s/run-1", 1),
+            (".", 1),
+            ("(unnamed)", 2),
+        ]);
+        let d = after.minus(&before).by_path_in_homes("s/run-1");
+        assert_eq!(
+            d.by_path,
+            [
+                (".mozilla/firefox/p".to_string(), 7),
+                (".".to_string(), 2),
+                ("(above the homes)".to_string(), 2),
+                ("(unnamed)".to_string(), 2),
+            ]
+            .into()
+        );
+    }
+}
