@@ -79,23 +79,45 @@ const LONG: &str = "create,stat-tree,read-tree,stat-tree,read-tree,stat-tree,rea
 
 /// A "server" that accepts and closes at once spun loadgen at 100% CPU forever (a closed
 /// connection read as 0 bytes again and again); one that accepts and never answers hung
-/// it. Both are now errors naming what happened.
+/// it. Both are now errors naming what happened, also a close with our call unread there
+/// (the kernel then resets the connection instead of closing it).
 #[test]
 fn an_nfs_server_that_closes_or_never_answers_is_a_clear_error() {
-    for answers in [false, true] {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Server {
+        Closes,
+        ClosesWithTheCallUnread,
+        NeverAnswers,
+    }
+    for server in [
+        Server::Closes,
+        Server::ClosesWithTheCallUnread,
+        Server::NeverAnswers,
+    ] {
+        let answers = server == Server::NeverAnswers;
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(mut c) = c else { return };
-                if answers {
+                match server {
                     // Takes the call and says nothing, for ever.
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 1024];
-                        while c.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
-                    });
-                } else {
-                    drop(c);
+                    Server::NeverAnswers => {
+                        std::thread::spawn(move || {
+                            let mut buf = [0u8; 1024];
+                            while c.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+                        });
+                    }
+                    Server::Closes => drop(c),
+                    Server::ClosesWithTheCallUnread => {
+                        std::thread::spawn(move || {
+                            let mut one = [0u8; 1];
+                            // The call has begun to arrive; the rest stays unread.
+                            let _ = c.peek(&mut one);
+                            std::thread::sleep(Duration::from_millis(100));
+                            drop(c);
+                        });
+                    }
                 }
             }
         });

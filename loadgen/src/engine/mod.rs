@@ -15,7 +15,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -23,8 +23,8 @@ use hdrhistogram::Histogram;
 mod pool;
 mod task;
 
-use pool::{no_answer, Board, Pool};
-use task::{exists, Aligned, Cursor, Task, WalkKind, Worker};
+use pool::{no_answer, Pool};
+use task::{exists, Cursor, Task, WalkKind};
 
 use crate::store::{Kind, Store, Target};
 use crate::workload::{Lists, Phase, Round, Workload};
@@ -427,76 +427,22 @@ pub fn run_with_gate(
 ) -> Outcome {
     let mut out = Outcome::default();
     let rounds: &[Round] = &cfg.workload.rounds;
-    let fail_all = |phase: Phase, tree: u32, e: String| {
-        let clients = (0..cfg.clients)
-            .map(|i| ClientResult {
-                client: cfg.client_base + i,
-                error: Some(e.clone()),
-                ..ClientResult::default()
-            })
-            .collect();
-        PhaseResult::new(phase, tree, clients, Latencies::new())
-    };
+    let fail_all = |phase: Phase, tree: u32, e: String| failed_round(cfg, phase, tree, e);
     let first = rounds.first().map(|r| (r.timed.phase, r.timed.tree));
-    // Every client's directory, then the native order (untimed).
     let mut setup = Store::connect(&cfg.target);
-    let mut lists = cfg.workload.lists.clone();
-    let mut setup_err = None;
-    for i in 0..cfg.clients {
-        let d = Task::client_dir(cfg, i);
-        if let Err(e) = setup.mkdir(&d) {
-            if !exists(&e) {
-                setup_err = Some(format!("cannot make {}: {e}", d.display()));
-                break;
-            }
+    let lists = match (set_up_clients(cfg, &mut setup), first) {
+        (Ok(lists), _) => lists,
+        (Err(e), Some((phase, tree))) => {
+            let pr = fail_all(phase, tree, e);
+            on_phase(&pr);
+            out.phases.push(pr);
+            return out;
         }
-    }
-    if setup_err.is_none() && cfg.native_order {
-        match native_order(cfg, &lists) {
-            Ok(l) => lists = l,
-            Err(e) => setup_err = Some(e),
-        }
-    }
-    if let (Some(e), Some((phase, tree))) = (setup_err, first) {
-        let pr = fail_all(phase, tree, e);
-        on_phase(&pr);
-        out.phases.push(pr);
-        return out;
-    }
+        // No round to fail: on to the cleanup.
+        (Err(_), None) => cfg.workload.lists.clone(),
+    };
     let threads = cfg.threads.clamp(1, cfg.clients.max(1));
-    let buf = data_buffer(cfg.write_size);
-    let pool = Arc::new(Pool {
-        cfg: cfg.clone(),
-        lists,
-        tasks: (0..cfg.clients)
-            .map(|id| {
-                Mutex::new(Task {
-                    id,
-                    store: None,
-                    jobs: VecDeque::new(),
-                    cur: None,
-                    result: ClientResult::default(),
-                    started: false,
-                    done: false,
-                })
-            })
-            .collect(),
-        workers: (0..threads)
-            .map(|_| {
-                Mutex::new(Worker {
-                    buf: Aligned::new(&buf),
-                    rbuf: Aligned::new(&vec![0u8; buf.len() / 2]),
-                    lat: Latencies::new(),
-                })
-            })
-            .collect(),
-        board: Mutex::new(Board::default()),
-        work: Condvar::new(),
-        done: Condvar::new(),
-        epoch: Mutex::new(Instant::now()),
-        halt: AtomicBool::new(false),
-        files_done: AtomicU64::new(0),
-    });
+    let pool = Arc::new(Pool::new(cfg, lists, threads));
     let handles: Vec<_> = (0..threads)
         .map(|w| {
             let pool = pool.clone();
@@ -558,30 +504,8 @@ pub fn run_with_gate(
                 "cancelled: another host could not start the phase".to_string(),
             ),
             (None, true) => {
-                let p = pool.pass(
-                    |id| {
-                        let mut jobs = vec![Task::cursor(cfg, id, n, &round.timed)];
-                        if round.sync {
-                            jobs.push(Cursor::Sync(false));
-                        }
-                        jobs
-                    },
-                    deadline,
-                    stop,
-                    progress,
-                );
-                hung = p.hung;
-                let phase = round.timed.phase;
-                let clients = p
-                    .clients
-                    .into_iter()
-                    .map(|mut c| {
-                        c.error = c.error.map(|e| format!("{}: {e}", phase.name()));
-                        c
-                    })
-                    .collect();
-                let mut pr = PhaseResult::new(phase, round.timed.tree, clients, p.latencies);
-                pr.released = Some(p.released);
+                let (pr, stuck) = timed_pass(&pool, cfg, round, stop, progress);
+                hung = stuck;
                 pr
             }
         };
@@ -598,27 +522,7 @@ pub fn run_with_gate(
         }
     }
     if cfg.cleanup {
-        // After an interrupt too: clients go on to the end of the cleanup.
-        pool.halt.store(false, Ordering::Relaxed);
-        let never = AtomicBool::new(false);
-        let cleaned = pool.pass(
-            |id| {
-                vec![Cursor::Walk {
-                    kind: WalkKind::Delete,
-                    root: Task::client_dir(cfg, id),
-                    started: false,
-                    pending: VecDeque::new(),
-                    frames: Vec::new(),
-                    remove_root: true,
-                }]
-            },
-            deadline,
-            &never,
-            progress,
-        );
-        out.hung = cleaned.hung;
-        out.left
-            .extend(cleaned.clients.into_iter().filter_map(|c| c.error));
+        clean_up(&pool, cfg, progress, &mut out);
         if out.hung {
             return out;
         }
@@ -628,4 +532,95 @@ pub fn run_with_gate(
         let _ = h.join();
     }
     out
+}
+
+/// A round every client failed with `e` (nothing of it was run).
+fn failed_round(cfg: &Config, phase: Phase, tree: u32, e: String) -> PhaseResult {
+    let clients = (0..cfg.clients)
+        .map(|i| ClientResult {
+            client: cfg.client_base + i,
+            error: Some(e.clone()),
+            ..ClientResult::default()
+        })
+        .collect();
+    PhaseResult::new(phase, tree, clients, Latencies::new())
+}
+
+/// Every client's directory, then the native order (untimed): the lists the clients work
+/// through.
+fn set_up_clients(cfg: &Config, setup: &mut Store) -> Result<Lists, String> {
+    for i in 0..cfg.clients {
+        let d = Task::client_dir(cfg, i);
+        if let Err(e) = setup.mkdir(&d) {
+            if !exists(&e) {
+                return Err(format!("cannot make {}: {e}", d.display()));
+            }
+        }
+    }
+    if cfg.native_order {
+        native_order(cfg, &cfg.workload.lists)
+    } else {
+        Ok(cfg.workload.lists.clone())
+    }
+}
+
+/// The timed part of `round` by every client (and its sync): the round's result, and
+/// whether calls were still in flight at its deadline.
+fn timed_pass(
+    pool: &Pool,
+    cfg: &Config,
+    round: &Round,
+    stop: &AtomicBool,
+    progress: &Progress,
+) -> (PhaseResult, bool) {
+    let n = cfg.clients;
+    let p = pool.pass(
+        |id| {
+            let mut jobs = vec![Task::cursor(cfg, id, n, &round.timed)];
+            if round.sync {
+                jobs.push(Cursor::Sync(false));
+            }
+            jobs
+        },
+        cfg.phase_timeout,
+        stop,
+        progress,
+    );
+    let phase = round.timed.phase;
+    let clients = p
+        .clients
+        .into_iter()
+        .map(|mut c| {
+            c.error = c.error.map(|e| format!("{}: {e}", phase.name()));
+            c
+        })
+        .collect();
+    let mut pr = PhaseResult::new(phase, round.timed.tree, clients, p.latencies);
+    pr.released = Some(p.released);
+    (pr, p.hung)
+}
+
+/// Every client's directory removed, after an interrupt too (clients go on to the end of
+/// the cleanup): what could not be removed is named in `out.left`.
+fn clean_up(pool: &Pool, cfg: &Config, progress: &Progress, out: &mut Outcome) {
+    pool.halt.store(false, Ordering::Relaxed);
+    let never = AtomicBool::new(false);
+    let cleaned = pool.pass(
+        |id| {
+            vec![Cursor::Walk {
+                kind: WalkKind::Delete,
+                root: Task::client_dir(cfg, id),
+                started: false,
+                pending: VecDeque::new(),
+                frames: Vec::new(),
+                remove_root: true,
+            }]
+        },
+        cfg.phase_timeout,
+        &never,
+        progress,
+    );
+    out.hung = cleaned.hung;
+    out.left
+        .extend(cleaned.clients.into_iter().filter_map(|c| c.error));
 }

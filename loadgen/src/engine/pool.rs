@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::task::{Ctx, Cursor, Task, Worker};
-use super::{ClientResult, Config, Latencies, Progress};
+use super::task::{Aligned, Ctx, Cursor, Task, Worker};
+use super::{data_buffer, ClientResult, Config, Latencies, Progress};
 use crate::locks::{self, Locked};
 use crate::workload::Lists;
 
@@ -207,4 +207,43 @@ pub(super) fn no_answer(deadline: Option<Duration>) -> String {
         "no answer within the phase timeout ({} s): a call to the target has not returned",
         deadline.map(|d| d.as_secs()).unwrap_or(0)
     )
+}
+
+impl Pool {
+    /// A pool of `threads` workers for `cfg`'s clients, each working through `lists`.
+    pub(super) fn new(cfg: &Config, lists: Lists, threads: usize) -> Self {
+        let buf = data_buffer(cfg.write_size);
+        Pool {
+            cfg: cfg.clone(),
+            lists,
+            tasks: (0..cfg.clients)
+                .map(|id| {
+                    Mutex::new(Task {
+                        id,
+                        store: None,
+                        jobs: VecDeque::new(),
+                        cur: None,
+                        result: ClientResult::default(),
+                        started: false,
+                        done: false,
+                    })
+                })
+                .collect(),
+            workers: (0..threads)
+                .map(|_| {
+                    Mutex::new(Worker {
+                        buf: Aligned::new(&buf),
+                        rbuf: Aligned::new(&vec![0u8; buf.len() / 2]),
+                        lat: Latencies::new(),
+                    })
+                })
+                .collect(),
+            board: Mutex::new(Board::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            epoch: Mutex::new(Instant::now()),
+            halt: AtomicBool::new(false),
+            files_done: AtomicU64::new(0),
+        }
+    }
 }

@@ -290,50 +290,17 @@ impl Task {
                 made_root,
                 seen,
             } => {
-                if !*made_root {
-                    *made_root = true;
-                    let p = root.clone();
-                    tolerant(lat, Op::Mkdir, exists, || store.mkdir(&p))
-                        .map_err(|e| with_path(e, &p))?;
-                    r.dirs += 1;
-                    return Ok(true);
-                }
-                let Some(entry) = ctx.lists.get(*list).get(*next) else {
-                    return Ok(false);
+                let w = WriteAt {
+                    root,
+                    list: *list,
+                    unlink: *unlink,
+                    read_first: *read_first,
+                    overwrite: *overwrite,
+                    next,
+                    made_root,
+                    seen,
                 };
-                *next += 1;
-                let path = root.join(&entry.path);
-                if let Some((dname, _)) = entry.path.rsplit_once('/') {
-                    if !seen.contains(dname) {
-                        let dir = root.join(dname);
-                        r.dirs += makedirs(store, lat, &dir).map_err(|e| with_path(e, &dir))?;
-                        let mut d = dname;
-                        loop {
-                            seen.insert(d.to_string());
-                            match d.rsplit_once('/') {
-                                Some((parent, _)) => d = parent,
-                                None => break,
-                            }
-                        }
-                    }
-                }
-                if *unlink {
-                    tolerant(lat, Op::Unlink, missing, || store.unlink(&path))
-                        .map_err(|e| with_path(e, &path))?;
-                }
-                let how = if *overwrite {
-                    Open::Over
-                } else if *read_first {
-                    Open::ReadFirst
-                } else {
-                    Open::Append
-                };
-                write_file(store, ctx.worker, cfg, &path, entry, how)
-                    .map_err(|e| with_path(e, &path))?;
-                r.bytes += entry.size;
-                r.files += 1;
-                ctx.progress.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
+                write_step(store, r, ctx, w)
             }
             Cursor::Unlink { root, list, next } => {
                 let Some(entry) = ctx.lists.get(*list).get(*next) else {
@@ -355,87 +322,181 @@ impl Task {
                 frames,
                 remove_root,
             } => {
-                if !*started {
-                    *started = true;
-                    let f = list_dir(store, lat, root)?;
-                    r.dirs += 1;
-                    if *kind == WalkKind::Read {
-                        pending.extend(f.files.iter().map(|n| f.dir.join(n)));
-                    }
-                    frames.push(f);
-                    return Ok(true);
-                }
-                let worker = &mut *ctx.worker;
-                if *kind == WalkKind::Read {
-                    if let Some(p) = pending.pop_front() {
-                        let n = read_file(store, worker, &p, cfg.direct)
-                            .map_err(|e| with_path(e, &p))?;
-                        r.bytes += n;
-                        r.files += 1;
-                        ctx.progress.fetch_add(1, Ordering::Relaxed);
-                        return Ok(true);
-                    }
-                }
-                let lat = &mut worker.lat;
-                while let Some(top) = frames.last_mut() {
-                    if top.next < top.subdirs.len() {
-                        let sub = top.dir.join(&top.subdirs[top.next]);
-                        top.next += 1;
-                        if *kind == WalkKind::Read {
-                            // os.walk checks that a subdirectory is no symlink before
-                            // going in (top-down only).
-                            let k = timed(lat, Op::Stat, || store.stat(&sub))
-                                .map_err(|e| with_path(e, &sub))?;
-                            r.dirs += 1;
-                            if k != Kind::Dir {
-                                return Ok(true);
-                            }
-                        }
-                        let f = list_dir(store, lat, &sub)?;
-                        r.dirs += 1;
-                        if *kind == WalkKind::Read {
-                            pending.extend(f.files.iter().map(|n| f.dir.join(n)));
-                        }
-                        frames.push(f);
-                        return Ok(true);
-                    }
-                    if *kind != WalkKind::Read && top.post < top.files.len() + top.subdirs.len() {
-                        let i = top.post;
-                        top.post += 1;
-                        let (name, is_dir) = if i < top.files.len() {
-                            (&top.files[i], false)
-                        } else {
-                            (&top.subdirs[i - top.files.len()], true)
-                        };
-                        let p = top.dir.join(name);
-                        match (*kind, is_dir) {
-                            (WalkKind::Stat, _) => {
-                                timed(lat, Op::Stat, || store.stat(&p).map(|_| ()))
-                            }
-                            (_, false) => timed(lat, Op::Unlink, || store.unlink(&p)),
-                            (_, true) => timed(lat, Op::Rmdir, || store.rmdir(&p)),
-                        }
-                        .map_err(|e| with_path(e, &p))?;
-                        if is_dir {
-                            r.dirs += 1;
-                        } else {
-                            r.files += 1;
-                            ctx.progress.fetch_add(1, Ordering::Relaxed);
-                        }
-                        return Ok(true);
-                    }
-                    frames.pop();
-                }
-                if *remove_root {
-                    *remove_root = false;
-                    let p = root.clone();
-                    timed(lat, Op::Rmdir, || store.rmdir(&p)).map_err(|e| with_path(e, &p))?;
-                    return Ok(true);
-                }
-                Ok(false)
+                let w = WalkAt {
+                    kind: *kind,
+                    root,
+                    started,
+                    pending,
+                    frames,
+                    remove_root,
+                };
+                walk_step(store, r, ctx, w)
             }
         }
     }
+}
+
+/// A write cursor's state, for [`write_step`].
+struct WriteAt<'a> {
+    root: &'a PathBuf,
+    list: ListId,
+    unlink: bool,
+    read_first: bool,
+    overwrite: bool,
+    next: &'a mut usize,
+    made_root: &'a mut bool,
+    seen: &'a mut HashSet<String>,
+}
+
+/// One unit of a write cursor: its root made, or the next file of its list written (its
+/// directories made first, compilebench's way); false when the list is done.
+fn write_step(
+    store: &mut Store,
+    r: &mut ClientResult,
+    ctx: &mut Ctx,
+    w: WriteAt<'_>,
+) -> io::Result<bool> {
+    let (cfg, lat) = (ctx.cfg, &mut ctx.worker.lat);
+    if !*w.made_root {
+        *w.made_root = true;
+        let p = w.root.clone();
+        tolerant(lat, Op::Mkdir, exists, || store.mkdir(&p)).map_err(|e| with_path(e, &p))?;
+        r.dirs += 1;
+        return Ok(true);
+    }
+    let Some(entry) = ctx.lists.get(w.list).get(*w.next) else {
+        return Ok(false);
+    };
+    *w.next += 1;
+    let path = w.root.join(&entry.path);
+    if let Some((dname, _)) = entry.path.rsplit_once('/') {
+        if !w.seen.contains(dname) {
+            let dir = w.root.join(dname);
+            r.dirs += makedirs(store, lat, &dir).map_err(|e| with_path(e, &dir))?;
+            let mut d = dname;
+            loop {
+                w.seen.insert(d.to_string());
+                match d.rsplit_once('/') {
+                    Some((parent, _)) => d = parent,
+                    None => break,
+                }
+            }
+        }
+    }
+    if w.unlink {
+        tolerant(lat, Op::Unlink, missing, || store.unlink(&path))
+            .map_err(|e| with_path(e, &path))?;
+    }
+    let how = if w.overwrite {
+        Open::Over
+    } else if w.read_first {
+        Open::ReadFirst
+    } else {
+        Open::Append
+    };
+    write_file(store, ctx.worker, cfg, &path, entry, how).map_err(|e| with_path(e, &path))?;
+    r.bytes += entry.size;
+    r.files += 1;
+    ctx.progress.fetch_add(1, Ordering::Relaxed);
+    Ok(true)
+}
+
+/// A walk cursor's state, for [`walk_step`].
+struct WalkAt<'a> {
+    kind: WalkKind,
+    root: &'a PathBuf,
+    started: &'a mut bool,
+    pending: &'a mut VecDeque<PathBuf>,
+    frames: &'a mut Vec<Frame>,
+    remove_root: &'a mut bool,
+}
+
+/// One unit of a walk: the root listed, a file read (top-down reads), a directory gone
+/// into, a file or directory looked at or removed (bottom-up), the root removed; false
+/// when the walk is done.
+fn walk_step(
+    store: &mut Store,
+    r: &mut ClientResult,
+    ctx: &mut Ctx,
+    w: WalkAt<'_>,
+) -> io::Result<bool> {
+    let cfg = ctx.cfg;
+    let lat = &mut ctx.worker.lat;
+    if !*w.started {
+        *w.started = true;
+        let f = list_dir(store, lat, w.root)?;
+        r.dirs += 1;
+        if w.kind == WalkKind::Read {
+            w.pending.extend(f.files.iter().map(|n| f.dir.join(n)));
+        }
+        w.frames.push(f);
+        return Ok(true);
+    }
+    let worker = &mut *ctx.worker;
+    if w.kind == WalkKind::Read {
+        if let Some(p) = w.pending.pop_front() {
+            let n = read_file(store, worker, &p, cfg.direct).map_err(|e| with_path(e, &p))?;
+            r.bytes += n;
+            r.files += 1;
+            ctx.progress.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
+    }
+    let lat = &mut worker.lat;
+    while let Some(top) = w.frames.last_mut() {
+        if top.next < top.subdirs.len() {
+            let sub = top.dir.join(&top.subdirs[top.next]);
+            top.next += 1;
+            if w.kind == WalkKind::Read {
+                // os.walk checks that a subdirectory is no symlink before
+                // going in (top-down only).
+                let k =
+                    timed(lat, Op::Stat, || store.stat(&sub)).map_err(|e| with_path(e, &sub))?;
+                r.dirs += 1;
+                if k != Kind::Dir {
+                    return Ok(true);
+                }
+            }
+            let f = list_dir(store, lat, &sub)?;
+            r.dirs += 1;
+            if w.kind == WalkKind::Read {
+                w.pending.extend(f.files.iter().map(|n| f.dir.join(n)));
+            }
+            w.frames.push(f);
+            return Ok(true);
+        }
+        if w.kind != WalkKind::Read && top.post < top.files.len() + top.subdirs.len() {
+            let i = top.post;
+            top.post += 1;
+            let (name, is_dir) = if i < top.files.len() {
+                (&top.files[i], false)
+            } else {
+                (&top.subdirs[i - top.files.len()], true)
+            };
+            let p = top.dir.join(name);
+            match (w.kind, is_dir) {
+                (WalkKind::Stat, _) => timed(lat, Op::Stat, || store.stat(&p).map(|_| ())),
+                (_, false) => timed(lat, Op::Unlink, || store.unlink(&p)),
+                (_, true) => timed(lat, Op::Rmdir, || store.rmdir(&p)),
+            }
+            .map_err(|e| with_path(e, &p))?;
+            if is_dir {
+                r.dirs += 1;
+            } else {
+                r.files += 1;
+                ctx.progress.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(true);
+        }
+        w.frames.pop();
+    }
+    if *w.remove_root {
+        *w.remove_root = false;
+        let p = w.root.clone();
+        timed(lat, Op::Rmdir, || store.rmdir(&p)).map_err(|e| with_path(e, &p))?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// os.makedirs as compilebench calls it: if the parent is missing, make it first (the

@@ -35,6 +35,20 @@ impl Guarded {
             ),
         )
     }
+
+    /// A connection the server reset or closed (whether the kernel saw a FIN or, with our
+    /// call still unread there, a reset) is said so; other errors as they are.
+    fn closed(&self, e: io::Error) -> io::Error {
+        match e.kind() {
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => io::Error::new(
+                e.kind(),
+                format!("the NFS server {} closed the connection ({e})", self.server),
+            ),
+            _ => e,
+        }
+    }
 }
 
 impl nfs3_client::io::AsyncRead for Guarded {
@@ -42,7 +56,8 @@ impl nfs3_client::io::AsyncRead for Guarded {
         let read = tokio::io::AsyncReadExt::read(&mut self.stream, buf);
         let n = tokio::time::timeout(self.timeout, read)
             .await
-            .map_err(|_| self.timed_out("answer"))??;
+            .map_err(|_| self.timed_out("answer"))?
+            .map_err(|e| self.closed(e))?;
         if n == 0 && !buf.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
@@ -58,7 +73,8 @@ impl nfs3_client::io::AsyncWrite for Guarded {
         let write = tokio::io::AsyncWriteExt::write(&mut self.stream, buf);
         let n = tokio::time::timeout(self.timeout, write)
             .await
-            .map_err(|_| self.timed_out("take a call"))??;
+            .map_err(|_| self.timed_out("take a call"))?
+            .map_err(|e| self.closed(e))?;
         if n == 0 && !buf.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::WriteZero,
