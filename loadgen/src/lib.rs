@@ -16,6 +16,7 @@ pub mod pyrandom;
 pub mod remote;
 pub mod report;
 pub mod safety;
+pub mod stop;
 pub mod store;
 pub mod storm;
 #[allow(unsafe_code)]

@@ -10,20 +10,17 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::{Latencies, Op};
 
-/// Set when the run is to stop (SIGINT, SIGTERM): actors stop between actions.
-pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
 /// The users of a storm released by its start barrier that have not started yet.
 pub static NOT_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn check_interrupted() -> io::Result<()> {
-    if INTERRUPTED.load(Ordering::Relaxed) {
+    if crate::stop::interrupted() {
         Err(io::Error::new(
             io::ErrorKind::Interrupted,
             "interrupted by a signal",

@@ -394,7 +394,7 @@ fn main() -> ExitCode {
     ) {
         // Ctrl-C or SIGTERM: the clients stop at their next call, the results so far are
         // written, and what the run made is removed.
-        loadgen::storm::stop_on_signals();
+        loadgen::stop::stop_on_signals();
     }
     exit_code(dispatch(cli.command))
 }

@@ -32,7 +32,7 @@ pub(crate) fn sweep(dir: &Path, opts: &RunOpts, clients: &[usize]) -> Result<(),
         let r = run_workload("sweep", dir, w.clone(), &schedule, c, opts, false)?;
         let failed = r.error.clone();
         runs.push(r);
-        if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+        if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
             break;
         }
         if let Some(e) = failed {
@@ -492,7 +492,7 @@ fn run_clients(
     progress: &Progress,
     on_phase: impl FnMut(&engine::PhaseResult),
 ) -> Ran {
-    let stop = &loadgen::login::INTERRUPTED;
+    let stop = &loadgen::stop::INTERRUPTED;
     match hosts {
         None => {
             let o = engine::run(cfg, progress, stop, on_phase);
@@ -541,7 +541,7 @@ fn settle_report(report: &mut RunReport, ran: Ran, rounds: usize, dir: &Path, ta
             dir.display()
         ));
     }
-    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+    if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
         report.error = Some("interrupted by a signal".into());
     }
     report.complete = report.error.is_none() && ran.results == rounds;
@@ -682,9 +682,9 @@ pub(crate) fn agent(
     }
     let cfg = engine_config(&target, &run_dir, clients, workload, opts, dropped);
     // The coordinator's `stop`, or its going away, stops this host's clients too.
-    let stop = &loadgen::login::INTERRUPTED;
+    let stop = &loadgen::stop::INTERRUPTED;
     remote::agent_listen(stop);
-    loadgen::storm::stop_on_signals();
+    loadgen::stop::stop_on_signals();
     let o = engine::run_with_gate(
         &cfg,
         &Progress::default(),

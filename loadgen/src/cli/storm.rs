@@ -219,7 +219,7 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     for line in loadgen::storm::clear_leftovers(&cfg) {
         eprintln!("loadgen login-storm: {line}");
     }
-    loadgen::storm::stop_on_signals();
+    loadgen::stop::stop_on_signals();
     let modes: Vec<bool> = if a.compare {
         vec![false, true]
     } else {
@@ -254,7 +254,7 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     })
     .map_err(Error::Failed)?;
     print!("{}", loadgen::storm::table(&runs));
-    if loadgen::login::INTERRUPTED.load(Ordering::Relaxed) {
+    if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
         return Err(Error::Failed(
             "interrupted by a signal: stopped cleanly, homes and mounts removed".into(),
         ));

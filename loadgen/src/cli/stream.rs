@@ -72,7 +72,7 @@ pub(crate) fn stream(a: &StreamArgs) -> Result<(), Error> {
             &opts,
             false,
         )?;
-        let stop = r.error.is_some() || loadgen::login::INTERRUPTED.load(Ordering::Relaxed);
+        let stop = r.error.is_some() || loadgen::stop::INTERRUPTED.load(Ordering::Relaxed);
         runs.push(r);
         if stop {
             break;

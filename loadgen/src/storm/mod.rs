@@ -259,9 +259,7 @@ pub fn run(
     result.map(|()| reports)
 }
 
-fn interrupted() -> bool {
-    crate::login::INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
-}
+use crate::stop::interrupted;
 
 /// Sleeps until `t`, waking early when interrupted.
 fn sleep_until(t: Instant) {
@@ -271,17 +269,6 @@ fn sleep_until(t: Instant) {
             None => return,
         }
     }
-}
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    crate::login::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// SIGINT and SIGTERM stop the storm cleanly: the users stop between actions, log out
-/// (ccfs unmounts and syncs), and the homes and scratch space are removed.
-pub fn stop_on_signals() {
-    crate::sys::on_stop_signals(on_stop_signal);
 }
 
 #[cfg(test)]
