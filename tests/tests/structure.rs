@@ -34,10 +34,14 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The crates' own sources (not their tests/ or benches).
+/// The crates' own sources and the benches' (not the tests/ of any).
 fn source_dirs() -> Vec<PathBuf> {
     let ws = workspace();
-    let mut dirs = vec![ws.join("ccfs/src"), ws.join("loadgen/src")];
+    let mut dirs = vec![
+        ws.join("ccfs/src"),
+        ws.join("loadgen/src"),
+        ws.join("benches/src"),
+    ];
     for e in fs::read_dir(ws.join("crates")).expect("crates/") {
         let src = e.expect("entry").path().join("src");
         if src.is_dir() {

@@ -177,13 +177,37 @@ fn main() {
         lcpu.push(cpu * share);
         let _ = fs::remove_dir(&run_dir);
     }
+    let samples = Samples {
+        rc,
+        rr,
+        lc,
+        lr,
+        rcpu,
+        lcpu,
+    };
+    report(samples, files, rounds, scale);
+}
+
+/// Each round's times (replay create and read, loadgen create and read) and user CPU
+/// (replay, loadgen).
+struct Samples {
+    rc: Vec<f64>,
+    rr: Vec<f64>,
+    lc: Vec<f64>,
+    lr: Vec<f64>,
+    rcpu: Vec<f64>,
+    lcpu: Vec<f64>,
+}
+
+/// The medians, their ratios, and the 0.9x floor (judged on a full-size run only).
+fn report(mut s: Samples, files: f64, rounds: usize, scale: f64) {
     let (rc, rr, lc, lr) = (
-        median(&mut rc),
-        median(&mut rr),
-        median(&mut lc),
-        median(&mut lr),
+        median(&mut s.rc),
+        median(&mut s.rr),
+        median(&mut s.lc),
+        median(&mut s.lr),
     );
-    let (rcpu, lcpu) = (median(&mut rcpu), median(&mut lcpu));
+    let (rcpu, lcpu) = (median(&mut s.rcpu), median(&mut s.lcpu));
     println!(
         "{:<10} {:>12} {:>12} {:>22}",
         "phase", "replay s", "loadgen s", "loadgen speed / replay"
