@@ -384,7 +384,11 @@ impl Filesystem for CcfsFs {
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.open_file(&ctx(req, 0), &path, flags.0) {
             Ok(file) => {
-                let mode = match self.io_mode(ino.0, file.current().file(), file.is_deferred()) {
+                let chosen = {
+                    let g = file.current();
+                    self.io_mode(ino.0, g.file(), g.is_deferred())
+                };
+                let mode = match chosen {
                     Ok(mode) => mode,
                     Err(e) => {
                         self.overlay.close_file(&file);

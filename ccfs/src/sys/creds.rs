@@ -147,11 +147,16 @@ pub(super) fn thread_count() -> Option<usize> {
 }
 
 /// Kills the process group `group` (a child started in a group of its own) with SIGKILL;
-/// a group that is gone already is fine.
+/// a group that is gone already is fine. Group 0 (the caller's own) and 1 (kill(-1):
+/// every process) are never killed.
 pub fn kill_group(group: u32) {
     let Ok(pgid) = libc::pid_t::try_from(group) else {
         return;
     };
+    if pgid <= 1 {
+        tracing::error!(group, "refusing to kill process group {group}");
+        return;
+    }
     // SAFETY: kill(2) takes plain integers; a negative pid names the group.
     unsafe { libc::kill(-pgid, libc::SIGKILL) };
 }
