@@ -2076,3 +2076,26 @@ fn model_regression_a_write_through_one_of_two_sent_links_then_a_crash_in_the_sy
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model on a whole-second share, in CI): both
+/// workstations remove .c/b, one sends the removal, makes .c/b anew and logs out; the
+/// other, its clock years behind, makes .c/b empty twice: its logout must set its file
+/// aside as a conflict beside the other's.
+#[test]
+fn sessions_regression_a_file_made_again_on_both_after_both_removed_it() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![(1, 1)],
+        [-315360000, 0],
+        vec![
+            Unlink(1, 1),
+            Unlink(0, 1),
+            Sync(1),
+            Write(1, 1, 1, 1),
+            Logout(1),
+            Write(0, 1, 0, 0),
+            Write(0, 1, 0, 0),
+        ],
+    )
+    .expect("model");
+}

@@ -600,7 +600,16 @@ impl World {
     }
 
     fn learn_dirs(&self, model: &mut Model) -> Checked {
+        self.note_looks(model);
         model.learn_dir_inodes(|p| self.dir_ino(p))
+    }
+
+    /// On a share that keeps whole seconds, the model learns each share file's look (see
+    /// [`Model::same_looks`]).
+    fn note_looks(&self, model: &mut Model) {
+        if self.whole_seconds {
+            model.same_looks(&self.share_looks());
+        }
     }
 
     /// Logs workstation `w` in: the overlay, and the recovery a mount runs when the
@@ -1500,6 +1509,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             other => world.apply(&mut model, other),
         }
         .map_err(at)?;
+        world.note_looks(&mut model);
         model.look_at_clean_copies();
         world.compare(&mut model).map_err(at)?;
     }

@@ -247,6 +247,9 @@ pub struct Model {
     /// the harness as it writes them): ccfs tells its own transfer by size and mtime,
     /// there cut to the second, so two versions of one size in one second are one to it.
     pub stamp_seconds: Option<BTreeMap<u64, i64>>,
+    /// On a share that keeps whole seconds, each file version's last look (inode, size,
+    /// mtime, ctime) and object, as the harness saw it (see [`Model::same_looks`]).
+    pub looks_seen: BTreeMap<u64, ([i64; 6], Obj)>,
 }
 
 impl Model {
@@ -266,6 +269,68 @@ impl Model {
             next_stamp: 1,
             look_kept: BTreeSet::new(),
             stamp_seconds: None,
+            looks_seen: BTreeMap::new(),
+        }
+    }
+
+    /// On a share that keeps whole seconds: a file version on the share (`looks`: every
+    /// share file's look now) whose look and bytes, permission bits and attribute are
+    /// those of an earlier version no longer on the share is that version to every look.
+    /// ext4 gives a new file the inode number a removed one freed, and within the same
+    /// second its times are the removed one's too: nothing, to ccfs or to a user, tells
+    /// the two apart (a workstation whose base is the removed one finds it still there).
+    pub fn same_looks(&mut self, looks: &BTreeMap<PathBuf, [i64; 6]>) {
+        let same_object = |a: &Obj, b: &Obj| match (a, b) {
+            (
+                Obj::File {
+                    data: d1,
+                    mode: m1,
+                    xattr: x1,
+                    ..
+                },
+                Obj::File {
+                    data: d2,
+                    mode: m2,
+                    xattr: x2,
+                    ..
+                },
+            ) => d1 == d2 && m1 == m2 && x1 == x2,
+            _ => false,
+        };
+        let on_share: BTreeSet<u64> = self
+            .share
+            .values()
+            .filter_map(|e| match e.ver {
+                Ver::File(v) => Some(v),
+                Ver::Dir(_) => None,
+            })
+            .collect();
+        for (p, look) in looks {
+            let Some(e) = self.share.get(p) else { continue };
+            let Ver::File(v) = e.ver else { continue };
+            let earlier = self.looks_seen.iter().find(|(u, (l, o))| {
+                **u != v && !on_share.contains(*u) && l == look && same_object(o, &e.obj)
+            });
+            let Some((&u, _)) = earlier else { continue };
+            if let Some(e) = self.share.get_mut(p) {
+                e.ver = Ver::File(u);
+            }
+            for ws in &mut self.ws {
+                for b in ws.bases.values_mut() {
+                    if *b == Some(Ver::File(v)) {
+                        *b = Some(Ver::File(u));
+                    }
+                }
+            }
+        }
+        for (p, look) in looks {
+            if let Some(ShareEntry {
+                obj,
+                ver: Ver::File(v),
+            }) = self.share.get(p)
+            {
+                self.looks_seen.insert(*v, (*look, obj.clone()));
+            }
         }
     }
 
