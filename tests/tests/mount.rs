@@ -1120,7 +1120,17 @@ fn posix_semantics(fx: &Fixture, dir: &str) {
         .write(true)
         .open(&mm)
         .expect("open");
-    // SAFETY: a fresh mapping of an 8 KiB file we opened read-write; unmapped below.
+    // A share may show a file written and closed a moment ago shorter than it is, for a
+    // moment (MooseFS's client does, seen on its own mount without ccfs when other
+    // processes look at the file): a mapping beyond the length the kernel was told
+    // faults (SIGBUS). The mapping is made once the open file shows its length.
+    wait_until(
+        "the file to map shows its length",
+        Duration::from_secs(10),
+        || f.metadata().is_ok_and(|m| m.len() == 8192),
+    );
+    // SAFETY: a fresh mapping of an 8 KiB file we opened read-write, which shows its
+    // 8 KiB; unmapped below.
     unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
