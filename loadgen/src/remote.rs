@@ -312,6 +312,25 @@ struct Crew<'a> {
 }
 
 impl Crew<'_> {
+    /// [`from_all`] over this crew's agents; `want` gets each message with its agent's
+    /// number and host.
+    fn hear_all(
+        &mut self,
+        what: &str,
+        mut want: impl FnMut(usize, &str, &AgentMsg) -> Result<Take, String>,
+    ) -> Result<(), String> {
+        let agents = &self.agents;
+        from_all(
+            agents,
+            &self.rx,
+            &mut self.early,
+            self.timeout,
+            self.stop,
+            what,
+            |k, m| want(k, &agents[k].host, m),
+        )
+    }
+
     fn send_all(&mut self, word: &str) {
         for a in self.agents.iter_mut() {
             a.send(word);
@@ -412,26 +431,18 @@ fn clock_offsets(crew: &mut Crew) -> Result<Vec<(i128, u64)>, String> {
     for _ in 0..5 {
         let sent = origin.elapsed().as_nanos();
         crew.send_all("ping");
-        from_all(
-            &crew.agents,
-            &crew.rx,
-            &mut crew.early,
-            crew.timeout,
-            crew.stop,
-            "answer a ping",
-            |k, m| match m {
-                AgentMsg::Pong(theirs) => {
-                    let back = origin.elapsed().as_nanos();
-                    let rtt = back.saturating_sub(sent);
-                    let mid = (back - rtt / 2) as i128;
-                    if (rtt as u64) < offsets[k].1 {
-                        offsets[k] = (i128::from(*theirs) - mid, rtt as u64);
-                    }
-                    Ok(Take::Mine)
+        crew.hear_all("answer a ping", |k, _, m| match m {
+            AgentMsg::Pong(theirs) => {
+                let back = origin.elapsed().as_nanos();
+                let rtt = back.saturating_sub(sent);
+                let mid = (back - rtt / 2) as i128;
+                if (rtt as u64) < offsets[k].1 {
+                    offsets[k] = (i128::from(*theirs) - mid, rtt as u64);
                 }
-                _ => Ok(Take::Later),
-            },
-        )?;
+                Ok(Take::Mine)
+            }
+            _ => Ok(Take::Later),
+        })?;
     }
     Ok(offsets)
 }
@@ -446,45 +457,26 @@ fn play_round(
 ) -> Result<PhaseResult, String> {
     let phase = round.timed.phase;
     // Preparing can take as long as a round.
-    from_all(
-        &crew.agents,
-        &crew.rx,
-        &mut crew.early,
-        crew.timeout,
-        crew.stop,
-        "get ready",
-        |k, m| match m {
-            AgentMsg::Ready(n) if *n == i => Ok(Take::Mine),
-            other => Err(format!(
-                "{}: expected ready {i}, got {other:?}",
-                crew.agents[k].host
-            )),
-        },
-    )?;
+    crew.hear_all("get ready", |_, host, m| match m {
+        AgentMsg::Ready(n) if *n == i => Ok(Take::Mine),
+        other => Err(format!("{}: expected ready {i}, got {other:?}", host)),
+    })?;
     // The cross-host barrier: every host prepared, all start now.
     crew.send_all("go");
     let mut clients = Vec::new();
     let mut latencies = Latencies::new();
-    from_all(
-        &crew.agents,
-        &crew.rx,
-        &mut crew.early,
-        crew.timeout,
-        crew.stop,
-        "finish the round",
-        |k, m| match m {
-            AgentMsg::Result(w) if w.phase == phase.name() && w.tree == round.timed.tree => {
-                clients.extend(from_wire(w, offsets[k].0));
-                latencies.merge(&Latencies::from_wire(&w.latencies));
-                Ok(Take::Mine)
-            }
-            other => Err(format!(
-                "{}: expected the {} result, got {other:?}",
-                crew.agents[k].host,
-                phase.name()
-            )),
-        },
-    )?;
+    crew.hear_all("finish the round", |k, host, m| match m {
+        AgentMsg::Result(w) if w.phase == phase.name() && w.tree == round.timed.tree => {
+            clients.extend(from_wire(w, offsets[k].0));
+            latencies.merge(&Latencies::from_wire(&w.latencies));
+            Ok(Take::Mine)
+        }
+        other => Err(format!(
+            "{}: expected the {} result, got {other:?}",
+            host,
+            phase.name()
+        )),
+    })?;
     clients.sort_by_key(|c| c.client);
     // From the first client's start, on the coordinator's clock.
     let first = clients.iter().map(|c| c.start).min().unwrap_or_default();
