@@ -24,6 +24,18 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The `file.rs::name` references in `text`.
+/// The documents: doc/*.md and the README.
+fn documents(root: &Path) -> Vec<PathBuf> {
+    let mut docs: Vec<PathBuf> = fs::read_dir(root.join("doc"))
+        .expect("doc/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.push(root.join("README.md"));
+    docs
+}
+
 fn references(text: &str) -> Vec<(String, String)> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
@@ -57,13 +69,7 @@ fn every_test_the_documents_name_exists() {
     for d in ["ccfs", "loadgen", "tests", "crates", "benches"] {
         sources(&root.join(d), &mut files);
     }
-    let mut docs: Vec<PathBuf> = fs::read_dir(root.join("doc"))
-        .expect("doc/")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    docs.push(root.join("README.md"));
+    let docs = documents(&root);
     let mut missing = Vec::new();
     for doc in &docs {
         let text = fs::read_to_string(doc).expect("doc");
@@ -144,13 +150,7 @@ fn module_file(root: &Path, path: &[String]) -> Option<PathBuf> {
 #[test]
 fn every_unit_test_the_documents_name_by_module_is_in_that_module() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut docs: Vec<PathBuf> = fs::read_dir(root.join("doc"))
-        .expect("doc/")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    docs.push(root.join("README.md"));
+    let docs = documents(&root);
     let mut missing = Vec::new();
     let mut checked = 0;
     for doc in &docs {
