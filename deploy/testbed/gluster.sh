@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # GlusterFS 10: a replica-3 volume of three bricks on this host, glusterd kept private
 # (working, run and log directories under the state dir, bound to 127.0.0.2: the CLI
-# refuses 127.0.0.1/localhost in brick names), and a FUSE client mount.
+# refuses 127.0.0.1/localhost in brick names), and a FUSE client mount. The bricks live on
+# the server's disk (lib.sh, server_disk: one disk for the three, as one server's array);
+# on `hdd` the bricks' delay-gen translator delays every fsync and fsyncdir HDD_FSYNC_MS.
+# The volume's profile (the bricks' own per-call counts) is on from the start: `counts`
+# prints it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
@@ -13,11 +17,14 @@ G=(gluster --glusterd-sock=/var/run/glusterd.socket --mode=script)
 
 up() {
   need_packages glusterfs-server glusterfs-client
+  check_server_disk
   if mountpoint -q "$MNT" 2>/dev/null; then
     echo "$MNT"
     return 0
   fi
-  mkdir -p "$STATE"/{wd,run,log,bricks/b1,bricks/b2,bricks/b3,mnt}
+  mkdir -p "$STATE"/{wd,run,log,mnt}
+  mount_server_disk "$STATE/bricks" 8G
+  mkdir -p "$STATE"/bricks/{b1,b2,b3}
   if [ ! -f "$STATE/glusterd.pid" ] || ! kill -0 "$(cat "$STATE/glusterd.pid")" 2>/dev/null; then
     glusterd --xlator-option "management.working-directory=$STATE/wd" \
       --xlator-option "management.run-directory=$STATE/run" \
@@ -30,7 +37,13 @@ up() {
   if ! "${G[@]}" volume info "$VOL" >/dev/null 2>&1; then
     "${G[@]}" volume create "$VOL" replica 3 "$ADDR:$STATE/bricks/b1" "$ADDR:$STATE/bricks/b2" "$ADDR:$STATE/bricks/b3" force >/dev/null
   fi
+  if [ "$(server_disk)" = hdd ]; then
+    "${G[@]}" volume set "$VOL" delay-gen.enable fsync,fsyncdir >/dev/null
+    "${G[@]}" volume set "$VOL" delay-gen.delay-percentage 100 >/dev/null
+    "${G[@]}" volume set "$VOL" delay-gen.delay-duration $((HDD_FSYNC_MS * 1000)) >/dev/null
+  fi
   "${G[@]}" volume start "$VOL" force >/dev/null
+  "${G[@]}" volume profile "$VOL" start >/dev/null 2>&1 || true
   # Every process glusterd started for the volume wrote a pid file below the run directory.
   wait_for 30 sh -c "ls '$STATE'/run/vols/$VOL/*.pid | wc -l | grep -q 3"
   for f in "$STATE"/run/vols/"$VOL"/*.pid "$STATE"/run/shd/*/*.pid "$STATE"/run/*.pid; do
@@ -57,12 +70,41 @@ remount() {
   echo "$MNT"
 }
 
+# What the bricks served since the volume started, summed over the three bricks, as one
+# JSON object: {"fops": {"LOOKUP": {"calls": N, "latency_us": TOTAL}, ...},
+# "bytes_read": N, "bytes_written": N} (`gluster volume profile VOL info cumulative`; a
+# replicated write is served by every brick, so it counts three times). A run's share is
+# the difference of two of these.
+counts() {
+  "${G[@]}" volume profile "$VOL" info cumulative | python3 -c '
+import json, re, sys
+fops, read, written = {}, 0, 0
+row = re.compile(r"^\s*[\d.]+\s+([\d.]+) us\s+[\d.]+ us\s+[\d.]+ us\s+(\d+)\s+([A-Z_]+)\s*$")
+for line in sys.stdin:
+    m = row.match(line)
+    if m:
+        avg, calls, fop = float(m.group(1)), int(m.group(2)), m.group(3)
+        f = fops.setdefault(fop, {"calls": 0, "latency_us": 0.0})
+        f["calls"] += calls
+        f["latency_us"] += avg * calls
+        continue
+    m = re.match(r"^\s*Data (Read|Written): (\d+) bytes", line)
+    if m:
+        if m.group(1) == "Read":
+            read += int(m.group(2))
+        else:
+            written += int(m.group(2))
+print(json.dumps({"fops": fops, "bytes_read": read, "bytes_written": written}, sort_keys=True))
+'
+}
+
 down() {
   [ -d "$STATE" ] || return 0
   unmount_dir "$MNT"
   # Processes glusterd started after `up` recorded (self-heal) are still listed in pid files.
   for f in "$STATE"/run/shd/*/*.pid "$STATE"/run/vols/*/*.pid; do [ -f "$f" ] && record "$(cat "$f")"; done
   stop_recorded
+  unmount_server_disk "$STATE/bricks"
   rm -rf "$STATE"
 }
 

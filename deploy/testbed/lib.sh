@@ -62,3 +62,56 @@ unmount_dir() {
     umount "$dir" 2>/dev/null || umount -l "$dir" || return 1
   done
 }
+
+# The server's disk, CCFS_SERVER_DISK (deploy/testbed/up NAME --server-disk KIND sets it):
+#   memory  a tmpfs: a server fsync costs nothing (the cheapest server there is);
+#   ssd     a journaled ext4 of its own, a loop image on this machine's disk (the default):
+#           a server fsync commits the journal and reaches the disk, as on a real server;
+#   hdd     ssd, and where the server can delay each fsync it does (GlusterFS: its own
+#           delay-gen translator on the bricks' fsync and fsyncdir, HDD_FSYNC_MS each), a
+#           model of a busy rotating disk or a loaded array.
+HDD_FSYNC_MS=8
+server_disk() {
+  local kind=${CCFS_SERVER_DISK:-ssd}
+  case "$kind" in
+    memory|ssd|hdd) echo "$kind" ;;
+    *) echo "testbed: the server disk '$kind' is not one of memory, ssd, hdd (--server-disk)" >&2; exit 2 ;;
+  esac
+}
+
+# mount_server_disk DIR SIZE: DIR (below $STATE) becomes the server's disk of the kind
+# server_disk names; the kind is kept in $STATE/server-disk. A server already up on
+# another kind is refused: `down` first.
+mount_server_disk() {
+  local dir=$1 size=$2 kind
+  kind=$(server_disk)
+  check_server_disk
+  mkdir -p "$dir"
+  if ! mountpoint -q "$dir"; then
+    case "$kind" in
+      memory) mount -t tmpfs -o "size=$size,mode=0755" tmpfs "$dir" ;;
+      ssd|hdd)
+        # A fresh image each time (the server's data lives and dies with the testbed).
+        rm -f "$STATE/disk.img"
+        truncate -s "$size" "$STATE/disk.img"
+        mkfs.ext4 -q -F -j "$STATE/disk.img"
+        mount -o loop "$STATE/disk.img" "$dir" ;;
+    esac
+  fi
+  echo "$kind" > "$STATE/server-disk"
+}
+
+# Refuses a testbed already up on another disk than the one asked for.
+check_server_disk() {
+  local kind
+  kind=$(server_disk)
+  if [ -f "$STATE/server-disk" ] && [ "$(cat "$STATE/server-disk")" != "$kind" ]; then
+    echo "testbed: $(basename "$STATE") runs on the '$(cat "$STATE/server-disk")' disk, not '$kind'; run deploy/testbed/down $(basename "$STATE") first" >&2
+    exit 2
+  fi
+}
+
+# unmount_server_disk DIR: after the server stopped; the image goes with $STATE.
+unmount_server_disk() {
+  unmount_dir "$1" || true
+}

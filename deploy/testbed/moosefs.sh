@@ -13,11 +13,15 @@ MNT=$STATE/mnt
 
 up() {
   need_packages moosefs-master moosefs-chunkserver moosefs-client iproute2
+  check_server_disk
   if mountpoint -q "$MNT" 2>/dev/null; then
     echo "$MNT"
     return 0
   fi
-  mkdir -p "$STATE"/{master,mnt,log}
+  mkdir -p "$STATE"/{mnt,log}
+  # The master's metadata and the chunkservers' chunks on the server's disk (lib.sh).
+  mount_server_disk "$STATE/disk" 8G
+  mkdir -p "$STATE/disk/master"
   if ! ip netns list | grep -qw "$NS"; then
     ip netns add "$NS"
     ip link add ccfs-mfs0 type veth peer name ccfs-mfs1
@@ -32,18 +36,18 @@ up() {
   cat > "$STATE/mfsmaster.cfg" <<CFG
 WORKING_USER = root
 WORKING_GROUP = root
-DATA_PATH = $STATE/master
+DATA_PATH = $STATE/disk/master
 EXPORTS_FILENAME = $STATE/mfsexports.cfg
 MATOML_LISTEN_HOST = $SRV
 MATOCS_LISTEN_HOST = $SRV
 MATOCL_LISTEN_HOST = $SRV
 CFG
-  [ -f "$STATE/master/metadata.mfs" ] || cp /var/lib/mfs/metadata.mfs.empty "$STATE/master/metadata.mfs"
+  [ -f "$STATE/disk/master/metadata.mfs" ] || cp /var/lib/mfs/metadata.mfs.empty "$STATE/disk/master/metadata.mfs"
   ip netns exec "$NS" mfsmaster -f -c "$STATE/mfsmaster.cfg" > "$STATE/log/master.log" 2>&1 &
   record $!
   for i in 1 2 3; do
-    mkdir -p "$STATE/cs$i/data" "$STATE/cs$i/hdd"
-    echo "$STATE/cs$i/hdd" > "$STATE/cs$i/mfshdd.cfg"
+    mkdir -p "$STATE/cs$i/data" "$STATE/disk/cs$i"
+    echo "$STATE/disk/cs$i" > "$STATE/cs$i/mfshdd.cfg"
     cat > "$STATE/cs$i/mfschunkserver.cfg" <<CFG
 WORKING_USER = root
 WORKING_GROUP = root
@@ -74,6 +78,7 @@ down() {
   if [ -d "$STATE" ]; then
     unmount_dir "$MNT"
     stop_recorded
+    unmount_server_disk "$STATE/disk"
   fi
   if ip netns list 2>/dev/null | grep -qw "$NS"; then
     ip netns del "$NS"

@@ -14,8 +14,12 @@ up() {
     echo "$URL"
     return 0
   fi
-  mkdir -p "$STATE"/{export,run,log}
-  chmod 777 "$STATE/export"
+  check_server_disk
+  mkdir -p "$STATE"/{run,log}
+  # The export on the server's disk (lib.sh).
+  mount_server_disk "$STATE/disk" 8G
+  mkdir -p "$STATE/disk/export"
+  chmod 777 "$STATE/disk/export"
   cat > "$STATE/ganesha.conf" <<CFG
 NFS_CORE_PARAM {
     Bind_addr = 127.0.0.1;
@@ -28,7 +32,7 @@ NFSV4 { Graceless = true; RecoveryBackend = fs; }
 NFS_KRB5 { Active_krb5 = false; }
 EXPORT {
     Export_Id = 1;
-    Path = $STATE/export;
+    Path = $STATE/disk/export;
     Pseudo = /export;
     Access_Type = RW;
     Squash = No_Root_Squash;
@@ -57,6 +61,7 @@ CFG
 down() {
   [ -d "$STATE" ] || return 0
   stop_recorded
+  unmount_server_disk "$STATE/disk"
   rm -rf "$STATE"
 }
 

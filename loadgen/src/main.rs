@@ -154,6 +154,13 @@ struct StormArgs {
     /// the sync and the dropped caches); e.g. `deploy/testbed/gluster.sh remount`.
     #[arg(long)]
     remount: Option<String>,
+    /// A shell command that prints the file server's own counters as one JSON object
+    /// ({"fops": {"OP": {"calls": N, "latency_us": T}}, "bytes_read": N, "bytes_written": N}),
+    /// run at the start, at the end of the sessions and at the end of the logouts of every
+    /// run; the table shows what the server served beside the meter's counts. E.g.
+    /// `deploy/testbed/gluster.sh counts` (the bricks' profile).
+    #[arg(long)]
+    server_counts: Option<String>,
     /// Seconds of session after the login (the profile's periodic actions run meanwhile).
     #[arg(long, default_value_t = 30)]
     session: u64,

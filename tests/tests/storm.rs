@@ -139,23 +139,26 @@ fn compare_counts_share_writes_at_the_share_side() {
     let json = out.path().join("storm.json");
     let config = out.path().join("databases-cached.toml");
     std::fs::write(&config, "[paths]\npassthrough = []\n").expect("config");
-    let o = storm(
-        share.path(),
-        work.path(),
-        &[
-            "--users",
-            "2",
-            "--session",
-            "0",
-            "--compare",
-            "--repeat",
-            "2",
-            "--ccfs-config",
-            config.to_str().expect("utf8"),
-            "--json",
-            json.to_str().expect("utf8"),
-        ],
-    );
+    // On the GlusterFS testbed scripts/test names the command that reads the bricks' own
+    // counts (deploy/testbed/gluster.sh counts).
+    let server_counts = std::env::var("CCFS_TEST_SERVER_COUNTS").ok().filter(|c| !c.is_empty());
+    let mut args = vec![
+        "--users",
+        "2",
+        "--session",
+        "0",
+        "--compare",
+        "--repeat",
+        "2",
+        "--ccfs-config",
+        config.to_str().expect("utf8"),
+        "--json",
+        json.to_str().expect("utf8"),
+    ];
+    if let Some(c) = &server_counts {
+        args.extend(["--server-counts", c.as_str()]);
+    }
+    let o = storm(share.path(), work.path(), &args);
     assert!(o.status.success(), "{}", text(&o));
     let (timed, metered) = timed_and_metered(&json);
     let modes = |rs: &[serde_json::Value]| -> Vec<bool> {
@@ -210,6 +213,9 @@ fn compare_counts_share_writes_at_the_share_side() {
     }
     assert!(n(with, "share_logout", "mutating") > 0, "the logout syncs");
     assert!(n(with, "share_logout", "write_bytes") > 0);
+    if server_counts.is_some() {
+        server_counts_match_the_meter(without, with);
+    }
     // Where the requests went, by path below the homes: every request of a part is
     // counted at one path, the paths are relative to a home (the profile's dot-directories),
     // and the logout with ccfs asks the share mostly about dotfiles.
@@ -281,6 +287,135 @@ fn compare_counts_share_writes_at_the_share_side() {
         html.contains("Login storms") && html.contains("with ccfs"),
         "{html}"
     );
+}
+
+/// The server's own counts (the bricks' profile) beside the meter's, in the metered runs:
+/// the server wrote at least every byte that reached it (a replicated write is written by
+/// every brick), and its writes during the login and the session are the baseline's, not
+/// ccfs's, which sends its changes at the logout.
+fn server_counts_match_the_meter(without: &serde_json::Value, with: &serde_json::Value) {
+    let get = |r: &serde_json::Value, part: &str, key: &str| -> u64 {
+        let parts: Vec<&str> = match part {
+            "whole" => vec!["server_login_session", "server_logout"],
+            p => vec![p],
+        };
+        parts
+            .iter()
+            .map(|p| {
+                let v = match key {
+                    "WRITE" => &r[*p]["fops"]["WRITE"]["calls"],
+                    k => &r[*p][k],
+                };
+                // An operation the server did not serve is left out.
+                if v.is_null() && key == "WRITE" && r[*p].is_object() {
+                    0
+                } else {
+                    v.as_u64().unwrap_or_else(|| panic!("{p}.{key}: {r}"))
+                }
+            })
+            .sum()
+    };
+    let meter_written = |r: &serde_json::Value| -> u64 {
+        ["share_login", "share_session", "share_logout"]
+            .iter()
+            .map(|p| r[*p]["write_bytes"].as_u64().expect("write_bytes"))
+            .sum()
+    };
+    for r in [without, with] {
+        assert!(
+            get(r, "whole", "bytes_written") >= meter_written(r),
+            "the bricks wrote fewer bytes than the meter saw reach the share: {r}"
+        );
+    }
+    let during = |r: &serde_json::Value| get(r, "server_login_session", "WRITE");
+    assert!(during(without) > 0, "{without}");
+    assert!(
+        during(with) < during(without),
+        "with ccfs the bricks see fewer writes during the login and the session: {} against {}",
+        during(with),
+        during(without)
+    );
+    assert!(get(with, "server_logout", "WRITE") > 0, "the logout syncs");
+}
+
+/// `--server-counts`: the command is read before the start, at the end of the sessions
+/// (before any logout starts) and at the end of the logouts, and every run gets the
+/// difference; a command that fails is refused before anything is made.
+#[test]
+fn server_counts_are_read_at_the_start_the_end_of_the_sessions_and_of_the_logouts() {
+    let Setup {
+        share,
+        work,
+        scratch,
+        profile,
+    } = setup("[home]\nfile .a 10\n[login]\nread .a\n[logout]\nwrite .a 20\n");
+    // Each reading adds 5 calls and 500 bytes: every part of a run sees exactly 5.
+    let state = scratch.path().join("n");
+    let cmd = format!(
+        "n=$(cat {s} 2>/dev/null || echo 0); n=$((n+5)); echo $n > {s}; \
+         printf '{{\"fops\":{{\"WRITE\":{{\"calls\":%d,\"latency_us\":%d}}}},\"bytes_read\":0,\"bytes_written\":%d}}' $n $((n*10)) $((n*100))",
+        s = state.display()
+    );
+    let json = scratch.path().join("storm.json");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--users",
+            "1",
+            "--session",
+            "0",
+            "--no-meter",
+            "--repeat",
+            "2",
+            "--profile",
+            profile.to_str().expect("utf8"),
+            "--server-counts",
+            &cmd,
+            "--json",
+            json.to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    assert_eq!(runs.len(), 2);
+    for r in &runs {
+        for part in ["server_login_session", "server_logout"] {
+            assert_eq!(r[part]["fops"]["WRITE"]["calls"], 5, "{part}: {r}");
+            assert_eq!(r[part]["bytes_written"], 500, "{part}: {r}");
+        }
+    }
+    // One reading before the first run (the check), three a run.
+    let readings: u64 = std::fs::read_to_string(&state)
+        .expect("n")
+        .trim()
+        .parse()
+        .expect("n");
+    assert_eq!(readings, 5 * 7);
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("server writes, whole run") && table.contains("server calls, logout"),
+        "{table}"
+    );
+    // A command that fails, or prints something else, is refused up front.
+    for (bad, want) in [
+        ("exit 3", "failed"),
+        ("echo calls: 5", "not the JSON object expected"),
+    ] {
+        let o = storm(
+            share.path(),
+            work.path(),
+            &["--users", "1", "--no-meter", "--server-counts", bad],
+        );
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("--server-counts") && err.contains(want),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(entries(share.path()), 0, "nothing left on the share");
 }
 
 /// Where the baseline keeps `.cache`: on the workstation (fair, the default: the share
@@ -452,6 +587,7 @@ fn bad_storm_input_is_refused_and_changes_nothing() {
         (vec!["--repeat", "0"], "--repeat"),
         (vec!["--cpu-window", "0"], "--cpu-window"),
         (vec!["--remount", " "], "--remount"),
+        (vec!["--server-counts", " "], "--server-counts"),
         (vec!["--baseline", "local"], "--baseline"),
         (
             vec!["--ccfs-config", "/nonexistent/c.toml"],

@@ -39,6 +39,9 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         None => None,
     };
     check_json(a)?;
+    if let Some(cmd) = &a.server_counts {
+        loadgen::storm::read_server_counts(cmd).map_err(user)?;
+    }
     // Made last: bad input changes nothing.
     let work = made_work(a)?;
     if !outside(&work) {
@@ -61,6 +64,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         },
         repeat: a.repeat,
         remount: a.remount.clone(),
+        server_counts: a.server_counts.clone(),
         client_pids_file,
         cpu_window,
         server_pids: pids,
@@ -88,6 +92,14 @@ fn check_numbers(a: &StormArgs) -> Result<(), Error> {
     if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {
         return Err(user(
             "--remount is empty; give the command that mounts the share's client again",
+        ));
+    }
+    if a.server_counts
+        .as_deref()
+        .is_some_and(|c| c.trim().is_empty())
+    {
+        return Err(user(
+            "--server-counts is empty; give the command that prints the server's counters",
         ));
     }
     Ok(())

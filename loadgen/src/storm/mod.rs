@@ -36,8 +36,10 @@ use serde::{Deserialize, Serialize};
 use crate::login::Profile;
 
 pub use leftovers::{clear_leftovers, KEPT_MARK};
-pub use procs::{cpu_seconds, read_pids_file};
-pub use report::{Settled, ShareCounts, StormReport, Summary, UserResult, PATH_DEPTH};
+pub use procs::{cpu_seconds, read_pids_file, read_server_counts};
+pub use report::{
+    FopCount, ServerCounts, Settled, ShareCounts, StormReport, Summary, UserResult, PATH_DEPTH,
+};
 pub use table::{median_spread, table};
 
 use leftovers::keep_evidence;
@@ -93,6 +95,9 @@ pub struct StormConfig {
     pub repeat: usize,
     /// A shell command that mounts the share's client afresh, run before every run.
     pub remount: Option<String>,
+    /// A shell command that prints the server's own counters as JSON ([`ServerCounts`]),
+    /// run at the start, at the end of the sessions and at the end of the logouts.
+    pub server_counts: Option<String>,
     /// Server processes whose CPU time is measured.
     pub server_pids: Vec<u32>,
     /// A file listing the client side's processes (the FUSE client of the share), read

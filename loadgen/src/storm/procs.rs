@@ -141,3 +141,21 @@ mod tests {
         assert_eq!(cpu_seconds(&[u32::MAX]), 0.0);
     }
 }
+
+/// The server's own counters: what `cmd` (`--server-counts`) prints.
+pub fn read_server_counts(cmd: &str) -> Result<super::ServerCounts, String> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .map_err(|e| format!("cannot run --server-counts {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "--server-counts {cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    super::ServerCounts::parse(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| format!("--server-counts {cmd:?}: {e}"))
+}

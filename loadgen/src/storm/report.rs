@@ -88,6 +88,118 @@ impl ShareCounts {
     }
 }
 
+/// What the server itself served, as its own counters tell (`--server-counts`; on the
+/// GlusterFS testbed the bricks' profile, summed over the bricks): calls and their total
+/// latency by operation, and the data read and written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerCounts {
+    pub fops: BTreeMap<String, FopCount>,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+/// One operation's calls and their summed latency in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct FopCount {
+    pub calls: u64,
+    pub latency_us: f64,
+}
+
+/// The operations that change what the server stores (GlusterFS's names).
+const SERVER_WRITES: &[&str] = &[
+    "WRITE",
+    "FSYNC",
+    "FSYNCDIR",
+    "CREATE",
+    "MKDIR",
+    "MKNOD",
+    "SYMLINK",
+    "LINK",
+    "UNLINK",
+    "RMDIR",
+    "RENAME",
+    "SETATTR",
+    "FSETATTR",
+    "TRUNCATE",
+    "FTRUNCATE",
+    "SETXATTR",
+    "FSETXATTR",
+    "REMOVEXATTR",
+    "FREMOVEXATTR",
+    "FALLOCATE",
+    "DISCARD",
+    "ZEROFILL",
+    "COPY_FILE_RANGE",
+];
+
+impl ServerCounts {
+    /// Parses what a `--server-counts` command printed: one JSON object.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text.trim()).map_err(|e| {
+            format!(
+                "its output is not the JSON object expected ({{\"fops\": {{\"OP\": {{\"calls\": N, \"latency_us\": T}}}}, \"bytes_read\": N, \"bytes_written\": N}}): {e}"
+            )
+        })
+    }
+
+    /// What `self` has more than `before` (counters that went back, as after a server's
+    /// restart, count from zero).
+    pub fn minus(&self, before: &ServerCounts) -> ServerCounts {
+        let fops = self
+            .fops
+            .iter()
+            .filter_map(|(k, v)| {
+                let b = before.fops.get(k).copied().unwrap_or_default();
+                let (calls, latency_us) = if v.calls >= b.calls {
+                    (v.calls - b.calls, (v.latency_us - b.latency_us).max(0.0))
+                } else {
+                    (v.calls, v.latency_us)
+                };
+                (calls > 0).then(|| (k.clone(), FopCount { calls, latency_us }))
+            })
+            .collect();
+        let sub = |a: u64, b: u64| if a >= b { a - b } else { a };
+        ServerCounts {
+            fops,
+            bytes_read: sub(self.bytes_read, before.bytes_read),
+            bytes_written: sub(self.bytes_written, before.bytes_written),
+        }
+    }
+
+    pub fn add(&mut self, other: &ServerCounts) {
+        for (k, v) in &other.fops {
+            let e = self.fops.entry(k.clone()).or_default();
+            e.calls += v.calls;
+            e.latency_us += v.latency_us;
+        }
+        self.bytes_read += other.bytes_read;
+        self.bytes_written += other.bytes_written;
+    }
+
+    /// Every call the server served.
+    pub fn calls(&self) -> u64 {
+        self.fops.values().map(|f| f.calls).sum()
+    }
+
+    /// The calls that change what the server stores.
+    pub fn writes(&self) -> u64 {
+        self.calls_of(SERVER_WRITES)
+    }
+
+    /// The calls of the named operations.
+    pub fn calls_of(&self, ops: &[&str]) -> u64 {
+        ops.iter()
+            .filter_map(|op| self.fops.get(*op))
+            .map(|f| f.calls)
+            .sum()
+    }
+
+    /// The server's time in every call, in seconds.
+    pub fn busy_s(&self) -> f64 {
+        self.fops.values().map(|f| f.latency_us).sum::<f64>() / 1e6
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UserResult {
     pub user: usize,
@@ -187,6 +299,13 @@ pub struct StormReport {
     pub share_session: Option<ShareCounts>,
     /// ... during the logouts.
     pub share_logout: Option<ShareCounts>,
+    /// What the server served by its own counters (`--server-counts`), from the start to
+    /// the end of the sessions ...
+    #[serde(default)]
+    pub server_login_session: Option<ServerCounts>,
+    /// ... and during the logouts.
+    #[serde(default)]
+    pub server_logout: Option<ServerCounts>,
     /// CPU seconds of the given server processes over `cpu_window_s`.
     pub server_cpu_s: Option<f64>,
     /// CPU seconds of the client side's given processes (the share's FUSE client) over
@@ -218,6 +337,13 @@ impl StormReport {
             Some(l) => format!("{l}, {run}"),
             None => run,
         }
+    }
+
+    /// What the server served over the whole run, by its own counters.
+    pub fn server_whole(&self) -> Option<ServerCounts> {
+        let mut all = self.server_login_session.clone()?;
+        all.add(self.server_logout.as_ref()?);
+        Some(all)
     }
 
     /// What reached the share over the whole run (login + session + logout).
@@ -264,6 +390,29 @@ mod tests {
             (5, 2, 30, 0)
         );
         assert_eq!(d.by_op, [("write".to_string(), 2)].into());
+    }
+
+    #[test]
+    fn server_counts_parse_and_subtract_per_operation() {
+        let text = r#"{"fops": {"WRITE": {"calls": 10, "latency_us": 500.0},
+            "LOOKUP": {"calls": 7, "latency_us": 70.0}}, "bytes_read": 4096, "bytes_written": 9000}"#;
+        let after = ServerCounts::parse(text).unwrap();
+        let before = ServerCounts::parse(
+            r#"{"fops": {"WRITE": {"calls": 4, "latency_us": 200.0}, "LOOKUP": {"calls": 7, "latency_us": 70.0}},
+                "bytes_read": 0, "bytes_written": 1000}"#,
+        )
+        .unwrap();
+        let d = after.minus(&before);
+        assert_eq!((d.calls(), d.writes(), d.bytes_written), (6, 6, 8000));
+        assert!(
+            !d.fops.contains_key("LOOKUP"),
+            "an operation with no new call is left out"
+        );
+        assert!((d.busy_s() - 300e-6).abs() < 1e-12);
+        // A server restarted between the two counts from zero again.
+        assert_eq!(before.minus(&after).calls_of(&["WRITE"]), 4);
+        let err = ServerCounts::parse("calls: 5").unwrap_err();
+        assert!(err.contains("not the JSON object expected"), "{err}");
     }
 
     #[test]

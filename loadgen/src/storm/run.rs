@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use super::mount::CcfsMount;
 use super::prepare::{actor, prepare_user, settle, Workstation};
-use super::procs::{cpu_seconds, read_pids_file};
+use super::procs::{cpu_seconds, read_pids_file, read_server_counts};
 use super::{
-    interrupted, now_unix, relay_config, sleep_until, RunSpec, Settled, ShareCounts, StormConfig,
-    StormReport, Summary, UserResult, PATH_DEPTH, SCHEMA,
+    interrupted, now_unix, relay_config, sleep_until, RunSpec, ServerCounts, Settled, ShareCounts,
+    StormConfig, StormReport, Summary, UserResult, PATH_DEPTH, SCHEMA,
 };
 use crate::engine::Latencies;
 use crate::login::Actor;
@@ -128,6 +128,9 @@ struct Played {
     /// The meter's counts before the start, after the logins (metered runs), after the
     /// sessions and after the logouts.
     snaps: [Option<ShareCounts>; 4],
+    /// The server's own counters before the start, after the sessions and after the
+    /// logouts (`--server-counts`).
+    server: [Option<ServerCounts>; 3],
     /// CPU seconds of the server's and the client's processes over the window, when
     /// measured.
     server_cpu_s: Option<f64>,
@@ -144,6 +147,7 @@ struct Barriers {
     go: AtomicBool,
     logins_done: Barrier,
     sessions_done: Barrier,
+    logout_go: Barrier,
     logouts_done: Barrier,
 }
 
@@ -156,6 +160,7 @@ impl Barriers {
             go: AtomicBool::new(false),
             logins_done: Barrier::new(n + 1),
             sessions_done: Barrier::new(n + 1),
+            logout_go: Barrier::new(n + 1),
             logouts_done: Barrier::new(n + 1),
         }
     }
@@ -168,6 +173,7 @@ impl Barriers {
             go: &self.go,
             logins_done: metered.then_some(&self.logins_done),
             sessions_done: &self.sessions_done,
+            logout_go: &self.logout_go,
             logouts_done: &self.logouts_done,
         }
     }
@@ -207,6 +213,7 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
     let mut played = Played {
         users: Vec::new(),
         snaps: Default::default(),
+        server: Default::default(),
         server_cpu_s: None,
         client_cpu_s: None,
         window: None,
@@ -222,8 +229,17 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
         Ok(c) => p.snaps[i] = c,
         Err(e) => p.meter_err = Some(e),
     };
+    let server_snap = |p: &mut Played, i: usize| {
+        if let Some(cmd) = &cfg.server_counts {
+            match read_server_counts(cmd) {
+                Ok(c) => p.server[i] = Some(c),
+                Err(e) => p.meter_err = Some(e),
+            }
+        }
+    };
     let mut cpu = [(0.0, 0.0); 2];
     snap(&mut played, 0);
+    server_snap(&mut played, 0);
     cpu[0] = cpu_now();
     b.start.wait();
     // Every user past the barrier (each now only yields), then all go at once.
@@ -237,9 +253,13 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
         snap(&mut played, 1);
     }
     b.sessions_done.wait();
+    // The counts of the sessions' end read before any logout starts.
     snap(&mut played, 2);
+    server_snap(&mut played, 1);
+    b.logout_go.wait();
     b.logouts_done.wait();
     snap(&mut played, 3);
+    server_snap(&mut played, 2);
     if meter.measure_cpu {
         if let Some(w) = cfg.cpu_window {
             sleep_until(t0 + w);
@@ -306,11 +326,16 @@ fn report(
     let Played {
         users,
         snaps,
+        server,
         server_cpu_s,
         client_cpu_s,
         window,
         meter_err,
     } = played;
+    let server_delta = |a: &Option<ServerCounts>, b: &Option<ServerCounts>| match (a, b) {
+        (Some(a), Some(b)) => Some(b.minus(a)),
+        _ => None,
+    };
     let (per_user, lat_login, lat_session) = merge_users(users);
     let error = users_error(&per_user).or(meter_err);
     let of = |f: fn(&UserResult) -> f64| Summary::of(&per_user.iter().map(f).collect::<Vec<_>>());
@@ -346,6 +371,8 @@ fn report(
         share_login: delta(&snaps[0], &snaps[1]),
         share_session: delta(&snaps[1], &snaps[2]),
         share_logout: delta(&snaps[2], &snaps[3]),
+        server_login_session: server_delta(&server[0], &server[1]),
+        server_logout: server_delta(&server[1], &server[2]),
         server_cpu_s,
         client_cpu_s,
         ccfs_cpu_s: (spec.with_ccfs && ccfs_cpu.len() == per_user.len() && !per_user.is_empty())
@@ -372,6 +399,8 @@ struct Gates<'a> {
     /// Metered runs only: the counts are read between the logins and the sessions.
     logins_done: Option<&'a Barrier>,
     sessions_done: &'a Barrier,
+    /// Passed once the counts of the sessions' end are read.
+    logout_go: &'a Barrier,
     logouts_done: &'a Barrier,
 }
 
@@ -420,6 +449,7 @@ fn user(
     }
     let session_lat = session(cfg, &mut actor, &mut r);
     gates.sessions_done.wait();
+    gates.logout_go.wait();
     log_out(cfg, &mut actor, mount, &mut r);
     gates.logouts_done.wait();
     (r, login_lat, session_lat)
@@ -463,6 +493,7 @@ fn pass_the_rest(gates: &Gates, r: UserResult) -> (UserResult, Latencies, Latenc
         b.wait();
     }
     gates.sessions_done.wait();
+    gates.logout_go.wait();
     gates.logouts_done.wait();
     (r, Latencies::new(), Latencies::new())
 }

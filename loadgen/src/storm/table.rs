@@ -210,6 +210,46 @@ const ROWS: &[Row] = &[
         Unit::Bytes,
     ),
     timed(
+        "server calls, login + session",
+        |r| Some(r.server_login_session.as_ref()?.calls() as f64),
+        Unit::Count,
+    ),
+    timed(
+        "server calls, logout",
+        |r| Some(r.server_logout.as_ref()?.calls() as f64),
+        Unit::Count,
+    ),
+    timed(
+        "server writes, login + session",
+        |r| Some(r.server_login_session.as_ref()?.writes() as f64),
+        Unit::Count,
+    ),
+    timed(
+        "server writes, whole run",
+        |r| Some(r.server_whole()?.writes() as f64),
+        Unit::Count,
+    ),
+    timed(
+        "server fsyncs, whole run",
+        |r| Some(r.server_whole()?.calls_of(&["FSYNC", "FSYNCDIR"]) as f64),
+        Unit::Count,
+    ),
+    timed(
+        "server bytes written, whole run",
+        |r| Some(r.server_whole()?.bytes_written as f64),
+        Unit::Bytes,
+    ),
+    timed(
+        "server bytes read, whole run",
+        |r| Some(r.server_whole()?.bytes_read as f64),
+        Unit::Bytes,
+    ),
+    timed(
+        "server time in calls, whole run (s)",
+        |r| Some(r.server_whole()?.busy_s()),
+        Unit::Seconds,
+    ),
+    timed(
         "files not found (per user)",
         |r| per_user(r, |u| u.missing_files),
         Unit::Count,
@@ -310,7 +350,7 @@ fn heading(first: &StormReport, cols: &Columns) -> String {
         "loadgen login-storm: {} users on {} ({}), session {} s, profile {}\n\
          baseline: {}; {}\n\
          times: median (min-max) of {} timed run(s) a mode, order {} (A without ccfs, B with); \
-         counts: {}\n\n",
+         counts: {}\n{}\n",
         first.users,
         first.share,
         first.environment.fs_type,
@@ -328,6 +368,11 @@ fn heading(first: &StormReport, cols: &Columns) -> String {
             "one more run a mode through the share meter"
         } else {
             "none (--no-meter)"
+        },
+        if runs.iter().any(|r| r.server_login_session.is_some()) {
+            "server rows: the server's own counters (--server-counts), timed runs\n"
+        } else {
+            ""
         }
     )
 }
@@ -499,6 +544,35 @@ mod tests {
             error: None,
             start_s: 0.001 * u as f64,
         };
+        // The server's own counts: `writes` WRITE calls of 8 KiB and `fsyncs` FSYNCs.
+        let server = |writes: f64, fsyncs: f64| crate::storm::ServerCounts {
+            fops: [
+                (
+                    "WRITE".to_string(),
+                    crate::storm::FopCount {
+                        calls: writes as u64,
+                        latency_us: writes * 100.0,
+                    },
+                ),
+                (
+                    "FSYNC".to_string(),
+                    crate::storm::FopCount {
+                        calls: fsyncs as u64,
+                        latency_us: fsyncs * 8000.0,
+                    },
+                ),
+                (
+                    "LOOKUP".to_string(),
+                    crate::storm::FopCount {
+                        calls: 50,
+                        latency_us: 500.0,
+                    },
+                ),
+            ]
+            .into(),
+            bytes_read: 4096,
+            bytes_written: writes as u64 * 8192,
+        };
         let run = |with_ccfs: bool, metered: bool, run_index: usize, k: f64| {
             let per_user = vec![user(0, 1.0 * k, with_ccfs), user(1, 2.0 * k, with_ccfs)];
             let of = |f: fn(&UserResult) -> f64| {
@@ -543,6 +617,8 @@ mod tests {
                 share_login: c(1),
                 share_session: c(2),
                 share_logout: c(3),
+                server_login_session: (!metered).then(|| server(100.0 * k, 2.0 * k)),
+                server_logout: (!metered).then(|| server(20.0 * k, 1.0)),
                 server_cpu_s: (!metered).then_some(1.5 * k),
                 client_cpu_s: (!metered && !with_ccfs).then_some(0.75 * k),
                 ccfs_cpu_s: (with_ccfs && !metered).then_some(0.5),
@@ -584,6 +660,7 @@ mod tests {
     const TWO_MODES: &str = r#"loadgen login-storm: 2 users on /mnt/share (fuse.glusterfs), session 30 s, profile desktop
 baseline: fair (without ccfs, .cache on the workstation's disk); first logins (workstations never used)
 times: median (min-max) of 2 timed run(s) a mode, order ABBA (A without ccfs, B with); counts: one more run a mode through the share meter
+server rows: the server's own counters (--server-counts), timed runs
 
                                                 without ccfs             with ccfs    ratio
 time to login p50 (s)                       1.10 (1.00-1.20)      0.55 (0.50-0.60)    0.500
@@ -611,6 +688,14 @@ share requests, whole run                                600                   9
 share writes, whole run                                   60                    90    1.500
 share bytes written, whole run                        9.0 MB               13.5 MB    1.500
 share bytes read, whole run                          18.0 MB               27.0 MB    1.500
+server calls, login + session                  162 (152-172)         106 (101-111)    0.654
+server calls, logout                              73 (71-75)            62 (61-63)    0.849
+server writes, login + session                 112 (102-122)            56 (51-61)    0.500
+server writes, whole run                       135 (123-147)            68 (62-74)    0.504
+server fsyncs, whole run                                   3                     2    0.667
+server bytes written, whole run       1.1 MB (1.0 MB-1.2 MB)0.5 MB (0.5 MB-0.6 MB)    0.500
+server bytes read, whole run                          0.0 MB                0.0 MB    1.000
+server time in calls, whole run (s)         0.04 (0.04-0.04)      0.02 (0.02-0.03)    0.613
 files not found (per user)                                 4                     4    1.000
   of which rebuilt (per user)                              0                     0    1.000
 
@@ -638,6 +723,7 @@ lab, with ccfs, metered: stopped: user001: logout: no space
     const ONE_MODE: &str = r#"loadgen login-storm: 2 users on /mnt/share (fuse.glusterfs), session 30 s, profile desktop
 baseline: fair (without ccfs, .cache on the workstation's disk); first logins (workstations never used)
 times: median (min-max) of 2 timed run(s) a mode, order AA (A without ccfs, B with); counts: none (--no-meter)
+server rows: the server's own counters (--server-counts), timed runs
 
                                                 without ccfs
 time to login p50 (s)                       1.10 (1.00-1.20)
@@ -650,6 +736,14 @@ users' start spread (ms)                                 1.0
 server CPU, whole run (s)                   1.65 (1.50-1.80)
 client CPU: share client (s)                0.82 (0.75-0.90)
   CPU window (s)                                       10.00
+server calls, login + session                  162 (152-172)
+server calls, logout                              73 (71-75)
+server writes, login + session                 112 (102-122)
+server writes, whole run                       135 (123-147)
+server fsyncs, whole run                                   3
+server bytes written, whole run       1.1 MB (1.0 MB-1.2 MB)
+server bytes read, whole run                          0.0 MB
+server time in calls, whole run (s)         0.04 (0.04-0.04)
 files not found (per user)                                 4
   of which rebuilt (per user)                              0
 
