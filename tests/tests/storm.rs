@@ -141,7 +141,9 @@ fn compare_counts_share_writes_at_the_share_side() {
     std::fs::write(&config, "[paths]\npassthrough = []\n").expect("config");
     // On the GlusterFS testbed scripts/test names the command that reads the bricks' own
     // counts (deploy/testbed/gluster.sh counts).
-    let server_counts = std::env::var("CCFS_TEST_SERVER_COUNTS").ok().filter(|c| !c.is_empty());
+    let server_counts = std::env::var("CCFS_TEST_SERVER_COUNTS")
+        .ok()
+        .filter(|c| !c.is_empty());
     let mut args = vec![
         "--users",
         "2",
