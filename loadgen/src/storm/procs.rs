@@ -111,6 +111,24 @@ pub fn read_pids_file(path: &Path) -> Result<Vec<u32>, String> {
         .collect()
 }
 
+/// The server's own counters: what `cmd` (`--server-counts`) prints.
+pub fn read_server_counts(cmd: &str) -> Result<super::ServerCounts, String> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .map_err(|e| format!("cannot run --server-counts {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "--server-counts {cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    super::ServerCounts::parse(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| format!("--server-counts {cmd:?}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,22 +158,4 @@ mod tests {
         assert!(cpu_seconds(&[std::process::id()]) > 0.0);
         assert_eq!(cpu_seconds(&[u32::MAX]), 0.0);
     }
-}
-
-/// The server's own counters: what `cmd` (`--server-counts`) prints.
-pub fn read_server_counts(cmd: &str) -> Result<super::ServerCounts, String> {
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .map_err(|e| format!("cannot run --server-counts {cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "--server-counts {cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    super::ServerCounts::parse(&String::from_utf8_lossy(&out.stdout))
-        .map_err(|e| format!("--server-counts {cmd:?}: {e}"))
 }

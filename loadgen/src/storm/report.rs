@@ -396,12 +396,12 @@ mod tests {
     fn server_counts_parse_and_subtract_per_operation() {
         let text = r#"{"fops": {"WRITE": {"calls": 10, "latency_us": 500.0},
             "LOOKUP": {"calls": 7, "latency_us": 70.0}}, "bytes_read": 4096, "bytes_written": 9000}"#;
-        let after = ServerCounts::parse(text).unwrap();
+        let after = ServerCounts::parse(text).expect("after");
         let before = ServerCounts::parse(
             r#"{"fops": {"WRITE": {"calls": 4, "latency_us": 200.0}, "LOOKUP": {"calls": 7, "latency_us": 70.0}},
                 "bytes_read": 0, "bytes_written": 1000}"#,
         )
-        .unwrap();
+        .expect("before");
         let d = after.minus(&before);
         assert_eq!((d.calls(), d.writes(), d.bytes_written), (6, 6, 8000));
         assert!(
@@ -411,7 +411,7 @@ mod tests {
         assert!((d.busy_s() - 300e-6).abs() < 1e-12);
         // A server restarted between the two counts from zero again.
         assert_eq!(before.minus(&after).calls_of(&["WRITE"]), 4);
-        let err = ServerCounts::parse("calls: 5").unwrap_err();
+        let err = ServerCounts::parse("calls: 5").expect_err("not JSON");
         assert!(err.contains("not the JSON object expected"), "{err}");
     }
 
