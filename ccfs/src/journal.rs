@@ -107,6 +107,18 @@ fn body(record: &Record) -> String {
         Record::Racy(p, Content::Unknown) => format!("A {} -", escape(p)),
         Record::Racy(p, Content::Sha256(d)) => format!("A {} {}", escape(p), hex(d)),
         Record::Racy(p, Content::Bytes(d)) => format!("H {} {}", escape(p), hex(d)),
+        Record::Partial(p, limit) => format!("P {} {limit}", escape(p)),
+        Record::Blocks {
+            path,
+            changed,
+            blocks,
+        } => format!(
+            "K {} {} {}",
+            escape(path),
+            if *changed { "w" } else { "f" },
+            blocks.encode()
+        ),
+        Record::Whole(p) => format!("Z {}", escape(p)),
     }
 }
 
@@ -186,6 +198,17 @@ fn parse_body(b: &str) -> Option<Record> {
                 other => other,
             },
         ),
+        "P" => Record::Partial(path, it.next()?.parse().ok()?),
+        "K" => Record::Blocks {
+            path,
+            changed: match it.next()? {
+                "w" => true,
+                "f" => false,
+                _ => return None,
+            },
+            blocks: crate::extents::Extents::decode(it.next()?)?,
+        },
+        "Z" => Record::Whole(path),
         _ => return None,
     };
     if it.next().is_some() {
@@ -793,6 +816,20 @@ mod tests {
                     })
                 )),
             Just(Record::SyncEnd),
+            (arb_path(), any::<u64>()).prop_map(|(p, l)| Record::Partial(p, l)),
+            (
+                arb_path(),
+                any::<bool>(),
+                prop::collection::vec((0u64..100, 1u64..20), 0..4)
+            )
+                .prop_map(|(path, changed, r)| Record::Blocks {
+                    path,
+                    changed,
+                    blocks: crate::extents::Extents::of(
+                        &r.iter().map(|&(s, n)| (s, s + n)).collect::<Vec<_>>()
+                    ),
+                }),
+            arb_path().prop_map(Record::Whole),
             (arb_path(), any::<Option<[u8; 32]>>(), any::<bool>()).prop_map(|(p, d, old)| {
                 let c = match d {
                     None => Content::Unknown,

@@ -16,6 +16,7 @@ pub mod control;
 pub mod counters;
 pub mod daemon;
 pub mod error;
+pub mod extents;
 pub mod fuse;
 pub mod gate;
 pub mod journal;

@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::extents::Extents;
+
 /// The identity of a file on the share when it was copied up (device and inode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Origin {
@@ -82,6 +84,32 @@ pub enum Record {
     /// look, so the base stands only while the share's file has this content. Follows
     /// the `Base` it qualifies; the next `Base` of the path (or a `Forget`) ends it.
     Racy(PathBuf, Content),
+    /// The cache file of `path` is held by block (`overlay/blocks.rs`): below `limit`
+    /// bytes, a block it lacks is its base's (the share's version `Base` records); from
+    /// `limit` on the cache file alone is the file. Recorded at the take-over, and again
+    /// when a truncation lowers the limit (before the cache file is cut).
+    Partial(PathBuf, u64),
+    /// The cache file of `path`, held by block, has `blocks` on disk: `changed`, written
+    /// here (the sync sends them); else copied from its base.
+    Blocks {
+        path: PathBuf,
+        changed: bool,
+        blocks: Extents,
+    },
+    /// The cache file of `path` is whole: no longer held by block.
+    Whole(PathBuf),
+}
+
+/// A file held by block: where its bytes are (see [`Record::Partial`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partial {
+    /// Below it, a block the cache lacks is the base's.
+    pub limit: u64,
+    /// The blocks the cache file has.
+    pub here: Extents,
+    /// Of those, the ones written here since the share last had the file as the cache
+    /// has it (what a sync sends).
+    pub changed: Extents,
 }
 
 /// The record of unsynced work.
@@ -93,6 +121,7 @@ pub struct OverlayState {
     bases: BTreeMap<PathBuf, Option<ShareId>>,
     sending: BTreeMap<PathBuf, Option<Sent>>,
     racy: BTreeMap<PathBuf, Content>,
+    partial: BTreeMap<PathBuf, Partial>,
 }
 
 /// Keys of `set` equal to `root` or below it.
@@ -146,6 +175,9 @@ impl OverlayState {
                 for k in subtree(&self.origins, path) {
                     self.origins.remove(&k);
                 }
+                for k in subtree(&self.partial, path) {
+                    self.partial.remove(&k);
+                }
                 if *whiteout {
                     self.whiteouts.insert(path.clone());
                 }
@@ -157,6 +189,14 @@ impl OverlayState {
                 }
                 for k in subtree(&self.origins, to) {
                     self.origins.remove(&k);
+                }
+                for k in subtree(&self.partial, to) {
+                    self.partial.remove(&k);
+                }
+                for k in subtree(&self.partial, from) {
+                    if let Some(v) = self.partial.remove(&k) {
+                        self.partial.insert(reroot(&k, from, to), v);
+                    }
                 }
                 for k in subtree_set(&self.dirty, from) {
                     self.dirty.remove(&k);
@@ -174,6 +214,9 @@ impl OverlayState {
             }
             Record::Clean(p) => {
                 self.dirty.remove(p);
+                if let Some(part) = self.partial.get_mut(p) {
+                    part.changed = Extents::new();
+                }
                 // Settled: a mark of its hand-over (the stamp of a file found unchanged
                 // on the share) has nothing left to settle.
                 self.sending.remove(p);
@@ -195,6 +238,28 @@ impl OverlayState {
                 for k in subtree(&self.origins, p) {
                     self.origins.remove(&k);
                 }
+                for k in subtree(&self.partial, p) {
+                    self.partial.remove(&k);
+                }
+            }
+            Record::Partial(p, limit) => {
+                self.partial.entry(p.clone()).or_default().limit = *limit;
+            }
+            Record::Blocks {
+                path,
+                changed,
+                blocks,
+            } => {
+                // Only of a file held by block (a record out of order adds nothing).
+                if let Some(part) = self.partial.get_mut(path) {
+                    part.here.insert_all(blocks);
+                    if *changed {
+                        part.changed.insert_all(blocks);
+                    }
+                }
+            }
+            Record::Whole(p) => {
+                self.partial.remove(p);
             }
         }
     }
@@ -232,7 +297,35 @@ impl OverlayState {
         for (p, sent) in &self.sending {
             out.push(Record::Sending(p.clone(), *sent));
         }
+        for (p, part) in &self.partial {
+            out.push(Record::Partial(p.clone(), part.limit));
+            out.push(Record::Blocks {
+                path: p.clone(),
+                changed: false,
+                blocks: part.here.clone(),
+            });
+            out.push(Record::Blocks {
+                path: p.clone(),
+                changed: true,
+                blocks: part.changed.clone(),
+            });
+        }
         out
+    }
+
+    /// Where the bytes of `p` are when its cache file is held by block.
+    pub fn partial(&self, p: &Path) -> Option<&Partial> {
+        self.partial.get(p)
+    }
+
+    /// Every file held by block.
+    pub fn partials(&self) -> impl Iterator<Item = (&PathBuf, &Partial)> {
+        self.partial.iter()
+    }
+
+    /// Files held by block at or below `root`.
+    pub fn partial_below(&self, root: &Path) -> Vec<PathBuf> {
+        subtree(&self.partial, root)
     }
 
     pub fn is_dirty(&self, p: &Path) -> bool {
@@ -342,6 +435,55 @@ mod tests {
 
     fn p(s: &str) -> PathBuf {
         PathBuf::from(s)
+    }
+
+    #[test]
+    fn a_file_held_by_block_keeps_its_blocks_with_its_cache_file() {
+        let p = |s: &str| PathBuf::from(s);
+        let blocks = |path: &str, changed, r: &[(u64, u64)]| Record::Blocks {
+            path: p(path),
+            changed,
+            blocks: Extents::of(r),
+        };
+        let mut s = OverlayState::replay(&[
+            // Blocks of a file not held by block qualify nothing.
+            blocks(".db", true, &[(0, 1)]),
+            Record::Partial(p(".db"), 40960),
+            blocks(".db", false, &[(0, 2)]),
+            blocks(".db", true, &[(5, 6)]),
+        ]);
+        let part = s.partial(Path::new(".db")).expect("held by block");
+        assert_eq!(part.limit, 40960);
+        assert_eq!(part.here, Extents::of(&[(0, 2), (5, 6)]));
+        assert_eq!(part.changed, Extents::of(&[(5, 6)]));
+        // Sent: nothing is changed any more, the blocks stay.
+        s.apply(&Record::Clean(p(".db")));
+        let part = s.partial(Path::new(".db")).expect("held by block");
+        assert!(part.changed.is_empty());
+        assert_eq!(part.here.count(), 3);
+        // A rename takes them along and replaces what the target had.
+        s.apply(&Record::Partial(p(".d/old"), 1));
+        s.apply(&Record::Rename {
+            from: p(".db"),
+            to: p(".d/old"),
+        });
+        assert!(s.partial(Path::new(".db")).is_none());
+        assert_eq!(s.partial(Path::new(".d/old")).map(|x| x.limit), Some(40960));
+        assert_eq!(s.partial_below(Path::new(".d")), [p(".d/old")]);
+        // Whole, deleted, forgotten: no longer held by block.
+        s.apply(&Record::Whole(p(".d/old")));
+        assert!(s.partials().next().is_none());
+        for end in [
+            Record::Delete {
+                path: p(".d"),
+                whiteout: false,
+            },
+            Record::Forget(p(".d")),
+        ] {
+            let mut t = OverlayState::replay(&[Record::Partial(p(".d/x"), 5)]);
+            t.apply(&end);
+            assert!(t.partial(Path::new(".d/x")).is_none(), "{end:?}");
+        }
     }
 
     #[test]
