@@ -2,7 +2,7 @@
 //! under the overlay's conflict checks, then applies the recorded deletions.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -121,7 +121,11 @@ pub fn run_sync(
     let files: Vec<PathBuf> = session
         .files
         .iter()
-        .filter(|p| !session.snapshots.contains(p) && !session.sparse.contains(p))
+        .filter(|p| {
+            !session.snapshots.contains(p)
+                && !session.sparse.contains(p)
+                && !session.by_blocks.contains(p)
+        })
         .cloned()
         .collect();
     // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
@@ -158,17 +162,26 @@ pub fn run_sync(
         parts.push((t, l));
         why.extend(w);
     }
-    if !session.sparse.is_empty() {
+    for (sent_here, send) in [
+        (
+            &session.sparse,
+            Overlay::send_sparse as fn(&Overlay, &Path) -> std::io::Result<Put>,
+        ),
+        (&session.by_blocks, Overlay::send_blocks),
+    ] {
+        if sent_here.is_empty() {
+            continue;
+        }
         let mut put = HashMap::new();
-        for p in &session.sparse {
-            match overlay.send_sparse(p) {
+        for p in sent_here {
+            match send(overlay, p) {
                 Ok(what) => {
                     put.insert(p.clone(), what);
                 }
                 Err(e) => why.push(format!("cannot send {}: {e}", crate::journal::escape(p))),
             }
         }
-        let t = if put.len() == session.sparse.len() {
+        let t = if put.len() == sent_here.len() {
             Transfer::Complete
         } else {
             Transfer::Reported(put.clone())

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -386,7 +385,8 @@ impl Filesystem for CcfsFs {
             Ok(file) => {
                 let chosen = {
                     let g = file.current();
-                    self.io_mode(ino.0, g.file(), g.is_deferred())
+                    // A file held by block is read and written through the daemon.
+                    self.io_mode(ino.0, g.file(), g.is_deferred() || g.is_held_by_block())
                 };
                 let mode = match chosen {
                     Ok(mode) => mode,
@@ -425,22 +425,14 @@ impl Filesystem for CcfsFs {
         self.count(Req::Read, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.readable(req, &h));
-        let file = g.file();
         let mut buf = vec![0u8; size as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            match file.read_at(&mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    reply.error(Errno::from(e));
-                    return;
-                }
+        match self.overlay.read_at(&g, &mut buf, offset) {
+            Ok(got) => {
+                self.overlay.requests.read(got);
+                reply.data(&buf[..got]);
             }
+            Err(e) => reply.error(Errno::from(e)),
         }
-        self.overlay.requests.read(got);
-        reply.data(&buf[..got]);
     }
 
     fn write(
@@ -458,8 +450,7 @@ impl Filesystem for CcfsFs {
         self.count(Req::Write, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
-        let file = g.file();
-        match file.write_all_at(data, offset) {
+        match self.overlay.write_at(&g, data, offset) {
             Ok(()) => {
                 self.overlay.requests.wrote(data.len());
                 reply.written(data.len() as u32)
@@ -539,15 +530,12 @@ impl Filesystem for CcfsFs {
             reply.ok();
             return;
         }
-        let file = g.file();
-        let r = if datasync {
-            file.sync_data()
-        } else {
-            file.sync_all()
-        };
-        match r {
+        match self.overlay.sync_file(&g, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from(e)),
+            Err(e) => {
+                let path = self.path(ino).unwrap_or_default();
+                reply.error(reply_err("fsync", &path, &e))
+            }
         }
     }
 

@@ -35,6 +35,16 @@ impl Overlay {
             marked = Some(self.mark_dirty(&mut inner, rel)?);
             found = self.resolve_locked(&inner, rel)?;
         }
+        let mut attr = attr;
+        if let (Some(size), Some(bf)) = (attr.size, self.block_file_locked(&inner, rel)) {
+            // A file held by block is cut through its blocks, without the lock (its
+            // record goes to disk first).
+            drop(inner);
+            self.set_len_by_block(&bf, rel, size, file)?;
+            attr.size = None;
+            inner = self.lock_for(&[rel]);
+            found = self.resolve_locked(&inner, rel)?;
+        }
         let changed = self.change_attrs(&inner, rel, &found, attr, file);
         drop(inner);
         if let Some(t) = marked {

@@ -282,7 +282,8 @@ impl Overlay {
         let second = self.share_second();
         let input = self.share.open_file(rel, libc::O_RDONLY, 0).ok()?;
         let meta = sys::fstat(&input).ok()?;
-        if !meta.is_file() {
+        // A file held by block copies nothing at its take-over.
+        if !meta.is_file() || self.held_by_block(&meta) {
             return None;
         }
         let tmp = self.tmp_rel();
@@ -357,8 +358,27 @@ impl Overlay {
         }
         let ready = prepared.filter(|p| with_data && p.meta.version() == meta.version());
         // Write-ahead: the records on disk before the copy is in place.
-        let records = self.copy_up_records(&inner, rel, &meta, second)?;
+        let mut records = self.copy_up_records(&inner, rel, &meta, second)?;
         let racy = records.iter().any(|r| matches!(r, Record::Racy(..)));
+        // A large file is held by block (see `blocks.rs`): nothing is copied. Not on a
+        // base whose look another write in its second could leave (it stands by its
+        // content, which is the whole file's), nor on a path taken over before (its
+        // base is not this file).
+        let base_after = records
+            .iter()
+            .find_map(|r| match r {
+                Record::Base(p, b) if p == rel => Some(*b),
+                _ => None,
+            })
+            .unwrap_or_else(|| inner.state.base(rel));
+        let by_block = with_data
+            && ready.is_none()
+            && !racy
+            && self.held_by_block(&meta)
+            && base_after == Some(session::share_id_of(&meta));
+        if by_block {
+            records.push(Record::Partial(rel.to_path_buf(), meta.len()));
+        }
         let names = held.iter().map(|p| p.to_path_buf()).collect();
         let flight = self.in_flight(&mut inner, names, records)?;
         self.copied_up(&mut inner, rel);
@@ -381,6 +401,16 @@ impl Overlay {
                     content = Some(seal(self.content_in_cache(&p.tmp)));
                 }
                 p.install(self, &dst)
+            }
+            None if by_block => {
+                let tmp = self.tmp_rel();
+                let result = self
+                    .sparse_copy(rel, &meta, &tmp)
+                    .and_then(|()| self.install_synced(&tmp, &dst));
+                if result.is_err() {
+                    let _ = remove_tree(&self.cache, &tmp);
+                }
+                result
             }
             None => {
                 let tmp = self.tmp_rel();
@@ -431,6 +461,17 @@ impl Overlay {
         self.cache
             .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
             .sync_all()
+    }
+
+    /// The cache file of a file held by block (see `blocks.rs`): the share's file's
+    /// length, no data (holes), its metadata.
+    fn sparse_copy(&self, src: &Path, meta: &Stat, dst: &Path) -> io::Result<()> {
+        let out =
+            self.cache
+                .open_file(dst, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+        out.set_len(meta.len())?;
+        self.copy_meta(&self.share, src, meta, dst)?;
+        out.sync_all()
     }
 
     pub(super) fn copy_object(

@@ -155,10 +155,12 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
 }
 
+pub use blocks::BlockFile;
 pub use open_file::{FileFailed, FileIo, OpenFile};
 pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 
 mod attrs;
+mod blocks;
 mod copy_up;
 mod handles;
 mod listing;
@@ -167,10 +169,13 @@ mod namespace;
 mod open_file;
 mod racy;
 mod rename;
+mod send_blocks;
 mod session;
 mod snapshot;
 mod sparse;
 
+#[cfg(test)]
+mod blocks_tests;
 #[cfg(test)]
 mod crash_tests;
 #[cfg(test)]
@@ -270,6 +275,12 @@ pub struct Overlay {
     share_is_nfs: AtomicBool,
     /// The share's clock as last told (see [`racy`]). Lock order: 12, a leaf.
     share_clock: Mutex<Option<racy::ShareClock>>,
+    /// The files held by block that a handle has used, by path (see [`blocks`]). Lock
+    /// order: 12, a leaf.
+    block_files: Mutex<HashMap<PathBuf, std::sync::Arc<BlockFile>>>,
+    /// A cached file at least this long taken over from the share is held by block (see
+    /// [`blocks`]); 0: none is.
+    by_block_from: AtomicU64,
 }
 
 /// A change whose write-ahead records wait for the disk, and whose change to the cache
@@ -328,6 +339,7 @@ impl InFlight<'_> {
             for r in &records {
                 inner.state.apply(r);
             }
+            self.overlay.applied(&records);
         }
         Self::free(inner, std::mem::take(&mut self.names));
         self.overlay.settled.notify_all();
@@ -564,6 +576,8 @@ impl Overlay {
             recent_look_ms: AtomicU64::new(RECENT_LOOK.as_millis() as u64),
             share_clock: Mutex::new(None),
             share_is_nfs: AtomicBool::new(share_is_nfs),
+            block_files: Mutex::new(HashMap::new()),
+            by_block_from: AtomicU64::new(0),
         };
         // The cache's root stands for the share's root (rsync may copy its attributes);
         // the cache directory around it stays private.
@@ -727,6 +741,7 @@ impl Overlay {
         for r in records {
             inner.state.apply(r);
         }
+        self.applied(records);
         Ok(())
     }
 
@@ -740,6 +755,7 @@ impl Overlay {
         for r in records {
             inner.state.apply(r);
         }
+        self.applied(records);
         Ok(t)
     }
 

@@ -537,6 +537,8 @@ impl Overlay {
     /// Hard link `src` as `parent/name`. Both must be of the same class.
     pub fn link(&self, ctx: &Ctx, src: &Path, parent: &Path, name: &OsStr) -> FsResult<Found> {
         self.refuse_reserved(parent, name)?;
+        // A file held by block gets a second name whole (see `blocks.rs`).
+        self.make_whole(src)?;
         let rel = parent.join(name);
         let class = self.policy.classify(src);
         if class != self.policy.classify(&rel) {

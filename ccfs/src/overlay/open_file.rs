@@ -4,7 +4,8 @@
 //! first write, follows its file to the cache when another handle wrote it there, and is
 //! detached when its name holds another file now.
 
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::locks::RwLocked;
 
@@ -23,10 +24,13 @@ pub struct FileIo {
     file: File,
     writer: Option<u64>,
     deferred: Option<Deferred>,
+    /// The file is held by block (see `blocks.rs`): reads and writes go through it.
+    blocks: Option<Arc<BlockFile>>,
 }
 
 impl FileIo {
-    /// The descriptor reads and writes go to.
+    /// The descriptor reads and writes go to (of a file held by block, its cache file:
+    /// see [`Overlay::read_at`]).
     pub fn file(&self) -> &File {
         &self.file
     }
@@ -34,6 +38,11 @@ impl FileIo {
     /// Whether the handle still reads the share's file in place of a copy-up to come.
     pub fn is_deferred(&self) -> bool {
         self.deferred.is_some()
+    }
+
+    /// Whether the file is held by block: its I/O must go through the daemon.
+    pub fn is_held_by_block(&self) -> bool {
+        self.blocks.as_ref().is_some_and(|b| b.is_partial())
     }
 }
 
@@ -84,6 +93,7 @@ impl OpenFile {
                 file,
                 writer,
                 deferred,
+                blocks: None,
             }),
         }
     }
@@ -110,14 +120,67 @@ impl Overlay {
         // The copy-up count is read before the open: a copy-up meanwhile is looked at.
         let seen = self.copy_up_count();
         let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
+        let blocks = what.is_none().then(|| self.block_file(rel)).flatten();
         let deferred = what.map(|what| Deferred { flags, seen, what });
-        Ok(OpenFile::with(file, writer, deferred))
+        let f = OpenFile::with(file, writer, deferred);
+        f.writing().blocks = blocks;
+        Ok(f)
     }
 
-    /// Closes a handle: its share of the cache file's writers is let go of.
+    /// Closes a handle: the blocks of a file held by block written through it are
+    /// journaled, and its share of the cache file's writers is let go of.
     pub fn close_file(&self, f: &OpenFile) {
-        if let Some(ino) = f.current().writer {
+        let g = f.current();
+        if let (Some(bf), Some(_)) = (&g.blocks, g.writer) {
+            if let Err(e) = self.record_blocks(bf, &g.file) {
+                tracing::error!(
+                    path = %session::shown(bf.path()),
+                    "the blocks written to a file held by block could not be journaled at its close: {e}"
+                );
+            }
+        }
+        if let Some(ino) = g.writer {
             self.release_writer(ino);
+        }
+    }
+
+    /// Reads what a handle's file has at `offset` into `buf`; the length read (less at
+    /// the end of the file).
+    pub fn read_at(&self, g: &FileIo, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if let Some(bf) = &g.blocks {
+            return bf.read_at(&self.share, &g.file, buf, offset);
+        }
+        let mut got = 0;
+        while got < buf.len() {
+            match g.file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+
+    /// Writes `data` at `offset` of a handle's file (one made ready for writing).
+    pub fn write_at(&self, g: &FileIo, data: &[u8], offset: u64) -> io::Result<()> {
+        match &g.blocks {
+            Some(bf) => bf.write_at(&self.share, &g.file, data, offset),
+            None => g.file.write_all_at(data, offset),
+        }
+    }
+
+    /// `fsync` of a handle's file: its data on disk, and of a file held by block the
+    /// record of the blocks written.
+    pub fn sync_file(&self, g: &FileIo, datasync: bool) -> FsResult<()> {
+        if datasync {
+            g.file.sync_data()?;
+        } else {
+            g.file.sync_all()?;
+        }
+        match &g.blocks {
+            Some(bf) => self.record_blocks(bf, &g.file),
+            None => Ok(()),
         }
     }
 
@@ -222,6 +285,7 @@ impl Overlay {
                 g.file = file;
                 g.writer = writer;
                 g.deferred = None;
+                g.blocks = self.block_file(path);
                 return Ok(());
             }
         }

@@ -16,9 +16,15 @@ impl Overlay {
         flags: u32,
     ) -> FsResult<()> {
         self.refuse_reserved(to_parent, to_name)?;
+        let from = from_parent.join(from_name);
+        // A file held by block moves whole (its missing blocks are its base's, at this
+        // name on the share): made whole first, and so is each one below a directory.
+        self.make_whole_below(&from)?;
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            self.make_whole_below(&to_parent.join(to_name))?;
+        }
         // Before any look at the share this rename makes (see [`super::racy`]).
         let second = self.share_second();
-        let from = from_parent.join(from_name);
         let to = to_parent.join(to_name);
         let class = self.policy.classify(&from);
         if class != self.policy.classify(&to) {

@@ -755,6 +755,11 @@ impl Overlay {
         second: i64,
     ) -> FsResult<()> {
         let name = name.to_path_buf();
+        // A file held by block lacks blocks that only its base had: it moves whole or not
+        // at all (see `blocks_before_sync`).
+        if !inner.state.partial_below(p).is_empty() {
+            return Err(FsError::Errno(libc::EIO));
+        }
         let base_there = self.share.stat(&name)?.as_ref().map(share_id_of);
         // A directory goes with all it holds: everything is new under the new name.
         let below = self.upper_below(p)?;

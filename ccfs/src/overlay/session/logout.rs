@@ -13,6 +13,7 @@ use crate::state::{Record, ShareId};
 use crate::sys::{Root, Version};
 
 use super::*;
+use crate::locks::Locked;
 
 /// What emptying the cache came to (see [`Overlay::drop_clean_cache`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,6 +138,31 @@ pub(super) fn find_kept(
 /// A clean copy kept: its path, its base, the cache copy's mtime.
 type KeptCopy = (PathBuf, ShareId, (i64, i64));
 
+/// The records that keep `p` held by block as it is when the session is forgotten around
+/// it (none for a file not held by block); `changed`: its changed blocks too (unsynced
+/// work kept).
+fn held_by_block(state: &crate::state::OverlayState, p: &Path, changed: bool) -> Vec<Record> {
+    let Some(part) = state.partial(p) else {
+        return Vec::new();
+    };
+    let mut out = vec![
+        Record::Partial(p.to_path_buf(), part.limit),
+        Record::Blocks {
+            path: p.to_path_buf(),
+            changed: false,
+            blocks: part.here.clone(),
+        },
+    ];
+    if changed {
+        out.push(Record::Blocks {
+            path: p.to_path_buf(),
+            changed: true,
+            blocks: part.changed.clone(),
+        });
+    }
+    out
+}
+
 impl Overlay {
     /// Empties the cache of everything but local-only paths and forgets the session. Only
     /// when nothing is unsynced and no sync is half done.
@@ -194,11 +220,14 @@ impl Overlay {
                     .racy(p)
                     .filter(|_| !settled.contains(p))
                     .map(|c| Record::Racy(p.clone(), c));
-                std::iter::once(Record::Base(p.clone(), Some(*b))).chain(racy)
+                std::iter::once(Record::Base(p.clone(), Some(*b)))
+                    .chain(racy)
+                    .chain(held_by_block(&inner.state, p, false))
             })
             .collect();
         for p in &kept {
             keep.extend(self.carried_base(&inner, p)?);
+            keep.extend(held_by_block(&inner.state, p, true));
             if let Some((db, _)) = database_of(p) {
                 if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
                     keep.extend(self.carried_base(&inner, &db)?);
@@ -219,6 +248,9 @@ impl Overlay {
         for r in &keep {
             inner.state.apply(r);
         }
+        self.block_files
+            .locked()
+            .retain(|p, _| inner.state.partial(p).is_some());
         self.rewrite(&mut inner)?;
         Ok(Emptied {
             dropped: kept.is_empty(),
@@ -258,10 +290,15 @@ impl Overlay {
             .collect();
         copies.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
         let mut room = self.keep_copies.load(Ordering::Relaxed);
-        copies.retain(|(_, b, _)| {
-            let fits = b.size <= room;
+        copies.retain(|(p, b, _)| {
+            // A file held by block takes the room of the blocks it has.
+            let size = match inner.state.partial(p) {
+                Some(part) => part.here.count() * crate::extents::BLOCK,
+                None => b.size,
+            };
+            let fits = size <= room;
             if fits {
-                room -= b.size;
+                room -= size;
             }
             fits
         });

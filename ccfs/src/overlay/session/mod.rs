@@ -93,6 +93,9 @@ pub struct SyncSession<'a> {
     pub snapshots: Vec<PathBuf>,
     /// Files that are mostly holes, which the sync sends itself (see `overlay/sparse.rs`).
     pub sparse: Vec<PathBuf>,
+    /// Files held by block, which the sync sends by their changed blocks (see
+    /// `overlay/send_blocks.rs`).
+    pub by_blocks: Vec<PathBuf>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -190,6 +193,9 @@ impl Overlay {
         self.syncs_started.fetch_add(1, Ordering::SeqCst);
         let mut session = SyncSession::new(self);
         self.settle_leftover(&mut session.errors)?;
+        // The blocks written so far on record; a file held by block whose base the share
+        // no longer has is made whole first, for the conflict to keep it aside.
+        self.blocks_before_sync(&mut session.errors);
         let mut held = self.check_conflicts(host, stamp, &mut session)?;
         session.unchanged = self.settle_unchanged(&mut held, &mut session.errors)?;
         let mut inner = self.lock();
@@ -220,6 +226,11 @@ impl Overlay {
         }
         #[cfg(test)]
         super::interleave_tests::after_sync_looks(self);
+        // A file held by block that a handle may still write is sent once none does (its
+        // blocks would be read while they change): it stays dirty.
+        present.retain(|(p, m)| {
+            inner.state.partial(p).is_none() || !inner.writers.contains_key(&m.ino())
+        });
         self.add_hard_link_names(&inner.state, &mut present, &mut session.conflicts)?;
         session.sent = present
             .iter()
@@ -242,7 +253,12 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
-        self.take_snapshots(&present, &mut session, handed_over);
+        let by_blocks: HashSet<PathBuf> = present
+            .iter()
+            .filter(|(p, _)| self.sent_by_blocks(&inner, p))
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.take_snapshots(&present, &by_blocks, &mut session, handed_over);
         let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
         session.carries.acls = acls;
         session.carries.xattrs = xattrs;
@@ -292,10 +308,12 @@ impl Overlay {
     }
 
     /// Copies taken now of the files of `present` open for writing, handed over in their
-    /// place (see [`super::snapshot`]); a file mostly holes is sent by the sync itself.
+    /// place (see [`super::snapshot`]); a file mostly holes is sent by the sync itself, as
+    /// is one held by block (`by_blocks`).
     fn take_snapshots(
         &self,
         present: &[(PathBuf, Stat)],
+        by_blocks: &HashSet<PathBuf>,
         session: &mut SyncSession<'_>,
         handed_over: (i64, i64),
     ) {
@@ -304,6 +322,10 @@ impl Overlay {
         // rsync's check): what is handed over is the copy.
         self.drop_snapshots();
         for (i, (p, m)) in present.iter().enumerate() {
+            if by_blocks.contains(p) {
+                session.by_blocks.push(p.clone());
+                continue;
+            }
             if self.sent_as_sparse(p, m) {
                 session.sparse.push(p.clone());
                 continue;
@@ -575,6 +597,7 @@ impl<'a> SyncSession<'a> {
             quiet: Vec::new(),
             snapshots: Vec::new(),
             sparse: Vec::new(),
+            by_blocks: Vec::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             carries: Carries {

@@ -1,0 +1,552 @@
+//! Files held by block: a large cached file taken over from the share copies nothing. Its
+//! cache file is made sparse at the share's length, and the blocks ([`BLOCK`]) written here
+//! land in it; a block it lacks is read from the share's version the take-over recorded as
+//! the path's base (a `Base` record, so another workstation's change is still a conflict).
+//! `Record::Partial` and `Record::Blocks` say which blocks the cache file has, and which
+//! of them were written here: those are what the sync sends (`overlay/send_blocks.rs`).
+//!
+//! Crash safety: a block's record is written only after its data is on disk (the cache
+//! file's `fdatasync`), and on disk itself before an `fsync` is answered: a block the
+//! journal does not list is read from the base, so a crash loses only writes no `fsync`
+//! covered, as on any filesystem. A write that covers part of a block the cache lacks
+//! first copies the block's other bytes from the base (a block in the cache is always
+//! whole).
+//!
+//! The I/O of such a file goes through the daemon (no kernel passthrough: the kernel would
+//! read its holes as zeros). One [`BlockFile`] a path serves every handle of it. A file
+//! held by block stays so for its life in the cache, across syncs and logouts (after a
+//! sync the share's new version is its base, and it has the same bytes where the cache
+//! file lacks blocks), unless something needs it whole ([`Overlay::make_whole`]: a rename,
+//! a link, a conflict), which copies the blocks it lacks from its base.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use super::*;
+use crate::extents::{blocks_of, Extents, BLOCK};
+use crate::state::{Partial, ShareId};
+
+/// The I/O of one file held by block, shared by every handle of it.
+#[derive(Debug)]
+pub struct BlockFile {
+    /// The path it is held at: it does not change while the file is held by block (a
+    /// rename makes the file whole first).
+    path: PathBuf,
+    /// Lock order: 4 (ARCHITECTURE.md, Locks): held across one read or write of the file
+    /// (the share's reads of the blocks the cache lacks included) and across the journal
+    /// write of a truncation.
+    io: Mutex<BlockIo>,
+    /// The share's version the missing blocks are read from, as its base records it, and
+    /// the share's file once opened and found to be that version. Lock order: 12, a
+    /// leaf (a sync's new base is set under the overlay's lock; the share is opened
+    /// without it).
+    base: Mutex<BaseSlot>,
+}
+
+#[derive(Debug, Default)]
+struct BaseSlot {
+    id: Option<ShareId>,
+    file: Option<Arc<File>>,
+}
+
+#[derive(Debug)]
+struct BlockIo {
+    /// Held by block no longer: the cache file is the file.
+    whole: bool,
+    /// Below it, a block the cache lacks is the base's (see [`Partial::limit`]).
+    limit: u64,
+    /// The blocks the cache file has.
+    here: Extents,
+    /// Of `here`, those not in the journal yet: copied from the base, and written here.
+    filled: Extents,
+    written: Extents,
+}
+
+/// What a [`BlockFile`] has not journaled yet (see [`BlockFile::unrecorded`]).
+#[derive(Debug, Default)]
+pub struct Unrecorded {
+    filled: Extents,
+    written: Extents,
+}
+
+impl Unrecorded {
+    fn is_empty(&self) -> bool {
+        self.filled.is_empty() && self.written.is_empty()
+    }
+
+    fn records(&self, path: &Path) -> Vec<Record> {
+        let mut out = Vec::new();
+        for (changed, blocks) in [(false, &self.filled), (true, &self.written)] {
+            if !blocks.is_empty() {
+                out.push(Record::Blocks {
+                    path: path.to_path_buf(),
+                    changed,
+                    blocks: blocks.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
+fn eio(why: &str) -> io::Error {
+    io::Error::other(why.to_string())
+}
+
+impl BlockFile {
+    fn new(path: &Path, partial: &Partial, base_id: Option<ShareId>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            io: Mutex::new(BlockIo {
+                whole: false,
+                limit: partial.limit,
+                here: partial.here.clone(),
+                filled: Extents::new(),
+                written: Extents::new(),
+            }),
+            base: Mutex::new(BaseSlot {
+                id: base_id,
+                file: None,
+            }),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file is still held by block (its reads and writes must come here).
+    pub fn is_partial(&self) -> bool {
+        !self.io.locked().whole
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (fewer at the end of the file) of the file as
+    /// it is: the cache file's blocks, and the base's where the cache lacks them.
+    pub fn read_at(
+        &self,
+        share: &Root,
+        cache: &File,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> io::Result<usize> {
+        let io = self.io.locked();
+        let len = sys::fstat(cache)?.len();
+        if offset >= len || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        let buf = &mut buf[..n];
+        if io.whole {
+            read_full(cache, buf, offset)?;
+            return Ok(n);
+        }
+        let end = offset + n as u64;
+        // Runs of blocks: those the cache has (or that lie past the limit) from the cache
+        // file, the others from the base up to the limit and from the cache file after.
+        let (first, last) = blocks_of(offset, n as u64);
+        let mut at = offset;
+        let gaps = io.here.gaps(first, last);
+        for (s, e) in gaps {
+            let (gs, ge) = ((s * BLOCK).max(offset), (e * BLOCK).min(end));
+            if gs >= io.limit {
+                break;
+            }
+            // The cache's part before the gap.
+            if gs > at {
+                read_full(
+                    cache,
+                    &mut buf[(at - offset) as usize..(gs - offset) as usize],
+                    at,
+                )?;
+            }
+            let from_base_end = ge.min(io.limit);
+            let base = self.base(share)?;
+            read_full(
+                &base,
+                &mut buf[(gs - offset) as usize..(from_base_end - offset) as usize],
+                gs,
+            )?;
+            at = from_base_end;
+        }
+        if at < end {
+            read_full(cache, &mut buf[(at - offset) as usize..], at)?;
+        }
+        Ok(n)
+    }
+
+    /// Writes `data` at `offset`: a block it covers in part that the cache lacks is first
+    /// copied from the base.
+    pub fn write_at(&self, share: &Root, cache: &File, data: &[u8], offset: u64) -> io::Result<()> {
+        let mut io = self.io.locked();
+        if io.whole || data.is_empty() {
+            return cache.write_all_at(data, offset);
+        }
+        let (first, last) = blocks_of(offset, data.len() as u64);
+        let end = offset + data.len() as u64;
+        if !offset.is_multiple_of(BLOCK) {
+            self.fill(&mut io, share, cache, first, first + 1)?;
+        }
+        if !end.is_multiple_of(BLOCK) {
+            self.fill(&mut io, share, cache, last - 1, last)?;
+        }
+        cache.write_all_at(data, offset)?;
+        io.here.insert(first, last);
+        io.written.insert(first, last);
+        Ok(())
+    }
+
+    /// Sets the length of the file to `len`. Cut below the limit, the limit follows (its
+    /// record on disk before the cache file is cut: `record`), and the block the new end
+    /// falls in is copied from the base first when the cache lacks it.
+    pub fn set_len(
+        &self,
+        share: &Root,
+        cache: &File,
+        len: u64,
+        record: impl FnOnce(Record) -> FsResult<()>,
+    ) -> FsResult<()> {
+        let mut io = self.io.locked();
+        if !io.whole && len < io.limit {
+            if !len.is_multiple_of(BLOCK) {
+                let b = len / BLOCK;
+                self.fill(&mut io, share, cache, b, b + 1)?;
+                // The cut changes that block: it is sent.
+                io.here.insert(b, b + 1);
+                io.written.insert(b, b + 1);
+            }
+            // The data of the blocks filled, then their record, then the limit's.
+            cache.sync_data()?;
+            record(Record::Partial(self.path.clone(), len))?;
+            io.limit = len;
+        }
+        cache.set_len(len)?;
+        Ok(())
+    }
+
+    /// Copies the blocks of `[b0, b1)` the cache lacks from the base (up to the limit).
+    fn fill(
+        &self,
+        io: &mut BlockIo,
+        share: &Root,
+        cache: &File,
+        b0: u64,
+        b1: u64,
+    ) -> io::Result<()> {
+        let limit_block = io.limit.div_ceil(BLOCK);
+        let gaps = io.here.gaps(b0, b1.min(limit_block));
+        if gaps.is_empty() {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; BLOCK as usize];
+        for (s, e) in gaps {
+            for b in s..e {
+                let from = b * BLOCK;
+                let n = (BLOCK.min(io.limit - from)) as usize;
+                let base = self.base(share)?;
+                read_full(&base, &mut buf[..n], from)?;
+                cache.write_all_at(&buf[..n], from)?;
+            }
+            io.here.insert(s, e);
+            io.filled.insert(s, e);
+        }
+        Ok(())
+    }
+
+    /// Copies every block the cache lacks from the base: the cache file is the whole file
+    /// (recorded by [`Overlay::make_whole`]).
+    fn fill_all(&self, io: &mut BlockIo, share: &Root, cache: &File) -> io::Result<()> {
+        let limit_block = io.limit.div_ceil(BLOCK);
+        self.fill(io, share, cache, 0, limit_block)
+    }
+
+    /// The base's file: opened at the first need, and checked to be the version the base
+    /// records (a share whose file changed since has not the bytes the cache lacks).
+    fn base(&self, share: &Root) -> io::Result<Arc<File>> {
+        let want = {
+            let slot = self.base.locked();
+            if let Some(f) = &slot.file {
+                return Ok(f.clone());
+            }
+            slot.id
+        };
+        let Some(want) = want else {
+            return Err(eio("a file held by block has no base on the share"));
+        };
+        let f = share.open_file(&self.path, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+        if session::share_id_of(&sys::fstat(&f)?) != want {
+            tracing::error!(
+                path = %session::shown(&self.path),
+                "the share's file this file's missing blocks come from changed: they cannot be read"
+            );
+            return Err(eio("the share's version of a file held by block changed"));
+        }
+        let f = Arc::new(f);
+        let mut slot = self.base.locked();
+        // Kept only if the base is still the one it was opened for.
+        if slot.id == Some(want) {
+            slot.file = Some(f.clone());
+        }
+        Ok(f)
+    }
+
+    /// Takes what is not journaled yet (the caller journals it, or puts it back).
+    fn unrecorded(&self) -> Unrecorded {
+        let mut io = self.io.locked();
+        Unrecorded {
+            filled: std::mem::take(&mut io.filled),
+            written: std::mem::take(&mut io.written),
+        }
+    }
+
+    fn put_back(&self, u: Unrecorded) {
+        let mut io = self.io.locked();
+        io.filled.insert_all(&u.filled);
+        io.written.insert_all(&u.written);
+    }
+
+    /// The share's file now holds this file as the cache does (a sync sent it): that
+    /// version is the base from now on.
+    pub fn rebase(&self, base: Option<ShareId>) {
+        let mut slot = self.base.locked();
+        if slot.id != base {
+            slot.id = base;
+            slot.file = None;
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`; a file that ends before is an error (the
+/// file's length says the bytes are there).
+fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => {
+                // Past the end of the file it reads from: holes (the cache file was cut
+                // and grown again, or the base is shorter than the limit says).
+                buf[got..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Overlay {
+    /// The [`BlockFile`] of `rel` when its cache file is held by block. `inner`: the lock,
+    /// taken for `rel`.
+    pub(super) fn block_file_locked(&self, inner: &Inner, rel: &Path) -> Option<Arc<BlockFile>> {
+        let partial = inner.state.partial(rel)?;
+        let mut files = self.block_files.locked();
+        Some(
+            files
+                .entry(rel.to_path_buf())
+                .or_insert_with(|| Arc::new(BlockFile::new(rel, partial, inner.state.base(rel))))
+                .clone(),
+        )
+    }
+
+    /// The [`BlockFile`] of `rel` when its cache file is held by block.
+    pub fn block_file(&self, rel: &Path) -> Option<Arc<BlockFile>> {
+        let inner = self.lock_for(&[rel]);
+        self.block_file_locked(&inner, rel)
+    }
+
+    /// Journals what `bf` has not journaled yet, its data on disk first (`cache`: its cache
+    /// file), and waits until the records are on disk: the blocks written so far survive a
+    /// crash. For `fsync`, the release of a handle, and the sync.
+    pub fn record_blocks(&self, bf: &BlockFile, cache: &File) -> FsResult<()> {
+        let u = bf.unrecorded();
+        if u.is_empty() {
+            return Ok(());
+        }
+        let done = cache.sync_data().map_err(FsError::from).and_then(|()| {
+            let mut inner = self.lock_any();
+            // A file no longer held by block (made whole, removed) records nothing.
+            if inner.state.partial(&bf.path).is_none() {
+                return Ok(None);
+            }
+            self.record_deferred(&mut inner, &u.records(&bf.path))
+                .map(Some)
+        });
+        match done {
+            Ok(None) => Ok(()),
+            Ok(Some(t)) => self.durable(t),
+            Err(e) => {
+                bf.put_back(u);
+                Err(e)
+            }
+        }
+    }
+
+    /// Before a sync: every block written so far on record (the sync sends what the
+    /// journal lists), and each changed file held by block whose base the share no longer
+    /// has made whole (the conflict check then keeps it aside as any file; a file that
+    /// cannot be made whole, its base gone, is held back by the check and stays here).
+    pub(super) fn blocks_before_sync(&self, errors: &mut Vec<String>) {
+        let files: Vec<Arc<BlockFile>> = self.block_files.locked().values().cloned().collect();
+        for bf in files {
+            let recorded = self
+                .cache
+                .open_file(
+                    &up(&bf.path),
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    0,
+                )
+                .map_err(FsError::from)
+                .and_then(|cache| self.record_blocks(&bf, &cache));
+            if let Err(e) = recorded {
+                errors.push(format!(
+                    "the blocks written to {} could not be journaled: {e}",
+                    session::shown(&bf.path)
+                ));
+            }
+        }
+        let changed: Vec<(PathBuf, Option<ShareId>)> = {
+            let inner = self.lock();
+            inner
+                .state
+                .partials()
+                .filter(|(p, _)| inner.state.is_dirty(p))
+                .map(|(p, _)| (p.clone(), inner.state.base(p)))
+                .collect()
+        };
+        for (p, base) in changed {
+            let now = self
+                .share
+                .stat(&p)
+                .ok()
+                .flatten()
+                .map(|m| session::share_id_of(&m));
+            if now != base {
+                if let Err(e) = self.make_whole(&p) {
+                    errors.push(format!(
+                        "{} is held by block and the share's version its missing blocks come from changed; it cannot be made whole, and stays here: {e}",
+                        session::shown(&p)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Sets the length of the file held by block `bf` at `rel` (see [`BlockFile::set_len`]);
+    /// `file`: an open handle's cache file, if the caller has one.
+    pub(super) fn set_len_by_block(
+        &self,
+        bf: &BlockFile,
+        rel: &Path,
+        len: u64,
+        file: Option<&File>,
+    ) -> FsResult<()> {
+        let opened;
+        let cache = match file {
+            Some(f) => f,
+            None => {
+                opened = self.cache.open_file(
+                    &up(rel),
+                    libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    0,
+                )?;
+                &opened
+            }
+        };
+        bf.set_len(&self.share, cache, len, |r| {
+            let t = {
+                let mut inner = self.lock_any();
+                self.record_deferred(&mut inner, &[r])?
+            };
+            self.durable(t)
+        })?;
+        // The blocks the cut filled and changed, on record.
+        self.record_blocks(bf, cache)
+    }
+
+    /// Makes the file held by block at `rel` whole (every block it lacks copied from its
+    /// base, then `Record::Whole`): before it is renamed, linked, or kept aside for a
+    /// conflict. Nothing to do for a file not held by block.
+    pub fn make_whole(&self, rel: &Path) -> FsResult<()> {
+        let Some(bf) = self.block_file(rel) else {
+            return Ok(());
+        };
+        let cache = self.cache.open_file(
+            &up(rel),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let mut io = bf.io.locked();
+        if io.whole {
+            return Ok(());
+        }
+        bf.fill_all(&mut io, &self.share, &cache)?;
+        cache.sync_data()?;
+        let u = Unrecorded {
+            filled: std::mem::take(&mut io.filled),
+            written: std::mem::take(&mut io.written),
+        };
+        let mut records = u.records(rel);
+        records.push(Record::Whole(rel.to_path_buf()));
+        let t = {
+            let mut inner = self.lock_any();
+            self.record_deferred(&mut inner, &records)?
+        };
+        self.durable(t)?;
+        io.whole = true;
+        drop(io);
+        self.block_files.locked().remove(rel);
+        tracing::debug!(path = %session::shown(rel), "made whole");
+        Ok(())
+    }
+
+    /// Makes whole every file held by block at or below `rel` (see [`Overlay::make_whole`]).
+    pub fn make_whole_below(&self, rel: &Path) -> FsResult<()> {
+        let paths = self.lock_for(&[rel]).state.partial_below(rel);
+        for p in paths {
+            self.make_whole(&p)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the block files in step with records just applied to the state: those of
+    /// a path removed, renamed, replaced, forgotten or made whole are let go of (the next
+    /// use starts from the state), and a new base is the base of the blocks a file lacks.
+    pub(super) fn applied(&self, records: &[Record]) {
+        let mut files = self.block_files.locked();
+        if files.is_empty() {
+            return;
+        }
+        for r in records {
+            match r {
+                Record::Delete { path, .. } | Record::Forget(path) => {
+                    files.retain(|p, _| !p.starts_with(path))
+                }
+                Record::Rename { from, to } => {
+                    files.retain(|p, _| !p.starts_with(from) && !p.starts_with(to))
+                }
+                Record::Whole(path) => {
+                    files.remove(path);
+                }
+                Record::Base(path, base) => {
+                    if let Some(bf) = files.get(path) {
+                        bf.rebase(*base);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Cached files at least `len` bytes long are held by block from their take-over on
+    /// (0: none is).
+    pub fn set_by_block_from(&self, len: u64) {
+        self.by_block_from.store(len, Ordering::Relaxed);
+    }
+
+    /// Whether a take-over of the share's file `meta` holds it by block.
+    pub(super) fn held_by_block(&self, meta: &Stat) -> bool {
+        let from = self.by_block_from.load(Ordering::Relaxed);
+        from > 0 && meta.is_file() && meta.len() >= from
+    }
+}

@@ -1,0 +1,262 @@
+//! Files held by block (`blocks.rs`, `send_blocks.rs`) through the overlay: what a handle
+//! reads and writes, what the journal keeps, what the sync sends.
+
+use std::os::unix::fs::MetadataExt;
+
+use super::test_support::{ctx, fresh, rsync, Fresh};
+use super::*;
+use crate::extents::BLOCK;
+use crate::sync::{run_sync, SyncMode};
+
+const LEN: usize = 64 * BLOCK as usize;
+
+/// The share's file: every block a different byte pattern.
+fn base() -> Vec<u8> {
+    (0..LEN).map(|i| (i / 4096 * 7 + i % 251) as u8).collect()
+}
+
+/// A share with `.db` (the pattern above), held by block from 64 KiB on.
+fn held() -> Fresh {
+    let t = fresh(&[]);
+    std::fs::write(t.share.join(".db"), base()).expect("share file");
+    t.o.set_by_block_from(16 * BLOCK);
+    t
+}
+
+fn open_rw(t: &Fresh) -> OpenFile {
+    t.o.open_file(&ctx(), Path::new(".db"), libc::O_RDWR)
+        .expect("open")
+}
+
+fn write(t: &Fresh, f: &OpenFile, data: &[u8], at: u64) {
+    let g =
+        t.o.file_to_write(&ctx(), f, || Some(PathBuf::from(".db")))
+            .expect("writable");
+    t.o.write_at(&g, data, at).expect("write");
+}
+
+fn read_all(t: &Fresh, f: &OpenFile) -> Vec<u8> {
+    let g =
+        t.o.file_to_read(&ctx(), f, || Some(PathBuf::from(".db")))
+            .expect("readable");
+    let len = sys::fstat(g.file()).expect("fstat").len() as usize;
+    let mut buf = vec![0u8; len + 100];
+    let n = t.o.read_at(&g, &mut buf, 0).expect("read");
+    buf.truncate(n);
+    buf
+}
+
+/// A handle closed, as the kernel's RELEASE does (the descriptor goes too).
+fn close(t: &Fresh, f: OpenFile) {
+    t.o.close_file(&f);
+    drop(f);
+}
+
+fn sync(t: &Fresh) -> crate::sync::SyncReport {
+    run_sync(&t.o, &rsync(&t.share), SyncMode::Session).expect("sync")
+}
+
+#[test]
+fn a_large_file_written_copies_nothing_and_reads_the_share_where_the_cache_lacks_blocks() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[0xaa; 2 * BLOCK as usize], 8 * BLOCK);
+    let mut want = base();
+    want[8 * BLOCK as usize..10 * BLOCK as usize].fill(0xaa);
+    assert_eq!(
+        read_all(&t, &f),
+        want,
+        "the written blocks, the share's elsewhere"
+    );
+    let g = f.current();
+    assert!(g.is_held_by_block(), "its I/O goes through the daemon");
+    let cache = std::fs::metadata(t.cache.join("upper/.db")).expect("cache file");
+    assert_eq!(cache.len(), LEN as u64, "the share's length");
+    assert!(
+        cache.blocks() * 512 < 4 * BLOCK,
+        "only the written blocks take room: {} bytes",
+        cache.blocks() * 512
+    );
+    drop(g);
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), base());
+    close(&t, f);
+}
+
+#[test]
+fn a_write_into_part_of_a_missing_block_copies_the_rest_of_that_block_first() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, b"xyz", 3 * BLOCK + 100);
+    let mut want = base();
+    want[3 * BLOCK as usize + 100..3 * BLOCK as usize + 103].copy_from_slice(b"xyz");
+    assert_eq!(read_all(&t, &f), want);
+    // The block is whole in the cache file itself.
+    let cache = std::fs::read(t.cache.join("upper/.db")).expect("cache");
+    assert_eq!(
+        &cache[3 * BLOCK as usize..4 * BLOCK as usize],
+        &want[3 * BLOCK as usize..4 * BLOCK as usize]
+    );
+    close(&t, f);
+}
+
+#[test]
+fn the_sync_sends_the_changed_blocks_over_the_base_and_the_file_stays_held_by_block() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[1; BLOCK as usize], 0);
+    write(&t, &f, &[2; 10], 40 * BLOCK + 5);
+    close(&t, f);
+    let report = sync(&t);
+    assert!(report.ok && report.remaining_dirty == 0, "{report:?}");
+    let mut want = base();
+    want[..BLOCK as usize].fill(1);
+    want[40 * BLOCK as usize + 5..40 * BLOCK as usize + 15].fill(2);
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
+    let cache_mtime = std::fs::metadata(t.cache.join("upper/.db"))
+        .expect("c")
+        .mtime();
+    assert_eq!(
+        std::fs::metadata(t.share.join(".db")).expect("s").mtime(),
+        cache_mtime,
+        "the share's copy has the cache's mtime"
+    );
+    // Still held by block, clean, reading the new share version where it lacks blocks.
+    let inner = t.o.lock();
+    let part = inner
+        .state()
+        .partial(Path::new(".db"))
+        .expect("held by block");
+    assert!(part.changed.is_empty(), "sent: nothing left to send");
+    assert!(!inner.state().is_dirty(Path::new(".db")));
+    drop(inner);
+    let f = open_rw(&t);
+    assert_eq!(read_all(&t, &f), want);
+    close(&t, f);
+}
+
+#[test]
+fn a_cut_below_the_share_length_reads_zeros_past_it_once_grown_again_and_is_sent_so() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[3; 4], 2 * BLOCK);
+    {
+        let g =
+            t.o.file_to_write(&ctx(), &f, || Some(PathBuf::from(".db")))
+                .expect("w");
+        let attr = SetAttr {
+            size: Some(10 * BLOCK + 17),
+            ..SetAttr::default()
+        };
+        t.o.setattr(&ctx(), Path::new(".db"), attr, Some(g.file()))
+            .expect("cut");
+        let attr = SetAttr {
+            size: Some(20 * BLOCK),
+            ..SetAttr::default()
+        };
+        t.o.setattr(&ctx(), Path::new(".db"), attr, Some(g.file()))
+            .expect("grow");
+    }
+    let mut want = base();
+    want[2 * BLOCK as usize..2 * BLOCK as usize + 4].fill(3);
+    want.truncate(10 * BLOCK as usize + 17);
+    want.resize(20 * BLOCK as usize, 0);
+    assert_eq!(read_all(&t, &f), want);
+    close(&t, f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
+}
+
+#[test]
+fn blocks_written_and_synced_survive_a_restart_of_the_daemon_and_unsynced_ones_are_not_invented() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[5; BLOCK as usize], 4 * BLOCK);
+    {
+        let g = f.current();
+        t.o.sync_file(&g, true).expect("fsync");
+    }
+    // Written after the fsync, never synced: as after a crash, the journal does not list
+    // it (its data may or may not be in the cache file; the base is what shows).
+    write(&t, &f, &[6; BLOCK as usize], 6 * BLOCK);
+    let journal = std::fs::read(t.cache.join("journal")).expect("journal");
+    drop(f);
+    let cut = tempfile::tempdir().expect("cut");
+    let cache = cut.path().join("cache");
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&t.cache)
+        .arg(&cache)
+        .status()
+        .expect("cp");
+    assert!(st.success());
+    std::fs::write(cache.join("journal"), journal).expect("journal as it was");
+    let o = Overlay::new(&t.share, &cache, Policy::default_policy()).expect("reopen");
+    let f = o
+        .open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)
+        .expect("open");
+    let io = f.current();
+    assert!(io.is_held_by_block());
+    let mut buf = vec![0u8; LEN];
+    let n = o.read_at(&io, &mut buf, 0).expect("read");
+    assert_eq!(n, LEN);
+    let mut want = base();
+    want[4 * BLOCK as usize..5 * BLOCK as usize].fill(5);
+    assert_eq!(
+        buf, want,
+        "the fsynced block, and the base where nothing is on record"
+    );
+}
+
+#[test]
+fn a_rename_makes_the_file_whole_first() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[9; 3], 0);
+    close(&t, f);
+    t.o.rename(
+        &ctx(),
+        Path::new(""),
+        std::ffi::OsStr::new(".db"),
+        Path::new(""),
+        std::ffi::OsStr::new(".db2"),
+        0,
+    )
+    .expect("rename");
+    let mut want = base();
+    want[..3].fill(9);
+    assert_eq!(
+        std::fs::read(t.cache.join("upper/.db2")).expect("cache"),
+        want,
+        "whole in the cache"
+    );
+    assert!(t.o.lock().state().partials().next().is_none());
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    assert_eq!(std::fs::read(t.share.join(".db2")).expect("share"), want);
+}
+
+#[test]
+fn another_workstations_save_during_the_session_keeps_both_versions_whole() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[7; BLOCK as usize], BLOCK);
+    // A read of a block the cache lacks opens the base and keeps it.
+    assert_eq!(read_all(&t, &f)[..4], base()[..4]);
+    close(&t, f);
+    // Another workstation saves its own version (a new file renamed over the old).
+    let theirs = vec![0x42u8; 1000];
+    std::fs::write(t.share.join(".db.new"), &theirs).expect("theirs");
+    std::fs::rename(t.share.join(".db.new"), t.share.join(".db")).expect("rename");
+    let report = sync(&t);
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), theirs);
+    let kept = t.share.join(&report.conflicts[0].kept);
+    let mut ours = base();
+    ours[BLOCK as usize..2 * BLOCK as usize].fill(7);
+    assert_eq!(
+        std::fs::read(&kept).expect("ours kept"),
+        ours,
+        "ours, whole"
+    );
+}
