@@ -162,13 +162,16 @@ pub fn run_sync(
         parts.push((t, l));
         why.extend(w);
     }
-    for (sent_here, send) in [
-        (
-            &session.sparse,
-            Overlay::send_sparse as fn(&Overlay, &Path) -> std::io::Result<Put>,
-        ),
-        (&session.by_blocks, Overlay::send_blocks),
-    ] {
+    let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
+    let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
+    let senders: [(
+        &Vec<PathBuf>,
+        &dyn Fn(&Overlay, &Path) -> std::io::Result<Put>,
+    ); 2] = [
+        (&session.sparse, &send_sparse),
+        (&session.by_blocks, &send_blocks),
+    ];
+    for (sent_here, send) in senders {
         if sent_here.is_empty() {
             continue;
         }

@@ -260,3 +260,28 @@ fn another_workstations_save_during_the_session_keeps_both_versions_whole() {
         "ours, whole"
     );
 }
+
+#[test]
+fn a_file_held_open_for_writing_is_sent_as_its_blocks_were_when_the_sync_took_it() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[4; BLOCK as usize], 2 * BLOCK);
+    // Not fsynced: the sync puts the blocks on record itself.
+    let r = sync(&t);
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        r.kept_open,
+        [PathBuf::from(".db")],
+        "still open: stays dirty"
+    );
+    let mut want = base();
+    want[2 * BLOCK as usize..3 * BLOCK as usize].fill(4);
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
+    // Written after the sync took it: the next sync, once the file is closed.
+    write(&t, &f, &[8; 5], 30 * BLOCK);
+    close(&t, f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    want[30 * BLOCK as usize..30 * BLOCK as usize + 5].fill(8);
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
+}

@@ -17,27 +17,34 @@ use crate::rsync::{Put, PARTIAL_DIR};
 const CHUNK: u64 = 1 << 20;
 
 impl Overlay {
-    /// Whether the sync sends the cache's `rel` by its blocks.
-    pub(super) fn sent_by_blocks(&self, inner: &Inner, rel: &Path) -> bool {
-        inner.state.partial(rel).is_some()
-    }
-
-    /// Sends the file held by block at `rel` (see the module documentation). Returns what
-    /// was put on the share, as rsync's report would say it.
-    pub fn send_blocks(&self, rel: &Path) -> io::Result<Put> {
-        let (partial, base) = {
+    /// Sends the file held by block at `rel` (see the module documentation); from its
+    /// snapshot of this sync when `snapshot` gives the blocks changed when it was taken.
+    /// Returns what was put on the share, as rsync's report would say it.
+    pub fn send_blocks(
+        &self,
+        rel: &Path,
+        snapshot: Option<&crate::extents::Extents>,
+    ) -> io::Result<Put> {
+        let (mut partial, base) = {
             let inner = self.lock_for(&[rel]);
             match (inner.state.partial(rel), inner.state.base(rel)) {
                 (Some(p), Some(b)) => (p.clone(), b),
                 _ => return Err(io::Error::other("not held by block, or without a base")),
             }
         };
+        let from = match snapshot {
+            Some(changed) => {
+                partial.changed = changed.clone();
+                Path::new(super::snapshot::SNAPSHOT_DIR).join(rel)
+            }
+            None => up(rel),
+        };
         let name = rel
             .file_name()
             .ok_or_else(|| io::Error::other("no file name"))?;
         let parent = rel.parent().unwrap_or(Path::new(""));
         let src = self.cache.open_file(
-            &up(rel),
+            &from,
             libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
             0,
         )?;
@@ -79,8 +86,8 @@ impl Overlay {
             dst.set_len(kept)?;
             dst.set_len(ours.len())?;
             copy_blocks(&src, &dst, &partial.changed, ours.len())?;
-            for name in self.cache.listxattr(&up(rel)).unwrap_or_default() {
-                if let Ok(value) = self.cache.getxattr(&up(rel), &name) {
+            for name in self.cache.listxattr(&from).unwrap_or_default() {
+                if let Ok(value) = self.cache.getxattr(&from, &name) {
                     // One the filesystem takes from the owner (user.*, ACLs); others
                     // stay behind as rsync would leave them.
                     let _ = self.share.setxattr(&tmp, &name, &value, 0);

@@ -96,6 +96,9 @@ pub struct SyncSession<'a> {
     /// Files held by block, which the sync sends by their changed blocks (see
     /// `overlay/send_blocks.rs`).
     pub by_blocks: Vec<PathBuf>,
+    /// Of those, the ones open for writing when the sync took them: sent from their
+    /// snapshot, with the blocks changed then.
+    pub block_snapshots: HashMap<PathBuf, crate::extents::Extents>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -226,11 +229,6 @@ impl Overlay {
         }
         #[cfg(test)]
         super::interleave_tests::after_sync_looks(self);
-        // A file held by block that a handle may still write is sent once none does (its
-        // blocks would be read while they change): it stays dirty.
-        present.retain(|(p, m)| {
-            inner.state.partial(p).is_none() || !inner.writers.contains_key(&m.ino())
-        });
         self.add_hard_link_names(&inner.state, &mut present, &mut session.conflicts)?;
         session.sent = present
             .iter()
@@ -253,10 +251,9 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
-        let by_blocks: HashSet<PathBuf> = present
+        let by_blocks: HashMap<PathBuf, crate::extents::Extents> = present
             .iter()
-            .filter(|(p, _)| self.sent_by_blocks(&inner, p))
-            .map(|(p, _)| p.clone())
+            .filter_map(|(p, _)| Some((p.clone(), inner.state.partial(p)?.changed.clone())))
             .collect();
         self.take_snapshots(&present, &by_blocks, &mut session, handed_over);
         let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
@@ -313,7 +310,7 @@ impl Overlay {
     fn take_snapshots(
         &self,
         present: &[(PathBuf, Stat)],
-        by_blocks: &HashSet<PathBuf>,
+        by_blocks: &HashMap<PathBuf, crate::extents::Extents>,
         session: &mut SyncSession<'_>,
         handed_over: (i64, i64),
     ) {
@@ -322,8 +319,25 @@ impl Overlay {
         // rsync's check): what is handed over is the copy.
         self.drop_snapshots();
         for (i, (p, m)) in present.iter().enumerate() {
-            if by_blocks.contains(p) {
+            if let Some(changed) = by_blocks.get(p) {
                 session.by_blocks.push(p.clone());
+                // Open for writing: sent from a copy taken now (holes where the cache
+                // file has them), with the blocks changed now.
+                if !session.quiet[i] {
+                    match self.snapshot(p) {
+                        Ok(copy) => {
+                            session.sent[i] = Some(Sent {
+                                size: copy.len(),
+                                mtime: copy.mtime(),
+                                since: Some(handed_over),
+                            });
+                            session.block_snapshots.insert(p.clone(), changed.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(path = %shown(p), "cannot take a snapshot of a file being written: {e}")
+                        }
+                    }
+                }
                 continue;
             }
             if self.sent_as_sparse(p, m) {
@@ -598,6 +612,7 @@ impl<'a> SyncSession<'a> {
             snapshots: Vec::new(),
             sparse: Vec::new(),
             by_blocks: Vec::new(),
+            block_snapshots: HashMap::new(),
             conflicts: Vec::new(),
             errors: Vec::new(),
             carries: Carries {
@@ -688,7 +703,7 @@ impl SyncSession<'_> {
                 let unchanged = if *quiet {
                     !inner.released.contains(&ino) && meta.version() == *handed
                 } else {
-                    self.snapshots.contains(p)
+                    (self.snapshots.contains(p) || self.block_snapshots.contains_key(p))
                         && sent.is_some_and(|s| (s.size, s.mtime) == (meta.len(), meta.mtime()))
                         && o.same_as_snapshot(p)
                 };
