@@ -19,6 +19,9 @@ pub enum SyncMode {
     Recover,
 }
 
+/// A file the sync sends itself (not through rsync).
+type Sender<'a> = dyn Fn(&Overlay, &Path) -> std::io::Result<Put> + 'a;
+
 /// The outcome of one sync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SyncReport {
@@ -164,10 +167,7 @@ pub fn run_sync(
     }
     let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
     let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
-    let senders: [(
-        &Vec<PathBuf>,
-        &dyn Fn(&Overlay, &Path) -> std::io::Result<Put>,
-    ); 2] = [
+    let senders: [(&Vec<PathBuf>, &Sender); 2] = [
         (&session.sparse, &send_sparse),
         (&session.by_blocks, &send_blocks),
     ];
