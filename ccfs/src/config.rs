@@ -20,6 +20,7 @@ pub struct PathsSection {
     pub cached: Vec<String>,
     pub passthrough: Vec<String>,
     pub local_only: Vec<String>,
+    pub by_block_from_kib: u64,
 }
 
 impl Default for PathsSection {
@@ -32,6 +33,7 @@ impl Default for PathsSection {
                 .map(|g| g.to_string())
                 .collect(),
             local_only: vec![".cache/**".to_string()],
+            by_block_from_kib: 0,
         }
     }
 }
@@ -205,6 +207,8 @@ pub struct Settings {
     pub sync_interval: Option<Duration>,
     /// Bytes of clean copies a logout keeps for the next login.
     pub keep_copies: u64,
+    /// A cached file at least this long is cached by block (0: none is).
+    pub by_block_from: u64,
     pub threads: usize,
     /// How long the kernel may keep what the share holds.
     pub attr_timeout: Duration,
@@ -237,6 +241,7 @@ impl Default for Settings {
             rsync_timeout: Duration::from_secs(600),
             sync_interval: Some(Duration::from_secs(600)),
             keep_copies: 256 << 20,
+            by_block_from: 0,
             threads: 4,
             attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(10_000),
@@ -429,6 +434,7 @@ impl Settings {
             sync_interval: (raw.sync.interval_secs > 0)
                 .then(|| Duration::from_secs(raw.sync.interval_secs)),
             keep_copies: raw.sync.keep_copies_mib.saturating_mul(1 << 20),
+            by_block_from: raw.paths.by_block_from_kib.saturating_mul(1 << 10),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
             cache_timeout: Duration::from_millis(raw.mount.cache_timeout_ms),

@@ -241,6 +241,7 @@ fn recover_as_owner(
     sys::set_umask(0);
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
     overlay.set_keep_copies(settings.keep_copies);
+    overlay.set_by_block_from(settings.by_block_from);
     let mut opts = rsync_options(&settings, &rsync, &meta.share);
     opts.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     let outcome = recover_overlay(&overlay, &opts);

@@ -380,6 +380,7 @@ fn open_overlay(
     // the cache holds.
     overlay.set_revalidate_after(plan.settings.cache_timeout);
     overlay.set_keep_copies(plan.settings.keep_copies);
+    overlay.set_by_block_from(plan.settings.by_block_from);
     let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(lock));
     // What an earlier session left unsent is shown at once and sent once the mount is

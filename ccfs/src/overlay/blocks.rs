@@ -349,6 +349,29 @@ impl Overlay {
         )
     }
 
+    /// The share's file at `rel`, opened and checked to be the version `meta` saw (for
+    /// [`Overlay::keep_base`]).
+    pub(super) fn open_base(&self, rel: &Path, meta: &Stat) -> io::Result<File> {
+        let f =
+            self.share
+                .open_file(rel, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?;
+        if session::share_id_of(&sys::fstat(&f)?) != session::share_id_of(meta) {
+            return Err(eio("the share's file changed"));
+        }
+        Ok(f)
+    }
+
+    /// Keeps `file`, the share's version a take-over of `rel` held by block recorded as its
+    /// base, with its block file.
+    pub(super) fn keep_base(&self, inner: &Inner, rel: &Path, file: File) {
+        if let Some(bf) = self.block_file_locked(inner, rel) {
+            let mut slot = bf.base.locked();
+            if slot.id == inner.state.base(rel) {
+                slot.file = Some(Arc::new(file));
+            }
+        }
+    }
+
     /// The [`BlockFile`] of `rel` when its cache file is held by block.
     pub fn block_file(&self, rel: &Path) -> Option<Arc<BlockFile>> {
         let inner = self.lock_for(&[rel]);

@@ -241,8 +241,7 @@ fn another_workstations_save_during_the_session_keeps_both_versions_whole() {
     let t = held();
     let f = open_rw(&t);
     write(&t, &f, &[7; BLOCK as usize], BLOCK);
-    // A read of a block the cache lacks opens the base and keeps it.
-    assert_eq!(read_all(&t, &f)[..4], base()[..4]);
+    // (No block the cache lacks was read: the base was kept at the take-over.)
     close(&t, f);
     // Another workstation saves its own version (a new file renamed over the old).
     let theirs = vec![0x42u8; 1000];

@@ -391,6 +391,7 @@ impl Overlay {
         // With the attributes of the share's file (see [`racy::sealed`]), read after the
         // copy from the object the copy was made of.
         let mut content = Some(Content::Unknown);
+        let mut base_file = None;
         let seal = |data: Content| match self.share_attributes(rel, meta.ino()) {
             Some(attributes) => racy::sealed(data, &attributes),
             None => Content::Unknown,
@@ -404,9 +405,13 @@ impl Overlay {
             }
             None if by_block => {
                 let tmp = self.tmp_rel();
-                let result = self
-                    .sparse_copy(rel, &meta, &tmp)
-                    .and_then(|()| self.install_synced(&tmp, &dst));
+                let result = self.sparse_copy(rel, &meta, &tmp).and_then(|()| {
+                    // The base, opened now and kept: its bytes stay readable even once
+                    // another workstation's save replaces it under its name (the
+                    // conflict then keeps ours whole).
+                    base_file = self.open_base(rel, &meta).ok();
+                    self.install_synced(&tmp, &dst)
+                });
                 if result.is_err() {
                     let _ = remove_tree(&self.cache, &tmp);
                 }
@@ -435,6 +440,9 @@ impl Overlay {
         let mut inner = self.lock_any();
         flight.end(&mut inner);
         placed?;
+        if let Some(f) = base_file {
+            self.keep_base(&inner, rel, f);
+        }
         if inner.state.racy(rel) == Some(Content::Unknown) {
             match (content, inner.state.base(rel)) {
                 (Some(Content::Unknown), _) => {}

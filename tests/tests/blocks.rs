@@ -1,0 +1,246 @@
+//! SQLite databases cached by block through real mounts (`[paths] by_block_from_kib`):
+//! the first change copies nothing, the logout sends the changed blocks, and every
+//! database on the share passes SQLite's own integrity check after every logout, after a
+//! crash of the daemon and `ccfs recover`, after a crash inside the send of the blocks,
+//! when another workstation saved the database meanwhile, and when the database is larger
+//! than the cache's free space.
+
+use e2e::{alive, ccfs, kill, text, wait_until, Fixture, SmallTmpfs};
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const DB: &str = ".mozilla/p/places.sqlite";
+
+/// Databases cached like any dotfile, by block from 256 KiB on.
+fn config(fx: &Fixture) -> String {
+    fx.config("[paths]\npassthrough = []\nby_block_from_kib = 256\n")
+        .display()
+        .to_string()
+}
+
+fn sqlite(db: &Path, sql: &str) -> String {
+    let o = Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("sqlite3 (scripts/setup installs it)");
+    assert!(o.status.success(), "{} {sql}: {}", db.display(), text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// A database of about `mb` MiB at `path` (pages of 32 KiB, as Firefox's), in rollback
+/// journal mode: a commit writes its pages into the database itself and syncs it.
+fn make_db(path: &Path, mb: usize) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    sqlite(
+        path,
+        &format!(
+            "pragma page_size=32768; pragma journal_mode=delete;
+             create table t(id integer primary key, v blob);
+             with recursive n(i) as (select 1 union all select i + 1 from n where i < {})
+             insert into t(v) select randomblob(1000) from n;
+             create table notes(x text);",
+            mb * 1000
+        ),
+    );
+}
+
+fn intact(db: &Path) {
+    assert_eq!(
+        sqlite(db, "pragma integrity_check"),
+        "ok",
+        "{}",
+        db.display()
+    );
+}
+
+fn notes(db: &Path) -> Vec<String> {
+    let out = sqlite(db, "select x from notes order by rowid");
+    out.lines().map(str::to_string).collect()
+}
+
+/// Bytes the file takes on its disk.
+fn allocated(p: &Path) -> u64 {
+    std::fs::metadata(p).expect("stat").blocks() * 512
+}
+
+fn recover(cache: &Path) -> std::process::Output {
+    ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ])
+}
+
+#[test]
+fn a_database_changed_through_the_mount_copies_nothing_and_is_sent_by_its_blocks() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 8);
+    let len = std::fs::metadata(fx.s(DB)).expect("db").len();
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(
+        &fx.m(DB),
+        "insert into notes values('one'); update t set v = zeroblob(1000) where id = 4000;",
+    );
+    let cached = fx.cache.join("upper").join(DB);
+    assert_eq!(std::fs::metadata(&cached).expect("cache").len(), len);
+    assert!(
+        allocated(&cached) < len / 8,
+        "the cache holds the changed blocks, not the database: {} of {len} bytes",
+        allocated(&cached)
+    );
+    assert_eq!(
+        notes(&fx.s(DB)),
+        Vec::<String>::new(),
+        "nothing on the share yet"
+    );
+    let before = std::fs::metadata(fx.s(DB)).expect("db").ino();
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["one"]);
+    assert_ne!(
+        std::fs::metadata(fx.s(DB)).expect("db").ino(),
+        before,
+        "put in place whole, by a rename"
+    );
+    // The returning user: what the cache kept, the rest from the share's new version.
+    let m = fx.mount_with(&["--config", &cfg]);
+    assert_eq!(notes(&fx.m(DB)), ["one"]);
+    intact(&fx.m(DB));
+    sqlite(&fx.m(DB), "insert into notes values('two');");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["one", "two"]);
+}
+
+#[test]
+fn a_committed_transaction_survives_a_crash_of_the_daemon_and_the_recovery_sends_it() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 4);
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('committed');");
+    m.crash();
+    let out = recover(&fx.cache);
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["committed"]);
+}
+
+/// The file rsync's holding directory would hold for `rel` while the sync sends it.
+fn holding(fx: &Fixture, rel: &str) -> PathBuf {
+    let p = fx.s(rel);
+    p.parent()
+        .expect("parent")
+        .join(ccfs::rsync::PARTIAL_DIR)
+        .join(p.file_name().expect("name"))
+}
+
+#[test]
+fn a_crash_inside_the_send_of_the_blocks_leaves_the_old_database_and_the_recovery_the_new() {
+    let fx = Fixture::new();
+    // Large enough that its copy on the share takes a while.
+    make_db(&fx.s(DB), 96);
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('sent');");
+    let pid = m.daemon_pid();
+    let tmp = holding(&fx, DB);
+    let mut logout = Command::new(e2e::ccfs_bin())
+        .arg("umount")
+        .arg(&fx.mnt)
+        .spawn()
+        .expect("umount");
+    // Stopped the moment the send has begun (its copy is in the holding directory).
+    let start = Instant::now();
+    while !tmp.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the send never began"
+        );
+        std::hint::spin_loop();
+    }
+    kill(pid, libc::SIGSTOP);
+    let stopped_in_send = tmp.exists();
+    // The share still has the old database, whole.
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), Vec::<String>::new());
+    kill(pid, libc::SIGKILL);
+    wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
+    let _ = logout.wait();
+    m.abandon();
+    let out = recover(&fx.cache);
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["sent"]);
+    assert!(!tmp.exists(), "the holding directory is cleaned up");
+    assert!(
+        stopped_in_send,
+        "the daemon was stopped after the send had renamed its copy (run again)"
+    );
+}
+
+#[test]
+fn another_workstations_save_meanwhile_keeps_both_databases_whole() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 4);
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('here');");
+    // The same user on another workstation, which saves and logs out first.
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let b = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
+    sqlite(&mnt_b.join(DB), "insert into notes values('there');");
+    let out = b.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(
+        notes(&fx.s(DB)),
+        ["there"],
+        "the share keeps the other save"
+    );
+    let dir = fx.s(DB).parent().expect("dir").to_path_buf();
+    let kept: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("places.sqlite") && *p != fx.s(DB))
+        })
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+        .collect();
+    let ours: Vec<&PathBuf> = kept
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("conflict"))
+        .collect();
+    assert_eq!(ours.len(), 1, "our version kept aside: {kept:?}");
+    intact(ours[0]);
+    assert_eq!(notes(ours[0]), ["here"]);
+}
+
+#[test]
+fn a_database_larger_than_the_caches_free_space_is_changed_and_sent() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 48);
+    let small = SmallTmpfs::mount(&fx.tmp.path().join("small"), "16m");
+    let cache = small.0.join("cache");
+    let cfg = config(&fx);
+    let m = fx.mount_at(&fx.mnt, &cache, &["--config", &cfg]);
+    sqlite(
+        &fx.m(DB),
+        "insert into notes values('fits'); update t set v = zeroblob(1000) where id = 30000;",
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["fits"]);
+}
