@@ -22,6 +22,43 @@ pub enum SyncMode {
 /// A file the sync sends itself (not through rsync).
 type Sender<'a> = dyn Fn(&Overlay, &Path) -> std::io::Result<Put> + 'a;
 
+/// Sends the files the sync sends itself (mostly holes, held by block), each kind one
+/// part of the transfer, with what it says landed; why a file could not be sent goes to
+/// `why`.
+fn send_ourselves(
+    overlay: &Overlay,
+    session: &crate::overlay::SyncSession<'_>,
+    parts: &mut Vec<(Transfer, Option<Listed>)>,
+    why: &mut Vec<String>,
+) {
+    let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
+    let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
+    let senders: [(&Vec<PathBuf>, &Sender); 2] = [
+        (&session.sparse, &send_sparse),
+        (&session.by_blocks, &send_blocks),
+    ];
+    for (sent_here, send) in senders {
+        if sent_here.is_empty() {
+            continue;
+        }
+        let mut put = HashMap::new();
+        for p in sent_here {
+            match send(overlay, p) {
+                Ok(what) => {
+                    put.insert(p.clone(), what);
+                }
+                Err(e) => why.push(format!("cannot send {}: {e}", crate::journal::escape(p))),
+            }
+        }
+        let t = if put.len() == sent_here.len() {
+            Transfer::Complete
+        } else {
+            Transfer::Reported(put.clone())
+        };
+        parts.push((t, Some(put)));
+    }
+}
+
 /// The outcome of one sync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SyncReport {
@@ -165,32 +202,7 @@ pub fn run_sync(
         parts.push((t, l));
         why.extend(w);
     }
-    let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
-    let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
-    let senders: [(&Vec<PathBuf>, &Sender); 2] = [
-        (&session.sparse, &send_sparse),
-        (&session.by_blocks, &send_blocks),
-    ];
-    for (sent_here, send) in senders {
-        if sent_here.is_empty() {
-            continue;
-        }
-        let mut put = HashMap::new();
-        for p in sent_here {
-            match send(overlay, p) {
-                Ok(what) => {
-                    put.insert(p.clone(), what);
-                }
-                Err(e) => why.push(format!("cannot send {}: {e}", crate::journal::escape(p))),
-            }
-        }
-        let t = if put.len() == sent_here.len() {
-            Transfer::Complete
-        } else {
-            Transfer::Reported(put.clone())
-        };
-        parts.push((t, Some(put)));
-    }
+    send_ourselves(overlay, &session, &mut parts, &mut why);
     let transfer = all_of(parts);
     let why = (!why.is_empty()).then(|| why.join("; "));
     let settled = session.finish(transfer);

@@ -364,18 +364,10 @@ impl Overlay {
         // base whose look another write in its second could leave (it stands by its
         // content, which is the whole file's), nor on a path taken over before (its
         // base is not this file).
-        let base_after = records
-            .iter()
-            .find_map(|r| match r {
-                Record::Base(p, b) if p == rel => Some(*b),
-                _ => None,
-            })
-            .unwrap_or_else(|| inner.state.base(rel));
         let by_block = with_data
             && ready.is_none()
             && !racy
-            && self.held_by_block(&meta)
-            && base_after == Some(session::share_id_of(&meta));
+            && self.takes_over_by_block(&inner, rel, &meta, &records);
         if by_block {
             records.push(Record::Partial(rel.to_path_buf(), meta.len()));
         }
@@ -404,18 +396,9 @@ impl Overlay {
                 p.install(self, &dst)
             }
             None if by_block => {
-                let tmp = self.tmp_rel();
-                let result = self.sparse_copy(rel, &meta, &tmp).and_then(|()| {
-                    // The base, opened now and kept: its bytes stay readable even once
-                    // another workstation's save replaces it under its name (the
-                    // conflict then keeps ours whole).
-                    base_file = self.open_base(rel, &meta).ok();
-                    self.install_synced(&tmp, &dst)
-                });
-                if result.is_err() {
-                    let _ = remove_tree(&self.cache, &tmp);
-                }
-                result
+                let (placed, base) = self.place_by_block(rel, &meta, &dst);
+                base_file = base;
+                placed
             }
             None => {
                 let tmp = self.tmp_rel();
@@ -443,18 +426,48 @@ impl Overlay {
         if let Some(f) = base_file {
             self.keep_base(&inner, rel, f);
         }
+        self.settle_racy_copy(&mut inner, rel, content)?;
+        tracing::debug!(path = %rel.display(), "copied up");
+        Ok((inner, true))
+    }
+
+    /// A copy-up's cache file held by block put at `dst` (see `blocks.rs`), and its base,
+    /// opened now and kept: its bytes stay readable even once another workstation's save
+    /// replaces it under its name (the conflict then keeps ours whole).
+    fn place_by_block(
+        &self,
+        rel: &Path,
+        meta: &Stat,
+        dst: &Path,
+    ) -> (io::Result<()>, Option<File>) {
+        let tmp = self.tmp_rel();
+        let mut base = None;
+        let result = self.sparse_copy(rel, meta, &tmp).and_then(|()| {
+            base = self.open_base(rel, meta).ok();
+            self.install_synced(&tmp, dst)
+        });
+        if result.is_err() {
+            let _ = remove_tree(&self.cache, &tmp);
+        }
+        (result, base)
+    }
+
+    /// A copy-up's racy base of unknown content gets the content the copy found
+    /// (`content`; None: the base stands by its look alone, recorded again without a mark).
+    fn settle_racy_copy(
+        &self,
+        inner: &mut Inner,
+        rel: &Path,
+        content: Option<Content>,
+    ) -> FsResult<()> {
         if inner.state.racy(rel) == Some(Content::Unknown) {
             match (content, inner.state.base(rel)) {
                 (Some(Content::Unknown), _) => {}
-                (Some(c), _) => self.record(&mut inner, &[Record::Racy(rel.to_path_buf(), c)])?,
-                // The base stands by its look alone (a base recorded again has no mark).
-                (None, base) => {
-                    self.record(&mut inner, &[Record::Base(rel.to_path_buf(), base)])?
-                }
+                (Some(c), _) => self.record(inner, &[Record::Racy(rel.to_path_buf(), c)])?,
+                (None, base) => self.record(inner, &[Record::Base(rel.to_path_buf(), base)])?,
             }
         }
-        tracing::debug!(path = %rel.display(), "copied up");
-        Ok((inner, true))
+        Ok(())
     }
 
     /// The content of the cache's file at `rel` (unknown when it cannot be read).
@@ -469,6 +482,25 @@ impl Overlay {
         self.cache
             .open_file(parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?
             .sync_all()
+    }
+
+    /// Whether a take-over of `meta` at `rel` (whose records are `records`) holds it by
+    /// block: a file long enough whose base is that very file.
+    fn takes_over_by_block(
+        &self,
+        inner: &Inner,
+        rel: &Path,
+        meta: &Stat,
+        records: &[Record],
+    ) -> bool {
+        let base_after = records
+            .iter()
+            .find_map(|r| match r {
+                Record::Base(p, b) if p == rel => Some(*b),
+                _ => None,
+            })
+            .unwrap_or_else(|| inner.state.base(rel));
+        self.held_by_block(meta) && base_after == Some(session::share_id_of(meta))
     }
 
     /// The cache file of a file held by block (see `blocks.rs`): the share's file's
