@@ -83,6 +83,9 @@ impl Extents {
     /// The blocks of `[start, end)` not in the set, as ranges in order.
     pub fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
+        if start >= end {
+            return out;
+        }
         let mut at = start;
         let first = self
             .ranges
@@ -186,6 +189,7 @@ mod tests {
         assert_eq!(e.gaps(3, 7), [(4, 6)]);
         assert_eq!(e.gaps(2, 4), []);
         assert_eq!(Extents::new().gaps(1, 3), [(1, 3)]);
+        assert_eq!(e.gaps(5, 3), [], "an empty range lacks nothing");
     }
 
     #[test]

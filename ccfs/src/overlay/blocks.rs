@@ -455,6 +455,30 @@ impl Overlay {
         }
     }
 
+    /// Opening a cache whose files held by block were being written (dirty): a block the
+    /// cache file has may hold a write the crash cut off from its record (a block written
+    /// again after a sync had sent it shows the new bytes, as the cache file has them).
+    /// Each such block is sent: every block the cache file has counts as changed. (A
+    /// block the cache file lacks shows and sends the base, whatever a write put there.)
+    pub(super) fn blocks_after_a_crash(&self) -> io::Result<()> {
+        let mut inner = self.lock();
+        let records: Vec<Record> = inner
+            .state
+            .partials()
+            .filter(|(p, part)| inner.state.is_dirty(p) && part.here != part.changed)
+            .map(|(p, part)| Record::Blocks {
+                path: p.clone(),
+                changed: true,
+                blocks: part.here.clone(),
+            })
+            .collect();
+        if !records.is_empty() {
+            self.record(&mut inner, &records)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Sets the length of the file held by block `bf` at `rel` (see [`BlockFile::set_len`]);
     /// `file`: an open handle's cache file, if the caller has one.
     pub(super) fn set_len_by_block(

@@ -588,6 +588,7 @@ impl Overlay {
             Path::new("upper"),
         )?;
         overlay.finish_interrupted_removals()?;
+        overlay.blocks_after_a_crash()?;
         Ok(overlay)
     }
 

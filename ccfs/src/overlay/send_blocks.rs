@@ -85,7 +85,10 @@ impl Overlay {
             // Past the limit, the file is the cache's: zeros where it wrote nothing.
             dst.set_len(kept)?;
             dst.set_len(ours.len())?;
+            // Past the limit, every byte is the cache's (written or not: a crash may have
+            // cut a write there from its record, and the file shows it).
             copy_blocks(&src, &dst, &partial.changed, ours.len())?;
+            copy_range(&src, &dst, partial.limit, ours.len())?;
             for name in self.cache.listxattr(&from).unwrap_or_default() {
                 if let Ok(value) = self.cache.getxattr(&from, &name) {
                     // One the filesystem takes from the owner (user.*, ACLs); others
@@ -125,24 +128,30 @@ fn copy_blocks(
     changed: &crate::extents::Extents,
     len: u64,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; CHUNK as usize];
     for (s, e) in changed.iter() {
-        let (mut at, end) = (s * BLOCK, (e * BLOCK).min(len));
-        while at < end {
-            let n = (end - at).min(CHUNK) as usize;
-            let mut got = 0;
-            while got < n {
-                match src.read_at(&mut buf[got..n], at + got as u64)? {
-                    0 => {
-                        buf[got..n].fill(0);
-                        got = n;
-                    }
-                    k => got += k,
+        copy_range(src, dst, s * BLOCK, (e * BLOCK).min(len))?;
+    }
+    Ok(())
+}
+
+/// Copies the bytes `[from, end)` of `src` (zeros past its end) to `dst`.
+fn copy_range(src: &File, dst: &File, from: u64, end: u64) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut at = from;
+    while at < end {
+        let n = (end - at).min(CHUNK) as usize;
+        let mut got = 0;
+        while got < n {
+            match src.read_at(&mut buf[got..n], at + got as u64)? {
+                0 => {
+                    buf[got..n].fill(0);
+                    got = n;
                 }
+                k => got += k,
             }
-            dst.write_all_at(&buf[..n], at)?;
-            at += n as u64;
         }
+        dst.write_all_at(&buf[..n], at)?;
+        at += n as u64;
     }
     Ok(())
 }
