@@ -40,7 +40,7 @@ use crate::sys::{self, Stat};
 pub enum Registrar {
     /// The daemon itself (it runs as root): a copy of the FUSE device.
     Direct(OwnedFd),
-    /// The broker of a user's mount: the daemon's end of its socket. Lock order: 9
+    /// The broker of a user's mount: the daemon's end of its socket. Lock order: 10
     /// (ARCHITECTURE.md, Locks), held for one request and its answer.
     Broker(Mutex<OwnedFd>),
 }
@@ -113,7 +113,7 @@ struct NodeIo {
 pub struct Passthrough {
     registrar: OnceLock<Registrar>,
     enabled: AtomicBool,
-    /// Lock order: 8 (ARCHITECTURE.md, Locks): held while a backing file is registered
+    /// Lock order: 9 (ARCHITECTURE.md, Locks): held while a backing file is registered
     /// (the broker's socket, 9).
     nodes: Mutex<HashMap<u64, NodeIo>>,
 }

@@ -148,7 +148,7 @@ pub struct Requests {
     write_bytes: AtomicU64,
     /// Count by the first this many path components too (0: not).
     path_depth: AtomicUsize,
-    /// Lock order: 16 (ARCHITECTURE.md, Locks), a leaf.
+    /// Lock order: 19 (ARCHITECTURE.md, Locks), a leaf.
     by_path: Mutex<HashMap<String, u64>>,
 }
 

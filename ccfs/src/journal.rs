@@ -286,7 +286,7 @@ pub struct Ticket(u64);
 /// and the changes waiting for their records (which wait without it).
 #[derive(Debug)]
 pub struct Durability {
-    /// Lock order: 7 (ARCHITECTURE.md, Locks), a leaf: the `fdatasync` runs without it.
+    /// Lock order: 8 (ARCHITECTURE.md, Locks), a leaf: the `fdatasync` runs without it.
     state: Mutex<Durable>,
     done: Condvar,
 }

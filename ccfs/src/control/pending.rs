@@ -16,7 +16,7 @@ pub(super) type Counts = ((usize, u64, usize), u64);
 #[derive(Debug)]
 pub(super) struct PendingCounter {
     overlay: Arc<Overlay>,
-    /// Lock order: 15 (ARCHITECTURE.md, Locks), a leaf.
+    /// Lock order: 18 (ARCHITECTURE.md, Locks), a leaf.
     last: Arc<Mutex<Counts>>,
     counting: Arc<AtomicBool>,
 }

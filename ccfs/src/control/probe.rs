@@ -19,7 +19,7 @@ pub struct ShareProbe {
     timeout: Duration,
     /// Closed while the share does not answer, opened when it does again.
     gate: Arc<ShareGate>,
-    /// Lock order: 14 (ARCHITECTURE.md, Locks), a leaf: the look runs without it.
+    /// Lock order: 17 (ARCHITECTURE.md, Locks), a leaf: the look runs without it.
     state: Mutex<ProbeState>,
     cv: Condvar,
 }

@@ -28,7 +28,7 @@ pub struct Daemon {
     /// One sync at a time. Lock order: 1 (ARCHITECTURE.md, Locks), held for the whole
     /// sync.
     sync_lock: Mutex<()>,
-    /// Lock order: 13, a leaf (as `conflicts` and `final_sync`).
+    /// Lock order: 16, a leaf (as `conflicts` and `final_sync`).
     last_sync: Mutex<Option<SyncOutcome>>,
     conflicts: Mutex<Vec<crate::overlay::Conflict>>,
     final_sync: Mutex<Option<SyncOutcome>>,

@@ -28,7 +28,7 @@ const STAGE_LOG_OPEN: u8 = 2;
 const STAGE_READY: u8 = 3;
 
 /// Lines logged before the daemon could open its log (it opens it only once it runs as
-/// the user), written at its head then. Lock order: 17 (ARCHITECTURE.md, Locks), last of
+/// the user), written at its head then. Lock order: 20 (ARCHITECTURE.md, Locks), last of
 /// all: any thread may log while it holds any other lock.
 static EARLY_LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 const EARLY_LOG_MAX: usize = 1 << 20;

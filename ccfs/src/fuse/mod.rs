@@ -42,11 +42,11 @@ pub struct Timeouts {
 #[derive(Debug)]
 pub struct CcfsFs {
     overlay: Arc<Overlay>,
-    /// Lock order: 10 (ARCHITECTURE.md, Locks), a leaf (as `links` and `listed`).
+    /// Lock order: 11 (ARCHITECTURE.md, Locks), a leaf (as `links` and `listed`).
     nodes: Arc<Mutex<Nodes>>,
     /// The node of a file with several links, by its backing object (see [`CcfsFs::entry`]).
     links: Mutex<HashMap<(u64, u64), u64>>,
-    /// Lock order: 4, a leaf (a handle's own locks are taken after it is let go).
+    /// Lock order: 5, a leaf (a handle's own locks are taken after it is let go).
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     ttl: Timeouts,

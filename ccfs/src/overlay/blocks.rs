@@ -37,7 +37,7 @@ pub struct BlockFile {
     /// write of a truncation.
     io: Mutex<BlockIo>,
     /// The share's version the missing blocks are read from, as its base records it, and
-    /// the share's file once opened and found to be that version. Lock order: 12, a
+    /// the share's file once opened and found to be that version. Lock order: 15, a
     /// leaf (a sync's new base is set under the overlay's lock; the share is opened
     /// without it).
     base: Mutex<BaseSlot>,

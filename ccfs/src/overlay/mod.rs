@@ -230,12 +230,12 @@ pub struct Overlay {
     cache: Root,
     upper_abs: PathBuf,
     policy: Policy,
-    /// Lock order: 5 (ARCHITECTURE.md, Locks): what runs under it and what does not is
+    /// Lock order: 6 (ARCHITECTURE.md, Locks): what runs under it and what does not is
     /// written there.
     inner: Mutex<Inner>,
     /// Signalled when a change under way lets go of its names (see [`InFlight`]).
     settled: std::sync::Condvar,
-    /// See [`Overlay::with_write_access`]. Lock order: 6, held for the cache's chmod
+    /// See [`Overlay::with_write_access`]. Lock order: 7, held for the cache's chmod
     /// and rename of one moment.
     write_access: Mutex<()>,
     tmp_seq: AtomicU64,
@@ -266,17 +266,17 @@ pub struct Overlay {
     /// [`Overlay::drop_clean_cache`]).
     keep_copies: AtomicU64,
     /// Share looks at cached names of the last [`RECENT_LOOK`], by name (see
-    /// [`Overlay::recent_look`]). Lock order: 11, a leaf.
+    /// [`Overlay::recent_look`]). Lock order: 12, a leaf.
     recent_looks: Mutex<HashMap<PathBuf, RecentLook>>,
     /// How long a kept look answers, in milliseconds (see [`Overlay::set_recent_look`]).
     recent_look_ms: AtomicU64,
     /// The share is an NFS mount: a clean copy's look at it opens the file (see
     /// [`Overlay::share_look`]).
     share_is_nfs: AtomicBool,
-    /// The share's clock as last told (see [`racy`]). Lock order: 12, a leaf.
+    /// The share's clock as last told (see [`racy`]). Lock order: 13, a leaf.
     share_clock: Mutex<Option<racy::ShareClock>>,
     /// The files held by block that a handle has used, by path (see [`blocks`]). Lock
-    /// order: 12, a leaf.
+    /// order: 14, a leaf.
     block_files: Mutex<HashMap<PathBuf, std::sync::Arc<BlockFile>>>,
     /// A cached file at least this long taken over from the share is held by block (see
     /// [`blocks`]); 0: none is.
