@@ -195,9 +195,12 @@ impl BlockFile {
         Ok(())
     }
 
-    /// Sets the length of the file to `len`. Cut below the limit, the limit follows (its
-    /// record on disk before the cache file is cut: `record`), and the block the new end
-    /// falls in is copied from the base first when the cache lacks it.
+    /// Sets the length of the file to `len`. Cut below the limit, the limit follows: the
+    /// cache file is cut first, then the limit recorded (`record`, on disk before this
+    /// returns); a crash in between leaves a cache file shorter than its limit, which
+    /// the next opening of the cache takes as the limit ([`Overlay::blocks_after_a_crash`]).
+    /// The block the new end falls in is copied from the base first when the cache lacks
+    /// it (the bytes of it below the end are the base's either way).
     pub fn set_len(
         &self,
         share: &Root,
@@ -206,20 +209,19 @@ impl BlockFile {
         record: impl FnOnce(Record) -> FsResult<()>,
     ) -> FsResult<()> {
         let mut io = self.io.locked();
-        if !io.whole && len < io.limit {
-            if !len.is_multiple_of(BLOCK) {
-                let b = len / BLOCK;
-                self.fill(&mut io, share, cache, b, b + 1)?;
-                // The cut changes that block: it is sent.
-                io.here.insert(b, b + 1);
-                io.written.insert(b, b + 1);
-            }
-            // The data of the blocks filled, then their record, then the limit's.
-            cache.sync_data()?;
-            record(Record::Partial(self.path.clone(), len))?;
-            io.limit = len;
+        if io.whole || len >= io.limit {
+            cache.set_len(len)?;
+            return Ok(());
+        }
+        if !len.is_multiple_of(BLOCK) {
+            let b = len / BLOCK;
+            self.fill(&mut io, share, cache, b, b + 1)?;
+            // The cut changes that block: it is sent.
+            io.written.insert(b, b + 1);
         }
         cache.set_len(len)?;
+        io.limit = len;
+        record(Record::Partial(self.path.clone(), len))?;
         Ok(())
     }
 
@@ -455,23 +457,31 @@ impl Overlay {
         }
     }
 
-    /// Opening a cache whose files held by block were being written (dirty): a block the
-    /// cache file has may hold a write the crash cut off from its record (a block written
-    /// again after a sync had sent it shows the new bytes, as the cache file has them).
-    /// Each such block is sent: every block the cache file has counts as changed. (A
-    /// block the cache file lacks shows and sends the base, whatever a write put there.)
+    /// Opening a cache: a file held by block whose cache file is shorter than its limit
+    /// was cut by a truncation whose record a crash took (its length is the limit now);
+    /// and in a file that was being written (dirty), a block the cache file has may hold
+    /// a write the crash cut off from its record (a block written again after a sync had
+    /// sent it shows the new bytes, as the cache file has them): every block the cache
+    /// file has counts as changed, so that the share gets what the view shows. (A block
+    /// the cache file lacks shows and sends the base, whatever a write put there.)
     pub(super) fn blocks_after_a_crash(&self) -> io::Result<()> {
         let mut inner = self.lock();
-        let records: Vec<Record> = inner
-            .state
-            .partials()
-            .filter(|(p, part)| inner.state.is_dirty(p) && part.here != part.changed)
-            .map(|(p, part)| Record::Blocks {
-                path: p.clone(),
-                changed: true,
-                blocks: part.here.clone(),
-            })
-            .collect();
+        let mut records = Vec::new();
+        for (p, part) in inner.state.partials() {
+            // A cut whose record the crash took: the cache file's length is the limit.
+            if let Some(m) = self.upper_stat(p)? {
+                if m.len() < part.limit {
+                    records.push(Record::Partial(p.clone(), m.len()));
+                }
+            }
+            if inner.state.is_dirty(p) && part.here != part.changed {
+                records.push(Record::Blocks {
+                    path: p.clone(),
+                    changed: true,
+                    blocks: part.here.clone(),
+                });
+            }
+        }
         if !records.is_empty() {
             self.record(&mut inner, &records)
                 .map_err(|e| io::Error::other(e.to_string()))?;

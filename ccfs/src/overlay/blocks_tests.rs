@@ -316,9 +316,15 @@ fn differ(got: &[u8], want: &[u8]) -> String {
 /// One step of [`blocks_as_a_file_would_have_them`].
 #[derive(Debug, Clone)]
 enum Step {
-    Write { at: u64, len: usize, b: u8 },
+    Write {
+        at: u64,
+        len: usize,
+        b: u8,
+    },
     Fsync,
     Cut(u64),
+    /// A new handle opened with O_TRUNC (the one open before is closed first).
+    Truncate,
     Close,
     Sync,
     Crash,
@@ -332,6 +338,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
             .prop_map(|(at, len, b)| Step::Write { at, len, b }),
         2 => Just(Step::Fsync),
         1 => (0..end).prop_map(Step::Cut),
+        1 => Just(Step::Truncate),
         1 => Just(Step::Close),
         2 => Just(Step::Sync),
         1 => Just(Step::Crash),
@@ -459,6 +466,14 @@ proptest::proptest! {
                     o.setattr(&ctx(), Path::new(".db"), attr, Some(g.file())).expect("cut");
                     r.cut(*len as usize);
                 }
+                Step::Truncate => {
+                    if let Some(h) = f.take() {
+                        o.close_file(&h);
+                    }
+                    f = Some(o.open_file(&ctx(), Path::new(".db"), libc::O_RDWR | libc::O_TRUNC).expect("open"));
+                    r.cut(0);
+                    r.durable();
+                }
                 Step::Close => {
                     if let Some(h) = f.take() {
                         o.close_file(&h);
@@ -499,4 +514,23 @@ proptest::proptest! {
         }
         let _ = cache;
     }
+}
+
+#[test]
+fn a_truncating_open_of_a_file_held_by_block_leaves_nothing_of_the_base() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[1; 10], 0);
+    close(&t, f);
+    let f =
+        t.o.open_file(&ctx(), Path::new(".db"), libc::O_RDWR | libc::O_TRUNC)
+            .expect("open");
+    write(&t, &f, &[2; 10], 3 * BLOCK);
+    let mut want = vec![0u8; 3 * BLOCK as usize];
+    want.extend([2; 10]);
+    assert_eq!(read_all(&t, &f), want, "zeros where the base was");
+    close(&t, f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
 }

@@ -17,6 +17,10 @@ impl Overlay {
             } else {
                 self.prepare_copy_up(rel)
             };
+            // A file held by block is cut through its blocks (its limit follows).
+            if let Some(bf) = self.block_file(rel).filter(|_| truncating) {
+                self.set_len_by_block(&bf, rel, 0, None)?;
+            }
             let inner = self.lock_for(&[rel]);
             let (inner, _) =
                 self.copy_up_of(inner, &[rel], rel, !truncating, ctx, None, prepared)?;
