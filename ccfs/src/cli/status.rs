@@ -120,6 +120,9 @@ pub(crate) fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
         K::DatabaseChangedThere => format!(
             "conflict: the database {p} belongs to was changed on the share (another login?) since this journal or WAL was written here; the share keeps its database, ours is saved as {kept}"
         ),
+        K::BlocksKeptHere => format!(
+            "conflict: {p} was changed here by block and on the share while this workstation was down; the share's version shows, ours (the blocks written here, listed beside it) is kept in the cache directory as {kept}"
+        ),
     }
 }
 

@@ -22,6 +22,7 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
+use super::session::SyncSession;
 use super::*;
 use crate::extents::{blocks_of, Extents, BLOCK};
 use crate::state::{Partial, ShareId};
@@ -409,9 +410,16 @@ impl Overlay {
 
     /// Before a sync: every block written so far on record (the sync sends what the
     /// journal lists), and each changed file held by block whose base the share no longer
-    /// has made whole (the conflict check then keeps it aside as any file; a file that
-    /// cannot be made whole, its base gone, is held back by the check and stays here).
-    pub(super) fn blocks_before_sync(&self, errors: &mut Vec<String>) {
+    /// has made whole (the conflict check then keeps it aside as any file). One that
+    /// cannot be made whole (its base gone from the share while the daemon did not hold
+    /// it open) is kept in the cache out of the view (see [`Overlay::keep_blocks_here`]):
+    /// a conflict of its own kind.
+    pub(super) fn blocks_before_sync(
+        &self,
+        host: &str,
+        stamp: &str,
+        session: &mut SyncSession<'_>,
+    ) -> FsResult<()> {
         let files: Vec<Arc<BlockFile>> = self.block_files.locked().values().cloned().collect();
         for bf in files {
             let recorded = self
@@ -424,7 +432,7 @@ impl Overlay {
                 .map_err(FsError::from)
                 .and_then(|cache| self.record_blocks(&bf, &cache));
             if let Err(e) = recorded {
-                errors.push(format!(
+                session.errors.push(format!(
                     "the blocks written to {} could not be journaled: {e}",
                     session::shown(&bf.path)
                 ));
@@ -446,15 +454,83 @@ impl Overlay {
                 .ok()
                 .flatten()
                 .map(|m| session::share_id_of(&m));
-            if now != base {
-                if let Err(e) = self.make_whole(&p) {
-                    errors.push(format!(
-                        "{} is held by block and the share's version its missing blocks come from changed; it cannot be made whole, and stays here: {e}",
-                        session::shown(&p)
-                    ));
+            if now == base {
+                continue;
+            }
+            match self.make_whole(&p) {
+                Ok(()) => {}
+                Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                Err(e) => {
+                    tracing::warn!(path = %session::shown(&p), "cannot be made whole: {e}");
+                    let kept = self.keep_blocks_here(&p, host, stamp)?;
+                    tracing::warn!(
+                        path = %session::shown(&p),
+                        kept = %session::shown(&kept),
+                        "conflict: changed here by block and on the share while this workstation did not hold the share's old version; the share's shows, ours is kept in the cache"
+                    );
+                    session.conflicts.push(session::Conflict {
+                        path: p.clone(),
+                        kind: session::ConflictKind::BlocksKeptHere,
+                        kept: kept.to_string_lossy().into_owned(),
+                    });
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Moves the cache file of `p`, held by block and whose base is gone, out of the view
+    /// to `kept/HOST-STAMP/p` in the cache directory, with the list of the blocks it has
+    /// and of those written here beside it (`p.blocks`); the session forgets `p`, whose
+    /// share's version shows from now on. Returns where it went (relative to the cache
+    /// directory).
+    fn keep_blocks_here(&self, p: &Path, host: &str, stamp: &str) -> FsResult<PathBuf> {
+        let mut inner = self.lock_for(&[p]);
+        let Some(part) = inner.state.partial(p).cloned() else {
+            return Ok(PathBuf::new());
+        };
+        let dir = Path::new("kept").join(format!("{host}-{stamp}"));
+        let to = dir.join(p);
+        let mut at = PathBuf::new();
+        for c in to.parent().unwrap_or(Path::new("")).components() {
+            at.push(c);
+            match self.cache.mkdir(&at, 0o700) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let list = format!(
+            "blocks of {} bytes; the cache file has {}; written here {}; below {} bytes the others are the share's version it was taken from\n",
+            BLOCK,
+            part.here.encode(),
+            part.changed.encode(),
+            part.limit
+        );
+        let mut list_name = to.clone().into_os_string();
+        list_name.push(".blocks");
+        {
+            use std::io::Write;
+            let mut f = self.cache.open_file(
+                Path::new(&list_name),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                0o600,
+            )?;
+            f.write_all(list.as_bytes())?;
+            f.sync_all()?;
+        }
+        self.cache.rename(&up(p), &to, libc::RENAME_NOREPLACE)?;
+        self.record(
+            &mut inner,
+            &[
+                Record::Delete {
+                    path: p.to_path_buf(),
+                    whiteout: false,
+                },
+                Record::Forget(p.to_path_buf()),
+            ],
+        )?;
+        Ok(to)
     }
 
     /// Opening a cache: a file held by block whose cache file is shorter than its limit

@@ -534,3 +534,49 @@ fn a_truncating_open_of_a_file_held_by_block_leaves_nothing_of_the_base() {
     assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
     assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
 }
+
+#[test]
+fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[3; BLOCK as usize], 5 * BLOCK);
+    {
+        let g = f.current();
+        t.o.sync_file(&g, true).expect("fsync");
+    }
+    // The daemon dies (nothing it held stays open); another workstation saves the file.
+    drop(f);
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = t;
+    drop(o);
+    let theirs = vec![0x55u8; 3000];
+    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
+    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
+    let report = run_sync(&o, &rsync(&share), SyncMode::Recover).expect("recover");
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    let c = &report.conflicts[0];
+    assert_eq!(c.kind, super::ConflictKind::BlocksKeptHere);
+    assert_eq!(std::fs::read(share.join(".db")).expect("share"), theirs);
+    // Ours, as its blocks, with their list, out of the view.
+    let kept = cache.join(&c.kept);
+    let data = std::fs::read(&kept).expect("kept");
+    assert_eq!(
+        &data[5 * BLOCK as usize..6 * BLOCK as usize],
+        &[3; BLOCK as usize][..]
+    );
+    let list = std::fs::read_to_string(format!("{}.blocks", kept.display())).expect("list");
+    assert!(list.contains("written here 5-6"), "{list}");
+    let f = o
+        .open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)
+        .expect("open");
+    let g = f.current();
+    let mut buf = vec![0u8; 4000];
+    let n = o.read_at(&g, &mut buf, 0).expect("read");
+    assert_eq!(&buf[..n], &theirs[..], "the share's version shows");
+}

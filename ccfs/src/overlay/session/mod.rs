@@ -39,6 +39,12 @@ pub enum ConflictKind {
     /// since we took it over: ours is kept beside the share's database, under the name of
     /// our copy of the database (moved aside with it when the cache has one).
     DatabaseChangedThere,
+    /// Held by block and changed here, and changed on the share while the daemon did not
+    /// hold the share's old version open (a crash of this workstation in between): the
+    /// blocks it lacks cannot be read any more, so it cannot be made whole. The share's
+    /// version shows; ours is kept in the cache as it is (its blocks, and the list of
+    /// them), where `kept` says.
+    BlocksKeptHere,
 }
 
 /// One conflict found at sync; nothing is overwritten, both versions are kept.
@@ -198,7 +204,7 @@ impl Overlay {
         self.settle_leftover(&mut session.errors)?;
         // The blocks written so far on record; a file held by block whose base the share
         // no longer has is made whole first, for the conflict to keep it aside.
-        self.blocks_before_sync(&mut session.errors);
+        self.blocks_before_sync(host, stamp, &mut session)?;
         let mut held = self.check_conflicts(host, stamp, &mut session)?;
         session.unchanged = self.settle_unchanged(&mut held, &mut session.errors)?;
         let mut inner = self.lock();
