@@ -13,7 +13,6 @@ pub mod reference;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -21,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ccfs::overlay::{Ctx, Overlay, SetAttr};
+use ccfs::overlay::{Ctx, OpenFile, Overlay, SetAttr};
 use ccfs::policy::Policy;
 use ccfs::sync::{run_rsync, run_sync, RsyncOptions, SyncMode, SyncReport};
 use ccfs::sys::SetTime;
@@ -909,16 +908,18 @@ impl World {
         }
         let o = self.overlay(w);
         let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
+        // As a FUSE request would: an open handle, made ready for writing, written at the
+        // end (append) or the start, closed (a file held by block goes through its blocks).
         let opened = match o.resolve(p) {
             Ok(f) if !f.meta.is_file() => return false,
-            Ok(_) if append => o.open(&ctx(), p, libc::O_WRONLY | libc::O_APPEND),
-            Ok(_) => o.open(&ctx(), p, libc::O_WRONLY | libc::O_TRUNC),
+            Ok(_) if append => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_APPEND),
+            Ok(_) => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_TRUNC),
             Err(_) if append => return false,
             Err(_) => o
                 .create(&ctx(), parent, file, 0o644, libc::O_WRONLY)
-                .map(|(_, f, wr)| (f, wr)),
+                .map(|(_, f, wr)| OpenFile::opened(f, wr)),
         };
-        let (mut f, writer) = match opened {
+        let f = match opened {
             Ok(o) => o,
             Err(e) => {
                 if std::env::var_os("CCFS_MODEL_DEBUG").is_some() {
@@ -931,11 +932,26 @@ impl World {
                 return false;
             }
         };
-        f.write_all(data).expect("write");
-        drop(f);
-        if let Some(wr) = writer {
-            o.release_writer(wr);
+        {
+            let g = match o.file_to_write(&ctx(), &f, || Some(p.to_path_buf())) {
+                Ok(g) => g,
+                Err(e) => {
+                    if std::env::var_os("CCFS_MODEL_DEBUG").is_some() {
+                        eprintln!("write {} on {w}: {:?}", p.display(), e.error);
+                    }
+                    o.close_file(&f);
+                    return false;
+                }
+            };
+            let at = if append {
+                g.file().metadata().expect("fstat").len()
+            } else {
+                0
+            };
+            o.write_at(&g, data, at).expect("write");
         }
+        o.close_file(&f);
+        drop(f);
         if self.skew[w] != 0 {
             // This workstation's clock: every write carries its time.
             let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
