@@ -624,6 +624,10 @@ impl World {
         // workstation put on the share shows, and its kept look goes. The reference
         // plays each look (reference::Model::look).
         o.set_recent_look(std::time::Duration::from_secs(3600));
+        // Files held by block from their first byte (`CCFS_MODEL_BY_BLOCK=1`).
+        if std::env::var_os("CCFS_MODEL_BY_BLOCK").is_some_and(|v| v == "1") {
+            o.set_by_block_from(1);
+        }
         let promises = Promises::before(self, &o);
         let looks = self.share_looks();
         let outcome = ccfs::daemon::recover_overlay(&o, &self.rsync(None));
