@@ -727,3 +727,23 @@ pub fn skip(reason: &str) {
         }
     }
 }
+
+/// `ccfs recover --cache-dir CACHE` (a crashed session's cache sent to its share).
+pub fn recover(cache: &Path) -> Output {
+    ccfs(&[
+        "recover".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ])
+}
+
+/// `sqlite3 DB SQL`, which must succeed; its output, trimmed.
+pub fn sqlite(db: &Path, sql: &str) -> String {
+    let o = Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("sqlite3 (scripts/setup installs it)");
+    assert!(o.status.success(), "{} {sql}: {}", db.display(), text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}

@@ -5,7 +5,7 @@
 //! when another workstation saved the database meanwhile, and when the database is larger
 //! than the cache's free space.
 
-use e2e::{alive, ccfs, kill, text, wait_until, Fixture, SmallTmpfs};
+use e2e::{alive, kill, recover, sqlite, text, wait_until, Fixture, SmallTmpfs};
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -19,16 +19,6 @@ fn config(fx: &Fixture) -> String {
     fx.config("[paths]\npassthrough = []\nby_block_from_kib = 256\n")
         .display()
         .to_string()
-}
-
-fn sqlite(db: &Path, sql: &str) -> String {
-    let o = Command::new("sqlite3")
-        .arg(db)
-        .arg(sql)
-        .output()
-        .expect("sqlite3 (scripts/setup installs it)");
-    assert!(o.status.success(), "{} {sql}: {}", db.display(), text(&o));
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
 /// A database of about `mb` MiB at `path` (pages of 32 KiB, as Firefox's), in rollback
@@ -65,14 +55,6 @@ fn notes(db: &Path) -> Vec<String> {
 /// Bytes the file takes on its disk.
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).expect("stat").blocks() * 512
-}
-
-fn recover(cache: &Path) -> std::process::Output {
-    ccfs(&[
-        "recover".as_ref(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-    ])
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! that finds it, a logout; then every SQLite database on the share must pass SQLite's own
 //! integrity check and hold what each start wrote.
 
-use e2e::{read, text, Fixture};
+use e2e::{read, sqlite, text, Fixture};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,16 +31,6 @@ fn databases(dir: &Path) -> Vec<PathBuf> {
     }
     found.sort();
     found
-}
-
-fn sqlite(db: &Path, sql: &str) -> String {
-    let o = Command::new("sqlite3")
-        .arg(db)
-        .arg(sql)
-        .output()
-        .expect("sqlite3 (scripts/setup installs it)");
-    assert!(o.status.success(), "{}: {}", db.display(), text(&o));
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
 /// Runs headless Firefox with HOME at `home`, in a network namespace of its own.

@@ -32,14 +32,6 @@ fn ok(out: &std::process::Output) {
     assert!(out.status.success(), "{}", text(out));
 }
 
-fn recover(cache: &Path) -> std::process::Output {
-    ccfs(&[
-        "recover".as_ref(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-    ])
-}
-
 /// Scenario 1: workstation A edits .x and .y and logs out cleanly; on B the user deletes .x
 /// and edits .y (B's clock is behind) and logs out; the next login and logout on A must not
 /// bring .x back nor put A's old .y over B's.

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 
 use super::*;
 use crate::extents::BLOCK;
-use crate::rsync::{Put, PARTIAL_DIR};
+use crate::rsync::Put;
 
 /// How much of the changed blocks is copied in one read and write.
 const CHUNK: u64 = 1 << 20;
@@ -61,12 +61,7 @@ impl Overlay {
                 "the share's file is no longer the version its blocks were taken from",
             ));
         }
-        let holding = parent.join(PARTIAL_DIR);
-        match self.share.mkdir(&holding, 0o700) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e),
-        }
+        let holding = self.holding_dir(parent)?;
         let tmp = holding.join(name);
         let sent = (|| -> io::Result<()> {
             match self.share.unlink(&tmp) {

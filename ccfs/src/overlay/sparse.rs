@@ -38,12 +38,7 @@ impl Overlay {
             .file_name()
             .ok_or_else(|| io::Error::other("no file name"))?;
         let parent = rel.parent().unwrap_or(Path::new(""));
-        let holding = parent.join(PARTIAL_DIR);
-        match self.share.mkdir(&holding, 0o700) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e),
-        }
+        let holding = self.holding_dir(parent)?;
         let tmp = holding.join(name);
         let sent = (|| -> io::Result<Stat> {
             let (dst, meta) = self.fresh_copy(rel, &self.share, &tmp, false)?;
@@ -56,6 +51,17 @@ impl Overlay {
         }
         let _ = self.share.rmdir(&holding);
         Ok(Put::File(sent?.mtime().0))
+    }
+
+    /// The holding directory rsync uses in `parent` on the share, made if missing: a file
+    /// the sync sends itself is made there and renamed into place.
+    pub(super) fn holding_dir(&self, parent: &Path) -> io::Result<PathBuf> {
+        let holding = parent.join(PARTIAL_DIR);
+        match self.share.mkdir(&holding, 0o700) {
+            Ok(()) => Ok(holding),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(holding),
+            Err(e) => Err(e),
+        }
     }
 
     /// A new file at `dst_rel` in `root` (whatever was at that name goes) with the data

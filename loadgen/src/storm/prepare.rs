@@ -2,7 +2,6 @@
 //! left on the workstation), then the machine settled.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,18 +115,7 @@ pub(super) fn settle(cfg: &StormConfig, remount: bool) -> Result<Settled, String
     let remounted = match cfg.remount.as_ref().filter(|_| remount) {
         None => false,
         Some(cmd) => {
-            let out = Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .output()
-                .map_err(|e| format!("cannot run --remount {cmd:?}: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "--remount {cmd:?} failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
+            super::procs::run_given("--remount", cmd)?;
             true
         }
     };

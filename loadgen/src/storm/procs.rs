@@ -111,21 +111,27 @@ pub fn read_pids_file(path: &Path) -> Result<Vec<u32>, String> {
         .collect()
 }
 
-/// The server's own counters: what `cmd` (`--server-counts`) prints.
-pub fn read_server_counts(cmd: &str) -> Result<super::ServerCounts, String> {
+/// Runs a shell command given as the option `option` (`--remount`, `--server-counts`);
+/// what it printed, once it succeeded.
+pub(super) fn run_given(option: &str, cmd: &str) -> Result<String, String> {
     let out = std::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .output()
-        .map_err(|e| format!("cannot run --server-counts {cmd:?}: {e}"))?;
+        .map_err(|e| format!("cannot run {option} {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "--server-counts {cmd:?} failed ({}): {}",
+            "{option} {cmd:?} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    super::ServerCounts::parse(&String::from_utf8_lossy(&out.stdout))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The server's own counters: what `cmd` (`--server-counts`) prints.
+pub fn read_server_counts(cmd: &str) -> Result<super::ServerCounts, String> {
+    super::ServerCounts::parse(&run_given("--server-counts", cmd)?)
         .map_err(|e| format!("--server-counts {cmd:?}: {e}"))
 }
 

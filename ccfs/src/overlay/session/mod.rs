@@ -329,20 +329,8 @@ impl Overlay {
                 session.by_blocks.push(p.clone());
                 // Open for writing: sent from a copy taken now (holes where the cache
                 // file has them), with the blocks changed now.
-                if !session.quiet[i] {
-                    match self.snapshot(p) {
-                        Ok(copy) => {
-                            session.sent[i] = Some(Sent {
-                                size: copy.len(),
-                                mtime: copy.mtime(),
-                                since: Some(handed_over),
-                            });
-                            session.block_snapshots.insert(p.clone(), changed.clone());
-                        }
-                        Err(e) => {
-                            tracing::warn!(path = %shown(p), "cannot take a snapshot of a file being written: {e}")
-                        }
-                    }
+                if !session.quiet[i] && self.snapshot_handed(p, i, session, handed_over) {
+                    session.block_snapshots.insert(p.clone(), changed.clone());
                 }
                 continue;
             }
@@ -366,19 +354,34 @@ impl Overlay {
             if !matches!(self.share.stat(parent), Ok(Some(d)) if d.is_dir()) {
                 continue;
             }
-            match self.snapshot(p) {
-                Ok(copy) => {
-                    session.sent[i] = Some(Sent {
-                        size: copy.len(),
-                        mtime: copy.mtime(),
-                        since: Some(handed_over),
-                    });
-                    session.snapshots.push(p.clone());
-                }
-                // Sent as it is, as before (rsync may discard it; it stays dirty).
-                Err(e) => {
-                    tracing::warn!(path = %shown(p), "cannot take a snapshot of a file being written: {e}")
-                }
+            if self.snapshot_handed(p, i, session, handed_over) {
+                session.snapshots.push(p.clone());
+            }
+        }
+    }
+
+    /// Takes the snapshot of `p` (the `i`th file handed over): what is handed over is the
+    /// copy. False when it could not be taken (the file is sent as it is, as before:
+    /// rsync may discard it, and it stays dirty).
+    fn snapshot_handed(
+        &self,
+        p: &Path,
+        i: usize,
+        session: &mut SyncSession<'_>,
+        handed_over: (i64, i64),
+    ) -> bool {
+        match self.snapshot(p) {
+            Ok(copy) => {
+                session.sent[i] = Some(Sent {
+                    size: copy.len(),
+                    mtime: copy.mtime(),
+                    since: Some(handed_over),
+                });
+                true
+            }
+            Err(e) => {
+                tracing::warn!(path = %shown(p), "cannot take a snapshot of a file being written: {e}");
+                false
             }
         }
     }
