@@ -375,6 +375,24 @@ impl Overlay {
         }
     }
 
+    /// The bytes the cache's `rel` holds as the view shows them: of a file held by block,
+    /// the blocks its cache file has and the base's elsewhere; of another, the cache file's.
+    pub(super) fn view_bytes(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let cache = self.cache.open_file(&up(rel), flags, 0)?;
+        let len = sys::fstat(&cache)?.len() as usize;
+        let mut buf = vec![0u8; len];
+        let n = match self.block_file(rel) {
+            Some(bf) => bf.read_at(&self.share, &cache, &mut buf, 0)?,
+            None => {
+                read_full(&cache, &mut buf, 0)?;
+                len
+            }
+        };
+        buf.truncate(n);
+        Ok(buf)
+    }
+
     /// The [`BlockFile`] of `rel` when its cache file is held by block.
     pub fn block_file(&self, rel: &Path) -> Option<Arc<BlockFile>> {
         let inner = self.lock_for(&[rel]);

@@ -460,7 +460,6 @@ impl Overlay {
         if !none(self.cache.listxattr(&up(p))) || !none(self.share.listxattr(p)) {
             return Ok(Unchanged::Send);
         }
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
         // (On NFS past the client's cached pages: see `Overlay::content_flags`.)
         let theirs_file = self.share.open_file(p, self.content_flags(), 0)?;
         let theirs = sys::fstat(&theirs_file)?;
@@ -483,7 +482,8 @@ impl Overlay {
             io::Read::read_to_end(&mut r, &mut v)?;
             Ok(v)
         };
-        let mine = read_all(&self.cache.open_file(&up(p), flags, 0)?)?;
+        // As the view has it (a file held by block lacks blocks in its cache file).
+        let mine = self.view_bytes(p)?;
         let theirs_bytes = read_all(&theirs_file)?;
         // A racy base (see [`super::racy`]) whose content the share's file no longer has:
         // written there in the second of the look, a change rsync would overwrite.

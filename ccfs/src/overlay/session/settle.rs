@@ -280,7 +280,10 @@ impl Overlay {
             _ => false,
         };
         if as_handed && !written_elsewhere(&self.cache, &up(p)) {
-            return self.content_in_cache(&up(p));
+            // As the view has it (a file held by block lacks blocks in its cache file).
+            return self.view_bytes(p).map_or(Content::Unknown, |b| {
+                crate::overlay::racy::content_of_bytes(&b)
+            });
         }
         Content::Unknown
     }
