@@ -267,7 +267,21 @@ impl BlockFile {
     fn base(&self, share: &Root) -> io::Result<Arc<File>> {
         let want = {
             let slot = self.base.locked();
-            if let Some(f) = &slot.file {
+            if let (Some(f), Some(id)) = (&slot.file, slot.id) {
+                // The file held open is the base while its bytes are: a write in place on
+                // the share (another program there) changes its size or mtime. (Its ctime
+                // changes too when a save elsewhere renames another file over its name,
+                // which leaves its bytes as they were.)
+                let now = sys::fstat(f)?;
+                if (now.len(), now.mtime()) != (id.size, id.mtime) {
+                    tracing::error!(
+                        path = %session::shown(&self.path),
+                        "the share's file this file's missing blocks come from was written in place: they cannot be read"
+                    );
+                    return Err(eio(
+                        "the share's version of a file held by block was written in place",
+                    ));
+                }
                 return Ok(f.clone());
             }
             slot.id
@@ -290,6 +304,13 @@ impl BlockFile {
             slot.file = Some(f.clone());
         }
         Ok(f)
+    }
+
+    /// Opens the base now if it is not open yet (and it is still the base): from then on
+    /// a save elsewhere that renames another file over its name leaves its bytes readable
+    /// here. A base that cannot be opened is left for the first read that needs it.
+    pub fn hold_base(&self, share: &Root) {
+        let _ = self.base(share);
     }
 
     /// Takes what is not journaled yet (the caller journals it, or puts it back).
@@ -579,6 +600,20 @@ impl Overlay {
         if !records.is_empty() {
             self.record(&mut inner, &records)
                 .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        // The bases of the files with work to send, held from now on (not under the lock:
+        // the share is asked).
+        let dirty: Vec<PathBuf> = inner
+            .state
+            .partials()
+            .filter(|(p, _)| inner.state.is_dirty(p))
+            .map(|(p, _)| p.clone())
+            .collect();
+        drop(inner);
+        for p in dirty {
+            if let Some(bf) = self.block_file(&p) {
+                bf.hold_base(&self.share);
+            }
         }
         Ok(())
     }

@@ -580,3 +580,90 @@ fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache()
     let n = o.read_at(&g, &mut buf, 0).expect("read");
     assert_eq!(&buf[..n], &theirs[..], "the share's version shows");
 }
+
+#[test]
+fn a_write_in_place_on_the_share_is_never_read_as_the_base() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[6; BLOCK as usize], 0);
+    // Another program writes the share's file in place (same inode).
+    {
+        use std::os::unix::fs::FileExt;
+        let share = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.share.join(".db"))
+            .expect("share");
+        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+    }
+    let g =
+        t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db")))
+            .expect("readable");
+    let mut buf = vec![0u8; BLOCK as usize];
+    let err =
+        t.o.read_at(&g, &mut buf, 9 * BLOCK)
+            .expect_err("not the base any more");
+    assert!(err.to_string().contains("written in place"), "{err}");
+    // What the cache has still reads.
+    assert_eq!(t.o.read_at(&g, &mut buf, 0).expect("read"), BLOCK as usize);
+    assert_eq!(buf, vec![6; BLOCK as usize]);
+    drop(g);
+    close(&t, f);
+    // The sync cannot make ours whole: it is kept in the cache, and the share's shows.
+    let r = sync(&t);
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(r.conflicts[0].kind, super::ConflictKind::BlocksKeptHere);
+    let on_share = std::fs::read(t.share.join(".db")).expect("share");
+    assert_eq!(
+        &on_share[9 * BLOCK as usize..9 * BLOCK as usize + 6],
+        b"theirs"
+    );
+}
+
+#[test]
+fn a_returning_users_kept_copy_holds_its_base_from_its_open_on() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[1; BLOCK as usize], 0);
+    close(&t, f);
+    let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.cache_dropped, "{r:?}");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = t;
+    drop(o);
+    // The next login: the kept copy, still held by block.
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
+    o.set_by_block_from(16 * BLOCK);
+    assert!(o.lock().state().partial(Path::new(".db")).is_some());
+    let f = o
+        .open_file(&ctx(), Path::new(".db"), libc::O_RDWR)
+        .expect("open");
+    {
+        // A whole block: nothing of the base is read.
+        let g = o
+            .file_to_write(&ctx(), &f, || Some(PathBuf::from(".db")))
+            .expect("w");
+        o.write_at(&g, &[2; BLOCK as usize], 7 * BLOCK)
+            .expect("write");
+    }
+    o.close_file(&f);
+    drop(f);
+    // Another workstation saves its version meanwhile.
+    let theirs = vec![9u8; 100];
+    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
+    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    let r = sync_of(&o, &share);
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(r.conflicts[0].kind, super::ConflictKind::ModifiedOnBoth);
+    let mut ours = base();
+    ours[..BLOCK as usize].fill(1);
+    ours[7 * BLOCK as usize..8 * BLOCK as usize].fill(2);
+    assert_eq!(
+        std::fs::read(share.join(&r.conflicts[0].kept)).expect("ours"),
+        ours,
+        "ours whole, from the base held since the open"
+    );
+}

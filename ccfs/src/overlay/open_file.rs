@@ -121,6 +121,9 @@ impl Overlay {
         let seen = self.copy_up_count();
         let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
         let blocks = what.is_none().then(|| self.block_file(rel)).flatten();
+        if let Some(bf) = &blocks {
+            bf.hold_base(&self.share);
+        }
         let deferred = what.map(|what| Deferred { flags, seen, what });
         let f = OpenFile::with(file, writer, deferred);
         f.writing().blocks = blocks;
@@ -286,6 +289,9 @@ impl Overlay {
                 g.writer = writer;
                 g.deferred = None;
                 g.blocks = self.block_file(path);
+                if let Some(bf) = &g.blocks {
+                    bf.hold_base(&self.share);
+                }
                 return Ok(());
             }
         }
