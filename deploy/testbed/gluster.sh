@@ -38,6 +38,8 @@ up() {
     "${G[@]}" volume create "$VOL" replica 3 "$ADDR:$STATE/bricks/b1" "$ADDR:$STATE/bricks/b2" "$ADDR:$STATE/bricks/b3" force >/dev/null
   fi
   if [ "$(server_disk)" = hdd ]; then
+    # The value names the translator the delays go above: the bricks' posix, their disk.
+    "${G[@]}" volume set "$VOL" delay-gen posix >/dev/null
     "${G[@]}" volume set "$VOL" delay-gen.enable fsync,fsyncdir >/dev/null
     "${G[@]}" volume set "$VOL" delay-gen.delay-percentage 100 >/dev/null
     "${G[@]}" volume set "$VOL" delay-gen.delay-duration $((HDD_FSYNC_MS * 1000)) >/dev/null
@@ -79,11 +81,14 @@ counts() {
   "${G[@]}" volume profile "$VOL" info cumulative | python3 -c '
 import json, re, sys
 fops, read, written = {}, 0, 0
-row = re.compile(r"^\s*[\d.]+\s+([\d.]+) us\s+[\d.]+ us\s+[\d.]+ us\s+(\d+)\s+([A-Z_]+)\s*$")
+# Latencies are printed in ns (GlusterFS 10) or us (older): kept in us.
+row = re.compile(r"^\s*[\d.]+\s+([\d.]+) (ns|us|ms)\s+[\d.]+ \w+\s+[\d.]+ \w+\s+(\d+)\s+([A-Z_]+)\s*$")
+unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
 for line in sys.stdin:
     m = row.match(line)
     if m:
-        avg, calls, fop = float(m.group(1)), int(m.group(2)), m.group(3)
+        avg = float(m.group(1)) * unit[m.group(2)]
+        calls, fop = int(m.group(3)), m.group(4)
         f = fops.setdefault(fop, {"calls": 0, "latency_us": 0.0})
         f["calls"] += calls
         f["latency_us"] += avg * calls
