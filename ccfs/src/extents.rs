@@ -110,6 +110,27 @@ impl Extents {
         out
     }
 
+    /// Removes the blocks `[start, end)`.
+    pub fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let kept: Vec<(u64, u64)> = self.iter().collect();
+        self.ranges.clear();
+        for (s, e) in kept {
+            if e <= start || s >= end {
+                self.ranges.insert(s, e);
+                continue;
+            }
+            if s < start {
+                self.ranges.insert(s, start);
+            }
+            if e > end {
+                self.ranges.insert(end, e);
+            }
+        }
+    }
+
     /// Removes every block from `from` on.
     pub fn remove_from(&mut self, from: u64) {
         let after: Vec<u64> = self.ranges.range(from..).map(|(&s, _)| s).collect();
@@ -229,9 +250,13 @@ mod tests {
             let mut e = Extents::new();
             let mut set = std::collections::BTreeSet::new();
             for (a, b, cut) in ops {
-                if cut {
+                if cut && a % 2 == 0 {
                     e.remove_from(a);
                     set.retain(|&x| x < a);
+                } else if cut {
+                    let (s, t) = (a.min(b), a.max(b));
+                    e.remove(s, t);
+                    set.retain(|&x| x < s || x >= t);
                 } else {
                     let (s, t) = (a.min(b), a.max(b));
                     e.insert(s, t);

@@ -230,3 +230,76 @@ fn a_database_larger_than_the_caches_free_space_is_changed_and_sent() {
     intact(&fx.s(DB));
     assert_eq!(notes(&fx.s(DB)), ["fits"]);
 }
+
+#[test]
+fn punching_a_hole_or_zeroing_a_range_reaches_the_share() {
+    let fx = Fixture::new();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(fx.s(".big"), &data).expect("share file");
+    std::thread::sleep(Duration::from_millis(1100));
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    let mut want = data.clone();
+    for (args, from, to) in [
+        (["-p", "-o", "8192", "-l", "8192"], 8192, 16384),
+        (["-z", "-o", "20480", "-l", "4096"], 20480, 24576),
+    ] {
+        let o = Command::new("fallocate")
+            .args(args)
+            .arg(fx.m(".big"))
+            .output()
+            .expect("fallocate");
+        assert!(o.status.success(), "{}", text(&o));
+        want[from..to].fill(0);
+    }
+    assert_eq!(std::fs::read(fx.m(".big")).expect("view"), want);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(fx.s(".big")).expect("share"), want);
+}
+
+#[test]
+fn an_append_and_a_create_that_finds_the_file_go_through_its_blocks() {
+    let fx = Fixture::new();
+    let history: String = (1..20000).map(|i| format!("{i}\n")).collect();
+    std::fs::write(fx.s(".bash_history"), &history).expect("share file");
+    std::thread::sleep(Duration::from_millis(1100));
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    // The kernel remembers `.big` as missing; another workstation puts it there.
+    assert!(std::fs::metadata(fx.m(".big")).is_err());
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
+    std::fs::write(fx.s(".big"), &big).expect("share file");
+    std::thread::sleep(Duration::from_millis(1100));
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo 'ls -la' >> '{h}' && python3 -c \"import os; fd = os.open('{b}', os.O_RDWR | os.O_CREAT); print(os.pread(fd, 4, 0).hex()); os.pwrite(fd, b'WORLD', 5000); os.close(fd)\"",
+            h = fx.m(".bash_history").display(),
+            b = fx.m(".big").display()
+        ))
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "{}", text(&o));
+    let head: String = big[..4].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        head,
+        "the share's bytes, not holes"
+    );
+    let want_history = format!("{history}ls -la\n");
+    let mut want_big = big.clone();
+    want_big[5000..5005].copy_from_slice(b"WORLD");
+    assert_eq!(
+        std::fs::read_to_string(fx.m(".bash_history")).expect("view"),
+        want_history
+    );
+    assert_eq!(std::fs::read(fx.m(".big")).expect("view"), want_big);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(fx.s(".bash_history")).expect("share"),
+        want_history
+    );
+    assert_eq!(std::fs::read(fx.s(".big")).expect("share"), want_big);
+}

@@ -23,7 +23,7 @@ use crate::backing::{IoMode, Passthrough};
 use crate::counters::Req;
 use crate::error::FsError;
 use crate::nodes::Nodes;
-use crate::overlay::{Layer, OpenFile, Overlay, SetAttr};
+use crate::overlay::{Layer, Overlay, SetAttr};
 use crate::sys;
 
 /// How long the kernel may keep what ccfs answered, by where the answer came from.
@@ -772,20 +772,31 @@ impl Filesystem for CcfsFs {
         {
             Ok((found, file, writer)) => {
                 let a = self.entry(parent, name, &found);
+                let opened = match self.overlay.created_file(&path, file, writer) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        reply.error(reply_err("create", &path, &e));
+                        return;
+                    }
+                };
                 // An existing dotfile still on the share, opened by a create without
-                // O_EXCL: its copy-up is still to come, which the daemon must see.
-                let lower = found.layer == Layer::Lower;
-                let mode = match self.io_mode(a.ino.0, &file, lower) {
+                // O_EXCL: its copy-up is still to come, which the daemon must see; a file
+                // held by block is read and written through the daemon.
+                let chosen = {
+                    let g = opened.current();
+                    let through = found.layer == Layer::Lower || g.is_held_by_block();
+                    self.io_mode(a.ino.0, g.file(), through)
+                };
+                let mode = match chosen {
                     Ok(mode) => mode,
                     Err(e) => {
-                        self.overlay.close_file(&OpenFile::opened(file, writer));
+                        self.overlay.close_file(&opened);
                         let e = FsError::from(e);
                         reply.error(reply_err("create", &path, &e));
                         return;
                     }
                 };
-                let fh =
-                    self.add_handle(Handle::file(a.ino.0, OpenFile::opened(file, writer), mode));
+                let fh = self.add_handle(Handle::file(a.ino.0, opened, mode));
                 let ttl = self.ttl(found.layer);
                 match mode {
                     IoMode::Passthrough(id) => {
@@ -811,6 +822,15 @@ impl Filesystem for CcfsFs {
         self.count(Req::Fallocate, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let g = try_reply!(reply, self.writable(req, &h));
+        // A file held by block is made whole first: a hole punched or a range zeroed
+        // changes blocks its cache file may lack.
+        if g.is_held_by_block() {
+            let path = try_reply!(reply, self.path(ino));
+            if let Err(e) = self.overlay.make_whole(&path) {
+                reply.error(reply_err("fallocate", &path, &e));
+                return;
+            }
+        }
         let file = g.file();
         match crate::sys::fallocate(file, mode, offset, length) {
             Ok(()) => reply.ok(),

@@ -42,6 +42,13 @@ pub struct BlockFile {
     /// leaf (a sync's new base is set under the overlay's lock; the share is opened
     /// without it).
     base: Mutex<BaseSlot>,
+    /// The blocks of `here` not in the journal yet: copied from the base, and written
+    /// here. Copied (not taken) by the journal write and removed once the state has them,
+    /// so that a block is always in one of the two (a sync's snapshot looks at both). Lock
+    /// order: 15, a leaf (as `base`; taken under `io` and under the overlay's lock).
+    pending: Mutex<Unrecorded>,
+    /// The limit as `io` has it, for a look without `io` (a sync's snapshot).
+    limit_now: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -58,13 +65,10 @@ struct BlockIo {
     limit: u64,
     /// The blocks the cache file has.
     here: Extents,
-    /// Of `here`, those not in the journal yet: copied from the base, and written here.
-    filled: Extents,
-    written: Extents,
 }
 
-/// What a [`BlockFile`] has not journaled yet (see [`BlockFile::unrecorded`]).
-#[derive(Debug, Default)]
+/// What a [`BlockFile`] has not journaled yet (see [`BlockFile::pending`]).
+#[derive(Debug, Default, Clone)]
 pub struct Unrecorded {
     filled: Extents,
     written: Extents,
@@ -102,9 +106,9 @@ impl BlockFile {
                 whole: false,
                 limit: partial.limit,
                 here: partial.here.clone(),
-                filled: Extents::new(),
-                written: Extents::new(),
             }),
+            pending: Mutex::new(Unrecorded::default()),
+            limit_now: std::sync::atomic::AtomicU64::new(partial.limit),
             base: Mutex::new(BaseSlot {
                 id: base_id,
                 file: None,
@@ -192,7 +196,7 @@ impl BlockFile {
         }
         cache.write_all_at(data, offset)?;
         io.here.insert(first, last);
-        io.written.insert(first, last);
+        self.pending.locked().written.insert(first, last);
         Ok(())
     }
 
@@ -218,10 +222,12 @@ impl BlockFile {
             let b = len / BLOCK;
             self.fill(&mut io, share, cache, b, b + 1)?;
             // The cut changes that block: it is sent.
-            io.written.insert(b, b + 1);
+            self.pending.locked().written.insert(b, b + 1);
         }
         cache.set_len(len)?;
         io.limit = len;
+        self.limit_now
+            .store(len, std::sync::atomic::Ordering::SeqCst);
         record(Record::Partial(self.path.clone(), len))?;
         Ok(())
     }
@@ -250,7 +256,7 @@ impl BlockFile {
                 cache.write_all_at(&buf[..n], from)?;
             }
             io.here.insert(s, e);
-            io.filled.insert(s, e);
+            self.pending.locked().filled.insert(s, e);
         }
         Ok(())
     }
@@ -313,19 +319,29 @@ impl BlockFile {
         let _ = self.base(share);
     }
 
-    /// Takes what is not journaled yet (the caller journals it, or puts it back).
+    /// What is not journaled yet, copied (see [`BlockFile::pending`]).
     fn unrecorded(&self) -> Unrecorded {
-        let mut io = self.io.locked();
-        Unrecorded {
-            filled: std::mem::take(&mut io.filled),
-            written: std::mem::take(&mut io.written),
+        self.pending.locked().clone()
+    }
+
+    /// Those of `u` are in the state now.
+    fn recorded(&self, u: &Unrecorded) {
+        let mut p = self.pending.locked();
+        for (s, e) in u.filled.iter() {
+            p.filled.remove(s, e);
+        }
+        for (s, e) in u.written.iter() {
+            p.written.remove(s, e);
         }
     }
 
-    fn put_back(&self, u: Unrecorded) {
-        let mut io = self.io.locked();
-        io.filled.insert_all(&u.filled);
-        io.written.insert_all(&u.written);
+    /// The blocks written here and not journaled yet, and the limit now: with the state's
+    /// changed blocks, what a snapshot taken just before holds of this file's changes.
+    pub(super) fn written_now(&self) -> (Extents, u64) {
+        (
+            self.pending.locked().written.clone(),
+            self.limit_now.load(std::sync::atomic::Ordering::SeqCst),
+        )
     }
 
     /// The share's file now holds this file as the cache does (a sync sent it): that
@@ -428,23 +444,25 @@ impl Overlay {
         if u.is_empty() {
             return Ok(());
         }
-        let done = cache.sync_data().map_err(FsError::from).and_then(|()| {
+        // Their data on disk before their record can be.
+        cache.sync_data()?;
+        let t = {
             let mut inner = self.lock_any();
-            // A file no longer held by block (made whole, removed) records nothing.
-            if inner.state.partial(&bf.path).is_none() {
-                return Ok(None);
+            // A file no longer held by block, or another file at its path now (ours was
+            // removed or set aside), records nothing.
+            let current = self
+                .block_files
+                .locked()
+                .get(&bf.path)
+                .is_some_and(|b| std::ptr::eq(Arc::as_ptr(b), bf));
+            if inner.state.partial(&bf.path).is_none() || !current {
+                return Ok(());
             }
-            self.record_deferred(&mut inner, &u.records(&bf.path))
-                .map(Some)
-        });
-        match done {
-            Ok(None) => Ok(()),
-            Ok(Some(t)) => self.durable(t),
-            Err(e) => {
-                bf.put_back(u);
-                Err(e)
-            }
-        }
+            let t = self.record_deferred(&mut inner, &u.records(&bf.path))?;
+            bf.recorded(&u);
+            t
+        };
+        self.durable(t)
     }
 
     /// Before a sync: every block written so far on record (the sync sends what the
@@ -668,10 +686,7 @@ impl Overlay {
         }
         bf.fill_all(&mut io, &self.share, &cache)?;
         cache.sync_data()?;
-        let u = Unrecorded {
-            filled: std::mem::take(&mut io.filled),
-            written: std::mem::take(&mut io.written),
-        };
+        let u = bf.unrecorded();
         let mut records = u.records(rel);
         records.push(Record::Whole(rel.to_path_buf()));
         let t = {

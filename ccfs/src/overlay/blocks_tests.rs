@@ -667,3 +667,191 @@ fn a_returning_users_kept_copy_holds_its_base_from_its_open_on() {
         "ours whole, from the base held since the open"
     );
 }
+
+/// A share with `.log` of `len` bytes (the pattern), held by block from 64 KiB on.
+fn held_log(len: usize) -> (Fresh, Vec<u8>) {
+    let t = fresh(&[]);
+    let data: Vec<u8> = (0..len).map(|i| (i % 239) as u8).collect();
+    std::fs::write(t.share.join(".log"), &data).expect("share file");
+    t.o.set_by_block_from(16 * BLOCK);
+    (t, data)
+}
+
+#[test]
+fn an_append_to_a_file_held_by_block_lands_at_its_end() {
+    let (t, mut want) = held_log(100_001);
+    let f =
+        t.o.open_file(&ctx(), Path::new(".log"), libc::O_WRONLY | libc::O_APPEND)
+            .expect("open");
+    {
+        let g =
+            t.o.file_to_write(&ctx(), &f, || Some(PathBuf::from(".log")))
+                .expect("w");
+        assert!(g.is_held_by_block());
+        // The kernel gives an append its offset: the end of the file.
+        t.o.write_at(&g, b"ls -la\n", 100_001).expect("append");
+    }
+    close(&t, f);
+    want.extend(b"ls -la\n");
+    let f =
+        t.o.open_file(&ctx(), Path::new(".log"), libc::O_RDONLY)
+            .expect("open");
+    let g = f.current();
+    let mut buf = vec![0u8; want.len() + 10];
+    let n = t.o.read_at(&g, &mut buf, 0).expect("read");
+    assert_eq!(
+        &buf[..n],
+        &want[..],
+        "the last block copied where it belongs"
+    );
+    drop(g);
+    drop(f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    assert_eq!(std::fs::read(t.share.join(".log")).expect("share"), want);
+}
+
+#[test]
+fn a_create_that_finds_the_file_reads_and_writes_it_through_its_blocks() {
+    let (t, mut want) = held_log(200_000);
+    let (_, file, writer) =
+        t.o.create(
+            &ctx(),
+            Path::new(""),
+            std::ffi::OsStr::new(".log"),
+            0o644,
+            libc::O_RDWR,
+        )
+        .expect("create finds it");
+    let f =
+        t.o.created_file(Path::new(".log"), file, writer)
+            .expect("handle");
+    {
+        let g =
+            t.o.file_to_write(&ctx(), &f, || Some(PathBuf::from(".log")))
+                .expect("w");
+        let mut head = [0u8; 16];
+        t.o.read_at(&g, &mut head, 0).expect("read");
+        assert_eq!(&head[..], &want[..16], "the share's bytes, not holes");
+        t.o.write_at(&g, b"WORLD", 5000).expect("write");
+    }
+    close(&t, f);
+    want[5000..5005].copy_from_slice(b"WORLD");
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    assert_eq!(std::fs::read(t.share.join(".log")).expect("share"), want);
+}
+
+#[test]
+fn a_file_grown_far_past_its_limit_is_sent_as_what_its_data_costs() {
+    let t = held();
+    let f = open_rw(&t);
+    let far = 1u64 << 30;
+    {
+        let g =
+            t.o.file_to_write(&ctx(), &f, || Some(PathBuf::from(".db")))
+                .expect("w");
+        t.o.write_at(&g, b"end", far).expect("write far");
+    }
+    close(&t, f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    let m = std::fs::metadata(t.share.join(".db")).expect("share");
+    assert_eq!(m.len(), far + 3);
+    assert!(
+        m.blocks() * 512 < 4 << 20,
+        "holes stay holes on the share: {} bytes taken",
+        m.blocks() * 512
+    );
+    let share = std::fs::File::open(t.share.join(".db")).expect("open");
+    let mut tail = [0u8; 3];
+    std::os::unix::fs::FileExt::read_exact_at(&share, &mut tail, far).expect("read");
+    assert_eq!(&tail, b"end");
+    let mut head = vec![0u8; LEN];
+    std::os::unix::fs::FileExt::read_exact_at(&share, &mut head, 0).expect("read");
+    assert_eq!(head, base());
+}
+
+#[test]
+fn a_handle_of_a_file_set_aside_records_nothing_into_the_next_take_over() {
+    let t = held();
+    let old = open_rw(&t);
+    write(&t, &old, &[1; BLOCK as usize], 0);
+    {
+        let g = old.current();
+        t.o.sync_file(&g, true).expect("fsync");
+    }
+    // Another program writes the share's file in place: the sync sets ours aside.
+    {
+        use std::os::unix::fs::FileExt;
+        let share = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.share.join(".db"))
+            .expect("share");
+        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+    }
+    let r = sync(&t);
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(r.conflicts[0].kind, super::ConflictKind::BlocksKeptHere);
+    let theirs = std::fs::read(t.share.join(".db")).expect("share");
+    // A new handle takes the share's file over afresh, by block.
+    let new = open_rw(&t);
+    write(&t, &new, &[2; BLOCK as usize], BLOCK);
+    assert!(t.o.lock().state().partial(Path::new(".db")).is_some());
+    // The old handle writes block 20 and closes: that was its file, not this one.
+    {
+        let g = old.current();
+        t.o.write_at(&g, &[9; BLOCK as usize], 20 * BLOCK)
+            .expect("write");
+    }
+    close(&t, old);
+    close(&t, new);
+    let part =
+        t.o.lock()
+            .state()
+            .partial(Path::new(".db"))
+            .cloned()
+            .expect("held");
+    assert!(
+        !part.changed.contains(20),
+        "block 20 of the old file is not the new one's: {:?}",
+        part.changed
+    );
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    let mut want = theirs;
+    want[BLOCK as usize..2 * BLOCK as usize].fill(2);
+    assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), want);
+}
+
+#[test]
+fn a_kept_copy_is_looked_at_when_it_is_opened_and_let_go_of_when_the_share_changed() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[1; BLOCK as usize], 0);
+    close(&t, f);
+    let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.cache_dropped, "{r:?}");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = t;
+    drop(o);
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
+    o.set_by_block_from(16 * BLOCK);
+    // Looked up (and found current) just before the share's file changes.
+    o.set_revalidate_after(std::time::Duration::from_secs(3600));
+    assert!(o.resolve(Path::new(".db")).is_ok());
+    let theirs = vec![7u8; 5000];
+    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
+    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    let f = o
+        .open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)
+        .expect("open");
+    let g = f.current();
+    let mut buf = vec![0u8; 6000];
+    let n = o.read_at(&g, &mut buf, 0).expect("read");
+    assert_eq!(&buf[..n], &theirs[..], "the share's version, no read error");
+}

@@ -117,17 +117,49 @@ impl Overlay {
     /// Opens `rel` for a handle, with [`Overlay::open_deferred`]: a writable open of a
     /// cached file still on the share copies nothing yet.
     pub fn open_file(&self, ctx: &Ctx, rel: &Path, flags: i32) -> FsResult<OpenFile> {
+        // A kept copy held by block is looked at against the share at every open, not
+        // only once the kernel's timeout ran out: the share's version changed since is
+        // not the base its missing blocks can be read from (the copy is let go of then).
+        let kept_by_block = {
+            let mut inner = self.lock_for(&[rel]);
+            let kept = inner.state.partial(rel).is_some() && !inner.state.is_dirty(rel);
+            if kept {
+                inner.validated.remove(rel);
+            }
+            kept
+        };
+        if kept_by_block {
+            let _ = self.resolve(rel);
+        }
         // The copy-up count is read before the open: a copy-up meanwhile is looked at.
         let seen = self.copy_up_count();
         let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
-        let blocks = what.is_none().then(|| self.block_file(rel)).flatten();
-        if let Some(bf) = &blocks {
-            bf.hold_base(&self.share);
-        }
         let deferred = what.map(|what| Deferred { flags, seen, what });
         let f = OpenFile::with(file, writer, deferred);
-        f.writing().blocks = blocks;
+        if what.is_none() {
+            self.attach_blocks(&mut f.writing(), rel)?;
+        }
         Ok(f)
+    }
+
+    /// A handle for a file opened by a create that found it there (`Overlay::create`):
+    /// held by block, it reads and writes through its blocks like any open.
+    pub fn created_file(&self, rel: &Path, file: File, writer: Option<u64>) -> FsResult<OpenFile> {
+        let f = OpenFile::opened(file, writer);
+        self.attach_blocks(&mut f.writing(), rel)?;
+        Ok(f)
+    }
+
+    /// Attaches the block file of `rel` to a handle's I/O when the file is held by block:
+    /// its base held from now on, and its descriptor without `O_APPEND` (the daemon writes
+    /// at the offsets the kernel gives, a block copied from the base included).
+    fn attach_blocks(&self, g: &mut FileIo, rel: &Path) -> FsResult<()> {
+        g.blocks = self.block_file(rel);
+        if let Some(bf) = &g.blocks {
+            sys::clear_append(&g.file)?;
+            bf.hold_base(&self.share);
+        }
+        Ok(())
     }
 
     /// Closes a handle: the blocks of a file held by block written through it are
@@ -288,10 +320,8 @@ impl Overlay {
                 g.file = file;
                 g.writer = writer;
                 g.deferred = None;
-                g.blocks = self.block_file(path);
-                if let Some(bf) = &g.blocks {
-                    bf.hold_base(&self.share);
-                }
+                self.attach_blocks(&mut g, path)
+                    .map_err(|e| FileFailed::new("open (deferred copy-up)", path, e))?;
                 return Ok(());
             }
         }

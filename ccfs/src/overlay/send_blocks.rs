@@ -23,7 +23,7 @@ impl Overlay {
     pub fn send_blocks(
         &self,
         rel: &Path,
-        snapshot: Option<&crate::extents::Extents>,
+        snapshot: Option<&(crate::extents::Extents, u64)>,
     ) -> io::Result<Put> {
         let (mut partial, base) = {
             let inner = self.lock_for(&[rel]);
@@ -33,8 +33,9 @@ impl Overlay {
             }
         };
         let from = match snapshot {
-            Some(changed) => {
+            Some((changed, limit)) => {
                 partial.changed = changed.clone();
+                partial.limit = *limit;
                 Path::new(super::snapshot::SNAPSHOT_DIR).join(rel)
             }
             None => up(rel),
@@ -83,7 +84,11 @@ impl Overlay {
             // Past the limit, every byte is the cache's (written or not: a crash may have
             // cut a write there from its record, and the file shows it).
             copy_blocks(&src, &dst, &partial.changed, ours.len())?;
-            copy_range(&src, &dst, partial.limit, ours.len())?;
+            // (Its data only: `dst` reads zeros in its holes already, and a file grown
+            // far past its limit is sent as what its data costs.)
+            for (from, to) in sys::data_extents(&src, partial.limit, ours.len())? {
+                copy_range(&src, &dst, from, to)?;
+            }
             for name in self.cache.listxattr(&from).unwrap_or_default() {
                 if let Ok(value) = self.cache.getxattr(&from, &name) {
                     // One the filesystem takes from the owner (user.*, ACLs); others

@@ -146,6 +146,52 @@ pub fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> io::Result<()
     })
 }
 
+/// Clears `O_APPEND` on the open file description of `file`: writes at an offset land at
+/// that offset (on an `O_APPEND` descriptor Linux's `pwrite` appends whatever the offset).
+pub fn clear_append(file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl F_GETFL / F_SETFL with an integer argument on a descriptor `file` owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_APPEND != 0 {
+        // SAFETY: as above.
+        check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_APPEND) })?;
+    }
+    Ok(())
+}
+
+/// The data extents of `src` within `[from, to)` (SEEK_DATA / SEEK_HOLE; the whole range
+/// where the filesystem cannot tell), in order.
+pub fn data_extents(src: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut pos = from;
+    while pos < to {
+        let data = match seek(src, pos, libc::SEEK_DATA) {
+            Ok(Some(d)) => d,
+            Ok(None) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                out.push((pos, to));
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        if data >= to {
+            break;
+        }
+        let hole = match seek(src, data, libc::SEEK_HOLE) {
+            Ok(Some(h)) => h.min(to),
+            Ok(None) => to,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => to,
+            Err(e) => return Err(e),
+        };
+        out.push((data, hole));
+        pos = hole;
+    }
+    Ok(out)
+}
+
 /// lseek with SEEK_DATA / SEEK_HOLE; `Ok(None)` at end of data (ENXIO).
 fn seek(file: &File, offset: u64, whence: i32) -> io::Result<Option<u64>> {
     // SAFETY: the fd is owned by `file`.

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::error::{FsError, FsResult};
+use crate::locks::Locked;
 use crate::policy::PathClass;
 use crate::state::{Content, Record, Sent, ShareId};
 use crate::sys::{self, Stat, Version};
@@ -104,7 +105,7 @@ pub struct SyncSession<'a> {
     pub by_blocks: Vec<PathBuf>,
     /// Of those, the ones open for writing when the sync took them: sent from their
     /// snapshot, with the blocks changed then.
-    pub block_snapshots: HashMap<PathBuf, crate::extents::Extents>,
+    pub block_snapshots: HashMap<PathBuf, (crate::extents::Extents, u64)>,
     /// Conflicts found before sending (both versions kept).
     pub conflicts: Vec<Conflict>,
     /// Paths held back from this sync, with why (their check against the share failed).
@@ -257,11 +258,7 @@ impl Overlay {
                         && !written_elsewhere(&self.cache, &up(p)))
             })
             .collect();
-        let by_blocks: HashMap<PathBuf, crate::extents::Extents> = present
-            .iter()
-            .filter_map(|(p, _)| Some((p.clone(), inner.state.partial(p)?.changed.clone())))
-            .collect();
-        self.take_snapshots(&present, &by_blocks, &mut session, handed_over);
+        self.take_snapshots(&inner, &present, &mut session, handed_over);
         let (acls, xattrs) = self.carried_attributes(&inner.state, &present);
         session.carries.acls = acls;
         session.carries.xattrs = xattrs;
@@ -315,8 +312,8 @@ impl Overlay {
     /// is one held by block (`by_blocks`).
     fn take_snapshots(
         &self,
+        inner: &crate::overlay::Inner,
         present: &[(PathBuf, Stat)],
-        by_blocks: &HashMap<PathBuf, crate::extents::Extents>,
         session: &mut SyncSession<'_>,
         handed_over: (i64, i64),
     ) {
@@ -325,12 +322,10 @@ impl Overlay {
         // rsync's check): what is handed over is the copy.
         self.drop_snapshots();
         for (i, (p, m)) in present.iter().enumerate() {
-            if let Some(changed) = by_blocks.get(p) {
+            if inner.state().partial(p).is_some() {
                 session.by_blocks.push(p.clone());
-                // Open for writing: sent from a copy taken now (holes where the cache
-                // file has them), with the blocks changed now.
-                if !session.quiet[i] && self.snapshot_handed(p, i, session, handed_over) {
-                    session.block_snapshots.insert(p.clone(), changed.clone());
+                if !session.quiet[i] {
+                    self.snapshot_by_block(inner, p, i, session, handed_over);
                 }
                 continue;
             }
@@ -358,6 +353,42 @@ impl Overlay {
                 session.snapshots.push(p.clone());
             }
         }
+    }
+
+    /// A file held by block open for writing: sent from a copy taken now (holes where the
+    /// cache file has them), with its limit then and every block written before the copy
+    /// (the state's changed blocks and those not journaled yet, looked at after the copy:
+    /// a block written meanwhile is sent too, and the file stays dirty, as it differs
+    /// from the copy). A cut during the copy (the limit changed) sends no snapshot.
+    fn snapshot_by_block(
+        &self,
+        inner: &crate::overlay::Inner,
+        p: &Path,
+        i: usize,
+        session: &mut SyncSession<'_>,
+        handed_over: (i64, i64),
+    ) {
+        let Some(part) = inner.state().partial(p) else {
+            return;
+        };
+        let bf = self.block_files.locked().get(p).cloned();
+        let limit = |bf: &Option<std::sync::Arc<crate::overlay::BlockFile>>| match bf {
+            Some(b) => b.written_now(),
+            None => (crate::extents::Extents::new(), part.limit),
+        };
+        let (_, before) = limit(&bf);
+        if !self.snapshot_handed(p, i, session, handed_over) {
+            return;
+        }
+        let (written, after) = limit(&bf);
+        if after != before {
+            return;
+        }
+        let mut changed = part.changed.clone();
+        changed.insert_all(&written);
+        session
+            .block_snapshots
+            .insert(p.to_path_buf(), (changed, before));
     }
 
     /// Takes the snapshot of `p` (the `i`th file handed over): what is handed over is the
@@ -405,6 +436,9 @@ impl Overlay {
                 .state
                 .dirty()
                 .filter(|p| self.policy.classify(p) == PathClass::Cached && !held.contains(*p))
+                // A file held by block is sent by its blocks (a stamp of the share's
+                // file would change the base its missing blocks are read from).
+                .filter(|p| inner.state.partial(p).is_none())
                 .filter_map(|p| Some((p.clone(), inner.state.base(p)?, inner.state.racy(p))))
                 .filter(|(_, b, _)| b.size <= SAME_BYTES_LIMIT)
                 .collect()
