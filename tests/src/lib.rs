@@ -290,8 +290,23 @@ pub fn kill(pid: u32, sig: i32) {
     }
 }
 
+/// Whether any thread of process `pid` still runs. A killed process's leader is a zombie
+/// as soon as it exits, while a thread of it stuck in a call to a slow share (a FUSE
+/// client's) may take a while to follow, holding every descriptor, the cache's lock
+/// included: a test that goes on after a kill waits for that thread too.
 pub fn alive(pid: u32) -> bool {
-    ccfs::sys::process_alive(pid)
+    if ccfs::sys::process_alive(pid) {
+        return true;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+        })
+    })
 }
 
 /// Every descendant of `pid`, found through /proc.
