@@ -130,6 +130,18 @@ fn holding(fx: &Fixture, rel: &str) -> PathBuf {
 
 #[test]
 fn a_crash_inside_the_send_of_the_blocks_leaves_the_old_database_and_the_recovery_the_new() {
+    // The daemon is stopped the moment its copy shows in the holding directory; a machine
+    // fast enough to rename it first gives no stop inside the send: played again.
+    let stopped_in_send = (0..5).any(|_| crash_inside_the_send());
+    assert!(
+        stopped_in_send,
+        "in five tries the daemon was never stopped inside the send of the blocks"
+    );
+}
+
+/// One try of the test above; whether the daemon was stopped inside the send. Either way
+/// the recovery must leave the new database, whole, and no holding directory.
+fn crash_inside_the_send() -> bool {
     let fx = Fixture::new();
     // Large enough that its copy on the share takes a while.
     make_db(&fx.s(DB), 96);
@@ -143,7 +155,6 @@ fn a_crash_inside_the_send_of_the_blocks_leaves_the_old_database_and_the_recover
         .arg(&fx.mnt)
         .spawn()
         .expect("umount");
-    // Stopped the moment the send has begun (its copy is in the holding directory).
     let start = Instant::now();
     while !tmp.exists() {
         assert!(
@@ -154,9 +165,11 @@ fn a_crash_inside_the_send_of_the_blocks_leaves_the_old_database_and_the_recover
     }
     kill(pid, libc::SIGSTOP);
     let stopped_in_send = tmp.exists();
-    // The share still has the old database, whole.
-    intact(&fx.s(DB));
-    assert_eq!(notes(&fx.s(DB)), Vec::<String>::new());
+    if stopped_in_send {
+        // The share still has the old database, whole.
+        intact(&fx.s(DB));
+        assert_eq!(notes(&fx.s(DB)), Vec::<String>::new());
+    }
     kill(pid, libc::SIGKILL);
     wait_until("daemon death", Duration::from_secs(10), || !alive(pid));
     let _ = logout.wait();
@@ -166,10 +179,7 @@ fn a_crash_inside_the_send_of_the_blocks_leaves_the_old_database_and_the_recover
     intact(&fx.s(DB));
     assert_eq!(notes(&fx.s(DB)), ["sent"]);
     assert!(!tmp.exists(), "the holding directory is cleaned up");
-    assert!(
-        stopped_in_send,
-        "the daemon was stopped after the send had renamed its copy (run again)"
-    );
+    stopped_in_send
 }
 
 #[test]

@@ -52,6 +52,29 @@ fn close(t: &Fresh, f: OpenFile) {
     drop(f);
 }
 
+/// A clean logout (the cache keeps its clean copies), then the next login on this
+/// workstation: the kept temporary directory, the share, the cache and the new overlay.
+fn log_out_and_in(t: Fresh) -> (tempfile::TempDir, PathBuf, PathBuf, Overlay) {
+    let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
+    assert!(r.ok && r.cache_dropped, "{r:?}");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = t;
+    drop(o);
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
+    o.set_by_block_from(16 * BLOCK);
+    (_tmp, share, cache, o)
+}
+
+/// Another workstation saves `.db` on the share: a new file renamed over it.
+fn save_elsewhere(share: &Path, data: &[u8]) {
+    std::fs::write(share.join(".db.new"), data).expect("theirs");
+    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+}
+
 fn sync(t: &Fresh) -> crate::sync::SyncReport {
     sync_of(&t.o, &t.share)
 }
@@ -260,8 +283,7 @@ fn another_workstations_save_during_the_session_keeps_both_versions_whole() {
     close(&t, f);
     // Another workstation saves its own version (a new file renamed over the old).
     let theirs = vec![0x42u8; 1000];
-    std::fs::write(t.share.join(".db.new"), &theirs).expect("theirs");
-    std::fs::rename(t.share.join(".db.new"), t.share.join(".db")).expect("rename");
+    save_elsewhere(&t.share, &theirs);
     let report = sync(&t);
     assert_eq!(report.conflicts.len(), 1, "{report:?}");
     assert_eq!(std::fs::read(t.share.join(".db")).expect("share"), theirs);
@@ -554,8 +576,7 @@ fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache()
     } = t;
     drop(o);
     let theirs = vec![0x55u8; 3000];
-    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
-    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    save_elsewhere(&share, &theirs);
     let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
     let report = run_sync(&o, &rsync(&share), SyncMode::Recover).expect("recover");
     assert!(report.ok, "{report:?}");
@@ -625,18 +646,8 @@ fn a_returning_users_kept_copy_holds_its_base_from_its_open_on() {
     let f = open_rw(&t);
     write(&t, &f, &[1; BLOCK as usize], 0);
     close(&t, f);
-    let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
-    assert!(r.ok && r.cache_dropped, "{r:?}");
-    let Fresh {
-        _tmp,
-        share,
-        cache,
-        o,
-    } = t;
-    drop(o);
     // The next login: the kept copy, still held by block.
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
-    o.set_by_block_from(16 * BLOCK);
+    let (_tmp, share, _cache, o) = log_out_and_in(t);
     assert!(o.lock().state().partial(Path::new(".db")).is_some());
     let f = o
         .open_file(&ctx(), Path::new(".db"), libc::O_RDWR)
@@ -653,8 +664,7 @@ fn a_returning_users_kept_copy_holds_its_base_from_its_open_on() {
     drop(f);
     // Another workstation saves its version meanwhile.
     let theirs = vec![9u8; 100];
-    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
-    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    save_elsewhere(&share, &theirs);
     let r = sync_of(&o, &share);
     assert_eq!(r.conflicts.len(), 1, "{r:?}");
     assert_eq!(r.conflicts[0].kind, super::ConflictKind::ModifiedOnBoth);
@@ -830,23 +840,12 @@ fn a_kept_copy_is_looked_at_when_it_is_opened_and_let_go_of_when_the_share_chang
     let f = open_rw(&t);
     write(&t, &f, &[1; BLOCK as usize], 0);
     close(&t, f);
-    let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
-    assert!(r.ok && r.cache_dropped, "{r:?}");
-    let Fresh {
-        _tmp,
-        share,
-        cache,
-        o,
-    } = t;
-    drop(o);
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
-    o.set_by_block_from(16 * BLOCK);
+    let (_tmp, share, _cache, o) = log_out_and_in(t);
     // Looked up (and found current) just before the share's file changes.
     o.set_revalidate_after(std::time::Duration::from_secs(3600));
     assert!(o.resolve(Path::new(".db")).is_ok());
     let theirs = vec![7u8; 5000];
-    std::fs::write(share.join(".db.new"), &theirs).expect("theirs");
-    std::fs::rename(share.join(".db.new"), share.join(".db")).expect("rename");
+    save_elsewhere(&share, &theirs);
     let f = o
         .open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)
         .expect("open");

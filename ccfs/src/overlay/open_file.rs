@@ -120,7 +120,9 @@ impl Overlay {
         // A kept copy held by block is looked at against the share at every open, not
         // only once the kernel's timeout ran out: the share's version changed since is
         // not the base its missing blocks can be read from (the copy is let go of then).
-        let kept_by_block = {
+        // (Only a cached path can be held by block: other opens take no lock here.)
+        let cached = self.policy.classify(rel) == PathClass::Cached;
+        let kept_by_block = cached && {
             let mut inner = self.lock_for(&[rel]);
             let kept = inner.state.partial(rel).is_some() && !inner.state.is_dirty(rel);
             if kept {
@@ -154,6 +156,9 @@ impl Overlay {
     /// its base held from now on, and its descriptor without `O_APPEND` (the daemon writes
     /// at the offsets the kernel gives, a block copied from the base included).
     fn attach_blocks(&self, g: &mut FileIo, rel: &Path) -> FsResult<()> {
+        if self.policy.classify(rel) != PathClass::Cached {
+            return Ok(());
+        }
         g.blocks = self.block_file(rel);
         if let Some(bf) = &g.blocks {
             sys::clear_append(&g.file)?;
