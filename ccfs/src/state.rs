@@ -112,6 +112,15 @@ pub struct Partial {
     pub changed: Extents,
 }
 
+impl Partial {
+    /// Whether the cache file has every block below the limit (the base is no longer
+    /// needed to read it).
+    pub fn is_complete(&self) -> bool {
+        let blocks = self.limit.div_ceil(crate::extents::BLOCK);
+        self.here.gaps(0, blocks).is_empty()
+    }
+}
+
 /// The record of unsynced work.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OverlayState {

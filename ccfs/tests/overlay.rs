@@ -2099,3 +2099,59 @@ fn sessions_regression_a_file_made_again_on_both_after_both_removed_it() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model with files held by block): a backdated
+/// file held by block, written in place on the share meanwhile, kept aside in the cache
+/// at a name of 255 bytes (its list of blocks beside it made the name too long, and the
+/// whole logout failed).
+#[test]
+fn sessions_regression_blocks_kept_here_at_a_name_at_the_limit() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![(2, 81)],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 6, 0, 1),
+            Sync(0),
+            Backdate(1, 6),
+            EditThere(6, 100),
+        ],
+    )
+    .expect("model");
+}
+
+/// Regression (from the two-workstation model with files held by block): a rename of a
+/// file held by block makes it whole, and the blocks copied in keep its mtime.
+#[test]
+fn sessions_regression_a_backdated_file_held_by_block_renamed() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 1, 0, 1),
+            Rename(0, 1, 2),
+            Sync(0),
+            Backdate(1, 2),
+            Rename(1, 2, 1),
+        ],
+    )
+    .expect("model");
+}
+
+/// Regression (from the two-workstation model with files held by block): a rename of a
+/// file still on the share copies it whole (its own copy-up held it by block, and its
+/// missing blocks were looked for at the new name).
+#[test]
+fn sessions_regression_a_rename_of_a_file_still_on_the_share() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![(2, 141), (4, 1)],
+        [-315360000, -315360000],
+        vec![Rename(0, 4, 5)],
+    )
+    .expect("model");
+}

@@ -30,7 +30,15 @@ impl Overlay {
         let mut marked = None;
         if self.policy.classify(rel) == PathClass::Cached {
             inner = self
-                .copy_up_of(inner, &[rel], rel, keep_data, ctx, None, prepared)?
+                .copy_up_of(
+                    inner,
+                    &[rel],
+                    rel,
+                    Data::kept_unless(!keep_data),
+                    ctx,
+                    None,
+                    prepared,
+                )?
                 .0;
             marked = Some(self.mark_dirty(&mut inner, rel)?);
             found = self.resolve_locked(&inner, rel)?;
@@ -139,7 +147,8 @@ impl Overlay {
         let inner = self.lock_for(&[rel]);
         let found = self.resolve_locked(&inner, rel)?;
         if self.policy.classify(rel) == PathClass::Cached {
-            let (mut inner, _) = self.copy_up_of(inner, &[rel], rel, true, ctx, None, prepared)?;
+            let (mut inner, _) =
+                self.copy_up_of(inner, &[rel], rel, Data::Blocks, ctx, None, prepared)?;
             let marked = self.mark_dirty(&mut inner, rel)?;
             drop(inner);
             // Marked on disk before the attribute changes (a crash between loses only

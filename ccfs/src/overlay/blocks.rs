@@ -312,6 +312,12 @@ impl BlockFile {
         Ok(f)
     }
 
+    /// Whether the daemon holds the base's file open (its missing blocks stay readable
+    /// if another file is renamed over its name on the share).
+    pub fn base_is_held(&self) -> bool {
+        self.base.locked().file.is_some()
+    }
+
     /// Opens the base now if it is not open yet (and it is still the base): from then on
     /// a save elsewhere that renames another file over its name leaves its bytes readable
     /// here. A base that cannot be opened is left for the first read that needs it.
@@ -505,12 +511,12 @@ impl Overlay {
                 .collect()
         };
         for (p, base) in changed {
-            let now = self
-                .share
-                .stat(&p)
-                .ok()
-                .flatten()
-                .map(|m| session::share_id_of(&m));
+            // A share that does not answer tells nothing: the conflict check holds the
+            // path back with its error.
+            let now = match self.share.stat(&p) {
+                Ok(m) => m.map(|m| session::share_id_of(&m)),
+                Err(_) => continue,
+            };
             if now == base {
                 continue;
             }
@@ -519,7 +525,19 @@ impl Overlay {
                 Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
                 Err(e) => {
                     tracing::warn!(path = %session::shown(&p), "cannot be made whole: {e}");
-                    let kept = self.keep_blocks_here(&p, host, stamp)?;
+                    // One that cannot be kept aside either stays as it is: the conflict
+                    // check holds it back (it never moves a file held by block).
+                    let kept = match self.keep_blocks_here(&p, host, stamp) {
+                        Ok(kept) => kept,
+                        Err(FsError::Journal(e)) => return Err(FsError::Journal(e)),
+                        Err(e) => {
+                            session.errors.push(format!(
+                                "{} could not be kept aside in the cache: {e}",
+                                session::shown(&p)
+                            ));
+                            continue;
+                        }
+                    };
                     tracing::warn!(
                         path = %session::shown(&p),
                         kept = %session::shown(&kept),
@@ -537,25 +555,35 @@ impl Overlay {
     }
 
     /// Moves the cache file of `p`, held by block and whose base is gone, out of the view
-    /// to `kept/HOST-STAMP/p` in the cache directory, with the list of the blocks it has
-    /// and of those written here beside it (`p.blocks`); the session forgets `p`, whose
-    /// share's version shows from now on. Returns where it went (relative to the cache
-    /// directory).
+    /// to `kept/HOST-STAMP/p` in the cache directory (`HOST-STAMP-N` when that is taken),
+    /// with the list of the blocks it has and of those written here at the same path
+    /// under `kept/HOST-STAMP.blocks/` (a name of the path's own length: a name at the
+    /// limit fits); the session forgets `p`, whose share's version shows from now on.
+    /// Returns where it went (relative to the cache directory).
     fn keep_blocks_here(&self, p: &Path, host: &str, stamp: &str) -> FsResult<PathBuf> {
         let mut inner = self.lock_for(&[p]);
         let Some(part) = inner.state.partial(p).cloned() else {
             return Ok(PathBuf::new());
         };
-        let dir = Path::new("kept").join(format!("{host}-{stamp}"));
-        let to = dir.join(p);
-        let mut at = PathBuf::new();
-        for c in to.parent().unwrap_or(Path::new("")).components() {
-            at.push(c);
-            match self.cache.mkdir(&at, 0o700) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e.into()),
-            }
+        let kept = Path::new("kept");
+        let (to, list_at) = (1..)
+            .map(|n: u32| match n {
+                1 => format!("{host}-{stamp}"),
+                n => format!("{host}-{stamp}-{n}"),
+            })
+            .map(|d| {
+                (
+                    kept.join(&d).join(p),
+                    kept.join(format!("{d}.blocks")).join(p),
+                )
+            })
+            .find(|(to, list)| {
+                !matches!(self.cache.stat(to), Ok(Some(_)))
+                    && !matches!(self.cache.stat(list), Ok(Some(_)))
+            })
+            .ok_or_else(|| FsError::Errno(libc::EEXIST))?;
+        for dir in [&to, &list_at].map(|f| f.parent().unwrap_or(Path::new(""))) {
+            self.cache_dirs(dir)?;
         }
         let list = format!(
             "blocks of {} bytes; the cache file has {}; written here {}; below {} bytes the others are the share's version it was taken from\n",
@@ -564,12 +592,10 @@ impl Overlay {
             part.changed.encode(),
             part.limit
         );
-        let mut list_name = to.clone().into_os_string();
-        list_name.push(".blocks");
         {
             use std::io::Write;
             let mut f = self.cache.open_file(
-                Path::new(&list_name),
+                &list_at,
                 libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
                 0o600,
             )?;
@@ -588,6 +614,20 @@ impl Overlay {
             ],
         )?;
         Ok(to)
+    }
+
+    /// Makes `dir` and the directories above it in the cache directory (mode 700).
+    fn cache_dirs(&self, dir: &Path) -> io::Result<()> {
+        let mut at = PathBuf::new();
+        for c in dir.components() {
+            at.push(c);
+            match self.cache.mkdir(&at, 0o700) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Opening a cache: a file held by block whose cache file is shorter than its limit
@@ -684,8 +724,11 @@ impl Overlay {
         if io.whole {
             return Ok(());
         }
+        // The blocks copied in are no change of the file: its mtime stays.
+        let (secs, nsecs) = sys::fstat(&cache)?.mtime();
         bf.fill_all(&mut io, &self.share, &cache)?;
-        cache.sync_data()?;
+        sys::futimens(&cache, SetTime::Omit, SetTime::At { secs, nsecs })?;
+        cache.sync_all()?;
         let u = bf.unrecorded();
         let mut records = u.records(rel);
         records.push(Record::Whole(rel.to_path_buf()));

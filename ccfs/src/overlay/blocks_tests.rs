@@ -252,6 +252,17 @@ fn a_rename_makes_the_file_whole_first() {
     let f = open_rw(&t);
     write(&t, &f, &[9; 3], 0);
     close(&t, f);
+    // An old mtime (`touch -d`): the blocks copied in at the rename are no change.
+    let old = crate::sys::SetTime::At {
+        secs: 1_000_000_000,
+        nsecs: 0,
+    };
+    let set = SetAttr {
+        mtime: Some(old),
+        ..Default::default()
+    };
+    t.o.setattr(&ctx(), Path::new(".db"), set, None)
+        .expect("backdate");
     t.o.rename(
         &ctx(),
         Path::new(""),
@@ -269,9 +280,62 @@ fn a_rename_makes_the_file_whole_first() {
         "whole in the cache"
     );
     assert!(t.o.lock().state().partials().next().is_none());
+    let m = std::fs::metadata(t.cache.join("upper/.db2")).expect("cache");
+    assert_eq!(
+        (m.mtime(), m.mtime_nsec()),
+        (1_000_000_000, 0),
+        "its mtime kept"
+    );
     let r = sync(&t);
     assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
     assert_eq!(std::fs::read(t.share.join(".db2")).expect("share"), want);
+}
+
+#[test]
+fn a_rename_or_link_of_a_file_still_on_the_share_copies_it_whole() {
+    // (Found by the sessions model: the rename's own copy-up held the file by block, and
+    // its missing blocks were then looked for at the new name on the share.)
+    for link in [false, true] {
+        let t = held();
+        let new = std::ffi::OsStr::new(".db2");
+        if link {
+            t.o.link(&ctx(), Path::new(".db"), Path::new(""), new)
+                .expect("link");
+        } else {
+            t.o.rename(
+                &ctx(),
+                Path::new(""),
+                std::ffi::OsStr::new(".db"),
+                Path::new(""),
+                new,
+                0,
+            )
+            .expect("rename");
+        }
+        assert!(
+            t.o.lock().state().partials().next().is_none(),
+            "link {link}"
+        );
+        assert_eq!(
+            std::fs::read(t.cache.join("upper/.db2")).expect("cache"),
+            base(),
+            "whole in the cache (link {link})"
+        );
+        let f =
+            t.o.open_file(&ctx(), Path::new(".db2"), libc::O_RDONLY)
+                .expect("open");
+        let g =
+            t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db2")))
+                .expect("readable");
+        let mut buf = vec![0u8; LEN + 1];
+        let n = t.o.read_at(&g, &mut buf, 0).expect("read");
+        assert_eq!(&buf[..n], &base()[..], "link {link}");
+        drop(g);
+        close(&t, f);
+        let r = sync(&t);
+        assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+        assert_eq!(std::fs::read(t.share.join(".db2")).expect("share"), base());
+    }
 }
 
 #[test]
@@ -591,7 +655,18 @@ fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache()
         &data[5 * BLOCK as usize..6 * BLOCK as usize],
         &[3; BLOCK as usize][..]
     );
-    let list = std::fs::read_to_string(format!("{}.blocks", kept.display())).expect("list");
+    let dir = Path::new(&c.kept).strip_prefix("kept").expect("in kept/");
+    let mut parts = dir.components();
+    let first = parts
+        .next()
+        .expect("HOST-STAMP")
+        .as_os_str()
+        .to_string_lossy();
+    let list_at = cache
+        .join("kept")
+        .join(format!("{first}.blocks"))
+        .join(parts.as_path());
+    let list = std::fs::read_to_string(list_at).expect("list");
     assert!(list.contains("written here 5-6"), "{list}");
     let f = o
         .open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)

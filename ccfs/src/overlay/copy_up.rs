@@ -5,6 +5,26 @@ use super::*;
 use crate::locks::Locked;
 use crate::state::Content;
 
+/// What a copy-up takes of the share's file: nothing (it is cut to nothing), all of it,
+/// or all of it unless the file is held by block (`blocks.rs`), which copies nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Data {
+    Empty,
+    Whole,
+    Blocks,
+}
+
+impl Data {
+    /// [`Data::Blocks`], or [`Data::Empty`] for a copy-up that cuts the file to nothing.
+    pub(super) fn kept_unless(cut: bool) -> Self {
+        if cut {
+            Data::Empty
+        } else {
+            Data::Blocks
+        }
+    }
+}
+
 /// A copy made ahead of a copy-up (see [`Overlay::prepare_copy_up`]): in `work/`, and the
 /// share file's attributes when it was read.
 /// Dropped unused, its copy is removed.
@@ -248,17 +268,16 @@ impl Overlay {
         self.copy_ups.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Copies one cached path up from the share, if it is not in the cache yet (see
-    /// [`Overlay::copy_up_of`]).
+    /// Copies one cached path up from the share, whole, if it is not in the cache yet
+    /// (see [`Overlay::copy_up_of`]): for a rename or a link, which need the whole file.
     pub(super) fn copy_up<'a>(
         &'a self,
         inner: MutexGuard<'a, Inner>,
         held: &[&Path],
         rel: &Path,
-        with_data: bool,
         ctx: &Ctx,
     ) -> FsResult<MutexGuard<'a, Inner>> {
-        self.copy_up_of(inner, held, rel, with_data, ctx, None, None)
+        self.copy_up_of(inner, held, rel, Data::Whole, ctx, None, None)
             .map(|(inner, _)| inner)
     }
 
@@ -322,11 +341,12 @@ impl Overlay {
         mut inner: MutexGuard<'a, Inner>,
         held: &[&Path],
         rel: &Path,
-        with_data: bool,
+        data: Data,
         ctx: &Ctx,
         object: Option<(u64, u64)>,
         prepared: Option<Prepared<'_>>,
     ) -> FsResult<(MutexGuard<'a, Inner>, bool)> {
+        let with_data = data != Data::Empty;
         if self.upper_stat(rel)?.is_some() {
             return Ok((inner, true));
         }
@@ -364,7 +384,7 @@ impl Overlay {
         // base whose look another write in its second could leave (it stands by its
         // content, which is the whole file's), nor on a path taken over before (its
         // base is not this file).
-        let by_block = with_data
+        let by_block = data == Data::Blocks
             && ready.is_none()
             && !racy
             && self.takes_over_by_block(&inner, rel, &meta, &records);

@@ -22,8 +22,15 @@ impl Overlay {
                 self.set_len_by_block(&bf, rel, 0, None)?;
             }
             let inner = self.lock_for(&[rel]);
-            let (inner, _) =
-                self.copy_up_of(inner, &[rel], rel, !truncating, ctx, None, prepared)?;
+            let (inner, _) = self.copy_up_of(
+                inner,
+                &[rel],
+                rel,
+                Data::kept_unless(truncating),
+                ctx,
+                None,
+                prepared,
+            )?;
             return self.open_upper(inner, rel, flags);
         }
         if class == PathClass::Passthrough {
@@ -91,7 +98,7 @@ impl Overlay {
                 inner,
                 &[rel],
                 rel,
-                !truncating,
+                Data::kept_unless(truncating),
                 ctx,
                 Some(d.object),
                 prepared,

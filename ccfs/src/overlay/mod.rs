@@ -162,6 +162,7 @@ pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 mod attrs;
 mod blocks;
 mod copy_up;
+use copy_up::Data;
 mod handles;
 mod listing;
 mod lookup;

@@ -581,7 +581,7 @@ impl Overlay {
                 if self.resolve_locked(&inner, src)?.meta.is_dir() {
                     return Err(errno(libc::EPERM));
                 }
-                inner = self.copy_up(inner, &[src, &rel], src, true, ctx)?;
+                inner = self.copy_up(inner, &[src, &rel], src, ctx)?;
                 self.ensure_upper_dir(&inner, parent, ctx)?;
                 let _ = self.mark_dirty(&mut inner, src)?;
                 let was_whiteout = inner.state.is_whiteout(&rel);

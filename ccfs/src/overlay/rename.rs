@@ -107,7 +107,7 @@ impl Overlay {
             return Err(errno(libc::EXDEV));
         }
         if src.layer == Layer::Lower {
-            inner = self.copy_up(inner, &names, &from, true, ctx)?;
+            inner = self.copy_up(inner, &names, &from, ctx)?;
         }
         self.ensure_upper_dir(&inner, to_parent, ctx)?;
         // A whiteout where the share has the source, or a sync running now may put it

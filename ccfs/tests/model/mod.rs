@@ -207,6 +207,9 @@ enum Node {
     Dir,
     /// A symbolic link and its target.
     Link(PathBuf),
+    /// A file held by block whose missing blocks cannot be read (its base's file was
+    /// written in place on the share, or is gone from it): reads fail (EIO).
+    Unreadable,
 }
 
 /// The `user.x` attribute of a file (None: not set).
@@ -272,6 +275,7 @@ fn brief(n: &Node) -> String {
         Node::Dir => "dir".into(),
         Node::File(d, m, t, x) => format!("file {d:?} {m:o} mtime {:?} xattr {x:?}", t.0),
         Node::Link(t) => format!("symlink to {}", t.display()),
+        Node::Unreadable => "a file that cannot be read".into(),
     }
 }
 
@@ -301,20 +305,35 @@ fn share_tree(share: &Path) -> Tree {
     out
 }
 
-/// The data of the file `rel` as the overlay opens it for reading.
+/// The data of the file `rel` as a program reads it through the mount: an open handle
+/// read to its end (a file held by block reads through its blocks).
 fn read_through(o: &Overlay, rel: &Path) -> Result<Vec<u8>, String> {
     let ctx = Ctx {
         uid: 0,
         gid: 0,
         umask: 0,
     };
-    let (mut f, _) = o
-        .open(&ctx, rel, libc::O_RDONLY)
+    let f = o
+        .open_file(&ctx, rel, libc::O_RDONLY)
         .map_err(|e| format!("open {}: {e}", short(rel)))?;
-    let mut data = Vec::new();
-    std::io::Read::read_to_end(&mut f, &mut data)
-        .map_err(|e| format!("read {}: {e}", short(rel)))?;
-    Ok(data)
+    let read = (|| {
+        let g = o
+            .file_to_read(&ctx, &f, || Some(rel.to_path_buf()))
+            .map_err(|e| format!("open {}: {:?}", short(rel), e.error))?;
+        let mut data = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = o
+                .read_at(&g, &mut buf, data.len() as u64)
+                .map_err(|e| format!("read {}: {e}", short(rel)))?;
+            if n == 0 {
+                return Ok(data);
+            }
+            data.extend_from_slice(&buf[..n]);
+        }
+    })();
+    o.close_file(&f);
+    read
 }
 
 /// What a logged-in workstation shows below the root, through the overlay.
@@ -337,7 +356,10 @@ fn overlay_view(o: &Overlay) -> Result<Tree, String> {
                 .map_err(|e| format!("readlink {}: {e}", short(&rel)))?;
             out.insert(rel, Node::Link(t));
         } else {
-            let data = read_through(o, &rel)?;
+            let Ok(data) = read_through(o, &rel) else {
+                out.insert(rel, Node::Unreadable);
+                continue;
+            };
             let t = When(Some(found.meta.mtime()));
             let x = xattr_of(|n| {
                 o.getxattr(&rel, n)
@@ -413,8 +435,13 @@ struct World {
     stamp_mtimes: std::cell::RefCell<BTreeMap<u64, (i64, i64)>>,
     /// The share keeps whole seconds.
     whole_seconds: bool,
+    /// Files are held by block from their first byte on (see `Overlay::set_by_block_from`).
+    by_block: bool,
     /// Each workstation's programs' shared writable mappings of cache files.
     maps: Vec<Vec<Mapping>>,
+    /// Each workstation's programs' mappings of files held by block: the kernel writes
+    /// them through a handle the daemon serves (known by the cache file's inode number).
+    handle_maps: Vec<Vec<(u64, OpenFile)>>,
     tmp: tempfile::TempDir,
 }
 
@@ -470,6 +497,7 @@ impl Drop for Mapping {
 impl Drop for World {
     fn drop(&mut self) {
         self.maps.clear();
+        self.handle_maps.clear();
         self.overlays.clear();
         if !self.share.starts_with(self.tmp.path()) {
             let _ = fs::remove_dir_all(&self.share);
@@ -482,7 +510,7 @@ type Checked = Result<(), String>;
 impl World {
     /// The share below $CCFS_MODEL_SHARE_ROOT when set (a loop-mounted ext4, which reuses
     /// inode numbers), else in a temporary directory with the caches.
-    fn new(skew: [i64; 2]) -> Self {
+    fn new(skew: [i64; 2], by_block: bool) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let share = match std::env::var_os("CCFS_MODEL_SHARE_ROOT") {
             Some(root) => tempfile::tempdir_in(root).expect("share dir").keep(),
@@ -510,7 +538,9 @@ impl World {
             mtimes: Default::default(),
             stamp_mtimes: Default::default(),
             whole_seconds,
+            by_block,
             maps: (0..WORKSTATIONS).map(|_| Vec::new()).collect(),
+            handle_maps: (0..WORKSTATIONS).map(|_| Vec::new()).collect(),
             tmp,
         }
     }
@@ -598,6 +628,36 @@ impl World {
             .collect();
     }
 
+    /// The model learns what each logged-in workstation holds by block (see
+    /// [`Model::learn_partial`]).
+    fn learn_blocks(&self, model: &mut Model) {
+        for (w, o) in self.overlays.iter().enumerate() {
+            let Some(o) = o else { continue };
+            let parts: Vec<(PathBuf, bool)> = {
+                let inner = o.lock();
+                inner
+                    .state()
+                    .partials()
+                    .map(|(p, part)| (p.clone(), part.is_complete()))
+                    .collect()
+            };
+            let now = parts
+                .into_iter()
+                .map(|(p, complete)| {
+                    let held = o.block_file(&p).is_some_and(|bf| bf.base_is_held());
+                    (p, (complete, held))
+                })
+                .collect();
+            model.learn_partial(w, now);
+        }
+    }
+
+    /// The session of `w` ended (a logout or a crash): the mappings served by its daemon
+    /// end with it.
+    fn session_ended(&mut self, w: usize) {
+        self.handle_maps[w].clear();
+    }
+
     fn learn_dirs(&self, model: &mut Model) -> Checked {
         self.note_looks(model);
         model.learn_dir_inodes(|p| self.dir_ino(p))
@@ -624,8 +684,7 @@ impl World {
         // workstation put on the share shows, and its kept look goes. The reference
         // plays each look (reference::Model::look).
         o.set_recent_look(std::time::Duration::from_secs(3600));
-        // Files held by block from their first byte (`CCFS_MODEL_BY_BLOCK=1`).
-        if std::env::var_os("CCFS_MODEL_BY_BLOCK").is_some_and(|v| v == "1") {
+        if self.by_block {
             o.set_by_block_from(1);
         }
         let promises = Promises::before(self, &o);
@@ -688,6 +747,7 @@ impl World {
         promises.kept(self, o)?;
         if mode == SyncMode::Logout {
             self.overlays[w] = None;
+            self.session_ended(w);
             model.logged_out(w);
             if want.cache_dropped {
                 // Only clean copies stay: the files the model keeps, as a sync left them
@@ -695,8 +755,16 @@ impl World {
                 // lookup finds that out).
                 let upper = self.caches[w].join("upper");
                 for p in upper_files(&upper) {
-                    let ours = fs::read(upper.join(&p)).map_err(|e| format!("{e}"))?;
+                    let mut ours = fs::read(upper.join(&p)).map_err(|e| format!("{e}"))?;
                     let kept = model.ws[w].upper.get(&p);
+                    // A copy held by block has holes where the share's bytes are.
+                    if let (true, Some(Obj::File { data, .. })) =
+                        (model.ws[w].partial.contains_key(&p), kept)
+                    {
+                        if ours.len() == data.len() {
+                            ours = data.clone();
+                        }
+                    }
                     if !matches!(kept, Some(Obj::File { data, .. }) if *data == ours) {
                         return Err(format!(
                             "a clean logout left {} in the cache of workstation {w}, the model {kept:?}",
@@ -717,7 +785,9 @@ impl World {
         let session = o
             .begin_sync(&self.host, &stamp)
             .map_err(|e| format!("begin_sync: {e}"))?;
-        // As the sync hands them to rsync: the snapshots of files being written first.
+        // As the sync hands them to rsync: the snapshots of files being written first;
+        // then the files held by block, which it sends itself.
+        let by_block = &session.by_blocks;
         let files: Vec<PathBuf> = session
             .snapshots
             .iter()
@@ -725,8 +795,9 @@ impl World {
                 session
                     .files
                     .iter()
-                    .filter(|p| !session.snapshots.contains(p)),
+                    .filter(|p| !session.snapshots.contains(p) && !by_block.contains(p)),
             )
+            .chain(by_block.iter())
             .cloned()
             .collect();
         let mut conflicts: Vec<(PathBuf, String)> = session
@@ -736,14 +807,21 @@ impl World {
             .collect();
         conflicts.sort();
         let part = &files[..k.min(files.len())];
-        if !part.is_empty() {
+        let (ours, theirs): (Vec<PathBuf>, Vec<PathBuf>) =
+            part.iter().cloned().partition(|p| by_block.contains(p));
+        if !theirs.is_empty() {
             let mut opts = self.rsync(None);
             opts.binary = ccfs::sync::find_program("rsync").expect("rsync");
-            run_rsync(&opts, o.upper(), o.share(), part).map_err(|e| format!("rsync: {e}"))?;
+            run_rsync(&opts, o.upper(), o.share(), &theirs).map_err(|e| format!("rsync: {e}"))?;
+        }
+        for p in &ours {
+            o.send_blocks(p, session.block_snapshots.get(p))
+                .map_err(|e| format!("send {} by block: {e}", short(p)))?;
         }
         // Killed: nothing settles, nothing is journaled after this point.
         std::mem::forget(session);
         drop(o);
+        self.session_ended(w);
         self.tell_looks_kept(model, &looks);
         let want = model.sync(w, false, Run::CrashAfter(k), &files, &self.host, &|p| {
             self.dir_ino(p)
@@ -819,7 +897,15 @@ impl World {
                 model.append(w, name(*p), *b),
                 self.write(w, name(*p), &[*b], true),
             ),
-            Op::Map(_, p, b) => (model.map(w, name(*p), *b), self.map(w, name(*p), *b)),
+            Op::Map(_, p, b) => {
+                let before = self.handle_maps[w].len();
+                let got = self.map(w, name(*p), *b);
+                let want = model.map(w, name(*p), *b);
+                if want && got && self.handle_maps[w].len() > before {
+                    model.held_through_ccfs(w, name(*p));
+                }
+                (want, got)
+            }
             Op::Xattr(_, p, v) => (
                 model.set_xattr(w, name(*p), *v),
                 self.set_xattr(w, name(*p), *v),
@@ -956,6 +1042,14 @@ impl World {
         }
         o.close_file(&f);
         drop(f);
+        self.stamp_through(w, p);
+        true
+    }
+
+    /// Gives the file at `p`, just written through workstation `w`'s overlay, this
+    /// workstation's clock and an mtime no write gave yet.
+    fn stamp_through(&self, w: usize, p: &Path) {
+        let o = self.overlay(w);
         if self.skew[w] != 0 {
             // This workstation's clock: every write carries its time.
             let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
@@ -981,7 +1075,6 @@ impl World {
             o.setattr(&ctx(), p, set, None)
                 .expect("set an unused mtime");
         }
-        true
     }
 
     /// Gives the cache's file at `abs` this workstation's clock and an mtime no write gave
@@ -1036,6 +1129,15 @@ impl World {
         let Ok((f, writer)) = o.open(&ctx(), p, libc::O_RDWR) else {
             return false;
         };
+        if o.block_file(p).is_some() {
+            // Held by block: no passthrough, the kernel writes the mapping through a
+            // handle the daemon serves (msync: an fsync of it).
+            drop(f);
+            if let Some(wr) = writer {
+                o.release_writer(wr);
+            }
+            return self.map_through_ccfs(w, p, b);
+        }
         let mapping = Mapping::of(&f, len).expect("mmap the cache's file");
         drop(f);
         if let Some(wr) = writer {
@@ -1046,6 +1148,37 @@ impl World {
         self.stamp_directly(w, &abs).expect("stamp");
         self.maps[w].push(mapping);
         true
+    }
+
+    /// A mapping of `p`, held by block, on workstation `w`: its first write.
+    fn map_through_ccfs(&mut self, w: usize, p: &Path, b: u8) -> bool {
+        let o = self.overlay(w);
+        let Ok(f) = o.open_file(&ctx(), p, libc::O_RDWR) else {
+            return false;
+        };
+        let ino = match self.write_through_handle(w, p, &f, b) {
+            Some(ino) => ino,
+            None => {
+                o.close_file(&f);
+                return false;
+            }
+        };
+        self.handle_maps[w].push((ino, f));
+        true
+    }
+
+    /// Writes `b` at the start of the file a handle of `w` has open (at `p`), as a
+    /// mapping's page written back and synced; the cache file's inode number.
+    fn write_through_handle(&self, w: usize, p: &Path, f: &OpenFile, b: u8) -> Option<u64> {
+        let o = self.overlay(w);
+        let ino = {
+            let g = o.file_to_write(&ctx(), f, || Some(p.to_path_buf())).ok()?;
+            o.write_at(&g, &[b], 0).ok()?;
+            o.sync_file(&g, false).ok()?;
+            g.file().metadata().ok()?.ino()
+        };
+        self.stamp_through(w, p);
+        Some(ino)
     }
 
     /// The cache file of workstation `w` with inode number `ino`, if any.
@@ -1107,6 +1240,16 @@ impl World {
 
     /// [`Op::MapWrite`].
     fn map_write(&mut self, model: &mut Model, w: usize, b: u8) -> Checked {
+        let upper = self.caches[w].join("upper");
+        for (ino, f) in &self.handle_maps[w] {
+            let abs = self
+                .cache_file_of(w, *ino)
+                .ok_or("a file mapped through the daemon is gone from the cache")?;
+            let p = abs.strip_prefix(&upper).map_err(|e| format!("{e}"))?;
+            if self.write_through_handle(w, p, f, b).is_none() {
+                return Err(format!("a mapping's write to {} failed", short(p)));
+            }
+        }
         for m in &self.maps[w] {
             m.write(b);
             let abs = self
@@ -1126,7 +1269,11 @@ impl World {
     /// in the harness and the model.
     fn unmap(&mut self, model: &mut Model, w: usize, p: Option<&Path>) -> Checked {
         let inos: Vec<u64> = match p {
-            None => self.maps[w].iter().map(|m| m.ino).collect(),
+            None => self.maps[w]
+                .iter()
+                .map(|m| m.ino)
+                .chain(self.handle_maps[w].iter().map(|(ino, _)| *ino))
+                .collect(),
             Some(p) => {
                 let mut inos = Vec::new();
                 for h in model.ws[w].held.iter().filter(|h| h.starts_with(p)) {
@@ -1143,6 +1290,15 @@ impl World {
             }
         };
         self.maps[w].retain(|m| !inos.contains(&m.ino));
+        let (ended, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.handle_maps[w])
+            .into_iter()
+            .partition(|(ino, _)| inos.contains(ino));
+        self.handle_maps[w] = kept;
+        if let Some(o) = &self.overlays[w] {
+            for (_, f) in &ended {
+                o.close_file(f);
+            }
+        }
         model.unmap(w, p);
         Ok(())
     }
@@ -1308,9 +1464,13 @@ impl World {
             } else {
                 model.view(w)
             };
+            let unreadable = model.unreadable(w);
             let want: Tree = want
                 .iter()
-                .map(|(p, o)| Ok((p.clone(), self.node(o)?)))
+                .map(|(p, o)| match unreadable.contains(p) {
+                    true => Ok((p.clone(), Node::Unreadable)),
+                    false => Ok((p.clone(), self.node(o)?)),
+                })
                 .collect::<Result<_, String>>()?;
             let got = overlay_view(o)?;
             if want != got {
@@ -1339,21 +1499,25 @@ struct Promises {
 
 impl Promises {
     fn before(world: &World, o: &Overlay) -> Self {
-        let inner = o.lock();
-        let state = inner.state();
-        let ours: BTreeSet<PathBuf> = state.dirty().chain(state.whiteouts()).cloned().collect();
+        let (ours, dirty) = {
+            let inner = o.lock();
+            let state = inner.state();
+            let ours: BTreeSet<PathBuf> = state.dirty().chain(state.whiteouts()).cloned().collect();
+            let dirty: Vec<PathBuf> = state.dirty().cloned().collect();
+            (ours, dirty)
+        };
         let mut versions = Vec::new();
-        for p in state.dirty() {
-            let at = o.upper().join(p);
+        for p in dirty {
+            let at = o.upper().join(&p);
             if let Ok(m) = fs::symlink_metadata(&at) {
-                if m.is_file() {
-                    let data = fs::read(&at).expect("read the cache");
+                // (A file held by block whose missing blocks cannot be read has no
+                // version of its own to keep but its blocks: see `kept`.)
+                if let (true, Ok(data)) = (m.is_file(), read_through(o, &p)) {
                     let x = xattr_of(|n| ccfs::sys::lgetxattr(&at, n));
-                    versions.push((p.clone(), data, m.mode() & 0o7777, x));
+                    versions.push((p, data, m.mode() & 0o7777, x));
                 }
             }
         }
-        drop(inner);
         Promises {
             before: share_tree(&world.share),
             ours,
@@ -1376,9 +1540,22 @@ impl Promises {
                 ));
             }
         }
+        // Read as the view reads it (a file held by block has holes where its base's
+        // bytes are); one whose base cannot be read now (the share does not answer) is
+        // its blocks, which the cache keeps.
         let cache_has = |p: &Path, data: &[u8]| {
-            let inner = o.lock();
-            inner.state().is_dirty(p) && fs::read(o.upper().join(p)).is_ok_and(|d| d == data)
+            let (dirty, partial) = {
+                let inner = o.lock();
+                (
+                    inner.state().is_dirty(p),
+                    inner.state().partial(p).is_some(),
+                )
+            };
+            dirty
+                && match read_through(o, p) {
+                    Ok(d) => d == data,
+                    Err(_) => partial,
+                }
         };
         let cached = upper_files(o.upper());
         for (p, data, mode, x) in &self.versions {
@@ -1390,7 +1567,8 @@ impl Promises {
             let in_cache = cache_has(p, data)
                 || cached
                     .iter()
-                    .any(|c| is_set_aside(p, c, &world.host) && cache_has(c, data));
+                    .any(|c| is_set_aside(p, c, &world.host) && cache_has(c, data))
+                || kept_by_block(o, p);
             if !on_share && !in_cache {
                 return Err(format!(
                     "lost: the session's version of {} ({data:?}) is neither on the share nor in a conflict copy nor in the cache",
@@ -1400,6 +1578,18 @@ impl Promises {
         }
         Ok(())
     }
+}
+
+/// Whether the cache keeps `p`, held by block, out of the view (`kept/HOST-STAMP/p`,
+/// a conflict whose missing blocks could not be read any more).
+fn kept_by_block(o: &Overlay, p: &Path) -> bool {
+    let Some(cache) = o.upper().parent() else {
+        return false;
+    };
+    fs::read_dir(cache.join("kept")).is_ok_and(|dirs| {
+        dirs.flatten()
+            .any(|d| fs::symlink_metadata(d.path().join(p)).is_ok_and(|m| m.is_file()))
+    })
 }
 
 fn same_report(what: &str, r: &SyncReport, want: &Outcome) -> Checked {
@@ -1432,13 +1622,27 @@ static FAILED: AtomicBool = AtomicBool::new(false);
 /// Plays `ops` on two workstations over a share holding `initial` (path index, byte: a
 /// directory when the byte is a multiple of 3, else a file), with these clock offsets;
 /// at the end every workstation logs out and the share must equal the model.
+///
+/// Files are held by block from their first byte on, as large files are where ccfs holds
+/// them by block, unless `CCFS_MODEL_BY_BLOCK=0` (then every file is copied whole).
 pub fn run_sessions(
     initial: Vec<(usize, u8)>,
     skew: [i64; 2],
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
+    let by_block = std::env::var_os("CCFS_MODEL_BY_BLOCK").is_none_or(|v| v != "0");
+    run_sessions_as(by_block, initial, skew, ops)
+}
+
+/// [`run_sessions`], files held by block or not as `by_block` says.
+pub fn run_sessions_as(
+    by_block: bool,
+    initial: Vec<(usize, u8)>,
+    skew: [i64; 2],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
     let case = CASES.fetch_add(1, Ordering::Relaxed) + 1;
-    let result = play(initial, skew, &ops);
+    let result = play(initial, skew, by_block, &ops);
     if let Err(e) = &result {
         if !FAILED.swap(true, Ordering::Relaxed) {
             eprintln!("sessions model: case {case} is the first to fail: {e}");
@@ -1447,8 +1651,13 @@ pub fn run_sessions(
     result.map_err(TestCaseError::fail)
 }
 
-fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), String> {
-    let mut world = World::new(skew);
+fn play(
+    initial: Vec<(usize, u8)>,
+    skew: [i64; 2],
+    by_block: bool,
+    ops: &[Op],
+) -> Result<(), String> {
+    let mut world = World::new(skew, by_block);
     let mut model = Model::new(WORKSTATIONS);
     for (i, b) in initial {
         let p = name(i);
@@ -1516,6 +1725,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             Op::Logout(_) => world.sync(&mut model, w, SyncMode::Logout, None),
             Op::Crash(_) => {
                 world.overlays[w] = None;
+                world.session_ended(w);
                 model.crash(w);
                 Ok(())
             }
@@ -1532,6 +1742,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
         world.note_looks(&mut model);
         model.look_at_clean_copies();
         world.compare(&mut model).map_err(at)?;
+        world.learn_blocks(&mut model);
     }
     for w in 0..WORKSTATIONS {
         let at = |e: String| format!("final logout of workstation {w}: {e}");
@@ -1545,6 +1756,7 @@ fn play(initial: Vec<(usize, u8)>, skew: [i64; 2], ops: &[Op]) -> Result<(), Str
             .map_err(at)?;
         model.look_at_clean_copies();
         world.compare(&mut model).map_err(at)?;
+        world.learn_blocks(&mut model);
     }
     Ok(())
 }

@@ -100,6 +100,26 @@ pub struct Ws {
     /// kernel passthrough the mapping writes the cache's file without ccfs). A sync sends
     /// such a file as it is and leaves it unsynced work; it outlives logouts and crashes.
     pub held: BTreeSet<PathBuf>,
+    /// Of `held`, the files held by block: the kernel does not pass their I/O through,
+    /// so a mapping of one writes through the daemon (a handle open for writing, as any
+    /// program's), and ends with the session (a logout or a crash).
+    pub held_through_ccfs: BTreeSet<PathBuf>,
+    /// Files held by block (see `ccfs/src/overlay/blocks.rs`), learned from ccfs as
+    /// inode numbers are: which take-overs hold a file by block, whether its cache file
+    /// has every block, and whether the daemon holds its base's file open.
+    pub partial: BTreeMap<PathBuf, Part>,
+}
+
+/// A file held by block, as the model knows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Part {
+    /// The cache file has every block: the base is no longer read.
+    pub complete: bool,
+    /// The daemon holds the base's file open: it stays readable when another file is
+    /// renamed over its name on the share, not when it is written in place there.
+    pub held: bool,
+    /// The base's file the daemon holds was written in place on the share since.
+    pub edited: bool,
 }
 
 impl Ws {
@@ -121,6 +141,22 @@ impl Ws {
             copies.contains(p) || (o.is_dir() && copies.iter().any(|c| below(c, p)))
         });
         self.bases.retain(|p, _| copies.contains(p));
+        self.partial.retain(|p, _| copies.contains(p));
+    }
+
+    /// The session ends (a logout or a crash): the mappings of files held by block end
+    /// with it, and the daemon holds no base open any more.
+    fn session_ends(&mut self) {
+        let through: Vec<PathBuf> = std::mem::take(&mut self.held_through_ccfs)
+            .into_iter()
+            .collect();
+        for p in through {
+            self.held.remove(&p);
+        }
+        for part in self.partial.values_mut() {
+            part.held = false;
+            part.edited = false;
+        }
     }
 
     fn has_work(&self) -> bool {
@@ -380,6 +416,15 @@ impl Model {
             return None;
         }
         let b = if data[0] == b { b.wrapping_add(1) } else { b };
+        // A base's file a daemon holds open is this very object: its bytes change under it.
+        let now = self.share[p].ver;
+        for ws in &mut self.ws {
+            if let Some(part) = ws.partial.get_mut(p) {
+                if part.held && ws.bases.get(p).copied().flatten() == Some(now) {
+                    part.edited = true;
+                }
+            }
+        }
         let stamp = self.stamp();
         let ver = self.file_ver();
         let e = self.share.get_mut(p).expect("there");
@@ -437,6 +482,62 @@ impl Model {
 
     fn share_has_children(&self, p: &Path) -> bool {
         self.share.keys().any(|k| k.parent() == Some(p))
+    }
+
+    // ---- files held by block ----------------------------------------------------------
+
+    /// Whether workstation `w` can read its copy of `p` whole: not held by block, or its
+    /// cache file has every block, or the base's bytes can still be read (from the file
+    /// the daemon holds open, unless it was written in place since; else from the share,
+    /// while it has the base there and answers).
+    pub fn readable(&self, w: usize, p: &Path) -> bool {
+        let ws = &self.ws[w];
+        let Some(part) = ws.partial.get(p) else {
+            return true;
+        };
+        if part.complete {
+            return true;
+        }
+        if part.held {
+            return !part.edited;
+        }
+        let base = ws.bases.get(p).copied().flatten();
+        !ws.share_down && base.is_some() && self.share_ver(p) == base
+    }
+
+    /// The files of `w`'s view it cannot read (see [`Model::readable`]).
+    pub fn unreadable(&self, w: usize) -> BTreeSet<PathBuf> {
+        self.ws[w]
+            .partial
+            .keys()
+            .filter(|p| self.ws[w].upper.contains_key(*p) && !self.readable(w, p))
+            .cloned()
+            .collect()
+    }
+
+    /// What ccfs holds by block on workstation `w` now (path: complete, base held); the
+    /// model keeps what it knows of each base held before.
+    pub fn learn_partial(&mut self, w: usize, now: BTreeMap<PathBuf, (bool, bool)>) {
+        let before = std::mem::take(&mut self.ws[w].partial);
+        self.ws[w].partial = now
+            .into_iter()
+            .map(|(p, (complete, held))| {
+                let edited = held && before.get(&p).is_some_and(|b| b.held && b.edited);
+                (
+                    p,
+                    Part {
+                        complete,
+                        held,
+                        edited,
+                    },
+                )
+            })
+            .collect();
+    }
+
+    /// A mapping of `p` made on `w` goes through the daemon (the file is held by block).
+    pub fn held_through_ccfs(&mut self, w: usize, p: &Path) {
+        self.ws[w].held_through_ccfs.insert(p.to_path_buf());
     }
 
     // ---- a workstation's view ---------------------------------------------------------
@@ -666,6 +767,7 @@ impl Model {
                     *d = data;
                     *s = stamp;
                 }
+                self.written_whole(w, p);
                 true
             }
             None => {
@@ -713,11 +815,28 @@ impl Model {
     }
 
     pub fn append(&mut self, w: usize, p: &Path, b: u8) -> bool {
+        // A write into a block the cache lacks reads the rest of it from the base.
+        if !self.readable(w, p) {
+            return false;
+        }
         let s = self.stamp();
-        self.change_file(w, p, |d, _, stamp| {
+        let done = self.change_file(w, p, |d, _, stamp| {
             d.push(b);
             *stamp = s;
-        })
+        });
+        if done {
+            self.written_whole(w, p);
+        }
+        done
+    }
+
+    /// A write to a file held by block leaves its cache file with every block (the
+    /// model's files are all within one block: the write, or the cut to nothing of a
+    /// truncating open, covers it).
+    fn written_whole(&mut self, w: usize, p: &Path) {
+        if let Some(part) = self.ws[w].partial.get_mut(p) {
+            part.complete = true;
+        }
     }
 
     /// A program opens the file read-write, maps it shared, closes the descriptor and
@@ -728,7 +847,9 @@ impl Model {
         } else {
             self.lookup(w, p)
         };
-        if !matches!(found, Some(Obj::File { ref data, .. }) if !data.is_empty()) {
+        if !matches!(found, Some(Obj::File { ref data, .. }) if !data.is_empty())
+            || !self.readable(w, p)
+        {
             return false;
         }
         let s = self.stamp();
@@ -738,6 +859,7 @@ impl Model {
         });
         if done {
             self.ws[w].held.insert(p.to_path_buf());
+            self.written_whole(w, p);
         }
         done
     }
@@ -994,6 +1116,14 @@ impl Model {
         if from == to {
             return true;
         }
+        // A file held by block is made whole before it moves.
+        if self.ws[w]
+            .partial
+            .keys()
+            .any(|k| below_or_at(k, from) && !self.readable(w, k))
+        {
+            return false;
+        }
         let down = self.ws[w].share_down;
         if down {
             // It must know whether the share has `from` (a kept look that found nothing,
@@ -1066,11 +1196,13 @@ impl Model {
     /// A crash: the session ends without a sync; the journal keeps everything.
     pub fn crash(&mut self, w: usize) {
         self.ws[w].mounted = false;
+        self.ws[w].session_ends();
     }
 
     /// After a logout (whatever its sync left) the overlay is gone.
     pub fn logged_out(&mut self, w: usize) {
         self.ws[w].mounted = false;
+        self.ws[w].session_ends();
     }
 
     /// A login: with work in the journal, a recovery (a logout sync of that journal);
@@ -1216,6 +1348,7 @@ impl Model {
             let ws = &mut self.ws[w];
             if matches!(run, Run::CrashAfter(_)) {
                 ws.mounted = false;
+                ws.session_ends();
                 return Ok(out);
             }
             out.ok = ws.dirty.is_empty() && ws.whiteouts.is_empty();
@@ -1239,6 +1372,34 @@ impl Model {
                     self.ws[w].bases.insert(p, Some(t.ver));
                 }
             }
+        }
+        // (1b) A changed file held by block whose base the share no longer has is made
+        // whole (then kept aside as any file), from the base's file the daemon holds
+        // unless it was written in place; one that cannot be is kept in the cache out of
+        // the view, and the share's version shows.
+        let partial: Vec<PathBuf> = self.ws[w]
+            .partial
+            .keys()
+            .filter(|p| self.ws[w].dirty.contains(*p) && self.ws[w].upper.contains_key(*p))
+            .cloned()
+            .collect();
+        for p in partial {
+            let base = self.ws[w].bases.get(&p).copied().flatten();
+            if self.share_ver(&p) == base {
+                continue;
+            }
+            let part = self.ws[w].partial[&p];
+            let ws = &mut self.ws[w];
+            ws.partial.remove(&p);
+            if part.complete || (part.held && !part.edited) {
+                continue;
+            }
+            ws.upper.remove(&p);
+            ws.dirty.remove(&p);
+            ws.bases.remove(&p);
+            ws.held.remove(&p);
+            ws.held_through_ccfs.remove(&p);
+            conflicts.push((p, ConflictKind::BlocksKeptHere));
         }
         // (2) Conflicts: the share changed where we send = both versions kept.
         let mut aside: Vec<(PathBuf, Vec<(PathBuf, Obj)>)> = Vec::new();
@@ -1398,6 +1559,11 @@ impl Model {
                 {
                     ws.held.insert(at.clone());
                 }
+                if ws.held_through_ccfs.remove(&p.join(&rest))
+                    || (rest.as_os_str().is_empty() && ws.held_through_ccfs.remove(&p))
+                {
+                    ws.held_through_ccfs.insert(at.clone());
+                }
                 unknown.retain(|u| u != &at);
                 ws.upper.insert(at.clone(), obj);
                 ws.dirty.insert(at);
@@ -1408,8 +1574,9 @@ impl Model {
         // bytes and mode, is not sent: the share's copy takes its mtime, and it is clean.
         let dirty: Vec<PathBuf> = self.ws[w].dirty.iter().cloned().collect();
         for p in dirty {
-            // A mapped file may change after any comparison: rsync's part.
-            if self.ws[w].held.contains(&p) {
+            // A mapped file may change after any comparison: rsync's part. A file held
+            // by block is sent by its blocks whatever they hold.
+            if self.ws[w].held.contains(&p) || self.ws[w].partial.contains_key(&p) {
                 continue;
             }
             let Some(Obj::File {
@@ -1475,12 +1642,13 @@ impl Model {
             .collect();
         // Files being written (mapped) go first, each as a snapshot, where the share has
         // their directory; then the rest.
-        let all: Vec<PathBuf> = self.ws[w]
+        // Files held by block are sent by the sync itself, after rsync's.
+        let (by_block, all): (Vec<PathBuf>, Vec<PathBuf>) = self.ws[w]
             .dirty
             .iter()
             .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
-            .collect();
+            .partition(|p| self.ws[w].partial.contains_key(p));
         let (mut files, rest): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
             self.ws[w].held.contains(p)
                 && matches!(self.ws[w].upper.get(p), Some(Obj::File { .. }))
@@ -1489,22 +1657,44 @@ impl Model {
                     .is_some_and(|e| e.obj.is_dir())
         });
         files.extend(rest);
+        let crashed = matches!(run, Run::CrashAfter(_));
+        let rsync_files = files.len();
+        if crashed {
+            // (The crash's harness hands over both, rsync's first.)
+            files.extend(by_block.iter().cloned());
+        }
         if files != listed {
             return Err(format!(
                 "rsync was handed {listed:?}, the model lists {files:?}"
             ));
         }
+        if !crashed {
+            files.extend(by_block.iter().cloned());
+        }
         let mut deletions: Vec<PathBuf> = self.ws[w].whiteouts.iter().cloned().collect();
         deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         let sent: Vec<Option<(usize, u64)>> =
             files.iter().map(|p| self.ws[w].upper[p].tag()).collect();
-        let crashed = matches!(run, Run::CrashAfter(_));
-        let run = if files.is_empty() { Run::All } else { run };
+        // rsync fails after k of its files; the files held by block are sent anyway.
+        let run = if rsync_files == 0 && !crashed {
+            Run::All
+        } else {
+            run
+        };
         let n = match run {
             Run::All => files.len(),
-            Run::FailAfter(k) | Run::CrashAfter(k) => k.min(files.len()),
+            Run::FailAfter(k) => k.min(rsync_files),
+            Run::CrashAfter(k) => k.min(files.len()),
         };
-        for p in &files[..n] {
+        let transferred: Vec<PathBuf> = match run {
+            Run::FailAfter(_) => files[..n]
+                .iter()
+                .chain(&files[rsync_files..])
+                .cloned()
+                .collect(),
+            _ => files[..n].to_vec(),
+        };
+        for p in &transferred {
             let obj = self.ws[w].upper[p].clone();
             self.transfer(p, &obj, ino_of);
         }
@@ -1515,6 +1705,7 @@ impl Model {
         if crashed {
             self.ws[w].sending = files.into_iter().zip(sent).collect();
             self.ws[w].mounted = false;
+            self.ws[w].session_ends();
             out.conflicts.sort();
             return Ok(out);
         }
@@ -1526,10 +1717,11 @@ impl Model {
             .iter()
             .filter(|p| self.ws[w].upper[*p].tag().is_some())
             .collect();
-        for (p, s) in files.iter().zip(&sent) {
+        for (i, (p, s)) in files.iter().zip(&sent).enumerate() {
             let theirs = self.share.get(p).cloned();
             let landed = match (&theirs, run) {
                 (Some(_), Run::All) => true,
+                (Some(_), _) if i >= rsync_files => true,
                 (Some(t), _) if !reported.is_empty() && t.obj.tag().is_some() => {
                     reported.contains(p)
                 }
@@ -1542,6 +1734,11 @@ impl Model {
             if landed {
                 let ws = &mut self.ws[w];
                 ws.bases.insert(p.clone(), theirs.map(|t| t.ver));
+                // The share's new version is the base of the blocks the cache lacks.
+                if let Some(part) = ws.partial.get_mut(p) {
+                    part.held = false;
+                    part.edited = false;
+                }
                 // A mapped file stays unsynced work: the next sync sends what came after.
                 if !ws.held.contains(p) {
                     ws.dirty.remove(p);
