@@ -1113,16 +1113,16 @@ impl Model {
         let Some(src) = src else {
             return false;
         };
-        if from == to {
-            return true;
-        }
-        // A file held by block is made whole before it moves.
+        // A file held by block is made whole before it moves (even onto itself).
         if self.ws[w]
             .partial
             .keys()
             .any(|k| below_or_at(k, from) && !self.readable(w, k))
         {
             return false;
+        }
+        if from == to {
+            return true;
         }
         let down = self.ws[w].share_down;
         if down {
@@ -1614,6 +1614,17 @@ impl Model {
                     };
                 }
             } else if restamped {
+                // The share's file takes the mtime in place: to another workstation
+                // holding it open as a base, a change of its look (its bytes cannot be
+                // trusted any more).
+                let old = self.share_ver(&p);
+                for (v, ws) in self.ws.iter_mut().enumerate() {
+                    if let Some(part) = ws.partial.get_mut(&p) {
+                        if v != w && part.held && ws.bases.get(&p).copied().flatten() == old {
+                            part.edited = true;
+                        }
+                    }
+                }
                 let ver = self.file_ver();
                 self.share.insert(
                     p.clone(),
