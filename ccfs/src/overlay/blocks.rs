@@ -566,7 +566,7 @@ impl Overlay {
             return Ok(PathBuf::new());
         };
         let kept = Path::new("kept");
-        let (to, list_at) = (1..)
+        let (to, list_at) = (1..=1000)
             .map(|n: u32| match n {
                 1 => format!("{host}-{stamp}"),
                 n => format!("{host}-{stamp}-{n}"),
@@ -581,7 +581,7 @@ impl Overlay {
                 !matches!(self.cache.stat(to), Ok(Some(_)))
                     && !matches!(self.cache.stat(list), Ok(Some(_)))
             })
-            .ok_or_else(|| FsError::Errno(libc::EEXIST))?;
+            .ok_or(FsError::Errno(libc::EEXIST))?;
         for dir in [&to, &list_at].map(|f| f.parent().unwrap_or(Path::new(""))) {
             self.cache_dirs(dir)?;
         }
