@@ -1144,7 +1144,8 @@ proptest! {
     })]
 
     /// One user on two workstations: the share and both views equal the model after every
-    /// step; every sync reports what the model predicts; see `model`.
+    /// step; every sync reports what the model predicts; see `model`. (Every file taken
+    /// over from the share is held by block, unless `CCFS_MODEL_BY_BLOCK=0`.)
     #[test]
     fn two_workstations_share_equals_the_model(
         initial in prop::collection::vec((0..model::names().len(), any::<u8>()), 0..6),
@@ -1152,6 +1153,27 @@ proptest! {
         ops in model::arb_ops(1..40),
     ) {
         model::run_sessions(initial, skew, ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: model::cases(128) / 2,
+        max_shrink_iters: 2000,
+        max_shrink_time: 300_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The same with every file copied whole at its take-over (no file held by block:
+    /// ccfs's default, `by_block_from_kib = 0`).
+    #[test]
+    fn two_workstations_copying_whole_files_share_equals_the_model(
+        initial in prop::collection::vec((0..model::names().len(), any::<u8>()), 0..6),
+        skew in model::arb_skew(),
+        ops in model::arb_ops(1..40),
+    ) {
+        model::run_sessions_as(false, initial, skew, ops)?;
     }
 }
 
