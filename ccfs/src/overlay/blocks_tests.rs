@@ -929,3 +929,50 @@ fn a_kept_copy_is_looked_at_when_it_is_opened_and_let_go_of_when_the_share_chang
     let n = o.read_at(&g, &mut buf, 0).expect("read");
     assert_eq!(&buf[..n], &theirs[..], "the share's version, no read error");
 }
+
+#[test]
+fn a_share_that_does_not_answer_at_a_sync_keeps_a_file_held_by_block_as_it_is() {
+    // A chmod takes `.d/db` over by block (no block written), then the daemon dies.
+    let t = fresh(&[]);
+    std::fs::create_dir(t.share.join(".d")).expect("dir");
+    std::fs::write(t.share.join(".d/db"), base()).expect("share file");
+    t.o.set_by_block_from(16 * BLOCK);
+    let db = Path::new(".d/db");
+    let set = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    t.o.setattr(&ctx(), db, set, None).expect("chmod");
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = t;
+    drop(o);
+    // The share's directory is away while the cache is opened again (the base cannot be
+    // held open), then back: the file itself is as it was, still the base.
+    std::fs::rename(share.join(".d"), share.join("away")).expect("away");
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
+    o.set_by_block_from(16 * BLOCK);
+    std::fs::rename(share.join("away"), share.join(".d")).expect("back");
+    // The share stops answering: the sync can tell nothing of the file.
+    o.share_gate().set_closed(true);
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert!(
+        r.conflicts.is_empty(),
+        "no conflict from a share that does not answer: {r:?}"
+    );
+    assert_eq!(r.remaining_dirty, 1, "{r:?}");
+    assert!(o.lock().state().partial(db).is_some());
+    // Back: sent as it is, the share's bytes with our mode.
+    o.share_gate().set_closed(false);
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert!(
+        r.ok && r.conflicts.is_empty() && r.remaining_dirty == 0,
+        "{r:?}"
+    );
+    let m = std::fs::metadata(share.join(".d/db")).expect("share");
+    assert_eq!(m.mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read(share.join(".d/db")).expect("share"), base());
+}
