@@ -2177,3 +2177,63 @@ fn sessions_regression_a_rename_of_a_file_still_on_the_share() {
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model): a clean copy let go of because the share
+/// has nothing there any more (deleted by the other workstation) leaves the look that found
+/// nothing kept, as any: a mkdir there while the share does not answer succeeds.
+#[test]
+fn sessions_regression_a_clean_copy_let_go_of_keeps_its_look_of_nothing() {
+    use model::Op::*;
+    model::run_sessions_as(
+        false,
+        vec![(5, 17)],
+        [-315360000, -315360000],
+        vec![
+            Write(1, 5, 0, 0),
+            Sync(1),
+            Unlink(0, 5),
+            Logout(0),
+            ShareDown(1),
+            Mkdir(1, 5),
+        ],
+    )
+    .expect("model");
+}
+
+/// Regression (from the two-workstation model with files held by block): a kept copy held
+/// by block, read at the next login, holds its base open: it stays readable while the
+/// share does not answer.
+#[test]
+fn sessions_regression_a_kept_copy_held_by_block_read_at_login_then_the_share_down() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![(1, 17)],
+        [-315360000, -315360000],
+        vec![Backdate(1, 1), Logout(1), ShareDown(1)],
+    )
+    .expect("model");
+}
+
+/// Regression (from the two-workstation model with files held by block): a symbolic link
+/// renamed over a file held by block whose base was written in place on the share
+/// replaces it (the model took the link for the file that cannot be read).
+#[test]
+fn sessions_regression_a_link_renamed_over_a_file_held_by_block_that_cannot_be_read() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![],
+        [-315360000, -315360000],
+        vec![
+            Symlink(0, 1, 0),
+            Write(0, 5, 0, 1),
+            Logout(0),
+            AttrThere(5, 110),
+            Xattr(0, 5, None),
+            EditThere(5, 100),
+            Rename(0, 1, 5),
+        ],
+    )
+    .expect("model");
+}

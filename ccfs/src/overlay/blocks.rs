@@ -275,11 +275,15 @@ impl BlockFile {
             let slot = self.base.locked();
             if let (Some(f), Some(id)) = (&slot.file, slot.id) {
                 // The file held open is the base while its bytes are: a write in place on
-                // the share (another program there) changes its size or mtime. (Its ctime
-                // changes too when a save elsewhere renames another file over its name,
-                // which leaves its bytes as they were.)
+                // the share (another program there) changes its ctime, whatever it does
+                // with its size and mtime (`rsync --inplace -t`, `touch -r` put the mtime
+                // back). A save elsewhere that renames another file over its name changes
+                // its ctime too, but leaves it with no name and its bytes as they were.
+                // (A chmod or an attribute set there also counts as a change: ours is then
+                // kept aside whole or as its blocks, never mixed with another version.)
                 let now = sys::fstat(f)?;
-                if (now.len(), now.mtime()) != (id.size, id.mtime) {
+                let look = (now.len(), now.mtime());
+                if look != (id.size, id.mtime) || (now.ctime() != id.ctime && now.nlink() > 0) {
                     tracing::error!(
                         path = %session::shown(&self.path),
                         "the share's file this file's missing blocks come from was written in place: they cannot be read"

@@ -679,6 +679,14 @@ fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache()
 
 #[test]
 fn a_write_in_place_on_the_share_is_never_read_as_the_base() {
+    // Also one that puts the mtime back (`rsync --inplace -t`, `touch -r`): only the
+    // ctime tells.
+    for mtime_put_back in [false, true] {
+        in_place_on_the_share(mtime_put_back);
+    }
+}
+
+fn in_place_on_the_share(mtime_put_back: bool) {
     let t = held();
     let f = open_rw(&t);
     write(&t, &f, &[6; BLOCK as usize], 0);
@@ -689,7 +697,11 @@ fn a_write_in_place_on_the_share_is_never_read_as_the_base() {
             .write(true)
             .open(t.share.join(".db"))
             .expect("share");
+        let was = share.metadata().expect("stat").modified().expect("mtime");
         share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+        if mtime_put_back {
+            share.set_modified(was).expect("mtime back");
+        }
     }
     let g =
         t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db")))

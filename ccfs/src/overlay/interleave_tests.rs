@@ -15,6 +15,16 @@ thread_local! {
     pub(super) static AT_DURABLE: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_CONFLICT_MOVE: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_UNCHANGED_STAMP: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_BLOCK_SNAPSHOT: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once a sync copied a file held by block that is open for writing, before it
+/// looks at the blocks written again (the overlay's lock held): the test's write, if one
+/// is set (taken, so it runs once).
+pub(super) fn after_block_snapshot(o: &Overlay) {
+    if let Some(mut between) = AFTER_BLOCK_SNAPSHOT.with(|h| h.borrow_mut().take()) {
+        between(o);
+    }
 }
 
 /// Called once a sync that found a changed file's bytes on the share stamped the share's
@@ -784,4 +794,64 @@ fn a_directory_of_databases_renamed_onto_a_name_filled_elsewhere_keeps_theirs() 
     }
     let all = share_contents(&share);
     assert_eq!(all.iter().filter(|c| *c == "ours\n").count(), 6, "{all:?}");
+}
+
+/// A file held by block, open for writing, is copied by a sync (its snapshot), and a block
+/// the cache file lacked is written for the first time right after the copy passed it: the
+/// sync must not send that block as the copy's hole (zeros the file never had). It sends
+/// the base's bytes there (no snapshot: the file as it is, and it stays dirty), and the
+/// next sync sends the block written.
+#[test]
+fn a_block_first_written_after_a_syncs_copy_passed_it_is_never_sent_as_a_hole() {
+    use crate::extents::BLOCK;
+    let Fresh {
+        _tmp,
+        share,
+        cache,
+        o,
+    } = fresh(&[]);
+    let b = BLOCK as usize;
+    let base: Vec<u8> = (0..64 * b).map(|i| (i % 251 + 1) as u8).collect();
+    std::fs::write(share.join(".db"), &base).expect("share file");
+    o.set_by_block_from(16 * BLOCK);
+    let db = Path::new(".db");
+    let f = o.open_file(&ctx(), db, libc::O_RDWR).expect("open");
+    {
+        let g = o
+            .file_to_write(&ctx(), &f, || Some(db.to_path_buf()))
+            .expect("writable");
+        o.write_at(&g, &vec![7; b], 0).expect("write");
+    }
+    let bf = o.block_file(db).expect("held by block");
+    let cache_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(cache.join("upper/.db"))
+        .expect("cache file");
+    AFTER_BLOCK_SNAPSHOT.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+            bf.write_at(&o.share, &cache_file, &vec![9; b], 20 * BLOCK)
+                .expect("a write during the sync");
+        }))
+    });
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    AFTER_BLOCK_SNAPSHOT.with(|h| *h.borrow_mut() = None);
+    let on_share = std::fs::read(share.join(".db")).expect("share");
+    let block20 = &on_share[20 * b..21 * b];
+    assert!(
+        block20 == &base[20 * b..21 * b] || block20 == &vec![9; b][..],
+        "block 20 on the share is neither the base's nor the write's: {:?}",
+        &block20[..8]
+    );
+    assert!(r.remaining_dirty == 1, "{r:?}");
+    o.close_file(&f);
+    drop(f);
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    let mut want = base.clone();
+    want[..b].fill(7);
+    want[20 * b..21 * b].fill(9);
+    assert!(
+        std::fs::read(share.join(".db")).expect("share") == want,
+        "the share after the file was closed and synced"
+    );
 }

@@ -1038,7 +1038,13 @@ impl World {
             } else {
                 0
             };
-            o.write_at(&g, data, at).expect("write");
+            // (A write into a block of a file held by block whose base cannot be read
+            // fails: EIO.)
+            if o.write_at(&g, data, at).is_err() {
+                drop(g);
+                o.close_file(&f);
+                return false;
+            }
         }
         o.close_file(&f);
         drop(f);
@@ -1385,6 +1391,8 @@ impl World {
     fn compare(&self, model: &mut Model) -> Checked {
         self.compare_views(model)?;
         model.views_looked();
+        // (Its reads held the bases of files held by block open.)
+        self.learn_blocks(model);
         Ok(())
     }
 

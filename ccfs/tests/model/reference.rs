@@ -440,6 +440,21 @@ impl Model {
     /// set to `b` (another than it has), a new version of the same object with the same
     /// bytes and mtime. Returns the value set, or None when there is no file there.
     pub fn attr_there(&mut self, p: &Path, b: u8) -> Option<u8> {
+        // To a daemon holding this very file open as a base, a change of its ctime is a
+        // change there (a write in place may put its mtime back).
+        if let Some(ShareEntry {
+            obj: Obj::File { .. },
+            ver: now,
+        }) = self.share.get(p).cloned()
+        {
+            for ws in &mut self.ws {
+                if let Some(part) = ws.partial.get_mut(p) {
+                    if part.held && ws.bases.get(p).copied().flatten() == Some(now) {
+                        part.edited = true;
+                    }
+                }
+            }
+        }
         let ver = self.file_ver();
         let e = self.share.get_mut(p)?;
         let Obj::File { xattr, .. } = &mut e.obj else {
@@ -650,10 +665,15 @@ impl Model {
                     (self.share_ver(p) != Some(base)).then(|| p.clone())
                 })
                 .collect();
+            let gone: Vec<bool> = stale.iter().map(|p| !self.share.contains_key(p)).collect();
             let ws = &mut self.ws[w];
-            for p in stale {
+            for (p, gone) in stale.into_iter().zip(gone) {
                 ws.upper.remove(&p);
                 ws.bases.remove(&p);
+                // The look that let it go found nothing there: kept, as any such look.
+                if gone {
+                    ws.kept_absent.insert(p);
+                }
             }
             // Directories the share no longer has, holding nothing of this session's:
             // let go of with all below (top down: one let go takes its own along).
@@ -928,6 +948,7 @@ impl Model {
         let whiteout = looked_there && self.share.contains_key(p) && !self.hidden(w, p);
         let ws = &mut self.ws[w];
         ws.dirty.retain(|k| !below(k, p));
+        ws.partial.retain(|k, _| !below(k, p));
         for k in subtree(&ws.upper, p) {
             ws.upper.remove(&k);
         }
@@ -1168,6 +1189,8 @@ impl Model {
             self.take_over(w, from);
         }
         let ws = &mut self.ws[w];
+        // (What moves was made whole first; what the rename replaces is gone.)
+        ws.partial.retain(|k, _| !below(k, to) && !below(k, from));
         for k in subtree(&ws.upper, to) {
             ws.upper.remove(&k);
         }
@@ -1265,6 +1288,7 @@ impl Model {
     ) -> (PathBuf, Vec<(PathBuf, Obj)>) {
         let ws = &mut self.ws[w];
         let mut moved = Vec::new();
+        ws.partial.retain(|k, _| !below(k, p));
         for k in subtree(&ws.upper, p) {
             let obj = ws.upper.remove(&k).expect("in the cache");
             ws.dirty.remove(&k);

@@ -357,9 +357,9 @@ impl Overlay {
 
     /// A file held by block open for writing: sent from a copy taken now (holes where the
     /// cache file has them), with its limit then and every block written before the copy
-    /// (the state's changed blocks and those not journaled yet, looked at after the copy:
-    /// a block written meanwhile is sent too, and the file stays dirty, as it differs
-    /// from the copy). A cut during the copy (the limit changed) sends no snapshot.
+    /// (the state's changed blocks, which cannot change while the overlay's lock is
+    /// held, and those not journaled yet). A cut or a block written during the copy (the
+    /// limit or the blocks not journaled changed) sends no snapshot.
     fn snapshot_by_block(
         &self,
         inner: &crate::overlay::Inner,
@@ -376,12 +376,18 @@ impl Overlay {
             Some(b) => b.written_now(),
             None => (crate::extents::Extents::new(), part.limit),
         };
-        let (_, before) = limit(&bf);
+        // The blocks written so far are in the cache file before the copy starts: the
+        // copy has their bytes (or later ones). A block written for the first time while
+        // the copy runs may be a hole in it: then no snapshot is sent (the file is sent
+        // as it is and stays dirty), never a hole for a block that has data.
+        let (written, before) = limit(&bf);
         if !self.snapshot_handed(p, i, session, handed_over) {
             return;
         }
-        let (written, after) = limit(&bf);
-        if after != before {
+        #[cfg(test)]
+        super::interleave_tests::after_block_snapshot(self);
+        let (written_after, after) = limit(&bf);
+        if after != before || written_after != written {
             return;
         }
         let mut changed = part.changed.clone();
