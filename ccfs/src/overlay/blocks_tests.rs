@@ -57,6 +57,12 @@ fn close(t: &Fresh, f: OpenFile) {
 fn log_out_and_in(t: Fresh) -> (tempfile::TempDir, PathBuf, PathBuf, Overlay) {
     let r = run_sync(&t.o, &rsync(&t.share), SyncMode::Logout).expect("logout");
     assert!(r.ok && r.cache_dropped, "{r:?}");
+    reopen(t, |_| {})
+}
+
+/// The daemon ends (after a logout, or killed), `between` runs on the share, and the cache
+/// is opened again: the kept temporary directory, the share, the cache and the overlay.
+fn reopen(t: Fresh, between: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBuf, PathBuf, Overlay) {
     let Fresh {
         _tmp,
         share,
@@ -64,7 +70,8 @@ fn log_out_and_in(t: Fresh) -> (tempfile::TempDir, PathBuf, PathBuf, Overlay) {
         o,
     } = t;
     drop(o);
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("login");
+    between(&share);
+    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
     o.set_by_block_from(16 * BLOCK);
     (_tmp, share, cache, o)
 }
@@ -955,18 +962,11 @@ fn a_share_that_does_not_answer_at_a_sync_keeps_a_file_held_by_block_as_it_is() 
         ..Default::default()
     };
     t.o.setattr(&ctx(), db, set, None).expect("chmod");
-    let Fresh {
-        _tmp,
-        share,
-        cache,
-        o,
-    } = t;
-    drop(o);
     // The share's directory is away while the cache is opened again (the base cannot be
     // held open), then back: the file itself is as it was, still the base.
-    std::fs::rename(share.join(".d"), share.join("away")).expect("away");
-    let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
-    o.set_by_block_from(16 * BLOCK);
+    let (_tmp, share, _cache, o) = reopen(t, |share| {
+        std::fs::rename(share.join(".d"), share.join("away")).expect("away")
+    });
     std::fs::rename(share.join("away"), share.join(".d")).expect("back");
     // The share stops answering: the sync can tell nothing of the file.
     o.share_gate().set_closed(true);
