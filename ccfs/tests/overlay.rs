@@ -2237,3 +2237,25 @@ fn sessions_regression_a_link_renamed_over_a_file_held_by_block_that_cannot_be_r
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model on a whole-second share): a file renamed
+/// away and a directory made at its name, while another program writes the share's file
+/// in place in the second of the take-over: the directory sent over it must not hide that
+/// write (the take-over's racy base stands for the content, not only the look).
+#[test]
+fn sessions_regression_a_directory_made_over_a_file_written_there_in_the_same_second() {
+    use model::Op::*;
+    model::run_sessions_as(
+        false,
+        vec![(5, 1)],
+        [315360000, 315360000],
+        vec![
+            Rename(0, 5, 1),
+            Sync(0),
+            Rename(1, 1, 5),
+            EditThere(1, 102),
+            Mkdir(1, 1),
+        ],
+    )
+    .expect("model");
+}

@@ -335,12 +335,24 @@ impl Overlay {
                         continue;
                     }
                 };
-                let mut inner = self.lock();
-                if inner.state.taken_over(dir) && inner.state.base(dir) == cur {
-                    // Our own change: we took that object over and made a directory there.
-                    fine.insert(dir.to_path_buf());
-                    continue;
+                // Our own change: we took that object over and made a directory there
+                // (the same look, and for a racy base the content it stands for: a write
+                // in place in the second of our take-over leaves the look as it was).
+                let taken = self.lock().state.taken_over(dir);
+                if taken {
+                    match self.still_base(dir, cur, second, session, held, &[])? {
+                        Some(true) => {
+                            fine.insert(dir.to_path_buf());
+                            continue;
+                        }
+                        Some(false) => {}
+                        None => {
+                            self.hold_below(dir, held);
+                            break;
+                        }
+                    }
                 }
+                let mut inner = self.lock();
                 let kind = if inner.state.taken_over(dir) && inner.state.base(dir).is_none() {
                     ConflictKind::CreatedOnBoth
                 } else {
