@@ -1134,14 +1134,19 @@ fn model_regression_hard_links_after_a_recovery_are_the_shares() {
 
 mod model;
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: model::cases(128),
+/// The sessions model's cases: `cases` of them, a failure shrunk for up to five minutes.
+fn sessions_config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
         max_shrink_iters: 2000,
         max_shrink_time: 300_000,
         failure_persistence: None,
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(sessions_config(model::cases(128)))]
 
     /// One user on two workstations: the share and both views equal the model after every
     /// step; every sync reports what the model predicts; see `model`. (Every file taken
@@ -1157,13 +1162,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: model::cases(128) / 2,
-        max_shrink_iters: 2000,
-        max_shrink_time: 300_000,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(sessions_config(model::cases(128) / 2))]
 
     /// The same with every file copied whole at its take-over (no file held by block:
     /// ccfs's default, `by_block_from_kib = 0`).

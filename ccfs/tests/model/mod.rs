@@ -630,7 +630,7 @@ impl World {
 
     /// The model learns what each logged-in workstation holds by block (see
     /// [`Model::learn_partial`]).
-    fn learn_blocks(&self, model: &mut Model) {
+    fn learn_blocks(&self, model: &mut Model) -> Checked {
         for (w, o) in self.overlays.iter().enumerate() {
             let Some(o) = o else { continue };
             let parts: Vec<(PathBuf, bool)> = {
@@ -648,8 +648,9 @@ impl World {
                     (p, (complete, held))
                 })
                 .collect();
-            model.learn_partial(w, now);
+            model.learn_partial(w, now)?;
         }
+        Ok(())
     }
 
     /// The session of `w` ended (a logout or a crash): the mappings served by its daemon
@@ -1392,8 +1393,7 @@ impl World {
         self.compare_views(model)?;
         model.views_looked();
         // (Its reads held the bases of files held by block open.)
-        self.learn_blocks(model);
-        Ok(())
+        self.learn_blocks(model)
     }
 
     /// The model's object as compared, with the mtime the harness gave its version.
@@ -1750,7 +1750,6 @@ fn play(
         world.note_looks(&mut model);
         model.look_at_clean_copies();
         world.compare(&mut model).map_err(at)?;
-        world.learn_blocks(&mut model);
     }
     for w in 0..WORKSTATIONS {
         let at = |e: String| format!("final logout of workstation {w}: {e}");
@@ -1764,7 +1763,6 @@ fn play(
             .map_err(at)?;
         model.look_at_clean_copies();
         world.compare(&mut model).map_err(at)?;
-        world.learn_blocks(&mut model);
     }
     Ok(())
 }

@@ -532,7 +532,22 @@ impl Model {
 
     /// What ccfs holds by block on workstation `w` now (path: complete, base held); the
     /// model keeps what it knows of each base held before.
-    pub fn learn_partial(&mut self, w: usize, now: BTreeMap<PathBuf, (bool, bool)>) {
+    ///
+    /// A cache file that had every block keeps them (and one the model saw written whole
+    /// has them): ccfs saying otherwise is a block it forgot.
+    pub fn learn_partial(
+        &mut self,
+        w: usize,
+        now: BTreeMap<PathBuf, (bool, bool)>,
+    ) -> Result<(), String> {
+        for (p, (complete, _)) in &now {
+            if self.ws[w].partial.get(p).is_some_and(|b| b.complete) && !complete {
+                return Err(format!(
+                    "workstation {w}'s cache file of {} had every block; ccfs now says it lacks some",
+                    p.display()
+                ));
+            }
+        }
         let before = std::mem::take(&mut self.ws[w].partial);
         self.ws[w].partial = now
             .into_iter()
@@ -548,6 +563,7 @@ impl Model {
                 )
             })
             .collect();
+        Ok(())
     }
 
     /// A mapping of `p` made on `w` goes through the daemon (the file is held by block).
