@@ -2258,3 +2258,26 @@ fn sessions_regression_a_directory_made_over_a_file_written_there_in_the_same_se
     )
     .expect("model");
 }
+
+/// Regression (from the two-workstation model with files held by block): a base held open
+/// whose attributes were set on the share (its ctime changed in place), then replaced by
+/// the other workstation's send, stays unreadable: being left without a name does not
+/// make it the base again.
+#[test]
+fn sessions_regression_a_held_base_changed_in_place_then_replaced_stays_unreadable() {
+    use model::Op::*;
+    model::run_sessions_as(
+        true,
+        vec![(5, 70)],
+        [-315360000, -315360000],
+        vec![
+            Write(0, 0, 1, 0),
+            Chmod(0, 0, 384),
+            Backdate(1, 5),
+            AttrThere(5, 110),
+            Backdate(0, 5),
+            Write(0, 0, 1, 0),
+        ],
+    )
+    .expect("model");
+}

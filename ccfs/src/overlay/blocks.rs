@@ -55,6 +55,9 @@ pub struct BlockFile {
 struct BaseSlot {
     id: Option<ShareId>,
     file: Option<Arc<File>>,
+    /// The file held open was found changed in place: it stays so (a save renamed over
+    /// its name later leaves it with no name, not with its old bytes), until a new base.
+    changed: bool,
 }
 
 #[derive(Debug)]
@@ -112,6 +115,7 @@ impl BlockFile {
             base: Mutex::new(BaseSlot {
                 id: base_id,
                 file: None,
+                changed: false,
             }),
         }
     }
@@ -272,7 +276,7 @@ impl BlockFile {
     /// records (a share whose file changed since has not the bytes the cache lacks).
     fn base(&self, share: &Root) -> io::Result<Arc<File>> {
         let want = {
-            let slot = self.base.locked();
+            let mut slot = self.base.locked();
             if let (Some(f), Some(id)) = (&slot.file, slot.id) {
                 // The file held open is the base while its bytes are: a write in place on
                 // the share (another program there) changes its ctime, whatever it does
@@ -283,7 +287,11 @@ impl BlockFile {
                 // kept aside whole or as its blocks, never mixed with another version.)
                 let now = sys::fstat(f)?;
                 let look = (now.len(), now.mtime());
-                if look != (id.size, id.mtime) || (now.ctime() != id.ctime && now.nlink() > 0) {
+                if slot.changed
+                    || look != (id.size, id.mtime)
+                    || (now.ctime() != id.ctime && now.nlink() > 0)
+                {
+                    slot.changed = true;
                     tracing::error!(
                         path = %session::shown(&self.path),
                         "the share's file this file's missing blocks come from was written in place: they cannot be read"
@@ -361,6 +369,7 @@ impl BlockFile {
         if slot.id != base {
             slot.id = base;
             slot.file = None;
+            slot.changed = false;
         }
     }
 }
@@ -438,6 +447,11 @@ impl Overlay {
         };
         buf.truncate(n);
         Ok(buf)
+    }
+
+    /// The [`BlockFile`] of `rel` if one serves it now (none is made).
+    pub fn open_block_file(&self, rel: &Path) -> Option<Arc<BlockFile>> {
+        self.block_files.locked().get(rel).cloned()
     }
 
     /// The [`BlockFile`] of `rel` when its cache file is held by block.

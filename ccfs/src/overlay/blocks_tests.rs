@@ -988,3 +988,41 @@ fn a_share_that_does_not_answer_at_a_sync_keeps_a_file_held_by_block_as_it_is() 
     assert_eq!(m.mode() & 0o777, 0o600);
     assert_eq!(std::fs::read(share.join(".d/db")).expect("share"), base());
 }
+
+#[test]
+fn a_base_written_in_place_then_replaced_by_a_save_elsewhere_stays_unreadable() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[6; BLOCK as usize], 0);
+    // Another program writes the share's file in place and puts its mtime back ...
+    {
+        use std::os::unix::fs::FileExt;
+        let share = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.share.join(".db"))
+            .expect("share");
+        let was = share.metadata().expect("stat").modified().expect("mtime");
+        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+        share.set_modified(was).expect("mtime back");
+    }
+    let g =
+        t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db")))
+            .expect("readable");
+    let mut buf = vec![0u8; BLOCK as usize];
+    t.o.read_at(&g, &mut buf, 9 * BLOCK)
+        .expect_err("written in place");
+    // ... then another workstation saves (a file renamed over it): the file held open has
+    // no name now, but its bytes are still not the base's.
+    save_elsewhere(&t.share, &[1u8; 100]);
+    t.o.read_at(&g, &mut buf, 9 * BLOCK)
+        .expect_err("still not the base");
+    drop(g);
+    close(&t, f);
+    let r = sync(&t);
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(r.conflicts[0].kind, super::ConflictKind::BlocksKeptHere);
+    assert_eq!(
+        std::fs::read(t.share.join(".db")).expect("share"),
+        vec![1u8; 100]
+    );
+}
