@@ -176,6 +176,8 @@ mod snapshot;
 mod sparse;
 
 #[cfg(test)]
+mod blocks_base_tests;
+#[cfg(test)]
 mod blocks_tests;
 #[cfg(test)]
 mod crash_tests;
