@@ -75,23 +75,27 @@ fn a_write_in_place_on_the_share_is_never_read_as_the_base() {
     }
 }
 
+/// Another program writes `theirs` into block 9 of the share's `.db` in place (the same
+/// inode), putting its mtime back if asked (`rsync --inplace -t`, `touch -r`).
+fn write_there_in_place(share: &Path, mtime_put_back: bool) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(share.join(".db"))
+        .expect("share");
+    let was = f.metadata().expect("stat").modified().expect("mtime");
+    f.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+    if mtime_put_back {
+        f.set_modified(was).expect("mtime back");
+    }
+}
+
 fn in_place_on_the_share(mtime_put_back: bool) {
     let t = held();
     let f = open_rw(&t);
     write(&t, &f, &[6; BLOCK as usize], 0);
     // Another program writes the share's file in place (same inode).
-    {
-        use std::os::unix::fs::FileExt;
-        let share = std::fs::OpenOptions::new()
-            .write(true)
-            .open(t.share.join(".db"))
-            .expect("share");
-        let was = share.metadata().expect("stat").modified().expect("mtime");
-        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
-        if mtime_put_back {
-            share.set_modified(was).expect("mtime back");
-        }
-    }
+    write_there_in_place(&t.share, mtime_put_back);
     let g =
         t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db")))
             .expect("readable");
@@ -162,16 +166,7 @@ fn a_base_written_in_place_then_replaced_by_a_save_elsewhere_stays_unreadable() 
     let f = open_rw(&t);
     write(&t, &f, &[6; BLOCK as usize], 0);
     // Another program writes the share's file in place and puts its mtime back ...
-    {
-        use std::os::unix::fs::FileExt;
-        let share = std::fs::OpenOptions::new()
-            .write(true)
-            .open(t.share.join(".db"))
-            .expect("share");
-        let was = share.metadata().expect("stat").modified().expect("mtime");
-        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
-        share.set_modified(was).expect("mtime back");
-    }
+    write_there_in_place(&t.share, true);
     let g =
         t.o.file_to_read(&ctx(), &f, || Some(PathBuf::from(".db")))
             .expect("readable");
