@@ -56,6 +56,26 @@ fn name(i: usize) -> &'static Path {
     &names()[i % names().len()]
 }
 
+/// Where the harness's write lands.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// At the start of the file, cut to nothing first (or a new file).
+    Start,
+    /// At its end (`O_APPEND`).
+    End,
+    /// At this offset of an existing file, not cut.
+    Offset(u64),
+}
+
+/// The lengths [`Op::Truncate`] cuts or extends a file to: within the first block, just
+/// past it, and into the third.
+pub const CUTS: [u64; 4] = [0, 2, 4097, 9000];
+
+/// Where [`Op::PWrite`] writes in block k: its last two bytes and the next block's first.
+pub fn pwrite_at(k: u8) -> u64 {
+    u64::from(k) * 4096 + 4094
+}
+
 /// One step on one workstation (the first field). A step on a workstation that is logged
 /// out logs it in first (recovering what its journal holds).
 #[derive(Debug, Clone)]
@@ -63,6 +83,12 @@ pub enum Op {
     /// Create or truncate, then write `len` bytes of `byte`.
     Write(usize, usize, u8, usize),
     Append(usize, usize, u8),
+    /// Writes three bytes of this value at 4094 bytes into block k (0-2) of an existing
+    /// file, across into the next block, without truncating it: files of several blocks,
+    /// written in part.
+    PWrite(usize, usize, u8, u8),
+    /// Cuts or extends an existing file to one of [`CUTS`] (`truncate -s`).
+    Truncate(usize, usize, u8),
     Unlink(usize, usize),
     Mkdir(usize, usize),
     Rmdir(usize, usize),
@@ -114,6 +140,8 @@ impl Op {
         let w = match self {
             Op::Write(w, ..)
             | Op::Append(w, ..)
+            | Op::PWrite(w, ..)
+            | Op::Truncate(w, ..)
             | Op::Unlink(w, _)
             | Op::Mkdir(w, _)
             | Op::Rmdir(w, _)
@@ -146,6 +174,8 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         // (Bytes from 1: a zero would read as a hole of a file held by block.)
         6 => (w.clone(), p.clone(), 1..4u8, 0..4usize).prop_map(|(w, p, b, l)| Op::Write(w, p, b, l)),
         2 => (w.clone(), p.clone(), 1..4u8).prop_map(|(w, p, b)| Op::Append(w, p, b)),
+        3 => (w.clone(), p.clone(), 0..3u8, 1..4u8).prop_map(|(w, p, k, b)| Op::PWrite(w, p, k, b)),
+        1 => (w.clone(), p.clone(), 0..CUTS.len() as u8).prop_map(|(w, p, c)| Op::Truncate(w, p, c)),
         3 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Unlink(w, p)),
         2 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Mkdir(w, p)),
         2 => (w.clone(), p.clone()).prop_map(|(w, p)| Op::Rmdir(w, p)),
@@ -634,20 +664,20 @@ impl World {
     fn learn_blocks(&self, model: &mut Model) -> Checked {
         for (w, o) in self.overlays.iter().enumerate() {
             let Some(o) = o else { continue };
-            let parts: Vec<(PathBuf, bool)> = {
+            let parts: Vec<(PathBuf, ccfs::state::Partial)> = {
                 let inner = o.lock();
                 inner
                     .state()
                     .partials()
-                    .map(|(p, part)| (p.clone(), part.is_complete()))
+                    .map(|(p, part)| (p.clone(), part.clone()))
                     .collect()
             };
             let now = parts
                 .into_iter()
-                .map(|(p, complete)| {
+                .map(|(p, part)| {
                     // (Looked at without making one: a path with none holds no base.)
                     let held = o.open_block_file(&p).is_some_and(|bf| bf.base_is_held());
-                    (p, (complete, held))
+                    (p, (part, held))
                 })
                 .collect();
             model.learn_partial(w, now)?;
@@ -760,13 +790,8 @@ impl World {
                 for p in upper_files(&upper) {
                     let mut ours = fs::read(upper.join(&p)).map_err(|e| format!("{e}"))?;
                     let kept = model.ws[w].upper.get(&p);
-                    // A copy held by block has holes where the share's bytes are.
-                    if let (true, Some(Obj::File { data, .. })) =
-                        (model.ws[w].partial.contains_key(&p), kept)
-                    {
-                        if ours.len() == data.len() {
-                            ours = data.clone();
-                        }
+                    if model.ws[w].partial.contains_key(&p) {
+                        ours = self.by_block_as_kept(&upper.join(&p), &p)?;
                     }
                     if !matches!(kept, Some(Obj::File { data, .. }) if *data == ours) {
                         return Err(format!(
@@ -778,6 +803,23 @@ impl World {
             }
         }
         self.learn_dirs(model)
+    }
+
+    /// The bytes of a clean copy held by block as the next session reads them: the cache
+    /// file's blocks, and the share's bytes (its base, as the logout left it) where it
+    /// has holes.
+    fn by_block_as_kept(&self, cached: &Path, p: &Path) -> Result<Vec<u8>, String> {
+        let f = fs::File::open(cached).map_err(|e| format!("{}: {e}", short(p)))?;
+        let len = f.metadata().map_err(|e| format!("{e}"))?.len();
+        let mut view = fs::read(self.share.join(p)).unwrap_or_default();
+        view.resize(len as usize, 0);
+        let ours = fs::read(cached).map_err(|e| format!("{}: {e}", short(p)))?;
+        let data = ccfs::sys::data_extents(&f, 0, len).map_err(|e| format!("{e}"))?;
+        for (s, e) in data {
+            let (s, e) = (s as usize, (e as usize).min(ours.len()));
+            view[s..e].copy_from_slice(&ours[s..e]);
+        }
+        Ok(view)
     }
 
     /// The daemon dies while rsync has sent the first `k` files of its list.
@@ -846,6 +888,7 @@ impl World {
         match op {
             Op::Write(_, p, ..)
             | Op::Append(_, p, _)
+            | Op::Truncate(_, p, _)
             | Op::Unlink(_, p)
             | Op::Rmdir(_, p)
             | Op::Mkdir(_, p)
@@ -861,6 +904,8 @@ impl World {
         match op {
             Op::Write(_, p, ..)
             | Op::Append(_, p, _)
+            | Op::PWrite(_, p, ..)
+            | Op::Truncate(_, p, _)
             | Op::Chmod(_, p, _)
             | Op::Backdate(_, p)
             | Op::Xattr(_, p, _)
@@ -893,13 +938,33 @@ impl World {
                 let data = vec![*b; *len];
                 (
                     model.write(w, name(*p), data.clone()),
-                    self.write(w, name(*p), &data, false),
+                    self.write(w, name(*p), &data, At::Start),
                 )
             }
             Op::Append(_, p, b) => (
                 model.append(w, name(*p), *b),
-                self.write(w, name(*p), &[*b], true),
+                self.write(w, name(*p), &[*b], At::End),
             ),
+            Op::PWrite(_, p, k, b) => (
+                model.pwrite(w, name(*p), pwrite_at(*k), &[*b; 3]),
+                self.write(w, name(*p), &[*b; 3], At::Offset(pwrite_at(*k))),
+            ),
+            Op::Truncate(_, p, c) => {
+                let len = CUTS[usize::from(*c) % CUTS.len()];
+                let want = model.truncate(w, name(*p), len);
+                let got = self.setattr(
+                    w,
+                    name(*p),
+                    SetAttr {
+                        size: Some(len),
+                        ..Default::default()
+                    },
+                );
+                if got {
+                    self.stamp_through(w, name(*p));
+                }
+                (want, got)
+            }
             Op::Map(_, p, b) => {
                 let before = self.handle_maps[w].len();
                 let got = self.map(w, name(*p), *b);
@@ -977,7 +1042,12 @@ impl World {
             }
         }
         match op {
-            Op::Write(_, p, ..) | Op::Append(_, p, _) | Op::Backdate(_, p) | Op::Map(_, p, _)
+            Op::Write(_, p, ..)
+            | Op::Append(_, p, _)
+            | Op::PWrite(_, p, ..)
+            | Op::Truncate(_, p, _)
+            | Op::Backdate(_, p)
+            | Op::Map(_, p, _)
                 if want =>
             {
                 self.note_mtime(model, w, name(*p))
@@ -995,20 +1065,22 @@ impl World {
             .all(|a| o.resolve(a).is_ok_and(|f| f.meta.is_dir()))
     }
 
-    fn write(&self, w: usize, p: &Path, data: &[u8], append: bool) -> bool {
+    fn write(&self, w: usize, p: &Path, data: &[u8], at: At) -> bool {
         if !self.reachable(w, p) {
             return false;
         }
         let o = self.overlay(w);
         let (parent, file) = (p.parent().expect("parent"), p.file_name().expect("name"));
         // As a FUSE request would: an open handle, made ready for writing, written at the
-        // end (append) or the start, closed (a file held by block goes through its blocks).
-        let opened = match o.resolve(p) {
-            Ok(f) if !f.meta.is_file() => return false,
-            Ok(_) if append => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_APPEND),
-            Ok(_) => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_TRUNC),
-            Err(_) if append => return false,
-            Err(_) => o
+        // end (append), the start (truncated first) or an offset, closed (a file held by
+        // block goes through its blocks).
+        let opened = match (o.resolve(p), at) {
+            (Ok(f), _) if !f.meta.is_file() => return false,
+            (Ok(_), At::End) => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_APPEND),
+            (Ok(_), At::Start) => o.open_file(&ctx(), p, libc::O_WRONLY | libc::O_TRUNC),
+            (Ok(_), At::Offset(_)) => o.open_file(&ctx(), p, libc::O_WRONLY),
+            (Err(_), At::End | At::Offset(_)) => return false,
+            (Err(_), At::Start) => o
                 .create(&ctx(), parent, file, 0o644, libc::O_WRONLY)
                 .map(|(_, f, wr)| OpenFile::opened(f, wr)),
         };
@@ -1036,10 +1108,10 @@ impl World {
                     return false;
                 }
             };
-            let at = if append {
-                g.file().metadata().expect("fstat").len()
-            } else {
-                0
+            let at = match at {
+                At::End => g.file().metadata().expect("fstat").len(),
+                At::Start => 0,
+                At::Offset(o) => o,
             };
             // (A write into a block of a file held by block whose base cannot be read
             // fails: EIO.)

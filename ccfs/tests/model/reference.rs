@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use ccfs::extents::{Extents, BLOCK};
 use ccfs::overlay::ConflictKind;
 
 /// Every path of the model lives below this directory (on the share from the start).
@@ -111,10 +112,14 @@ pub struct Ws {
 }
 
 /// A file held by block, as the model knows it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Part {
     /// The cache file has every block: the base is no longer read.
     pub complete: bool,
+    /// Below it, a block the cache file lacks is the base's.
+    pub limit: u64,
+    /// The blocks the cache file has.
+    pub here: Extents,
     /// The daemon holds the base's file open: it stays readable when another file is
     /// renamed over its name on the share, not when it is written in place there.
     pub held: bool,
@@ -530,40 +535,77 @@ impl Model {
             .collect()
     }
 
-    /// What ccfs holds by block on workstation `w` now (path: complete, base held); the
-    /// model keeps what it knows of each base held before.
+    /// What ccfs holds by block on workstation `w` now (path: the journal's record, and
+    /// whether the daemon holds the base's file open); the model keeps what it knows of
+    /// each base held before.
     ///
-    /// A cache file that had every block keeps them (and one the model saw written whole
-    /// has them): ccfs saying otherwise is a block it forgot.
+    /// A cache file keeps the blocks it had below its limit (a cut lowers the limit), and
+    /// one that had every block (or that the model saw written whole) keeps them: ccfs
+    /// saying otherwise is a block it forgot.
     pub fn learn_partial(
         &mut self,
         w: usize,
-        now: BTreeMap<PathBuf, (bool, bool)>,
+        now: BTreeMap<PathBuf, (ccfs::state::Partial, bool)>,
     ) -> Result<(), String> {
-        for (p, (complete, _)) in &now {
-            if self.ws[w].partial.get(p).is_some_and(|b| b.complete) && !complete {
+        for (p, (part, _)) in &now {
+            let Some(had) = self.ws[w].partial.get(p) else {
+                continue;
+            };
+            if had.complete && !part.is_complete() {
                 return Err(format!(
                     "workstation {w}'s cache file of {} had every block; ccfs now says it lacks some",
                     p.display()
                 ));
             }
+            let below = had.limit.min(part.limit).div_ceil(BLOCK);
+            for (s, e) in had.here.iter() {
+                if let Some(b) = (s..e.min(below)).find(|b| !part.here.contains(*b)) {
+                    return Err(format!(
+                        "workstation {w}'s cache file of {} had block {b}; ccfs now says it lacks it",
+                        p.display()
+                    ));
+                }
+            }
         }
         let before = std::mem::take(&mut self.ws[w].partial);
         self.ws[w].partial = now
             .into_iter()
-            .map(|(p, (complete, held))| {
+            .map(|(p, (part, held))| {
                 let edited = held && before.get(&p).is_some_and(|b| b.held && b.edited);
-                (
-                    p,
-                    Part {
-                        complete,
-                        held,
-                        edited,
-                    },
-                )
+                let learned = Part {
+                    complete: part.is_complete(),
+                    limit: part.limit,
+                    here: part.here,
+                    held,
+                    edited,
+                };
+                (p, learned)
             })
             .collect();
         Ok(())
+    }
+
+    /// Whether a write of `len` bytes at `offset` (`len` 0: a cut to `offset`) of `w`'s
+    /// copy of `p` reads the base: a block it covers in part, below the limit, that the
+    /// cache file lacks is copied from the base first.
+    fn write_reads_base(&self, w: usize, p: &Path, offset: u64, len: u64) -> bool {
+        let Some(part) = self.ws[w].partial.get(p) else {
+            return false;
+        };
+        let end = offset + len;
+        let mut ends = vec![];
+        if !offset.is_multiple_of(BLOCK) {
+            ends.push(offset / BLOCK);
+        }
+        if len > 0 && !end.is_multiple_of(BLOCK) {
+            ends.push(end / BLOCK);
+        }
+        if len == 0 && offset >= part.limit {
+            // (A cut at or past the limit reads nothing.)
+            return false;
+        }
+        ends.into_iter()
+            .any(|b| b * BLOCK < part.limit && !part.here.contains(b))
     }
 
     /// A mapping of `p` made on `w` goes through the daemon (the file is held by block).
@@ -851,24 +893,60 @@ impl Model {
     }
 
     pub fn append(&mut self, w: usize, p: &Path, b: u8) -> bool {
-        // A write into a block the cache lacks reads the rest of it from the base.
-        if !self.readable(w, p) {
+        let Some(len) = self.file_len(w, p) else {
+            return false;
+        };
+        self.pwrite(w, p, len, &[b])
+    }
+
+    /// The length of `w`'s file at `p`, as a write finds it (the share does not answer:
+    /// the cache's).
+    fn file_len(&self, w: usize, p: &Path) -> Option<u64> {
+        let found = if self.ws[w].share_down {
+            self.ws[w].upper.get(p).cloned()
+        } else {
+            self.lookup(w, p)
+        };
+        match found {
+            Some(Obj::File { data, .. }) => Some(data.len() as u64),
+            _ => None,
+        }
+    }
+
+    /// Writes `bytes` at `offset` of an existing file, without cutting it (past its end:
+    /// the gap reads as zeros). A block of a file held by block that the write covers in
+    /// part, and that the cache lacks, is read from the base first: where the base cannot
+    /// be read, the write fails.
+    pub fn pwrite(&mut self, w: usize, p: &Path, offset: u64, bytes: &[u8]) -> bool {
+        if self.write_reads_base(w, p, offset, bytes.len() as u64) && !self.readable(w, p) {
             return false;
         }
         let s = self.stamp();
-        let done = self.change_file(w, p, |d, _, stamp| {
-            d.push(b);
+        let (at, end) = (offset as usize, offset as usize + bytes.len());
+        self.change_file(w, p, |d, _, stamp| {
+            if d.len() < end {
+                d.resize(end, 0);
+            }
+            d[at..end].copy_from_slice(bytes);
             *stamp = s;
-        });
-        if done {
-            self.written_whole(w, p);
-        }
-        done
+        })
     }
 
-    /// A write to a file held by block leaves its cache file with every block (the
-    /// model's files are all within one block: the write, or the cut to nothing of a
-    /// truncating open, covers it).
+    /// Cuts or extends an existing file to `len` (`truncate -s`): a cut within a block of
+    /// a file held by block that the cache lacks reads the block from the base first.
+    pub fn truncate(&mut self, w: usize, p: &Path, len: u64) -> bool {
+        if self.write_reads_base(w, p, len, 0) && !self.readable(w, p) {
+            return false;
+        }
+        let s = self.stamp();
+        self.change_file(w, p, |d, _, stamp| {
+            d.resize(len as usize, 0);
+            *stamp = s;
+        })
+    }
+
+    /// A write of a new content (cut to nothing first) leaves the cache file of a file
+    /// held by block with every block.
     fn written_whole(&mut self, w: usize, p: &Path) {
         if let Some(part) = self.ws[w].partial.get_mut(p) {
             part.complete = true;
@@ -884,7 +962,7 @@ impl Model {
             self.lookup(w, p)
         };
         if !matches!(found, Some(Obj::File { ref data, .. }) if !data.is_empty())
-            || !self.readable(w, p)
+            || (self.write_reads_base(w, p, 0, 1) && !self.readable(w, p))
         {
             return false;
         }
@@ -895,7 +973,6 @@ impl Model {
         });
         if done {
             self.ws[w].held.insert(p.to_path_buf());
-            self.written_whole(w, p);
         }
         done
     }
@@ -1428,7 +1505,7 @@ impl Model {
             if self.share_ver(&p) == base {
                 continue;
             }
-            let part = self.ws[w].partial[&p];
+            let part = self.ws[w].partial[&p].clone();
             let ws = &mut self.ws[w];
             ws.partial.remove(&p);
             if part.complete || (part.held && !part.edited) {
