@@ -71,9 +71,10 @@ enum At {
 /// past it, and into the third.
 pub const CUTS: [u64; 4] = [0, 2, 4097, 9000];
 
-/// Where [`Op::PWrite`] writes in block k: its last two bytes and the next block's first.
+/// Where [`Op::PWrite`] k writes: within the first block (at its second byte), or across
+/// the end of the first or second block into the next.
 pub fn pwrite_at(k: u8) -> u64 {
-    u64::from(k) * 4096 + 4094
+    [1, 4094, 8190][usize::from(k) % 3]
 }
 
 /// One step on one workstation (the first field). A step on a workstation that is logged
@@ -83,9 +84,8 @@ pub enum Op {
     /// Create or truncate, then write `len` bytes of `byte`.
     Write(usize, usize, u8, usize),
     Append(usize, usize, u8),
-    /// Writes three bytes of this value at 4094 bytes into block k (0-2) of an existing
-    /// file, across into the next block, without truncating it: files of several blocks,
-    /// written in part.
+    /// Writes three bytes of this value at [`pwrite_at`] k of an existing file, without
+    /// truncating it: files of several blocks, written in part.
     PWrite(usize, usize, u8, u8),
     /// Cuts or extends an existing file to one of [`CUTS`] (`truncate -s`).
     Truncate(usize, usize, u8),
@@ -206,6 +206,13 @@ pub fn arb_ops(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Op>> {
     let all: Vec<usize> = (0..names().len()).collect();
     prop::sample::subsequence(all, 2..=5)
         .prop_flat_map(move |hot| prop::collection::vec(arb_op(hot), len.clone()))
+}
+
+/// What the share holds at the start (see [`run_sessions`]): files of several blocks as
+/// often as the others.
+pub fn arb_initial() -> impl Strategy<Value = Vec<(usize, u8)>> {
+    let byte = prop_oneof![any::<u8>(), 200..=255u8];
+    prop::collection::vec((0..names().len(), byte), 0..6)
 }
 
 /// Each workstation's clock: behind, right, or ahead.
@@ -1702,7 +1709,8 @@ static CASES: AtomicUsize = AtomicUsize::new(0);
 static FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Plays `ops` on two workstations over a share holding `initial` (path index, byte: a
-/// directory when the byte is a multiple of 3, else a file), with these clock offsets;
+/// directory when the byte is a multiple of 3, else a file of `byte % 4` bytes, of two or
+/// three blocks from 200 on), with these clock offsets;
 /// at the end every workstation logs out and the share must equal the model.
 ///
 /// Files are held by block from their first byte on, as large files are where ccfs holds
@@ -1755,7 +1763,12 @@ fn play(
             fs::create_dir(&at).expect("mkdir on the share");
             model.put_on_share(p, Obj::Dir);
         } else {
-            let data = vec![b % 3 + 1; usize::from(b % 4)];
+            // (From 200: a file of two or three blocks.)
+            let len = match b {
+                200.. => [5000, 9000][usize::from(b % 2)],
+                _ => usize::from(b % 4),
+            };
+            let data = vec![b % 3 + 1; len];
             fs::write(&at, &data).expect("write on the share");
             fs::set_permissions(&at, fs::Permissions::from_mode(0o644)).expect("chmod");
             let m = fs::symlink_metadata(&at).expect("stat on the share");

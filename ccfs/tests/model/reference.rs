@@ -111,6 +111,25 @@ pub struct Ws {
     pub partial: BTreeMap<PathBuf, Part>,
 }
 
+thread_local! {
+    /// What the cases this thread played did with files held by block (see [`coverage`]).
+    static COVERAGE: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// What the cases played on this thread (a test's) did with files held by block:
+/// learnings of a file whose cache file lacks blocks, and writes that read a block the
+/// cache lacked from the base.
+pub fn coverage() -> (usize, usize) {
+    COVERAGE.with(|c| c.get())
+}
+
+fn count(held: usize, writes: usize) {
+    COVERAGE.with(|c| {
+        let (h, w) = c.get();
+        c.set((h + held, w + writes));
+    });
+}
+
 /// A file held by block, as the model knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Part {
@@ -572,6 +591,9 @@ impl Model {
             .into_iter()
             .map(|(p, (part, held))| {
                 let edited = held && before.get(&p).is_some_and(|b| b.held && b.edited);
+                if !part.is_complete() {
+                    count(1, 0);
+                }
                 let learned = Part {
                     complete: part.is_complete(),
                     limit: part.limit,
@@ -918,8 +940,15 @@ impl Model {
     /// part, and that the cache lacks, is read from the base first: where the base cannot
     /// be read, the write fails.
     pub fn pwrite(&mut self, w: usize, p: &Path, offset: u64, bytes: &[u8]) -> bool {
-        if self.write_reads_base(w, p, offset, bytes.len() as u64) && !self.readable(w, p) {
+        let reads_base = self.write_reads_base(w, p, offset, bytes.len() as u64);
+        if reads_base && !self.readable(w, p) {
             return false;
+        }
+        // (A file the cache lacks is taken over now: held by block, it lacks every block.)
+        let taken_over_here = !self.ws[w].upper.contains_key(p)
+            && self.file_len(w, p).is_some_and(|len| offset < len);
+        if reads_base || taken_over_here {
+            count(0, 1);
         }
         let s = self.stamp();
         let (at, end) = (offset as usize, offset as usize + bytes.len());
