@@ -233,7 +233,12 @@ pub fn run_sync(
     let (dirty, _, deletions) = overlay.pending();
     report.remaining_dirty = dirty;
     report.remaining_deletions = deletions;
-    report.ok = report.errors.is_empty();
+    // A file whose changes were kept in the cache as blocks did not reach the share.
+    report.ok = report.errors.is_empty()
+        && !report
+            .conflicts
+            .iter()
+            .any(|c| c.kind == crate::overlay::ConflictKind::BlocksKeptHere);
     report.seconds = start.elapsed().as_secs_f64();
     report.finished_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)

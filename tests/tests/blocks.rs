@@ -223,6 +223,39 @@ fn another_workstations_save_meanwhile_keeps_both_databases_whole() {
     assert_eq!(notes(ours[0]), ["here"]);
 }
 
+/// Another program (a login on a workstation without ccfs, a session over SSH) writes the
+/// share's database in place while this workstation holds it by block: the blocks this
+/// workstation lacks are gone, so ours cannot be made whole. The logout says so and fails;
+/// the share keeps the other program's database, whole, and the cache keeps the blocks
+/// written here.
+#[test]
+fn a_database_rewritten_in_place_on_the_share_meanwhile_fails_the_logout_and_keeps_ours() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 4);
+    let cfg = config(&fx);
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('here');");
+    // Rollback journal mode: the other program's commit writes the share's file in place.
+    sqlite(&fx.s(DB), "insert into notes values('there');");
+    let out = m.umount();
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("not on the share"), "{said}");
+    assert!(!said.contains("all changes are on the share"), "{said}");
+    intact(&fx.s(DB));
+    assert_eq!(
+        notes(&fx.s(DB)),
+        ["there"],
+        "the share keeps the other program's"
+    );
+    let kept = std::fs::read_dir(fx.cache.join("kept"))
+        .expect("kept/")
+        .flatten()
+        .map(|d| d.path().join(DB))
+        .find(|p| p.is_file());
+    assert!(kept.is_some(), "the blocks written here are kept: {said}");
+}
+
 #[test]
 fn a_database_larger_than_the_caches_free_space_is_changed_and_sent() {
     let fx = Fixture::new();

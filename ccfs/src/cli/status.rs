@@ -121,7 +121,7 @@ pub(crate) fn describe_conflict(c: &ccfs::overlay::Conflict) -> String {
             "conflict: the database {p} belongs to was changed on the share (another login?) since this journal or WAL was written here; the share keeps its database, ours is saved as {kept}"
         ),
         K::BlocksKeptHere => format!(
-            "conflict: {p} was changed here by block and on the share while this workstation was down; the share's version shows, ours (the blocks written here, listed beside it) is kept in the cache directory as {kept}"
+            "not on the share: {p} was changed here while held by block, and the share's version the blocks this workstation lacks come from was rewritten meanwhile (in place by another program or login, or replaced while this workstation did not hold it); ours cannot be made whole: the share's version shows, and the blocks written here are kept in the cache directory as {kept} (their list beside it)"
         ),
     }
 }

@@ -233,6 +233,13 @@ pub(crate) fn umount(
             mp.display()
         );
         Ok(())
+    } else if only_blocks_kept(&outcome) {
+        // Nothing left for a recovery to send: what stays is ours, kept aside.
+        Err(fail(format!(
+            "unmounted {}, but not everything reached the share: the changes named above are kept in {} and were not put on the share",
+            mp.display(),
+            m.cache_dir.display()
+        )))
     } else {
         Err(fail(format!(
             "unmounted {}, but not everything reached the share; the rest is kept in {} (run `ccfs recover --cache-dir {}`)",
@@ -241,6 +248,20 @@ pub(crate) fn umount(
             m.cache_dir.display()
         )))
     }
+}
+
+/// Whether all a failed logout left is files kept in the cache as their blocks (nothing
+/// unsynced for a recovery to send).
+fn only_blocks_kept(outcome: &SyncOutcome) -> bool {
+    outcome.report.as_ref().is_some_and(|r| {
+        r.errors.is_empty()
+            && r.not_sent.is_empty()
+            && r.remaining_dirty == 0
+            && r.remaining_deletions == 0
+            && r.conflicts
+                .iter()
+                .any(|c| c.kind == ccfs::overlay::ConflictKind::BlocksKeptHere)
+    })
 }
 
 /// A logout while programs still use the mount: what the session wrote is synced now,

@@ -32,7 +32,8 @@ fn a_file_whose_base_went_while_the_daemon_was_down_is_kept_aside_in_the_cache()
     save_elsewhere(&share, &theirs);
     let o = Overlay::new(&share, &cache, Policy::default_policy()).expect("reopen");
     let report = run_sync(&o, &rsync(&share), SyncMode::Recover).expect("recover");
-    assert!(report.ok, "{report:?}");
+    // Ours did not reach the share: the recovery says so.
+    assert!(!report.ok, "{report:?}");
     assert_eq!(report.conflicts.len(), 1, "{report:?}");
     let c = &report.conflicts[0];
     assert_eq!(c.kind, super::ConflictKind::BlocksKeptHere);
@@ -109,8 +110,10 @@ fn in_place_on_the_share(mtime_put_back: bool) {
     assert_eq!(buf, vec![6; BLOCK as usize]);
     drop(g);
     close(&t, f);
-    // The sync cannot make ours whole: it is kept in the cache, and the share's shows.
+    // The sync cannot make ours whole: it is kept in the cache, and the share's shows;
+    // ours did not reach the share, and the sync says so.
     let r = sync(&t);
+    assert!(!r.ok, "{r:?}");
     assert_eq!(r.conflicts.len(), 1, "{r:?}");
     assert_eq!(r.conflicts[0].kind, super::ConflictKind::BlocksKeptHere);
     let on_share = std::fs::read(t.share.join(".db")).expect("share");

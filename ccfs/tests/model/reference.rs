@@ -1938,7 +1938,11 @@ impl Model {
             ws.keep_clean_copies_only();
             out.cache_dropped = true;
         }
-        out.ok = run == Run::All && out.not_sent.is_empty();
+        // (The blocks of a file kept in the cache did not reach the share: not a success.)
+        let blocks_kept = kind_name(ConflictKind::BlocksKeptHere);
+        out.ok = run == Run::All
+            && out.not_sent.is_empty()
+            && !out.conflicts.iter().any(|(_, k)| *k == blocks_kept);
         out.remaining_dirty = ws.dirty.len();
         out.remaining_deletions = ws.whiteouts.len();
         Ok(out)
