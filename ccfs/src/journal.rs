@@ -272,7 +272,14 @@ pub struct Journal {
     /// A failed append could not cut its fragment off: cut it before the next write.
     needs_trim: bool,
     durability: Arc<Durability>,
+    /// Where the space allocated for the journal ends ([`RESERVE`] past `good_len` once
+    /// [`Journal::reserve`] got it).
+    reserved_to: u64,
 }
+
+/// The room kept allocated past the journal's end, for the records a full cache still
+/// needs (a few thousand).
+const RESERVE: u64 = 512 << 10;
 
 /// Where a change's records stand in the journal: the count of bytes written to it over
 /// its life (not an offset: a compaction does not reset it). Durable once
@@ -471,16 +478,32 @@ impl Journal {
             file.sync_all()?;
         }
         let file = Arc::new(file);
-        Ok((
-            Self {
-                path: path.to_path_buf(),
-                durability: Arc::new(Durability::new(file.clone(), valid as u64)),
-                file,
-                good_len: valid as u64,
-                needs_trim: false,
-            },
-            state,
-        ))
+        let mut journal = Self {
+            path: path.to_path_buf(),
+            durability: Arc::new(Durability::new(file.clone(), valid as u64)),
+            file,
+            good_len: valid as u64,
+            needs_trim: false,
+            reserved_to: 0,
+        };
+        journal.reserve();
+        Ok((journal, state))
+    }
+
+    /// Keeps [`RESERVE`] bytes allocated past the journal's end (not part of it), so that
+    /// a cache whose disk fills up still takes the records of a sync and a logout (best
+    /// effort: a filesystem without `fallocate`, or a disk already full, gets none).
+    fn reserve(&mut self) {
+        let reserved = crate::sys::fallocate(
+            &self.file,
+            libc::FALLOC_FL_KEEP_SIZE,
+            self.good_len,
+            RESERVE,
+        );
+        self.reserved_to = match reserved {
+            Ok(()) => self.good_len + RESERVE,
+            Err(_) => self.good_len,
+        };
     }
 
     /// The group commit of this journal, for changes that wait for their records without
@@ -540,6 +563,9 @@ impl Journal {
         match self.file.write_all_at(buf.as_bytes(), self.good_len) {
             Ok(()) => {
                 self.good_len += buf.len() as u64;
+                if self.good_len + RESERVE / 2 > self.reserved_to {
+                    self.reserve();
+                }
                 let mut d = lock_durable(&self.durability.state);
                 d.written += buf.len() as u64;
                 d.end.0 = self.good_len;
@@ -559,6 +585,8 @@ impl Journal {
         if self.file.set_len(len).is_err() {
             self.needs_trim = true;
         }
+        // (A cut lets go of what was allocated past the end.)
+        self.reserve();
     }
 
     /// Replaces the journal with a snapshot of `state` (atomic: temp file + rename). The
@@ -568,6 +596,44 @@ impl Journal {
     /// leads to any longer).
     pub fn compact(&mut self, state: &OverlayState) -> io::Result<()> {
         let text: String = state.snapshot().iter().map(encode).collect();
+        let made = match self.write_snapshot(&text) {
+            // A full disk: the old journal's reserve makes the room.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOSPC) && self.reserved_to > self.good_len =>
+            {
+                let _ = crate::sys::fallocate(
+                    &self.file,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    self.good_len,
+                    self.reserved_to - self.good_len,
+                );
+                self.reserved_to = self.good_len;
+                self.write_snapshot(&text)
+            }
+            other => other,
+        };
+        let file = match made {
+            Ok(f) => Arc::new(f),
+            Err(e) => return Err(e),
+        };
+        self.file = file.clone();
+        self.good_len = text.len() as u64;
+        self.needs_trim = false;
+        self.reserve();
+        self.durability.rewritten(file, self.good_len);
+        // Until the directory is synced the rename may not survive a power cut: a failure
+        // stands as a failed fdatasync does (the next record rewrites the journal again).
+        let synced = self.path.parent().map_or(Ok(()), fsync_dir);
+        if let Err(e) = &synced {
+            lock_durable(&self.durability.state).failed =
+                Some(e.raw_os_error().unwrap_or(libc::EIO));
+        }
+        synced
+    }
+
+    /// Writes `text` to a temp file beside the journal and renames it over the journal;
+    /// the new file. On failure the old journal is still the journal, unchanged.
+    fn write_snapshot(&self, text: &str) -> io::Result<File> {
         let tmp = self.path.with_extension("tmp");
         let made = OpenOptions::new()
             .read(true)
@@ -583,26 +649,10 @@ impl Journal {
                 Ok(f)
             })
             .and_then(|f| std::fs::rename(&tmp, &self.path).map(|()| f));
-        let file = match made {
-            Ok(f) => Arc::new(f),
-            Err(e) => {
-                // The old journal is still the journal, unchanged.
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        self.file = file.clone();
-        self.good_len = text.len() as u64;
-        self.needs_trim = false;
-        self.durability.rewritten(file, self.good_len);
-        // Until the directory is synced the rename may not survive a power cut: a failure
-        // stands as a failed fdatasync does (the next record rewrites the journal again).
-        let synced = self.path.parent().map_or(Ok(()), fsync_dir);
-        if let Err(e) = &synced {
-            lock_durable(&self.durability.state).failed =
-                Some(e.raw_os_error().unwrap_or(libc::EIO));
+        if made.is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
-        synced
+        made
     }
 }
 

@@ -499,6 +499,61 @@ fn a_full_cache_filesystem_gives_enospc_and_loses_nothing() {
     assert!(!written.is_empty());
 }
 
+/// A cache left full at a logout (here by the session's local-only files, as a browser's
+/// cache fills a disk): the logout still ends well, keeping no clean copy it has no room
+/// to record (each is on the share as it is), and the next login mounts, shows every
+/// file, and works once there is room again.
+#[test]
+fn a_cache_left_full_at_logout_keeps_no_clean_copy_and_the_next_login_works() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    for i in 0..20 {
+        fs::write(fx.s(&format!(".config/s{i}")), pattern(1024, i)).expect("write");
+    }
+    let small = fx.tmp.path().join("small");
+    let _guard = SmallTmpfs::mount(&small, "2m");
+    let cache = small.join("cache");
+    let m = fx.mount_at(&fx.mnt, &cache, &[]);
+    let ours = |i: u64| pattern(1000, 500 + i);
+    for i in 0..20 {
+        fs::write(fx.m(&format!(".config/s{i}")), ours(i)).expect("write");
+    }
+    fs::create_dir_all(fx.m(".cache")).expect("mkdir");
+    let filler = fx.m(".cache/filler");
+    let mut f = fs::File::create(&filler).expect("filler");
+    let chunk = vec![7u8; 64 * 1024];
+    let full = loop {
+        if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_all()) {
+            break e;
+        }
+    };
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    // (Every last block: the journal has no room left either.)
+    let mut byte = 0;
+    while f.write_all(&[7]).and_then(|()| f.sync_all()).is_ok() && byte < 1 << 20 {
+        byte += 1;
+    }
+    drop(f);
+    let out = m.umount();
+    assert!(
+        out.status.success(),
+        "a full cache must not fail the logout: {}",
+        text(&out)
+    );
+    for i in 0..20 {
+        assert!(fs::read(fx.s(&format!(".config/s{i}"))).expect("share") == ours(i));
+    }
+    let m = fx.mount_at(&fx.mnt, &cache, &[]);
+    for i in 0..20 {
+        assert!(fs::read(fx.m(&format!(".config/s{i}"))).expect("view") == ours(i));
+    }
+    fs::remove_file(&filler).expect("the user frees room");
+    fs::write(fx.m(".config/s0"), b"later").expect("a write once there is room");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read(fx.s(".config/s0")).expect("share"), b"later");
+}
+
 // ---- a program that keeps writing across a crash ------------------------------------------
 
 /// A program of the user's that keeps a file open for appending: each line sent to it is

@@ -181,6 +181,19 @@ impl Root {
     }
 
     /// The absolute path of the root (for messages and external programs).
+    /// (bytes free to an unprivileged user, bytes in all) of the filesystem it is on.
+    pub fn space(&self) -> io::Result<(u64, u64)> {
+        // SAFETY: a zeroed statvfs is a valid out-parameter; the fd is ours and open.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        check(unsafe { libc::fstatvfs(self.fd.as_raw_fd(), &mut st) })?;
+        let unit = st.f_frsize;
+        Ok((
+            st.f_bavail.saturating_mul(unit),
+            st.f_blocks.saturating_mul(unit),
+        ))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

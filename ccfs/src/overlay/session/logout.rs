@@ -209,34 +209,28 @@ impl Overlay {
                  was sent: kept in the cache as unsynced work, sent by the next sync"
             );
         }
-        let (copies, settled) = self.clean_copies_to_keep(&inner, &kept);
+        let (mut copies, settled) = self.clean_copies_to_keep(&inner, &kept);
         // What the kept files become, journaled before anything beside them is removed:
-        // a failure here leaves the whole cache in place.
-        let mut keep: Vec<Record> = copies
-            .iter()
-            .flat_map(|(p, b, _)| {
-                let racy = inner
-                    .state
-                    .racy(p)
-                    .filter(|_| !settled.contains(p))
-                    .map(|c| Record::Racy(p.clone(), c));
-                std::iter::once(Record::Base(p.clone(), Some(*b)))
-                    .chain(racy)
-                    .chain(held_by_block(&inner.state, p, false))
-            })
-            .collect();
-        for p in &kept {
-            keep.extend(self.carried_base(&inner, p)?);
-            keep.extend(held_by_block(&inner.state, p, true));
-            if let Some((db, _)) = database_of(p) {
-                if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
-                    keep.extend(self.carried_base(&inner, &db)?);
+        // a failure here leaves the whole cache in place. A cache too full for that
+        // record keeps no clean copy (each is on the share as it is): removing them is
+        // what a crash after their record allows anyway, and frees the room.
+        let mut keep = self.records_of_kept(&inner, &copies, &settled, &kept)?;
+        if !keep.is_empty() {
+            if let Err(e) = inner.journal.append(&keep) {
+                let full = matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+                if !full || copies.is_empty() {
+                    return Err(FsError::Journal(e));
+                }
+                tracing::warn!(
+                    copies = copies.len(),
+                    "the cache is full: no clean copy is kept for the next login ({e})"
+                );
+                copies.clear();
+                keep = self.records_of_kept(&inner, &copies, &settled, &kept)?;
+                if !keep.is_empty() {
+                    inner.journal.append(&keep).map_err(FsError::Journal)?;
                 }
             }
-            keep.push(Record::Dirty(p.clone()));
-        }
-        if !keep.is_empty() {
-            inner.journal.append(&keep).map_err(FsError::Journal)?;
         }
         let mut held: HashSet<PathBuf> = held.into_iter().collect();
         held.extend(copies.iter().map(|(p, _, _)| up(p)));
@@ -256,6 +250,41 @@ impl Overlay {
             dropped: kept.is_empty(),
             kept_open: kept,
         })
+    }
+
+    /// The records of what stays in the cache after a logout: the clean `copies` (with
+    /// the racy marks not `settled`) and the files `kept` as unsynced work.
+    fn records_of_kept(
+        &self,
+        inner: &crate::overlay::Inner,
+        copies: &[KeptCopy],
+        settled: &HashSet<PathBuf>,
+        kept: &[PathBuf],
+    ) -> FsResult<Vec<Record>> {
+        let mut keep: Vec<Record> = copies
+            .iter()
+            .flat_map(|(p, b, _)| {
+                let racy = inner
+                    .state
+                    .racy(p)
+                    .filter(|_| !settled.contains(p))
+                    .map(|c| Record::Racy(p.clone(), c));
+                std::iter::once(Record::Base(p.clone(), Some(*b)))
+                    .chain(racy)
+                    .chain(held_by_block(&inner.state, p, false))
+            })
+            .collect();
+        for p in kept {
+            keep.extend(self.carried_base(inner, p)?);
+            keep.extend(held_by_block(&inner.state, p, true));
+            if let Some((db, _)) = database_of(p) {
+                if self.policy.classify(&db) == PathClass::Cached && !kept.contains(&db) {
+                    keep.extend(self.carried_base(inner, &db)?);
+                }
+            }
+            keep.push(Record::Dirty(p.clone()));
+        }
+        Ok(keep)
     }
 
     /// The clean copies that stay for the next login on this workstation, with the racy
@@ -289,13 +318,20 @@ impl Overlay {
             })
             .collect();
         copies.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        // A file held by block takes the room of the blocks it has.
+        let size_of = |p: &Path, b: &ShareId| match inner.state.partial(p) {
+            Some(part) => part.here.count() * crate::extents::BLOCK,
+            None => b.size,
+        };
+        // At most half of the room the cache's disk has once the session's files are gone:
+        // the next session's own writes come first.
         let mut room = self.keep_copies.load(Ordering::Relaxed);
+        if let Ok((free, _)) = self.cache.space() {
+            let taken: u64 = copies.iter().map(|(p, b, _)| size_of(p, b)).sum();
+            room = room.min(free.saturating_add(taken) / 2);
+        }
         copies.retain(|(p, b, _)| {
-            // A file held by block takes the room of the blocks it has.
-            let size = match inner.state.partial(p) {
-                Some(part) => part.here.count() * crate::extents::BLOCK,
-                None => b.size,
-            };
+            let size = size_of(p, b);
             let fits = size <= room;
             if fits {
                 room -= size;
