@@ -21,6 +21,8 @@ pub struct PathsSection {
     pub passthrough: Vec<String>,
     pub local_only: Vec<String>,
     pub by_block_from_kib: u64,
+    pub by_block_fill_after_secs: u64,
+    pub by_block_fill_kib_per_sec: u64,
 }
 
 impl Default for PathsSection {
@@ -34,6 +36,8 @@ impl Default for PathsSection {
                 .collect(),
             local_only: vec![".cache/**".to_string()],
             by_block_from_kib: 0,
+            by_block_fill_after_secs: 10,
+            by_block_fill_kib_per_sec: 4096,
         }
     }
 }
@@ -209,6 +213,10 @@ pub struct Settings {
     pub keep_copies: u64,
     /// A cached file at least this long is cached by block (0: none is).
     pub by_block_from: u64,
+    /// A changed file held by block gets the blocks it lacks from its base once the daemon
+    /// has served it this long, at `by_block_fill_rate` bytes a second (None: never).
+    pub by_block_fill_after: Duration,
+    pub by_block_fill_rate: Option<u64>,
     pub threads: usize,
     /// How long the kernel may keep what the share holds.
     pub attr_timeout: Duration,
@@ -242,6 +250,8 @@ impl Default for Settings {
             sync_interval: Some(Duration::from_secs(600)),
             keep_copies: 256 << 20,
             by_block_from: 0,
+            by_block_fill_after: Duration::from_secs(10),
+            by_block_fill_rate: Some(4096 << 10),
             threads: 4,
             attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(10_000),
@@ -435,6 +445,9 @@ impl Settings {
                 .then(|| Duration::from_secs(raw.sync.interval_secs)),
             keep_copies: raw.sync.keep_copies_mib.saturating_mul(1 << 20),
             by_block_from: raw.paths.by_block_from_kib.saturating_mul(1 << 10),
+            by_block_fill_after: Duration::from_secs(raw.paths.by_block_fill_after_secs),
+            by_block_fill_rate: (raw.paths.by_block_fill_kib_per_sec > 0)
+                .then(|| raw.paths.by_block_fill_kib_per_sec.saturating_mul(1 << 10)),
             threads: raw.mount.threads,
             attr_timeout: Duration::from_millis(raw.mount.attr_timeout_ms),
             cache_timeout: Duration::from_millis(raw.mount.cache_timeout_ms),

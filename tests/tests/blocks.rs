@@ -224,15 +224,21 @@ fn another_workstations_save_meanwhile_keeps_both_databases_whole() {
 }
 
 /// Another program (a login on a workstation without ccfs, a session over SSH) writes the
-/// share's database in place while this workstation holds it by block: the blocks this
-/// workstation lacks are gone, so ours cannot be made whole. The logout says so and fails;
+/// share's database in place while this workstation holds it by block, before the daemon
+/// copied the blocks it lacks: those are gone, so ours cannot be made whole. The logout says so and fails;
 /// the share keeps the other program's database, whole, and the cache keeps the blocks
 /// written here.
 #[test]
 fn a_database_rewritten_in_place_on_the_share_meanwhile_fails_the_logout_and_keeps_ours() {
     let fx = Fixture::new();
     make_db(&fx.s(DB), 4);
-    let cfg = config(&fx);
+    // (Before the background copy of the blocks it lacks, here never.)
+    let cfg = fx
+        .config(
+            "[paths]\npassthrough = []\nby_block_from_kib = 256\nby_block_fill_kib_per_sec = 0\n",
+        )
+        .display()
+        .to_string();
     let m = fx.mount_with(&["--config", &cfg]);
     sqlite(&fx.m(DB), "insert into notes values('here');");
     // Rollback journal mode: the other program's commit writes the share's file in place.
@@ -254,6 +260,56 @@ fn a_database_rewritten_in_place_on_the_share_meanwhile_fails_the_logout_and_kee
         .map(|d| d.path().join(DB))
         .find(|p| p.is_file());
     assert!(kept.is_some(), "the blocks written here are kept: {said}");
+}
+
+/// The same rewrite in place, once the daemon has copied the blocks the changed database
+/// lacked in the background: ours needs the share's old version no more, so both reach
+/// the share whole, as with a save elsewhere, and the logout ends well.
+#[test]
+fn a_database_completed_in_the_background_meets_a_rewrite_in_place_as_an_ordinary_conflict() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 4);
+    let cfg = fx
+        .config(
+            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
+             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 65536\n",
+        )
+        .display()
+        .to_string();
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('here');");
+    let len = std::fs::metadata(fx.s(DB)).expect("stat").len();
+    let cached = fx.cache.join("upper").join(DB);
+    wait_until(
+        "the database's missing blocks copied",
+        Duration::from_secs(30),
+        || allocated(&cached) >= len,
+    );
+    sqlite(&fx.s(DB), "insert into notes values('there');");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["there"]);
+    let dir = fx.s(DB).parent().expect("dir").to_path_buf();
+    let ours: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("places.sqlite") && n.contains("conflict")
+            })
+        })
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+        .collect();
+    assert_eq!(
+        ours.len(),
+        1,
+        "our version kept aside on the share: {ours:?}"
+    );
+    intact(&ours[0]);
+    assert_eq!(notes(&ours[0]), ["here"]);
 }
 
 #[test]

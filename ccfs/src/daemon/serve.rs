@@ -242,6 +242,14 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     if let Some(every) = plan.settings.sync_interval {
         spawn_periodic_sync(daemon.clone(), every, stop_periodic.clone())?;
     }
+    if let Some(rate) = plan.settings.by_block_fill_rate {
+        spawn_block_fill(
+            overlay.clone(),
+            rate,
+            plan.settings.by_block_fill_after,
+            stop_periodic.clone(),
+        )?;
+    }
 
     let timeouts = crate::fuse::Timeouts {
         share: plan.settings.attr_timeout,
@@ -441,6 +449,28 @@ fn spawn_earlier_work(daemon: Arc<Daemon>) -> anyhow::Result<()> {
                     error = %LogText(outcome.error.as_deref().unwrap_or("changes left")),
                     "could not send all of an earlier session's changes; they stay in the cache and are shown"
                 );
+            }
+        })?;
+    Ok(())
+}
+
+/// Gives the changed files held by block the blocks they lack, from their bases, at
+/// `rate` bytes a second, once the daemon has served each for `after` (see
+/// `overlay/fill.rs`), while mounted.
+fn spawn_block_fill(
+    overlay: Arc<Overlay>,
+    rate: u64,
+    after: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> io::Result<()> {
+    const TICK: Duration = Duration::from_millis(250);
+    let per_tick = (rate / crate::extents::BLOCK / 4).max(1);
+    std::thread::Builder::new()
+        .name("ccfs-block-fill".into())
+        .spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(TICK);
+                overlay.fill_blocks(per_tick, after);
             }
         })?;
     Ok(())

@@ -49,6 +49,8 @@ pub struct BlockFile {
     pending: Mutex<Unrecorded>,
     /// The limit as `io` has it, for a look without `io` (a sync's snapshot).
     limit_now: std::sync::atomic::AtomicU64,
+    /// When the daemon first served the file this session (see `overlay/fill.rs`).
+    pub(super) since: std::time::Instant,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +114,7 @@ impl BlockFile {
             }),
             pending: Mutex::new(Unrecorded::default()),
             limit_now: std::sync::atomic::AtomicU64::new(partial.limit),
+            since: std::time::Instant::now(),
             base: Mutex::new(BaseSlot {
                 id: base_id,
                 file: None,
@@ -263,6 +266,58 @@ impl BlockFile {
             self.pending.locked().filled.insert(s, e);
         }
         Ok(())
+    }
+
+    /// One step of the background fill (`overlay/fill.rs`): the first run of blocks the
+    /// cache lacks below the limit, at most `max` of them, read from the base without the
+    /// file's lock, then written where the cache still lacks them under it and `hold`'s
+    /// guard (the overlay's lock: no change of attributes meanwhile), the cache file's
+    /// mtime kept (the blocks copied in are no change of the file). The number of blocks
+    /// it copied; None when the file lacks none (or is whole).
+    pub(super) fn fill_step<G>(
+        &self,
+        share: &Root,
+        cache: &File,
+        max: u64,
+        hold: impl FnOnce() -> G,
+    ) -> io::Result<Option<u64>> {
+        let (s, e, limit) = {
+            let io = self.io.locked();
+            if io.whole {
+                return Ok(None);
+            }
+            let limit_block = io.limit.div_ceil(BLOCK);
+            let Some((s, e)) = io.here.gaps(0, limit_block).first().copied() else {
+                return Ok(None);
+            };
+            (s, e.min(s + max.max(1)), io.limit)
+        };
+        let from = s * BLOCK;
+        let mut buf = vec![0u8; ((e * BLOCK).min(limit) - from) as usize];
+        read_full(&*self.base(share)?, &mut buf, from)?;
+        // Still the base after the read (a write in place meanwhile would mix versions).
+        let _ = self.base(share)?;
+        let mut io = self.io.locked();
+        if io.whole || io.limit != limit {
+            return Ok(Some(0));
+        }
+        let _held = hold();
+        let gaps = io.here.gaps(s, e);
+        if gaps.is_empty() {
+            return Ok(Some(0));
+        }
+        let (secs, nsecs) = sys::fstat(cache)?.mtime();
+        let mut copied = 0;
+        for (gs, ge) in gaps {
+            let a = ((gs - s) * BLOCK) as usize;
+            let b = (((ge - s) * BLOCK) as usize).min(buf.len());
+            cache.write_all_at(&buf[a..b], gs * BLOCK)?;
+            io.here.insert(gs, ge);
+            self.pending.locked().filled.insert(gs, ge);
+            copied += ge - gs;
+        }
+        sys::futimens(cache, SetTime::Omit, SetTime::At { secs, nsecs })?;
+        Ok(Some(copied))
     }
 
     /// Copies every block the cache lacks from the base: the cache file is the whole file

@@ -162,6 +162,7 @@ pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 mod attrs;
 mod blocks;
 mod copy_up;
+mod fill;
 use copy_up::Data;
 mod handles;
 mod listing;
@@ -181,6 +182,8 @@ mod blocks_base_tests;
 mod blocks_tests;
 #[cfg(test)]
 mod crash_tests;
+#[cfg(test)]
+mod fill_tests;
 #[cfg(test)]
 mod interleave_tests;
 #[cfg(test)]

@@ -123,6 +123,9 @@ pub enum Op {
     MapWrite(usize, u8),
     /// The programs holding the workstation's mappings end.
     Unmap(usize),
+    /// The daemon's background copy of the blocks its changed files held by block lack
+    /// (`overlay/fill.rs`), all of them now. The model learns which files it completed.
+    Fill(usize),
     /// An edit on the share itself (over SSH, on the server), in place and at the same
     /// size: the file at the path gets this first byte (another than it has). No session
     /// is involved; on a share that keeps whole seconds, one in the second of a look
@@ -159,7 +162,8 @@ impl Op {
             | Op::CrashInSync(w, _)
             | Op::Map(w, ..)
             | Op::MapWrite(w, _)
-            | Op::Unmap(w) => *w,
+            | Op::Unmap(w)
+            | Op::Fill(w) => *w,
             Op::EditThere(..) | Op::AttrThere(..) => 0,
         };
         w % WORKSTATIONS
@@ -194,7 +198,8 @@ pub fn arb_op(hot: Vec<usize>) -> impl Strategy<Value = Op> {
         1 => w.clone().prop_map(Op::ShareUp),
         1 => (w.clone(), p.clone(), 1..4u8).prop_map(|(w, p, b)| Op::Map(w, p, b)),
         2 => (w.clone(), 3..6u8).prop_map(|(w, b)| Op::MapWrite(w, b)),
-        1 => w.prop_map(Op::Unmap),
+        1 => w.clone().prop_map(Op::Unmap),
+        2 => w.prop_map(Op::Fill),
         2 => (p.clone(), 100..103u8).prop_map(|(p, b)| Op::EditThere(p, b)),
         1 => (p.clone(), 110..113u8).prop_map(|(p, b)| Op::AttrThere(p, b)),
     ]
@@ -311,10 +316,31 @@ fn diff(want: &Tree, got: &Tree) -> String {
 fn brief(n: &Node) -> String {
     match n {
         Node::Dir => "dir".into(),
-        Node::File(d, m, t, x) => format!("file {d:?} {m:o} mtime {:?} xattr {x:?}", t.0),
+        Node::File(d, m, t, x) => {
+            format!("file {} {m:o} mtime {:?} xattr {x:?}", bytes_brief(d), t.0)
+        }
         Node::Link(t) => format!("symlink to {}", t.display()),
         Node::Unreadable => "a file that cannot be read".into(),
     }
+}
+
+/// A file's bytes, as runs of one value (`3 x4096`): files of several blocks in one line.
+fn bytes_brief(d: &[u8]) -> String {
+    let mut runs: Vec<(u8, usize)> = Vec::new();
+    for &b in d {
+        match runs.last_mut() {
+            Some((v, n)) if *v == b => *n += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .map(|(v, n)| match n {
+            1 => format!("{v}"),
+            n => format!("{v} x{n}"),
+        })
+        .collect();
+    format!("[{}] ({} bytes)", shown.join(", "), d.len())
 }
 
 /// The share below the root, read directly.
@@ -797,8 +823,16 @@ impl World {
                 for p in upper_files(&upper) {
                     let mut ours = fs::read(upper.join(&p)).map_err(|e| format!("{e}"))?;
                     let kept = model.ws[w].upper.get(&p);
-                    if model.ws[w].partial.contains_key(&p) {
-                        ours = self.by_block_as_kept(&upper.join(&p), &p)?;
+                    if let (true, Some(Obj::File { data, .. })) =
+                        (model.ws[w].partial.contains_key(&p), kept)
+                    {
+                        // (Its holes are the share's bytes while the share has its base;
+                        // else only its blocks can be checked.)
+                        let holes = match model.share_has_base(w, &p) {
+                            true => None,
+                            false => Some(data.as_slice()),
+                        };
+                        ours = self.by_block_as_kept(&upper.join(&p), &p, holes)?;
                     }
                     if !matches!(kept, Some(Obj::File { data, .. }) if *data == ours) {
                         return Err(format!(
@@ -814,11 +848,19 @@ impl World {
 
     /// The bytes of a clean copy held by block as the next session reads them: the cache
     /// file's blocks, and the share's bytes (its base, as the logout left it) where it
-    /// has holes.
-    fn by_block_as_kept(&self, cached: &Path, p: &Path) -> Result<Vec<u8>, String> {
+    /// has holes, or `holes` there (the share changed since: they cannot be checked).
+    fn by_block_as_kept(
+        &self,
+        cached: &Path,
+        p: &Path,
+        holes: Option<&[u8]>,
+    ) -> Result<Vec<u8>, String> {
         let f = fs::File::open(cached).map_err(|e| format!("{}: {e}", short(p)))?;
         let len = f.metadata().map_err(|e| format!("{e}"))?.len();
-        let mut view = fs::read(self.share.join(p)).unwrap_or_default();
+        let mut view = match holes {
+            Some(h) => h.to_vec(),
+            None => fs::read(self.share.join(p)).unwrap_or_default(),
+        };
         view.resize(len as usize, 0);
         let ours = fs::read(cached).map_err(|e| format!("{}: {e}", short(p)))?;
         let data = ccfs::sys::data_extents(&f, 0, len).map_err(|e| format!("{e}"))?;
@@ -1808,6 +1850,10 @@ fn play(
             Op::EditThere(p, b) => world.edit_there(&mut model, name(*p), *b),
             Op::AttrThere(p, b) => world.attr_there(&mut model, name(*p), *b),
             Op::Unmap(_) => world.unmap(&mut model, w, None),
+            Op::Fill(_) => {
+                world.overlay(w).fill_blocks(u64::MAX, Duration::ZERO);
+                Ok(())
+            }
             Op::Sync(_) => world.sync(&mut model, w, SyncMode::Session, None),
             Op::FailSync(_, k, logout) => {
                 let mode = if *logout {

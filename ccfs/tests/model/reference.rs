@@ -544,6 +544,12 @@ impl Model {
         !ws.share_down && base.is_some() && self.share_ver(p) == base
     }
 
+    /// Whether the share still has the version `w`'s copy of `p` was taken from.
+    pub fn share_has_base(&self, w: usize, p: &Path) -> bool {
+        let base = self.ws[w].bases.get(p).copied().flatten();
+        base.is_some() && self.share_ver(p) == base
+    }
+
     /// The files of `w`'s view it cannot read (see [`Model::readable`]).
     pub fn unreadable(&self, w: usize) -> BTreeSet<PathBuf> {
         self.ws[w]
@@ -968,10 +974,16 @@ impl Model {
             return false;
         }
         let s = self.stamp();
-        self.change_file(w, p, |d, _, stamp| {
+        let done = self.change_file(w, p, |d, _, stamp| {
             d.resize(len as usize, 0);
             *stamp = s;
-        })
+        });
+        // A cut below the limit lowers it: the blocks below it may all be here now.
+        if let Some(part) = self.ws[w].partial.get_mut(p).filter(|_| done) {
+            part.limit = part.limit.min(len);
+            part.complete = part.here.gaps(0, part.limit.div_ceil(BLOCK)).is_empty();
+        }
+        done
     }
 
     /// A write of a new content (cut to nothing first) leaves the cache file of a file

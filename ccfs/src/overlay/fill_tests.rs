@@ -1,0 +1,86 @@
+//! Files held by block made complete in the background (`fill.rs`).
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use super::blocks_tests::{base, close, held, open_rw, sync, write};
+use super::test_support::ctx;
+use super::*;
+use crate::extents::BLOCK;
+
+fn complete(t: &super::test_support::Fresh) -> bool {
+    let inner = t.o.lock();
+    inner
+        .state
+        .partial(Path::new(".db"))
+        .is_some_and(|p| p.is_complete())
+}
+
+#[test]
+fn a_changed_file_gets_its_missing_blocks_and_a_write_in_place_after_is_an_ordinary_conflict() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[9; BLOCK as usize], 3 * BLOCK);
+    close(&t, f);
+    assert!(!complete(&t), "the take-over copied nothing");
+    let mtime = || {
+        let m = std::fs::metadata(t.cache.join("upper/.db")).expect("cache file");
+        (m.mtime(), m.mtime_nsec())
+    };
+    let before = mtime();
+    // Not before the daemon has served it that long.
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::from_secs(3600)), 0);
+    // At most the budget a call, then every block.
+    assert_eq!(t.o.fill_blocks(5, Duration::ZERO), 5);
+    assert!(!complete(&t));
+    let blocks = base().len() as u64 / BLOCK;
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::ZERO), blocks - 6);
+    assert!(complete(&t), "every block is on record");
+    assert_eq!(
+        mtime(),
+        before,
+        "the blocks copied in are no change of the file"
+    );
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::ZERO), 0);
+    let mut ours = base();
+    ours[3 * BLOCK as usize..4 * BLOCK as usize].fill(9);
+    assert_eq!(t.o.view_bytes(Path::new(".db")).expect("view"), ours);
+    // Another program writes the share's file in place: ours needs its base no more, so
+    // both versions reach the share whole.
+    {
+        use std::os::unix::fs::FileExt;
+        let share = std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.share.join(".db"))
+            .expect("share");
+        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
+    }
+    let r = sync(&t);
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(r.conflicts[0].kind, super::ConflictKind::ModifiedOnBoth);
+    let copy = t.share.join(&r.conflicts[0].kept);
+    assert_eq!(std::fs::read(copy).expect("our copy"), ours);
+    let theirs = std::fs::read(t.share.join(".db")).expect("share");
+    assert_eq!(
+        &theirs[9 * BLOCK as usize..9 * BLOCK as usize + 6],
+        b"theirs"
+    );
+}
+
+#[test]
+fn a_file_only_read_gets_no_blocks_from_the_share() {
+    let t = held();
+    // A write takes it over by block; a sync sends it: clean.
+    let f = open_rw(&t);
+    write(&t, &f, &[9; BLOCK as usize], 0);
+    close(&t, f);
+    let r = sync(&t);
+    assert!(r.ok && r.remaining_dirty == 0, "{r:?}");
+    let g =
+        t.o.open_file(&ctx(), Path::new(".db"), libc::O_RDONLY)
+            .expect("open");
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::ZERO), 0);
+    close(&t, g);
+    assert!(!complete(&t));
+}
