@@ -30,12 +30,9 @@ impl Default for PathsSection {
         Self {
             dotfiles_cached: true,
             cached: Vec::new(),
-            passthrough: crate::policy::SQLITE_DATABASES
-                .iter()
-                .map(|g| g.to_string())
-                .collect(),
+            passthrough: Vec::new(),
             local_only: vec![".cache/**".to_string()],
-            by_block_from_kib: 0,
+            by_block_from_kib: 1024,
             by_block_fill_after_secs: 10,
             by_block_fill_kib_per_sec: 4096,
         }
@@ -249,7 +246,7 @@ impl Default for Settings {
             rsync_timeout: Duration::from_secs(600),
             sync_interval: Some(Duration::from_secs(600)),
             keep_copies: 256 << 20,
-            by_block_from: 0,
+            by_block_from: 1 << 20,
             by_block_fill_after: Duration::from_secs(10),
             by_block_fill_rate: Some(4096 << 10),
             threads: 4,
@@ -506,38 +503,46 @@ mod tests {
             PathClass::LocalOnly
         );
         assert_eq!(s.policy.classify(Path::new(".bashrc")), PathClass::Cached);
+        // Databases are cached like any dotfile, held by block from 1 MiB on.
         for db in [
             ".mozilla/firefox/x.default/places.sqlite",
             ".mozilla/firefox/x.default/places.sqlite-wal",
             ".mozilla/firefox/x.default/storage/default/a/idb/1.sqlite",
             ".app.sqlite-journal",
         ] {
+            assert_eq!(s.policy.classify(Path::new(db)), PathClass::Cached, "{db}");
+        }
+        assert_eq!(s.by_block_from, 1 << 20);
+        assert_eq!(
+            s.policy.classify(Path::new(".cache/x/y.sqlite")),
+            PathClass::LocalOnly
+        );
+        assert_eq!(
+            Policy::default_policy().classify(Path::new(".mozilla/places.sqlite")),
+            PathClass::Cached
+        );
+        // The databases-passed-through variant: its list given, they go to the share.
+        let list: Vec<String> = crate::policy::SQLITE_DATABASES
+            .iter()
+            .map(|g| format!("{g:?}"))
+            .collect();
+        let variant = Settings::from_toml(
+            &format!("[paths]\npassthrough = [{}]\n", list.join(", ")),
+            Path::new("c.toml"),
+        )
+        .expect("valid");
+        for db in [".mozilla/places.sqlite", ".mozilla/places.sqlite-wal"] {
             assert_eq!(
-                s.policy.classify(Path::new(db)),
+                variant.policy.classify(Path::new(db)),
                 PathClass::Passthrough,
                 "{db}"
             );
         }
         assert_eq!(
-            s.policy
+            variant
+                .policy
                 .classify(Path::new(".mozilla/firefox/x.default/places.sqlite.bak")),
             PathClass::Cached
-        );
-        assert_eq!(
-            s.policy.classify(Path::new(".cache/x/y.sqlite")),
-            PathClass::LocalOnly
-        );
-        // A list given replaces the default: [] caches databases like any dotfile.
-        let cached =
-            Settings::from_toml("[paths]\npassthrough = []\n", Path::new("c.toml")).expect("valid");
-        assert_eq!(
-            cached.policy.classify(Path::new(".mozilla/places.sqlite")),
-            PathClass::Cached
-        );
-        let d = Policy::default_policy();
-        assert_eq!(
-            d.classify(Path::new(".mozilla/places.sqlite")),
-            PathClass::Passthrough
         );
     }
 

@@ -30,11 +30,10 @@ pub enum PolicyError {
     NotRelative { list: &'static str, pattern: String },
 }
 
-/// The default `passthrough` list: SQLite databases (and their journals) by name. A
-/// database is written a page at a time and often (Firefox's places, cookies and
-/// favicons during every session); cached, every change copies the whole file up from the
-/// share at first and sends it whole at logout. Passed through, the share sees the pages
-/// the program writes, as without ccfs (the numbers: doc/PERFORMANCE.md).
+/// SQLite databases (and their journals) by name: the `passthrough` list of the
+/// databases-passed-through variant (the default before databases were held by block).
+/// Passed through, the share sees every page and fsync the program writes, as without
+/// ccfs; cached by default, a large one is held by block (see `overlay/blocks.rs`).
 pub const SQLITE_DATABASES: &[&str] = &[
     "**/*.sqlite",
     "**/*.sqlite-wal",
@@ -103,11 +102,10 @@ impl Policy {
         })
     }
 
-    /// The documented defaults: dotfiles cached, SQLite databases passed through,
-    /// `.cache/**` local-only.
+    /// The documented defaults: dotfiles cached (SQLite databases too), `.cache/**`
+    /// local-only.
     pub fn default_policy() -> Self {
-        let passthrough: Vec<String> = SQLITE_DATABASES.iter().map(|g| g.to_string()).collect();
-        Self::new(true, &[], &passthrough, &[".cache/**".to_string()]).unwrap_or_else(|_| Self {
+        Self::new(true, &[], &[], &[".cache/**".to_string()]).unwrap_or_else(|_| Self {
             dotfiles_cached: true,
             cached: GlobSet::empty(),
             passthrough: GlobSet::empty(),

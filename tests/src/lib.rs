@@ -123,11 +123,25 @@ impl Fixture {
         (mnt, self.tmp.path().join(format!("cache-{name}")))
     }
 
-    /// A config that caches SQLite databases like any dotfile (the default passes them
-    /// through): for tests of how the cache treats a database.
+    /// A config that caches SQLite databases like any dotfile (as the default does; said
+    /// here so that the test stays what it is): for tests of how the cache treats a
+    /// database.
     pub fn cached_databases(&self) -> String {
         let p = self.tmp.path().join("ccfs-cached-databases.toml");
         std::fs::write(&p, "[paths]\npassthrough = []\n").expect("config");
+        p.display().to_string()
+    }
+
+    /// A config that passes SQLite databases straight to the share (the variant, and the
+    /// default before databases were held by block).
+    pub fn databases_passed_through(&self) -> String {
+        let p = self.tmp.path().join("ccfs-databases-passed-through.toml");
+        let list: Vec<String> = ccfs::policy::SQLITE_DATABASES
+            .iter()
+            .map(|g| format!("{g:?}"))
+            .collect();
+        let text = format!("[paths]\npassthrough = [{}]\n", list.join(", "));
+        std::fs::write(&p, text).expect("config");
         p.display().to_string()
     }
 

@@ -151,15 +151,15 @@ fn local_only_cache_content_never_reaches_the_share() {
     drop(m);
 }
 
-/// By default a database goes straight to the share: every commit is there during the
+/// Databases passed through (the variant's list): every commit is on the share during the
 /// session, and the cache holds none of it.
 #[test]
 fn sqlite_database_in_a_dot_directory_with_a_second_reader() {
     sqlite_with_a_second_reader(false);
 }
 
-/// Databases cached (`passthrough = []`): the database stays in the cache during the
-/// session and reaches the share whole at logout.
+/// Databases cached (the default): the database stays in the cache during the session and
+/// reaches the share at logout.
 #[test]
 fn a_cached_sqlite_database_with_a_second_reader() {
     sqlite_with_a_second_reader(true);
@@ -167,11 +167,11 @@ fn a_cached_sqlite_database_with_a_second_reader() {
 
 fn sqlite_with_a_second_reader(cached: bool) {
     let fx = Fixture::new();
-    let cfg = fx.cached_databases();
     let m = if cached {
-        fx.mount_with(&["--config", &cfg])
-    } else {
         fx.mount()
+    } else {
+        let cfg = fx.databases_passed_through();
+        fx.mount_with(&["--config", &cfg])
     };
     let dir = fx.m(".mozilla/firefox/test.default");
     fs::create_dir_all(&dir).expect("mkdir");

@@ -127,8 +127,8 @@ fn entries(dir: &Path) -> usize {
 }
 
 /// The shipped profile, both ways, twice each in ABBA order on homes of their own, then
-/// once each through the meter: with ccfs caching every dotfile (databases too, which the
-/// default passes through) nothing changing reaches the share until the logout, without
+/// once each through the meter: with ccfs caching every dotfile (databases too, as the
+/// default does) nothing changing reaches the share until the logout, without
 /// it every config write does; everything is cleaned up after.
 #[test]
 fn compare_counts_share_writes_at_the_share_side() {

@@ -529,9 +529,9 @@ fn crash(mnt: &Path) {
         .output();
 }
 
-/// Databases pass through to the share by default, also where the user made their dot
-/// directory in this session (only the cache has it): ccfs makes the directories on the
-/// share. Such a directory removed or moved (`mv` copies: EXDEV) leaves nothing behind
+/// Databases passed through to the share (the variant's list) also where the user made
+/// their dot directory in this session (only the cache has it): ccfs makes the directories
+/// on the share. Such a directory removed or moved (`mv` copies: EXDEV) leaves nothing behind
 /// and no conflict; a read-only directory on the way takes its new subdirectory; a file
 /// deleted and replaced by a directory makes way on the share; a database moved or
 /// linked into a new directory gets it made too.
@@ -543,7 +543,8 @@ fn databases_in_dot_directories_made_in_the_session() {
         &[(".a", 0o755)],
         &[(".ff", 0o644), (".a/old.sqlite", 0o644)],
     );
-    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let cfg = fx.databases_passed_through();
+    let m = fx.mount_with(&["--user", "ccfs-alice", "--config", &cfg]);
     let sh = |script: &str| {
         let out = as_user(
             "ccfs-alice",
