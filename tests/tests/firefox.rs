@@ -45,11 +45,16 @@ fn firefox(home: &Path, args: &[&str]) {
 }
 
 #[test]
-fn firefox_starts_twice_through_ccfs_and_every_database_on_the_share_is_intact() {
+fn firefox_starts_twice_through_ccfs_then_again_by_block_and_every_database_on_the_share_is_intact()
+{
     let fx = Fixture::new();
     let pages = fx.tmp.path().join("pages");
     std::fs::create_dir(&pages).expect("pages");
-    for (name, key) in [("first.html", "one"), ("second.html", "two")] {
+    for (name, key) in [
+        ("first.html", "one"),
+        ("second.html", "two"),
+        ("third.html", "three"),
+    ] {
         std::fs::write(
             pages.join(name),
             format!(
@@ -129,4 +134,72 @@ fn firefox_starts_twice_through_ccfs_and_every_database_on_the_share_is_intact()
     );
     // What is local-only stayed on the workstation.
     assert!(!fx.s(".cache").exists(), "no .cache on the share");
+    // The user logs in on another workstation: the databases come from the share, and the
+    // large ones are held by block (the default); a third page, a logout.
+    let large: Vec<String> = dbs
+        .iter()
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= 1 << 20))
+        .map(|p| {
+            p.strip_prefix(&on_share)
+                .expect("below")
+                .display()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        large.iter().any(|n| n == "places.sqlite"),
+        "places.sqlite is large enough to be held by block: {large:?}"
+    );
+    // (The background copy of the blocks a database lacks after this session: the cache
+    // file's holes tell that the take-over copied nothing.)
+    let cfg = fx
+        .config("[paths]\nby_block_fill_after_secs = 3600\n")
+        .display()
+        .to_string();
+    let (mnt_b, cache_b) = fx.workstation("b");
+    let m = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
+    let profile = mnt_b.join(rel);
+    firefox(
+        &mnt_b,
+        &[
+            "--profile",
+            profile.to_str().expect("utf8"),
+            "--screenshot",
+            shot.to_str().expect("utf8"),
+            &url("third.html"),
+        ],
+    );
+    assert!(shot.is_file(), "Firefox rendered third.html");
+    // Held by block: the cache file has only some of the database's blocks (the rest are
+    // the share's, until the background copy or the logout).
+    let cached = cache_b.join("upper").join(rel).join("places.sqlite");
+    let len = std::fs::metadata(&cached).expect("cached places").len();
+    let taken = std::fs::metadata(&cached).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.blocks() * 512
+    });
+    assert!(
+        taken.as_ref().is_ok_and(|t| *t < len),
+        "places.sqlite held by block in the cache ({taken:?} of {len} bytes allocated)"
+    );
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    for db in &databases(&on_share) {
+        assert_eq!(
+            sqlite(db, "pragma integrity_check"),
+            "ok",
+            "{}",
+            db.display()
+        );
+    }
+    let visited = sqlite(
+        &on_share.join("places.sqlite"),
+        "select url from moz_places",
+    );
+    for page in ["first.html", "second.html", "third.html"] {
+        assert!(
+            visited.lines().any(|u| u == url(page)),
+            "{page} in the history after the returning start: {visited}"
+        );
+    }
 }
