@@ -110,24 +110,7 @@ fn firefox_starts_twice_through_ccfs_then_again_by_block_and_every_database_on_t
     for want in ["places.sqlite", "cookies.sqlite", "favicons.sqlite"] {
         assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
     }
-    for db in &dbs {
-        assert_eq!(
-            sqlite(db, "pragma integrity_check"),
-            "ok",
-            "{}",
-            db.display()
-        );
-    }
-    let visited = sqlite(
-        &on_share.join("places.sqlite"),
-        "select url from moz_places",
-    );
-    for page in ["first.html", "second.html"] {
-        assert!(
-            visited.lines().any(|u| u == url(page)),
-            "{page} in the history: {visited}"
-        );
-    }
+    intact_with_history(&on_share, &["first.html", "second.html"].map(url));
     assert!(
         read(&on_share.join("prefs.js")).contains("user_pref("),
         "prefs.js reached the share"
@@ -184,7 +167,16 @@ fn firefox_starts_twice_through_ccfs_then_again_by_block_and_every_database_on_t
     );
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
-    for db in &databases(&on_share) {
+    intact_with_history(
+        &on_share,
+        &["first.html", "second.html", "third.html"].map(url),
+    );
+}
+
+/// Every database of the profile on the share passes SQLite's integrity check, and its
+/// history holds each of `urls`.
+fn intact_with_history(on_share: &Path, urls: &[String]) {
+    for db in &databases(on_share) {
         assert_eq!(
             sqlite(db, "pragma integrity_check"),
             "ok",
@@ -196,10 +188,10 @@ fn firefox_starts_twice_through_ccfs_then_again_by_block_and_every_database_on_t
         &on_share.join("places.sqlite"),
         "select url from moz_places",
     );
-    for page in ["first.html", "second.html", "third.html"] {
+    for u in urls {
         assert!(
-            visited.lines().any(|u| u == url(page)),
-            "{page} in the history after the returning start: {visited}"
+            visited.lines().any(|v| v == u),
+            "{u} in the history: {visited}"
         );
     }
 }

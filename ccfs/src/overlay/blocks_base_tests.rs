@@ -78,7 +78,7 @@ fn a_write_in_place_on_the_share_is_never_read_as_the_base() {
 
 /// Another program writes `theirs` into block 9 of the share's `.db` in place (the same
 /// inode), putting its mtime back if asked (`rsync --inplace -t`, `touch -r`).
-fn write_there_in_place(share: &Path, mtime_put_back: bool) {
+pub(super) fn write_there_in_place(share: &Path, mtime_put_back: bool) {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()
         .write(true)

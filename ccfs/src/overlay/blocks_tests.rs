@@ -783,14 +783,7 @@ fn a_handle_of_a_file_set_aside_records_nothing_into_the_next_take_over() {
         t.o.sync_file(&g, true).expect("fsync");
     }
     // Another program writes the share's file in place: the sync sets ours aside.
-    {
-        use std::os::unix::fs::FileExt;
-        let share = std::fs::OpenOptions::new()
-            .write(true)
-            .open(t.share.join(".db"))
-            .expect("share");
-        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
-    }
+    super::blocks_base_tests::write_there_in_place(&t.share, false);
     let r = sync(&t);
     assert_eq!(r.conflicts.len(), 1, "{r:?}");
     assert_eq!(r.conflicts[0].kind, super::ConflictKind::BlocksKeptHere);

@@ -3,6 +3,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
+use super::blocks_base_tests::write_there_in_place;
 use super::blocks_tests::{base, close, held, open_rw, sync, write};
 use super::test_support::ctx;
 use super::*;
@@ -47,14 +48,7 @@ fn a_changed_file_gets_its_missing_blocks_and_a_write_in_place_after_is_an_ordin
     assert_eq!(t.o.view_bytes(Path::new(".db")).expect("view"), ours);
     // Another program writes the share's file in place: ours needs its base no more, so
     // both versions reach the share whole.
-    {
-        use std::os::unix::fs::FileExt;
-        let share = std::fs::OpenOptions::new()
-            .write(true)
-            .open(t.share.join(".db"))
-            .expect("share");
-        share.write_all_at(b"theirs", 9 * BLOCK).expect("write");
-    }
+    write_there_in_place(&t.share, false);
     let r = sync(&t);
     assert!(r.ok, "{r:?}");
     assert_eq!(r.conflicts.len(), 1, "{r:?}");
