@@ -31,7 +31,10 @@ impl Default for PathsSection {
             dotfiles_cached: true,
             cached: Vec::new(),
             passthrough: Vec::new(),
-            local_only: vec![".cache/**".to_string()],
+            local_only: crate::policy::LOCAL_ONLY
+                .iter()
+                .map(|g| g.to_string())
+                .collect(),
             by_block_from_kib: 1024,
             by_block_fill_after_secs: 10,
             by_block_fill_kib_per_sec: 4096,
@@ -503,7 +506,8 @@ mod tests {
             PathClass::LocalOnly
         );
         assert_eq!(s.policy.classify(Path::new(".bashrc")), PathClass::Cached);
-        // Databases are cached like any dotfile, held by block from 1 MiB on.
+        // Databases are cached like any dotfile, held by block from 1 MiB on; the
+        // shared-memory index of one in WAL mode stays on the workstation.
         for db in [
             ".mozilla/firefox/x.default/places.sqlite",
             ".mozilla/firefox/x.default/places.sqlite-wal",
@@ -512,6 +516,11 @@ mod tests {
         ] {
             assert_eq!(s.policy.classify(Path::new(db)), PathClass::Cached, "{db}");
         }
+        assert_eq!(
+            s.policy
+                .classify(Path::new(".mozilla/firefox/x.default/places.sqlite-shm")),
+            PathClass::LocalOnly
+        );
         assert_eq!(s.by_block_from, 1 << 20);
         assert_eq!(
             s.policy.classify(Path::new(".cache/x/y.sqlite")),

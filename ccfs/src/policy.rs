@@ -41,6 +41,15 @@ pub const SQLITE_DATABASES: &[&str] = &[
     "**/*.sqlite-journal",
 ];
 
+/// The default `local_only` list: the cache's own, and SQLite's shared-memory index of a
+/// database in WAL mode (`X-shm`). That index means something only while a program on
+/// this workstation has the database open (the first program to open the database
+/// rebuilds it from the WAL), so it never goes to the share: sent, it was one more file at
+/// every logout, and after a crash during a sync on a share that keeps whole seconds its
+/// changes through a mapping (which leave the mtime as it was) made it look like another
+/// workstation's.
+pub const LOCAL_ONLY: &[&str] = &[".cache/**", "**/*.sqlite-shm"];
+
 /// Path classification rules.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -102,10 +111,11 @@ impl Policy {
         })
     }
 
-    /// The documented defaults: dotfiles cached (SQLite databases too), `.cache/**`
+    /// The documented defaults: dotfiles cached (SQLite databases too), [`LOCAL_ONLY`]
     /// local-only.
     pub fn default_policy() -> Self {
-        Self::new(true, &[], &[], &[".cache/**".to_string()]).unwrap_or_else(|_| Self {
+        let local: Vec<String> = LOCAL_ONLY.iter().map(|g| g.to_string()).collect();
+        Self::new(true, &[], &[], &local).unwrap_or_else(|_| Self {
             dotfiles_cached: true,
             cached: GlobSet::empty(),
             passthrough: GlobSet::empty(),

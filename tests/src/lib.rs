@@ -484,15 +484,16 @@ pub fn spawn_and_read_line(cmd: &mut Command) -> (std::process::Child, String) {
 
 /// What the cache's upper layer holds at or below `rel` (a path from the mount root; ""
 /// for all) that is not a clean copy: each file whose bytes the share does not have at
-/// the same path. Local-only `.cache` is left out. After a clean logout or recovery the
-/// cache keeps clean copies for the next login (checked against the share before they
-/// serve), and nothing else.
+/// the same path. What is local-only by default is left out (`.cache`, SQLite's `-shm`
+/// files). After a clean logout or recovery the cache keeps clean copies for the next
+/// login (checked against the share before they serve), and nothing else.
 pub fn not_clean_copies(cache: &Path, share: &Path, rel: &str) -> Vec<String> {
     let upper = cache.join("upper");
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::from(rel)];
+    let local = ccfs::policy::Policy::default_policy();
     while let Some(p) = stack.pop() {
-        if p.starts_with(".cache") {
+        if !p.as_os_str().is_empty() && local.classify(&p) == ccfs::policy::PathClass::LocalOnly {
             continue;
         }
         let Ok(meta) = std::fs::symlink_metadata(upper.join(&p)) else {

@@ -729,7 +729,7 @@ fn a_wal_from_one_workstation_never_lands_on_anothers_database() {
     let db = share_database(&fx);
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    // Databases cached (the default passes them through).
+    // Databases cached (as by default).
     let cfg = fx.cached_databases();
     let a = fx.mount_at(&mnt_a, &cache_a, &["--config", &cfg]);
     let b = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
@@ -766,17 +766,17 @@ fn a_wal_from_one_workstation_never_lands_on_anothers_database() {
         !fx.s(".mozilla/places.sqlite-wal").exists(),
         "a's WAL was sent beside b's database"
     );
-    // The cache has no copy of the database (A never wrote it): its WAL and shm alone go
-    // under the database's conflict name, as a pair beside a database of that name.
+    // The cache has no copy of the database (A never wrote it): its WAL alone goes under
+    // the database's conflict name, beside a database of that name (the shm, SQLite's
+    // index of the WAL, stays on the workstation: SQLite rebuilds it).
     let kept = conflict_copies(&fx.s(".mozilla"), "places.sqlite");
     let names: Vec<String> = kept
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names.len(), 2, "a's WAL and shm are kept: {names:?}");
-    let stem = names[0].strip_suffix("-shm").expect("an -shm first");
-    assert_eq!(names[1], format!("{stem}-wal"), "one name for both");
-    assert!(fs::metadata(&kept[1]).expect("wal").len() > 0);
+    assert_eq!(names.len(), 1, "a's WAL is kept: {names:?}");
+    assert!(names[0].ends_with("-wal"), "{names:?}");
+    assert!(fs::metadata(&kept[0]).expect("wal").len() > 0);
     assert!(
         says.contains("conflict: the database .mozilla/places.sqlite-wal belongs to was changed"),
         "{says}"
@@ -802,7 +802,7 @@ fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
     let db = share_database(&fx);
     let (mnt_a, cache_a) = fx.workstation("a");
     let (mnt_b, cache_b) = fx.workstation("b");
-    // Databases cached (the default passes them through).
+    // Databases cached (as by default).
     let cfg = fx.cached_databases();
     let a = fx.mount_at(&mnt_a, &cache_a, &["--config", &cfg]);
     let b = fx.mount_at(&mnt_b, &cache_b, &["--config", &cfg]);
@@ -837,18 +837,18 @@ fn a_database_copied_up_after_another_logout_is_a_conflict_not_an_overwrite() {
         "300",
         "b's rows were lost from the share's database after a's logout, which said: {says}"
     );
-    // A's database, WAL and shm are kept together under one conflict name.
+    // A's database and WAL are kept together under one conflict name (its shm stays on
+    // the workstation).
     let names: Vec<String> = conflict_copies(&fx.s(".mozilla"), "places.sqlite")
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     assert_eq!(
         names.len(),
-        3,
+        2,
         "a's database is kept beside: {names:?}; {says}"
     );
-    assert_eq!(names[1], format!("{}-shm", names[0]));
-    assert_eq!(names[2], format!("{}-wal", names[0]));
+    assert_eq!(names[1], format!("{}-wal", names[0]));
     assert!(
         says.contains("conflict: .mozilla/places.sqlite was changed on the share"),
         "{says}"
