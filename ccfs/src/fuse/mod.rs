@@ -205,7 +205,6 @@ impl Filesystem for CcfsFs {
             Some(h @ Handle::File { .. }) => Some(try_reply!(reply, self.writable(req, h))),
             _ => None,
         };
-        let file = guard.as_ref().map(|g| g.file());
         let change = SetAttr {
             mode,
             uid,
@@ -214,7 +213,11 @@ impl Filesystem for CcfsFs {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        match self.overlay.setattr(&ctx(req, 0), &path, change, file) {
+        let done = match guard.as_deref() {
+            Some(g) => self.overlay.setattr_handle(&ctx(req, 0), &path, change, g),
+            None => self.overlay.setattr(&ctx(req, 0), &path, change, None),
+        };
+        match done {
             Ok(meta) => reply.attr(&self.ttl.share, &attr(ino.0, &meta)),
             Err(e) => reply.error(reply_err("setattr", &path, &e)),
         }

@@ -838,3 +838,30 @@ fn a_kept_copy_is_looked_at_when_it_is_opened_and_let_go_of_when_the_share_chang
     let n = o.read_at(&g, &mut buf, 0).expect("read");
     assert_eq!(&buf[..n], &theirs[..], "the share's version, no read error");
 }
+
+/// A file unlinked while open, then cut and grown again through the handle, reads zeros
+/// past the cut, as any file: not the base's bytes.
+#[test]
+fn a_file_unlinked_while_open_reads_zeros_past_a_cut_through_its_handle() {
+    let t = held();
+    let f = open_rw(&t);
+    write(&t, &f, &[3; 4], 2 * BLOCK);
+    t.o.unlink(Path::new(""), std::ffi::OsStr::new(".db"))
+        .expect("unlink");
+    {
+        let g = t.o.file_to_write(&ctx(), &f, || None).expect("writable");
+        for size in [BLOCK + 17, 20 * BLOCK] {
+            let attr = SetAttr {
+                size: Some(size),
+                ..SetAttr::default()
+            };
+            t.o.setattr_handle(&ctx(), Path::new(".db"), attr, &g)
+                .expect("cut or grow");
+        }
+    }
+    let mut want = base();
+    want.truncate(BLOCK as usize + 17);
+    want.resize(20 * BLOCK as usize, 0);
+    assert_eq!(read_all(&t, &f), want);
+    close(&t, f);
+}

@@ -167,6 +167,26 @@ impl Overlay {
         Ok(())
     }
 
+    /// [`Overlay::setattr`] through an open handle's file `g`. A file held by block whose
+    /// name is gone (unlinked while open) is cut through its blocks (with no name, nothing
+    /// to journal), so that its blocks past the cut read as zeros once it grows again.
+    pub fn setattr_handle(
+        &self,
+        ctx: &Ctx,
+        rel: &Path,
+        attr: SetAttr,
+        g: &FileIo,
+    ) -> FsResult<Stat> {
+        if let (Some(size), Some(bf)) = (attr.size, g.blocks.as_ref()) {
+            let gone = matches!(self.resolve(rel), Err(e) if e.errno() == libc::ENOENT);
+            if gone {
+                bf.set_len(&self.share, &g.file, size, |_| Ok(()))?;
+                return Self::setattr_fd(&g.file, SetAttr { size: None, ..attr });
+            }
+        }
+        self.setattr(ctx, rel, attr, Some(&g.file))
+    }
+
     /// Closes a handle: the blocks of a file held by block written through it are
     /// journaled, and its share of the cache file's writers is let go of.
     pub fn close_file(&self, f: &OpenFile) {
