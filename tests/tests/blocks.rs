@@ -330,6 +330,66 @@ fn a_database_larger_than_the_caches_free_space_is_changed_and_sent() {
     assert_eq!(notes(&fx.s(DB)), ["fits"]);
 }
 
+/// The background copy of the blocks a database lacks on a cache too small for them: it
+/// does not start (the user's own writes come first), another dotfile still fits, and the
+/// database is sent by its blocks.
+#[test]
+fn the_background_copy_leaves_a_small_cache_its_room() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 48);
+    let small = SmallTmpfs::mount(&fx.tmp.path().join("small"), "16m");
+    let cache = small.0.join("cache");
+    let cfg = fx
+        .config(
+            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
+             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 65536\n",
+        )
+        .display()
+        .to_string();
+    let m = fx.mount_at(&fx.mnt, &cache, &["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('fits');");
+    // Ticks of the fill (four a second) that would have copied the whole database.
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(fx.m(".config-big"), vec![7u8; 4 << 20]).expect("room for the user's own file");
+    sqlite(&fx.m(DB), "insert into notes values('still');");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["fits", "still"]);
+}
+
+/// Syncs while the daemon copies the blocks a database lacks: the copy never runs during a
+/// sync (its descriptor open for writing and its mtime put back would make the file look
+/// written after it was handed over), so every sync ends with nothing left, and so does
+/// the logout.
+#[test]
+fn syncs_while_the_blocks_are_copied_in_the_background_leave_nothing_unsent() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 48);
+    let cfg = fx
+        .config(
+            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
+             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 16384\n",
+        )
+        .display()
+        .to_string();
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('here');");
+    for _ in 0..8 {
+        let out = e2e::ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+        let said = text(&out);
+        assert!(out.status.success(), "{said}");
+        assert!(!said.contains("kept as unsynced work"), "{said}");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let out = m.umount();
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("all changes are on the share"), "{said}");
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["here"]);
+}
+
 #[test]
 fn punching_a_hole_or_zeroing_a_range_reaches_the_share() {
     let fx = Fixture::new();

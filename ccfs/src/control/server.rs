@@ -116,6 +116,18 @@ impl Daemon {
         *self.last_sync.locked() = Some(outcome.clone());
     }
 
+    /// Runs `f` unless a sync runs now (then None), holding the sync lock meanwhile: work
+    /// that must not change what a sync looks at (the background copy of the blocks a
+    /// file held by block lacks: its descriptor open for writing, the mtime put back).
+    pub fn unless_syncing<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        let _one_at_a_time = match self.sync_lock.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(f())
+    }
+
     /// Takes the sync lock; while another sync holds it, waits unless the share stops
     /// answering meanwhile (that sync may then be stuck on it for good).
     fn lock_sync_unless_unreachable(&self) -> Result<MutexGuard<'_, ()>, ShareHealth> {

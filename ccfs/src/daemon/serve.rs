@@ -244,7 +244,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     }
     if let Some(rate) = plan.settings.by_block_fill_rate {
         spawn_block_fill(
-            overlay.clone(),
+            daemon.clone(),
             rate,
             plan.settings.by_block_fill_after,
             stop_periodic.clone(),
@@ -456,21 +456,27 @@ fn spawn_earlier_work(daemon: Arc<Daemon>) -> anyhow::Result<()> {
 
 /// Gives the changed files held by block the blocks they lack, from their bases, at
 /// `rate` bytes a second, once the daemon has served each for `after` (see
-/// `overlay/fill.rs`), while mounted.
+/// `overlay/fill.rs`), while mounted and never while a sync runs (the logout's included:
+/// it waits for a tick under way, and the thread stops before the next).
 fn spawn_block_fill(
-    overlay: Arc<Overlay>,
+    daemon: Arc<Daemon>,
     rate: u64,
     after: Duration,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> io::Result<()> {
     const TICK: Duration = Duration::from_millis(250);
     let per_tick = (rate / crate::extents::BLOCK / 4).max(1);
+    let stopped = move || stop.load(std::sync::atomic::Ordering::Acquire);
     std::thread::Builder::new()
         .name("ccfs-block-fill".into())
         .spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            while !stopped() {
                 std::thread::sleep(TICK);
-                overlay.fill_blocks(per_tick, after);
+                daemon.unless_syncing(|| {
+                    if !stopped() {
+                        daemon.overlay.fill_blocks(per_tick, after);
+                    }
+                });
             }
         })?;
     Ok(())

@@ -51,6 +51,8 @@ pub struct BlockFile {
     limit_now: std::sync::atomic::AtomicU64,
     /// When the daemon first served the file this session (see `overlay/fill.rs`).
     pub(super) since: std::time::Instant,
+    /// The background fill gave up on it (the cache's disk was full).
+    pub(super) fill_stopped: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +117,7 @@ impl BlockFile {
             pending: Mutex::new(Unrecorded::default()),
             limit_now: std::sync::atomic::AtomicU64::new(partial.limit),
             since: std::time::Instant::now(),
+            fill_stopped: std::sync::atomic::AtomicBool::new(false),
             base: Mutex::new(BaseSlot {
                 id: base_id,
                 file: None,
@@ -266,6 +269,23 @@ impl BlockFile {
             self.pending.locked().filled.insert(s, e);
         }
         Ok(())
+    }
+
+    /// Bytes of the blocks the cache file lacks below the limit, and whether blocks were
+    /// written here that the journal does not have yet.
+    pub(super) fn missing(&self) -> (u64, bool) {
+        let io = self.io.locked();
+        let lacking: u64 = if io.whole {
+            0
+        } else {
+            io.here
+                .gaps(0, io.limit.div_ceil(BLOCK))
+                .iter()
+                .map(|(s, e)| e - s)
+                .sum()
+        };
+        let written = !self.pending.locked().written.is_empty();
+        (lacking * BLOCK, written)
     }
 
     /// One step of the background fill (`overlay/fill.rs`): the first run of blocks the

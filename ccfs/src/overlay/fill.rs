@@ -4,7 +4,13 @@
 //! its base no more: a save elsewhere, or a write in place on the share, after that is an
 //! ordinary conflict (both versions whole on the share), not blocks kept in the cache. It
 //! stays held by block: its changed blocks are what a sync sends.
+//!
+//! Only files with blocks written here (a change of attributes alone reads nothing from
+//! the share), and only where the cache's disk has room to spare: a file is filled when
+//! what it lacks takes at most half of the free room and leaves a tenth of the disk free
+//! (the user's own writes come first); a disk found full stops the fill of that file.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,16 +21,21 @@ use super::*;
 const CHUNK: u64 = 64;
 
 impl Overlay {
-    /// Copies up to `budget` blocks in all that files held by block lack, of the changed
-    /// files (those at risk if the share's version changes) the daemon has served for at
-    /// least `after`; the number copied. A file whose base cannot be read (changed on the
-    /// share, or the share does not answer) is passed over.
+    /// Copies up to `budget` blocks in all that files held by block lack, of the files
+    /// with blocks written here (those at risk if the share's version changes) that the
+    /// daemon has served for at least `after`; the number copied. A file whose base cannot
+    /// be read (changed on the share, or the share does not answer) is passed over, and
+    /// one the cache's disk has no room for is not started.
     pub fn fill_blocks(&self, budget: u64, after: Duration) -> u64 {
         let files: Vec<Arc<BlockFile>> = self
             .block_files
             .locked()
             .values()
-            .filter(|bf| bf.since.elapsed() >= after && bf.is_partial())
+            .filter(|bf| {
+                bf.since.elapsed() >= after
+                    && bf.is_partial()
+                    && !bf.fill_stopped.load(Ordering::Relaxed)
+            })
             .cloned()
             .collect();
         let mut done = 0;
@@ -32,11 +43,20 @@ impl Overlay {
             if done >= budget {
                 break;
             }
+            let (lacking, written_now) = bf.missing();
+            if lacking == 0 || !self.room_for(lacking) {
+                continue;
+            }
             // The cache file opened while the path is still this file's (not removed,
             // renamed or replaced since): the blocks go into its own inode.
             let cache = {
                 let inner = self.lock_for(&[bf.path()]);
-                if !inner.state.is_dirty(bf.path()) {
+                let written = written_now
+                    || inner
+                        .state
+                        .partial(bf.path())
+                        .is_some_and(|p| !p.changed.is_empty());
+                if !written {
                     continue;
                 }
                 let current = self
@@ -65,6 +85,9 @@ impl Overlay {
                     Ok(None) => break,
                     Ok(Some(n)) => done += n.max(1),
                     Err(e) => {
+                        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                            bf.fill_stopped.store(true, Ordering::Relaxed);
+                        }
                         tracing::debug!(
                             path = %session::shown(bf.path()),
                             "its missing blocks cannot be copied now: {e}"
@@ -81,5 +104,14 @@ impl Overlay {
             }
         }
         done
+    }
+
+    /// Whether the cache's disk has room to spare for `bytes` more: at most half of its
+    /// free room, leaving a tenth of the disk free.
+    fn room_for(&self, bytes: u64) -> bool {
+        match self.cache.space() {
+            Ok((free, total)) => bytes <= free / 2 && free - bytes >= total / 10,
+            Err(_) => false,
+        }
     }
 }

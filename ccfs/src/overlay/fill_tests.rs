@@ -78,3 +78,19 @@ fn a_file_only_read_gets_no_blocks_from_the_share() {
     close(&t, g);
     assert!(!complete(&t));
 }
+
+#[test]
+fn a_change_of_attributes_alone_gets_no_blocks_from_the_share() {
+    let t = held();
+    let attr = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    t.o.setattr(&ctx(), Path::new(".db"), attr, None)
+        .expect("chmod");
+    assert!(t.o.lock().state.is_dirty(Path::new(".db")));
+    let f = open_rw(&t);
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::ZERO), 0);
+    close(&t, f);
+    assert!(!complete(&t));
+}
