@@ -21,6 +21,17 @@ fn config(fx: &Fixture) -> String {
         .to_string()
 }
 
+/// [`config`], the blocks a changed database lacks copied in the background at once, at
+/// `kib_per_sec`.
+fn filling_at_once(fx: &Fixture, kib_per_sec: u32) -> String {
+    fx.config(&format!(
+        "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
+         by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = {kib_per_sec}\n"
+    ))
+    .display()
+    .to_string()
+}
+
 /// A database of about `mb` MiB at `path` (pages of 32 KiB, as Firefox's), in rollback
 /// journal mode: a commit writes its pages into the database itself and syncs it.
 fn make_db(path: &Path, mb: usize) {
@@ -269,13 +280,7 @@ fn a_database_rewritten_in_place_on_the_share_meanwhile_fails_the_logout_and_kee
 fn a_database_completed_in_the_background_meets_a_rewrite_in_place_as_an_ordinary_conflict() {
     let fx = Fixture::new();
     make_db(&fx.s(DB), 4);
-    let cfg = fx
-        .config(
-            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
-             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 65536\n",
-        )
-        .display()
-        .to_string();
+    let cfg = filling_at_once(&fx, 65536);
     let m = fx.mount_with(&["--config", &cfg]);
     sqlite(&fx.m(DB), "insert into notes values('here');");
     let len = std::fs::metadata(fx.s(DB)).expect("stat").len();
@@ -339,13 +344,7 @@ fn the_background_copy_leaves_a_small_cache_its_room() {
     make_db(&fx.s(DB), 48);
     let small = SmallTmpfs::mount(&fx.tmp.path().join("small"), "16m");
     let cache = small.0.join("cache");
-    let cfg = fx
-        .config(
-            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
-             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 65536\n",
-        )
-        .display()
-        .to_string();
+    let cfg = filling_at_once(&fx, 65536);
     let m = fx.mount_at(&fx.mnt, &cache, &["--config", &cfg]);
     sqlite(&fx.m(DB), "insert into notes values('fits');");
     // Ticks of the fill (four a second) that would have copied the whole database.
@@ -366,13 +365,7 @@ fn the_background_copy_leaves_a_small_cache_its_room() {
 fn syncs_while_the_blocks_are_copied_in_the_background_leave_nothing_unsent() {
     let fx = Fixture::new();
     make_db(&fx.s(DB), 48);
-    let cfg = fx
-        .config(
-            "[paths]\npassthrough = []\nby_block_from_kib = 256\n\
-             by_block_fill_after_secs = 0\nby_block_fill_kib_per_sec = 16384\n",
-        )
-        .display()
-        .to_string();
+    let cfg = filling_at_once(&fx, 16384);
     let m = fx.mount_with(&["--config", &cfg]);
     sqlite(&fx.m(DB), "insert into notes values('here');");
     for _ in 0..8 {
