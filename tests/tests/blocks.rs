@@ -283,12 +283,14 @@ fn a_database_completed_in_the_background_meets_a_rewrite_in_place_as_an_ordinar
     let cfg = filling_at_once(&fx, 65536);
     let m = fx.mount_with(&["--config", &cfg]);
     sqlite(&fx.m(DB), "insert into notes values('here');");
-    let len = std::fs::metadata(fx.s(DB)).expect("stat").len();
-    let cached = fx.cache.join("upper").join(DB);
     wait_until(
         "the database's missing blocks copied",
         Duration::from_secs(30),
-        || allocated(&cached) >= len,
+        || {
+            let st = m.status();
+            st["held_by_block"]["files"].as_u64() == Some(1)
+                && st["held_by_block"]["lacking_bytes"].as_u64() == Some(0)
+        },
     );
     sqlite(&fx.s(DB), "insert into notes values('there');");
     let out = m.umount();

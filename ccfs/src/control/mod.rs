@@ -161,6 +161,17 @@ pub struct Status {
     /// The FUSE requests served since the mount, by kind, and the bytes moved.
     #[serde(default)]
     pub requests: crate::counters::RequestCounts,
+    /// Files held by block, and the bytes of the blocks they lack (read from the share
+    /// until the background fill, if it runs, has copied them).
+    #[serde(default)]
+    pub held_by_block: HeldByBlock,
+}
+
+/// See [`Status::held_by_block`].
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldByBlock {
+    pub files: usize,
+    pub lacking_bytes: u64,
 }
 
 impl Status {

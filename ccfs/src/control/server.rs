@@ -188,6 +188,13 @@ impl Daemon {
             last_sync: self.last_sync.locked().clone(),
             conflicts: self.conflicts.locked().clone(),
             requests: self.overlay.requests.snapshot(),
+            held_by_block: {
+                let (files, lacking_bytes) = self.overlay.held_by_block_now();
+                super::HeldByBlock {
+                    files,
+                    lacking_bytes,
+                }
+            },
         }
     }
 

@@ -331,7 +331,28 @@ impl BlockFile {
         for (gs, ge) in gaps {
             let a = ((gs - s) * BLOCK) as usize;
             let b = (((ge - s) * BLOCK) as usize).min(buf.len());
-            cache.write_all_at(&buf[a..b], gs * BLOCK)?;
+            // Blocks of zeros (a sparse file's holes) are what the cache file's hole reads
+            // already: on record, not written (they would take room the share's file does
+            // not take). The others in runs.
+            let data = &buf[a..b];
+            let mut run: Option<usize> = None;
+            for (i, block) in data.chunks(BLOCK as usize).enumerate() {
+                let zeros = block.iter().all(|&x| x == 0);
+                match (run, zeros) {
+                    (None, false) => run = Some(i),
+                    (Some(r), true) => {
+                        let at = r * BLOCK as usize;
+                        cache
+                            .write_all_at(&data[at..i * BLOCK as usize], gs * BLOCK + at as u64)?;
+                        run = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(r) = run {
+                let at = r * BLOCK as usize;
+                cache.write_all_at(&data[at..], gs * BLOCK + at as u64)?;
+            }
             io.here.insert(gs, ge);
             self.pending.locked().filled.insert(gs, ge);
             copied += ge - gs;
@@ -506,8 +527,41 @@ impl Overlay {
         }
     }
 
+    /// Reads the cache's `rel` as the view shows it (see [`Overlay::view_bytes`]) a chunk
+    /// at a time, in order, into `each` (the chunk, its offset), until its end or until
+    /// `each` says stop (false): in bounded memory, whatever the file's size.
+    pub(super) fn view_reads(
+        &self,
+        rel: &Path,
+        mut each: impl FnMut(&[u8], u64) -> bool,
+    ) -> io::Result<()> {
+        const CHUNK: usize = 256 * 1024;
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let cache = self.cache.open_file(&up(rel), flags, 0)?;
+        let bf = self.block_file(rel);
+        let mut buf = vec![0u8; CHUNK];
+        let mut at = 0u64;
+        loop {
+            let n = match &bf {
+                Some(bf) => bf.read_at(&self.share, &cache, &mut buf, at)?,
+                None => loop {
+                    match cache.read_at(&mut buf, at) {
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        other => break other?,
+                    }
+                },
+            };
+            if n == 0 || !each(&buf[..n], at) {
+                return Ok(());
+            }
+            at += n as u64;
+        }
+    }
+
     /// The bytes the cache's `rel` holds as the view shows them: of a file held by block,
     /// the blocks its cache file has and the base's elsewhere; of another, the cache file's.
+    /// (Whole in memory: for tests; the sync reads with [`Overlay::view_reads`].)
+    #[cfg(test)]
     pub(super) fn view_bytes(&self, rel: &Path) -> io::Result<Vec<u8>> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
         let cache = self.cache.open_file(&up(rel), flags, 0)?;

@@ -106,6 +106,25 @@ impl Overlay {
         done
     }
 
+    /// How many files are held by block, and the bytes of the blocks they lack below their
+    /// limits, as the journal has them.
+    pub fn held_by_block_now(&self) -> (usize, u64) {
+        let inner = self.lock_any();
+        let mut lacking = 0;
+        let mut files = 0;
+        for (_, part) in inner.state.partials() {
+            files += 1;
+            let blocks = part.limit.div_ceil(crate::extents::BLOCK);
+            lacking += part
+                .here
+                .gaps(0, blocks)
+                .iter()
+                .map(|(s, e)| e - s)
+                .sum::<u64>();
+        }
+        (files, lacking * crate::extents::BLOCK)
+    }
+
     /// Whether the cache's disk has room to spare for `bytes` more: at most half of its
     /// free room, leaving a tenth of the disk free.
     fn room_for(&self, bytes: u64) -> bool {

@@ -94,3 +94,36 @@ fn a_change_of_attributes_alone_gets_no_blocks_from_the_share() {
     close(&t, f);
     assert!(!complete(&t));
 }
+
+/// A sparse file's holes are on record once filled, not written: the cache file takes the
+/// room of the share's data, not of its length.
+#[test]
+fn holes_of_the_base_take_no_room_in_the_cache() {
+    let t = super::test_support::fresh(&[]);
+    let len = 256 * BLOCK;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(t.share.join(".db")).expect("share file");
+        f.set_len(len).expect("sparse");
+        f.write_all_at(&[5; BLOCK as usize], 100 * BLOCK)
+            .expect("data");
+    }
+    t.o.set_by_block_from(16 * BLOCK);
+    let f = open_rw(&t);
+    write(&t, &f, &[9; BLOCK as usize], 0);
+    close(&t, f);
+    let f = open_rw(&t);
+    assert_eq!(t.o.fill_blocks(u64::MAX, Duration::ZERO), 255);
+    close(&t, f);
+    assert!(complete(&t));
+    let cached = std::fs::metadata(t.cache.join("upper/.db")).expect("cache file");
+    assert!(
+        cached.blocks() * 512 <= 4 * BLOCK,
+        "two blocks of data, not {} bytes",
+        cached.blocks() * 512
+    );
+    let mut want = vec![0u8; len as usize];
+    want[..BLOCK as usize].fill(9);
+    want[100 * BLOCK as usize..101 * BLOCK as usize].fill(5);
+    assert_eq!(t.o.view_bytes(Path::new(".db")).expect("view"), want);
+}

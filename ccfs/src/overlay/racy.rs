@@ -83,6 +83,17 @@ pub(super) fn content_of_bytes(bytes: &[u8]) -> Content {
     Content::Sha256(Sha256::digest(bytes).into())
 }
 
+/// The content of the cache's `rel` as the view shows it (a file held by block lacks
+/// blocks in its cache file), read in chunks.
+pub(super) fn content_of_view(o: &super::Overlay, rel: &Path) -> io::Result<Content> {
+    let mut h = Sha256::new();
+    o.view_reads(rel, |chunk, _| {
+        h.update(chunk);
+        true
+    })?;
+    Ok(Content::Sha256(h.finalize().into()))
+}
+
 /// What a racy mark stands for besides the bytes: the permission bits, owner and
 /// extended attributes (ACLs among them) of the open file `f`. A chmod, chown or
 /// setfattr on a whole-second share in the second of a look leaves the look as it was,

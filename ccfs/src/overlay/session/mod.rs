@@ -515,26 +515,43 @@ impl Overlay {
         if (theirs.mode(), theirs.uid(), theirs.gid()) != (ours.mode(), ours.uid(), ours.gid()) {
             return Ok(Unchanged::Send);
         }
-        let read_all = |f: &std::fs::File| -> io::Result<Vec<u8>> {
-            let mut v = Vec::new();
-            let mut r = f;
-            io::Seek::seek(&mut r, io::SeekFrom::Start(0))?;
-            io::Read::read_to_end(&mut r, &mut v)?;
-            Ok(v)
-        };
-        // As the view has it (a file held by block lacks blocks in its cache file).
-        let mine = self.view_bytes(p)?;
-        let theirs_bytes = read_all(&theirs_file)?;
         // A racy base (see [`super::racy`]) whose content the share's file no longer has:
         // written there in the second of the look, a change rsync would overwrite.
-        let theirs_attributes = super::racy::attributes_of(&theirs_file)?;
-        let theirs_data = super::racy::content_of_bytes(&theirs_bytes);
-        if racy.is_some_and(|c| !super::racy::mark_holds(c, theirs_data, &theirs_attributes)) {
-            return Ok(Unchanged::Hold);
+        if let Some(c) = racy {
+            let theirs_attributes = super::racy::attributes_of(&theirs_file)?;
+            let theirs_data = super::racy::content_of(&theirs_file)?;
+            if !super::racy::mark_holds(c, theirs_data, &theirs_attributes) {
+                return Ok(Unchanged::Hold);
+            }
         }
-        if mine.len() as u64 != ours.len() || theirs_bytes != mine {
+        // Ours as the view has it (a file held by block lacks blocks in its cache file)
+        // against the share's, a chunk at a time.
+        if theirs.len() != ours.len() {
             return Ok(Unchanged::Send);
         }
+        let mut same = true;
+        let mut theirs_chunk = Vec::new();
+        let mut failed = None;
+        let mut seen = 0u64;
+        self.view_reads(p, |mine, at| {
+            seen = at + mine.len() as u64;
+            theirs_chunk.resize(mine.len(), 0);
+            match std::os::unix::fs::FileExt::read_exact_at(&theirs_file, &mut theirs_chunk, at) {
+                Ok(()) => same = theirs_chunk == mine,
+                Err(e) => {
+                    failed = Some(e);
+                    same = false;
+                }
+            }
+            same
+        })?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        if !same || seen != ours.len() {
+            return Ok(Unchanged::Send);
+        }
+        let mine = super::racy::content_of_view(self, p)?;
         if !same_mtime_on_share(ours.mtime(), theirs.mtime()) {
             let sent = Sent {
                 size: ours.len(),
@@ -556,7 +573,7 @@ impl Overlay {
         super::interleave_tests::after_unchanged_stamp(self);
         let second = self.share_second();
         let stamped = sys::fstat(&theirs_file)?;
-        if read_all(&theirs_file)? != mine
+        if super::racy::content_of(&theirs_file)? != mine
             || sys::fstat(&theirs_file)?.version() != stamped.version()
             || self
                 .share
@@ -583,7 +600,7 @@ impl Overlay {
             let attributes = super::racy::attributes_of(&theirs_file)?;
             records.push(Record::Racy(
                 p.to_path_buf(),
-                super::racy::sealed(super::racy::content_of_bytes(&mine), &attributes),
+                super::racy::sealed(mine, &attributes),
             ));
         }
         records.push(Record::Clean(p.to_path_buf()));

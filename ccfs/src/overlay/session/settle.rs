@@ -281,9 +281,7 @@ impl Overlay {
         };
         if as_handed && !written_elsewhere(&self.cache, &up(p)) {
             // As the view has it (a file held by block lacks blocks in its cache file).
-            return self.view_bytes(p).map_or(Content::Unknown, |b| {
-                crate::overlay::racy::content_of_bytes(&b)
-            });
+            return crate::overlay::racy::content_of_view(self, p).unwrap_or(Content::Unknown);
         }
         Content::Unknown
     }
