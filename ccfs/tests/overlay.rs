@@ -1148,7 +1148,9 @@ fn sessions_config(cases: u32) -> ProptestConfig {
 /// One user on two workstations: the share and both views equal the model after every
 /// step; every sync reports what the model predicts; see `model`. (Every file taken over
 /// from the share is held by block, unless `CCFS_MODEL_BY_BLOCK=0`.) The cases must have
-/// played files whose cache files lack blocks, and writes into such blocks.
+/// played files whose cache files lack blocks, and writes into such blocks (but on a share
+/// that keeps whole seconds, where a file changed in the second of its take-over, as
+/// nearly every file of the model is, is copied whole: its base stands by its content).
 #[test]
 fn two_workstations_share_equals_the_model() {
     let mut runner = proptest::test_runner::TestRunner::new(sessions_config(model::cases(128)));
@@ -1166,7 +1168,7 @@ fn two_workstations_share_equals_the_model() {
     }
     let (held, writes) = model::reference::coverage();
     let by_block = std::env::var_os("CCFS_MODEL_BY_BLOCK").is_none_or(|v| v != "0");
-    if by_block && model::cases(128) >= 16 {
+    if by_block && model::cases(128) >= 16 && !model::share_keeps_whole_seconds() {
         assert!(
             held > held_before && writes > writes_before,
             "the cases played no file held by block that lacked blocks ({} learnings) or no write into one ({})",

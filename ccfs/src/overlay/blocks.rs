@@ -558,6 +558,33 @@ impl Overlay {
         }
     }
 
+    /// Whether the cache's `rel` as the view shows it is `len` bytes, those of `other`
+    /// (read a chunk at a time; either longer or shorter than the other: not the same).
+    pub(super) fn view_equals(&self, rel: &Path, other: &File, len: u64) -> io::Result<bool> {
+        let mut same = true;
+        let mut theirs = Vec::new();
+        let mut failed = None;
+        let mut seen = 0u64;
+        self.view_reads(rel, |mine, at| {
+            seen = at + mine.len() as u64;
+            theirs.resize(mine.len(), 0);
+            match other.read_exact_at(&mut theirs, at) {
+                Ok(()) => same = theirs == mine,
+                // (Ours is longer by now.)
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => same = false,
+                Err(e) => {
+                    failed = Some(e);
+                    same = false;
+                }
+            }
+            same
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(same && seen == len)
+    }
+
     /// The bytes the cache's `rel` holds as the view shows them: of a file held by block,
     /// the blocks its cache file has and the base's elsewhere; of another, the cache file's.
     /// (Whole in memory: for tests; the sync reads with [`Overlay::view_reads`].)

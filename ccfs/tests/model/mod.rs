@@ -571,6 +571,19 @@ impl Drop for World {
 
 type Checked = Result<(), String>;
 
+/// Whether the share the cases run on ($CCFS_MODEL_SHARE_ROOT, else a temporary
+/// directory) keeps whole seconds: a directory made there has no nanoseconds.
+pub fn share_keeps_whole_seconds() -> bool {
+    let root = std::env::var_os("CCFS_MODEL_SHARE_ROOT").map(PathBuf::from);
+    let dir = match root {
+        Some(r) => tempfile::tempdir_in(r),
+        None => tempfile::tempdir(),
+    };
+    dir.is_ok_and(|d| {
+        fs::metadata(d.path()).is_ok_and(|m| m.mtime_nsec() == 0 && m.ctime_nsec() == 0)
+    })
+}
+
 impl World {
     /// The share below $CCFS_MODEL_SHARE_ROOT when set (a loop-mounted ext4, which reuses
     /// inode numbers), else in a temporary directory with the caches.

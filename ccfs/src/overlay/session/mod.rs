@@ -529,26 +529,7 @@ impl Overlay {
         if theirs.len() != ours.len() {
             return Ok(Unchanged::Send);
         }
-        let mut same = true;
-        let mut theirs_chunk = Vec::new();
-        let mut failed = None;
-        let mut seen = 0u64;
-        self.view_reads(p, |mine, at| {
-            seen = at + mine.len() as u64;
-            theirs_chunk.resize(mine.len(), 0);
-            match std::os::unix::fs::FileExt::read_exact_at(&theirs_file, &mut theirs_chunk, at) {
-                Ok(()) => same = theirs_chunk == mine,
-                Err(e) => {
-                    failed = Some(e);
-                    same = false;
-                }
-            }
-            same
-        })?;
-        if let Some(e) = failed {
-            return Err(e.into());
-        }
-        if !same || seen != ours.len() {
+        if !self.view_equals(p, &theirs_file, ours.len())? {
             return Ok(Unchanged::Send);
         }
         let mine = super::racy::content_of_view(self, p)?;
