@@ -116,8 +116,13 @@ impl Partial {
     /// Whether the cache file has every block below the limit (the base is no longer
     /// needed to read it).
     pub fn is_complete(&self) -> bool {
+        self.lacking() == 0
+    }
+
+    /// How many blocks below the limit the cache file lacks.
+    pub fn lacking(&self) -> u64 {
         let blocks = self.limit.div_ceil(crate::extents::BLOCK);
-        self.here.gaps(0, blocks).is_empty()
+        self.here.gaps(0, blocks).iter().map(|(s, e)| e - s).sum()
     }
 }
 

@@ -114,13 +114,7 @@ impl Overlay {
         let mut files = 0;
         for (_, part) in inner.state.partials() {
             files += 1;
-            let blocks = part.limit.div_ceil(crate::extents::BLOCK);
-            lacking += part
-                .here
-                .gaps(0, blocks)
-                .iter()
-                .map(|(s, e)| e - s)
-                .sum::<u64>();
+            lacking += part.lacking();
         }
         (files, lacking * crate::extents::BLOCK)
     }
