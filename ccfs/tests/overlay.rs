@@ -2298,3 +2298,18 @@ fn sessions_regression_a_held_base_changed_in_place_then_replaced_stays_unreadab
     )
     .expect("model");
 }
+
+/// Regression (from the model): a directory made here, with one inside it, while another
+/// workstation puts a symbolic link at its name on the share. The inner directory lists
+/// as ours (ccfs never follows a link on the share, and the look through it said "too
+/// many levels of symbolic links").
+#[test]
+fn sessions_regression_a_link_on_the_share_at_a_directory_made_here() {
+    use model::Op::*;
+    model::run_sessions(
+        vec![],
+        [-315360000, -315360000],
+        vec![Mkdir(1, 2), Mkdir(1, 4), Symlink(0, 2, 0), Logout(0)],
+    )
+    .expect("model");
+}

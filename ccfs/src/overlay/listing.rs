@@ -167,7 +167,13 @@ impl Overlay {
     pub(super) fn list_share(&self, rel: &Path) -> io::Result<Vec<(OsString, u32)>> {
         let entries = match self.share.read_dir(rel) {
             Ok(e) => e,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+            // (ELOOP: a symbolic link on the way, which ccfs never follows.)
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
                 return Ok(Vec::new())
             }
             Err(e) => return Err(e),

@@ -255,10 +255,13 @@ impl Root {
         Ok((fd, cname(name)?))
     }
 
-    /// lstat below the root; `Ok(None)` when it does not exist.
+    /// lstat below the root; `Ok(None)` when it does not exist (nor does a path through a
+    /// file or a symbolic link, which is never followed).
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
         match self.stat_through(rel) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+                Ok(None)
+            }
             r => r,
         }
     }
