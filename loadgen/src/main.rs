@@ -205,7 +205,8 @@ struct StormArgs {
     /// A name for the share under test (charts and tables).
     #[arg(long)]
     label: Option<String>,
-    /// Keep the homes on the share at the end.
+    /// Keep the homes on the share at the end, and the workstations' mount points and caches
+    /// (with the ccfs daemons' logs) in --work.
     #[arg(long)]
     keep: bool,
 }

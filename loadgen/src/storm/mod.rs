@@ -216,6 +216,9 @@ pub fn run(
                         keep_evidence(&work, e);
                         failed_kept = true;
                     }
+                    // `--keep` keeps the caches too: the daemons' logs say where each
+                    // sync's time went.
+                    _ if cfg.keep && !interrupted() => {}
                     _ => {
                         let _ = std::fs::remove_dir_all(&work);
                     }
