@@ -22,15 +22,27 @@ pub enum SyncMode {
 /// A file the sync sends itself (not through rsync).
 type Sender<'a> = dyn Fn(&Overlay, &Path) -> std::io::Result<Put> + 'a;
 
-/// Sends the files the sync sends itself (mostly holes, held by block), each kind one
+/// Sends the files the sync sends itself (regular files of one name, mostly holes, held
+/// by block), each kind one
 /// part of the transfer, with what it says landed; why a file could not be sent goes to
 /// `why`.
 fn send_ourselves(
     overlay: &Overlay,
     session: &crate::overlay::SyncSession<'_>,
+    direct: &[PathBuf],
     parts: &mut Vec<(Transfer, Option<Listed>)>,
     why: &mut Vec<String>,
 ) {
+    if !direct.is_empty() {
+        let sent = overlay.send_files(direct);
+        let t = if sent.put.len() == direct.len() {
+            Transfer::Complete
+        } else {
+            Transfer::Reported(sent.put.clone())
+        };
+        parts.push((t, Some(sent.put)));
+        why.extend(sent.errors);
+    }
     let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
     let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
     let senders: [(&Vec<PathBuf>, &Sender); 2] = [
@@ -93,6 +105,10 @@ pub struct SyncReport {
     /// written after they were handed to rsync. The next sync sends them again.
     #[serde(default)]
     pub kept_open: Vec<PathBuf>,
+    /// The regular files the sync sent itself, not through rsync (see
+    /// `overlay/send_files.rs`), in the order sent.
+    #[serde(skip)]
+    pub sent_directly: Vec<PathBuf>,
     pub ok: bool,
     pub seconds: f64,
     /// Unix time at the end of the sync.
@@ -145,6 +161,8 @@ pub fn run_sync(
 ) -> Result<SyncReport, SyncError> {
     let start = Instant::now();
     let session = overlay.begin_sync(&hostname(), &stamp(SystemTime::now()))?;
+    let checked = start.elapsed();
+    let by_block = session.by_blocks.len();
     let mut report = SyncReport {
         sent: session.files.len(),
         unchanged: session.unchanged,
@@ -158,14 +176,24 @@ pub fn run_sync(
     // Three kinds of transfer, each with what it says landed: the snapshots of files
     // being written (see `overlay/snapshot.rs`), the cache's files, and the files that
     // are mostly holes, which ccfs sends itself (see `overlay/sparse.rs`).
+    // rsync arguments of the configuration's own apply to every file: then rsync sends
+    // them all.
+    let direct: &[PathBuf] = if opts.extra_args.is_empty() {
+        &session.direct
+    } else {
+        &[]
+    };
+    let sent_here: std::collections::HashSet<&PathBuf> = session
+        .snapshots
+        .iter()
+        .chain(&session.sparse)
+        .chain(&session.by_blocks)
+        .chain(direct)
+        .collect();
     let files: Vec<PathBuf> = session
         .files
         .iter()
-        .filter(|p| {
-            !session.snapshots.contains(p)
-                && !session.sparse.contains(p)
-                && !session.by_blocks.contains(p)
-        })
+        .filter(|p| !sent_here.contains(p))
         .cloned()
         .collect();
     // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
@@ -202,12 +230,16 @@ pub fn run_sync(
         parts.push((t, l));
         why.extend(w);
     }
-    send_ourselves(overlay, &session, &mut parts, &mut why);
+    let rsynced = start.elapsed();
+    send_ourselves(overlay, &session, direct, &mut parts, &mut why);
+    report.sent_directly = direct.to_vec();
+    let sent_here = start.elapsed();
     let transfer = all_of(parts);
     let why = (!why.is_empty()).then(|| why.join("; "));
     let settled = session.finish(transfer);
     overlay.drop_snapshots();
     let settled = settled?;
+    let finished = start.elapsed();
     report.cleaned = settled.cleaned + report.unchanged;
     report.deleted = settled.deleted;
     report.conflicts.extend(settled.conflicts);
@@ -240,6 +272,18 @@ pub fn run_sync(
             .iter()
             .any(|c| c.kind == crate::overlay::ConflictKind::BlocksKeptHere);
     report.seconds = start.elapsed().as_secs_f64();
+    // Where a sync's time goes, each phase as milliseconds from its start.
+    tracing::info!(
+        mode = ?mode,
+        rsync_files = files.len(),
+        by_block,
+        checked_ms = checked.as_millis() as u64,
+        rsynced_ms = rsynced.as_millis() as u64,
+        sent_here_ms = sent_here.as_millis() as u64,
+        settled_ms = finished.as_millis() as u64,
+        total_ms = start.elapsed().as_millis() as u64,
+        "sync phases"
+    );
     report.finished_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -1639,3 +1639,93 @@ fn a_dotfile_saved_unchanged_with_a_hard_link_on_the_share_leaves_the_other_name
     assert_eq!(read(&fx.s(".l1")), "linked\n");
     assert_eq!(read(&fx.s(".l2")), "linked\n");
 }
+
+/// The regular files a logout sends itself (not through rsync) arrive as rsync would put
+/// them: every permission bit (set-id ones and those a umask takes included), the mtime to
+/// the nanosecond, the bytes, the holes kept holes; and the holding directories they were
+/// made in are gone from the share.
+#[test]
+fn files_the_logout_sends_itself_keep_their_bits_mtime_and_holes() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    fs::write(fx.s(".config/old.conf"), "old\n").expect("seed");
+    let m = fx.mount();
+    let modes = [
+        ("a.conf", 0o640),
+        ("run.sh", 0o4755),
+        ("open.conf", 0o666),
+        ("old.conf", 0o600),
+    ];
+    for (f, mode) in modes {
+        write(&fx.m(&format!(".config/{f}")), &format!("{f}\n"));
+        fs::set_permissions(
+            fx.m(&format!(".config/{f}")),
+            fs::Permissions::from_mode(mode),
+        )
+        .expect("chmod");
+    }
+    // A file of 4 MiB with 4 KiB of data in the middle.
+    let sparse = fx.m(".config/sparse.db");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&sparse)
+        .expect("create");
+    f.set_len(4 << 20).expect("set_len");
+    std::os::unix::fs::FileExt::write_all_at(&f, &[7u8; 4096], 2 << 20).expect("write");
+    drop(f);
+    let t = Command::new("touch")
+        .args(["-m", "-d", "2031-05-06 07:08:09.123456789"])
+        .arg(fx.m(".config/a.conf"))
+        .output()
+        .expect("touch");
+    assert!(t.status.success(), "{}", text(&t));
+    let here = |f: &str| fs::symlink_metadata(fx.m(&format!(".config/{f}"))).expect("stat");
+    let wanted: Vec<(u32, i64, i64)> = ["a.conf", "run.sh", "open.conf", "old.conf", "sparse.db"]
+        .iter()
+        .map(|f| {
+            let m = here(f);
+            (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
+        })
+        .collect();
+    assert_eq!(wanted[1].0, 0o4755, "the set-id bit is set here");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let there = |f: &str| fs::symlink_metadata(fx.s(&format!(".config/{f}"))).expect("stat");
+    let got: Vec<(u32, i64, i64)> = ["a.conf", "run.sh", "open.conf", "old.conf", "sparse.db"]
+        .iter()
+        .map(|f| {
+            let m = there(f);
+            (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
+        })
+        .collect();
+    assert_eq!(
+        got, wanted,
+        "(mode, mtime s, ns) on the share as in the session"
+    );
+    for (f, _) in modes {
+        assert_eq!(read(&fx.s(&format!(".config/{f}"))), format!("{f}\n"));
+    }
+    let db = fs::read(fx.s(".config/sparse.db")).expect("read");
+    assert_eq!(db.len(), 4 << 20);
+    assert!(
+        db[..2 << 20].iter().all(|b| *b == 0) && db[(2 << 20) + 4096..].iter().all(|b| *b == 0)
+    );
+    assert!(db[2 << 20..(2 << 20) + 4096].iter().all(|b| *b == 7));
+    assert!(
+        there("sparse.db").blocks() * 512 < 1 << 20,
+        "its holes stay holes on the share ({} blocks)",
+        there("sparse.db").blocks()
+    );
+    for dir in ["", ".config"] {
+        let names: Vec<String> = fs::read_dir(fx.s(dir))
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.contains("ccfs-sync-partial")),
+            "no holding directory stays in {dir:?}: {names:?}"
+        );
+    }
+}

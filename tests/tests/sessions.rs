@@ -181,8 +181,10 @@ fn failing_rsync_config(fx: &Fixture, flag: &Path) -> PathBuf {
     )
     .expect("wrapper");
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // (An argument of its own for rsync: rsync then sends every file, plain ones too,
+    // which ccfs would otherwise send itself, and the wrapper's failure is the sync's.)
     fx.config(&format!(
-        "[sync]\nrsync = \"{}\"\ninterval_secs = 0\n",
+        "[sync]\nrsync = \"{}\"\nextra_args = [\"--no-motd\"]\ninterval_secs = 0\n",
         wrapper.display()
     ))
 }
@@ -888,10 +890,12 @@ fn gated_rsync_config(gates: &Path) -> PathBuf {
     .expect("wrapper");
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod");
     let config = gates.join("ccfs.toml");
+    // (rsync sends every file, plain ones too, which ccfs would otherwise send itself:
+    // the gates hold the whole transfer.)
     fs::write(
         &config,
         format!(
-            "[sync]\nrsync = \"{}\"\ninterval_secs = 0\n",
+            "[sync]\nrsync = \"{}\"\nextra_args = [\"--no-motd\"]\ninterval_secs = 0\n",
             wrapper.display()
         ),
     )
@@ -1442,4 +1446,47 @@ fn a_kept_directory_shows_the_mode_the_share_gave_it_meanwhile() {
         fs::metadata(fx.s(".ssh")).expect("stat").mode() & 0o7777,
         0o700
     );
+}
+
+/// A plain file the sync cannot send itself (its directory on the share holds a file at
+/// the name of the sync's holding directory, so no copy can be made there) stays unsynced
+/// work: the sync says which and fails, the file in another directory arrives all the
+/// same, and the next sync, the obstacle gone, sends the rest. Nothing is lost meanwhile.
+#[test]
+fn a_file_the_sync_cannot_send_itself_stays_unsynced_and_goes_with_the_next_sync() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".config")).expect("mkdir");
+    write(&fx.s(".config/app.conf"), "old\n");
+    let m = fx.mount();
+    write(&fx.m(".config/app.conf"), "new\n");
+    write(&fx.m(".other"), "other\n");
+    // Put there by another machine, straight on the share.
+    write(&fx.s(".config/.ccfs-sync-partial~"), "in the way\n");
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(
+        !out.status.success(),
+        "the sync says it failed: {}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains(".config/app.conf"),
+        "it names the file: {}",
+        text(&out)
+    );
+    assert_eq!(
+        read(&fx.s(".config/app.conf")),
+        "old\n",
+        "the share keeps its file whole"
+    );
+    assert_eq!(read(&fx.s(".other")), "other\n", "the other file arrived");
+    assert_eq!(
+        read(&fx.m(".config/app.conf")),
+        "new\n",
+        "the session still sees ours"
+    );
+    fs::remove_file(fx.s(".config/.ccfs-sync-partial~")).expect("rm");
+    let out = m.umount();
+    ok(&out);
+    assert_eq!(read(&fx.s(".config/app.conf")), "new\n");
+    assert!(!fx.s(".config/.ccfs-sync-partial~").exists());
 }

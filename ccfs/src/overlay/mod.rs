@@ -157,6 +157,7 @@ pub struct SetAttr {
 
 pub use blocks::BlockFile;
 pub use open_file::{FileFailed, FileIo, OpenFile};
+pub use send_files::{FilesSent, Staged, StagedFiles};
 pub use session::{Conflict, ConflictKind, Emptied, SyncSession, Transfer};
 
 mod attrs;
@@ -172,6 +173,7 @@ mod open_file;
 mod racy;
 mod rename;
 mod send_blocks;
+mod send_files;
 mod session;
 mod snapshot;
 mod sparse;

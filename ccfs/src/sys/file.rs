@@ -192,6 +192,12 @@ pub fn data_extents(src: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)
     Ok(out)
 }
 
+/// fchmod(2).
+pub fn fchmod(file: &File, mode: u32) -> io::Result<()> {
+    // SAFETY: the fd is owned by `file`.
+    check(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) })
+}
+
 /// lseek with SEEK_DATA / SEEK_HOLE; `Ok(None)` at end of data (ENXIO).
 fn seek(file: &File, offset: u64, whence: i32) -> io::Result<Option<u64>> {
     // SAFETY: the fd is owned by `file`.
@@ -209,6 +215,23 @@ fn seek(file: &File, offset: u64, whence: i32) -> io::Result<Option<u64>> {
 /// Copies file data, keeping holes (SEEK_DATA/SEEK_HOLE) and using copy_file_range.
 /// `dst` must be empty; its size is set to `len` at the end.
 pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
+    copy_extents(src, dst, len)?;
+    dst.set_len(len)
+}
+
+/// [`copy_data`] into a new, empty `dst`: its length is set only where the data does not
+/// reach `len` (a hole at the end), one call less to a network share.
+pub fn copy_into_new(src: &File, dst: &File, len: u64) -> io::Result<()> {
+    if copy_extents(src, dst, len)? < len {
+        dst.set_len(len)?;
+    }
+    Ok(())
+}
+
+/// Copies the data extents of the first `len` bytes of `src` to the same offsets of
+/// `dst`; returns the end of the last byte copied.
+fn copy_extents(src: &File, dst: &File, len: u64) -> io::Result<u64> {
+    let mut end = 0u64;
     let mut pos = 0u64;
     while pos < len {
         let data = match seek(src, pos, libc::SEEK_DATA) {
@@ -246,7 +269,7 @@ pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
                     | Some(libc::ENOSYS)
                     | Some(libc::EOPNOTSUPP)
                     | Some(libc::EINVAL) => {
-                        copy_slow(src, dst, off_in as u64, left)?;
+                        end = end.max(copy_slow(src, dst, off_in as u64, left)?);
                         break;
                     }
                     _ => return Err(e),
@@ -256,13 +279,15 @@ pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
                 break; // source shrank under us
             }
             left -= n as usize;
+            end = end.max(off_out as u64);
         }
         pos = hole;
     }
-    dst.set_len(len)
+    Ok(end)
 }
 
-fn copy_slow(src: &File, dst: &File, mut off: u64, mut left: usize) -> io::Result<()> {
+/// Copies `left` bytes at `off` by reads and writes; returns the end of what it copied.
+fn copy_slow(src: &File, dst: &File, mut off: u64, mut left: usize) -> io::Result<u64> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 256 * 1024];
     while left > 0 {
@@ -275,7 +300,7 @@ fn copy_slow(src: &File, dst: &File, mut off: u64, mut left: usize) -> io::Resul
         off += n as u64;
         left -= n;
     }
-    Ok(())
+    Ok(off)
 }
 /// Non-blocking exclusive flock; `Ok(false)` when another process holds it.
 pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {

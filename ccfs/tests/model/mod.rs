@@ -343,6 +343,12 @@ fn bytes_brief(d: &[u8]) -> String {
     format!("[{}] ({} bytes)", shown.join(", "), d.len())
 }
 
+/// Whether `p` is (in) a sync's holding directory on the share.
+fn in_holding_dir(p: &Path) -> bool {
+    let holding = std::ffi::OsStr::new(ccfs::sync::PARTIAL_DIR);
+    p.components().any(|c| c.as_os_str() == holding)
+}
+
 /// The share below the root, read directly.
 fn share_tree(share: &Path) -> Tree {
     let mut out = Tree::new();
@@ -777,9 +783,14 @@ impl World {
                 let report = out
                     .report
                     .ok_or_else(|| format!("recovery failed: {:?}", out.error))?;
-                let want = model.sync(w, true, Run::All, &self.listed(), &self.host, &|p| {
-                    self.dir_ino(p)
-                })?;
+                let want = model.sync(
+                    w,
+                    true,
+                    Run::All,
+                    (&self.listed(), &report.sent_directly),
+                    &self.host,
+                    &|p| self.dir_ino(p),
+                )?;
                 same_report("recovery at login", &report, &want)?;
                 promises.kept(self, &o)?;
             }
@@ -818,7 +829,7 @@ impl World {
             w,
             mode != SyncMode::Session,
             run,
-            &self.listed(),
+            (&self.listed(), &report.sent_directly),
             &self.host,
             &|p| self.dir_ino(p),
         )?;
@@ -893,17 +904,17 @@ impl World {
             .begin_sync(&self.host, &stamp)
             .map_err(|e| format!("begin_sync: {e}"))?;
         // As the sync hands them to rsync: the snapshots of files being written first;
-        // then the files held by block, which it sends itself.
-        let by_block = &session.by_blocks;
+        // then the files it sends itself: the regular files (all copied into place, then
+        // renamed one after another), then those held by block.
+        let by_block = &session.by_blocks.clone();
+        let direct = &session.direct.clone();
         let files: Vec<PathBuf> = session
             .snapshots
             .iter()
-            .chain(
-                session
-                    .files
-                    .iter()
-                    .filter(|p| !session.snapshots.contains(p) && !by_block.contains(p)),
-            )
+            .chain(session.files.iter().filter(|p| {
+                !session.snapshots.contains(p) && !by_block.contains(p) && !direct.contains(p)
+            }))
+            .chain(direct.iter())
             .chain(by_block.iter())
             .cloned()
             .collect();
@@ -916,10 +927,27 @@ impl World {
         let part = &files[..k.min(files.len())];
         let (ours, theirs): (Vec<PathBuf>, Vec<PathBuf>) =
             part.iter().cloned().partition(|p| by_block.contains(p));
+        let (renamed, theirs): (Vec<PathBuf>, Vec<PathBuf>) =
+            theirs.into_iter().partition(|p| direct.contains(p));
         if !theirs.is_empty() {
             let mut opts = self.rsync(None);
             opts.binary = ccfs::sync::find_program("rsync").expect("rsync");
             run_rsync(&opts, o.upper(), o.share(), &theirs).map_err(|e| format!("rsync: {e}"))?;
+        }
+        // Killed in the renames: every regular file is in its holding directory, the
+        // first ones renamed into place.
+        if k > files.len() - direct.len() - by_block.len() {
+            let mut errors = Vec::new();
+            let mut staged = o.stage_files(direct, &mut errors);
+            if !errors.is_empty() {
+                return Err(format!("stage: {errors:?}"));
+            }
+            staged.files.truncate(renamed.len());
+            let mut sent = ccfs::overlay::FilesSent::default();
+            o.put_staged(staged, &mut sent);
+            if !sent.errors.is_empty() {
+                return Err(format!("put: {:?}", sent.errors));
+            }
         }
         for p in &ours {
             o.send_blocks(p, session.block_snapshots.get(p))
@@ -930,9 +958,15 @@ impl World {
         drop(o);
         self.session_ended(w);
         self.tell_looks_kept(model, &looks);
-        let want = model.sync(w, false, Run::CrashAfter(k), &files, &self.host, &|p| {
-            self.dir_ino(p)
-        })?;
+        let rsync_list = &files[..files.len() - direct.len() - by_block.len()];
+        let want = model.sync(
+            w,
+            false,
+            Run::CrashAfter(k),
+            (rsync_list, direct),
+            &self.host,
+            &|p| self.dir_ino(p),
+        )?;
         if conflicts != want.conflicts {
             return Err(format!(
                 "conflicts before the crash: model {:?}, ccfs {conflicts:?}",
@@ -1586,7 +1620,12 @@ impl World {
             .iter()
             .map(|(p, e)| Ok((p.clone(), self.node(&e.obj)?)))
             .collect::<Result<_, String>>()?;
-        let got = share_tree(&self.share);
+        let mut got = share_tree(&self.share);
+        // A sync killed while it renamed the files it sends itself leaves the others in
+        // their holding directories until that workstation's next sync cleans them up.
+        if model.ws.iter().any(|ws| !ws.sending.is_empty()) {
+            got.retain(|p, _| !in_holding_dir(p));
+        }
         if want != got {
             return Err(format!(
                 "the share differs from the model:\n{}",
@@ -1675,7 +1714,8 @@ impl Promises {
     fn kept(&self, world: &World, o: &Overlay) -> Checked {
         let after = share_tree(&world.share);
         for (p, n) in &self.before {
-            if !self.ours.contains(p) && after.get(p) != Some(n) {
+            // (What a sync killed earlier left in a holding directory is the sync's own.)
+            if !self.ours.contains(p) && after.get(p) != Some(n) && !in_holding_dir(p) {
                 return Err(format!(
                     "the sync changed {} on the share, which the session neither changed nor deleted: {} -> {:?}",
                     short(p),

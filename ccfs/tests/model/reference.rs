@@ -1481,16 +1481,17 @@ impl Model {
     }
 
     /// One sync of workstation `w` (session, logout or recovery: `drop_when_clean` for the
-    /// last two). `listed` is what rsync was handed, in order (empty when it did not run):
-    /// the model's list must equal it, except that each conflict copy the model predicts
-    /// takes its real name from it. `ino_of` reads a directory's inode number on the share.
+    /// last two). `listed` is what rsync was handed, in order (empty when it did not run),
+    /// and `direct_listed` the regular files the sync sent itself: the model's lists must
+    /// equal them, except that each conflict copy the model predicts takes its real name
+    /// from them. `ino_of` reads a directory's inode number on the share.
     /// Returns what the sync must report.
     pub fn sync(
         &mut self,
         w: usize,
         drop_when_clean: bool,
         run: Run,
-        listed: &[PathBuf],
+        (listed, direct_listed): (&[PathBuf], &[PathBuf]),
         host: &str,
         ino_of: &dyn Fn(&Path) -> Option<u64>,
     ) -> Result<Outcome, String> {
@@ -1500,8 +1501,10 @@ impl Model {
         if self.ws[w].share_down {
             // Nothing can be checked against the share: every change is held back and
             // named, nothing is sent, the cache keeps it all.
-            if !listed.is_empty() {
-                return Err(format!("rsync ran while the share was down: {listed:?}"));
+            if !listed.is_empty() || !direct_listed.is_empty() {
+                return Err(format!(
+                    "files were sent while the share was down: {listed:?} {direct_listed:?}"
+                ));
             }
             let ws = &mut self.ws[w];
             if matches!(run, Run::CrashAfter(_)) {
@@ -1689,6 +1692,7 @@ impl Model {
             .collect();
         let mut unknown: Vec<PathBuf> = listed
             .iter()
+            .chain(direct_listed)
             .filter(|p| !known.contains(*p))
             .cloned()
             .collect();
@@ -1811,13 +1815,26 @@ impl Model {
             .collect();
         // Files being written (mapped) go first, each as a snapshot, where the share has
         // their directory; then the rest.
-        // Files held by block are sent by the sync itself, after rsync's.
+        // Files held by block are sent by the sync itself, after rsync's; so are the
+        // regular files not being written, without an extended attribute, whose directory
+        // the share has and whose name there is no directory (first, by name).
         let (by_block, all): (Vec<PathBuf>, Vec<PathBuf>) = self.ws[w]
             .dirty
             .iter()
             .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .partition(|p| self.ws[w].partial.contains_key(p));
+        let (mut direct, all): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
+            !self.ws[w].held.contains(p)
+                && matches!(self.ws[w].upper.get(p), Some(Obj::File { xattr: None, .. }))
+                && p.parent().is_some_and(|d| {
+                    d.as_os_str().is_empty() || self.share.get(d).is_some_and(|e| e.obj.is_dir())
+                })
+                && !self.share.get(p).is_some_and(|e| e.obj.is_dir())
+        });
+        let direct_count = direct.len();
+        direct.extend(by_block);
+        let by_block = direct;
         let (mut files, rest): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
             self.ws[w].held.contains(p)
                 && matches!(self.ws[w].upper.get(p), Some(Obj::File { .. }))
@@ -1828,18 +1845,18 @@ impl Model {
         files.extend(rest);
         let crashed = matches!(run, Run::CrashAfter(_));
         let rsync_files = files.len();
-        if crashed {
-            // (The crash's harness hands over both, rsync's first.)
-            files.extend(by_block.iter().cloned());
-        }
         if files != listed {
             return Err(format!(
                 "rsync was handed {listed:?}, the model lists {files:?}"
             ));
         }
-        if !crashed {
-            files.extend(by_block.iter().cloned());
+        if by_block[..direct_count] != *direct_listed {
+            return Err(format!(
+                "the sync sent {direct_listed:?} itself, the model {:?}",
+                &by_block[..direct_count]
+            ));
         }
+        files.extend(by_block.iter().cloned());
         let mut deletions: Vec<PathBuf> = self.ws[w].whiteouts.iter().cloned().collect();
         deletions.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         let sent: Vec<Option<(usize, u64)>> =

@@ -100,6 +100,9 @@ pub struct SyncSession<'a> {
     pub snapshots: Vec<PathBuf>,
     /// Files that are mostly holes, which the sync sends itself (see `overlay/sparse.rs`).
     pub sparse: Vec<PathBuf>,
+    /// Regular files the sync sends itself rather than through rsync (see
+    /// `overlay/send_files.rs`).
+    pub direct: Vec<PathBuf>,
     /// Files held by block, which the sync sends by their changed blocks (see
     /// `overlay/send_blocks.rs`).
     pub by_blocks: Vec<PathBuf>,
@@ -280,6 +283,10 @@ impl Overlay {
             .collect();
         self.record(&mut inner, &records)?;
         drop(inner);
+        // (Asked of the share without the lock.)
+        session.direct = self
+            .share_takes_directly(std::mem::take(&mut session.direct))
+            .0;
         let files = session.files.clone();
         self.clean_partial_transfers(&files, &mut session.errors);
         Ok(session)
@@ -331,6 +338,10 @@ impl Overlay {
             }
             if self.sent_as_sparse(p, m) {
                 session.sparse.push(p.clone());
+                continue;
+            }
+            if self.may_send_directly(p, m, session.quiet[i]) {
+                session.direct.push(p.clone());
                 continue;
             }
             // (A file of several names goes as it is: rsync keeps its names one file. So
@@ -658,6 +669,7 @@ impl<'a> SyncSession<'a> {
             quiet: Vec::new(),
             snapshots: Vec::new(),
             sparse: Vec::new(),
+            direct: Vec::new(),
             by_blocks: Vec::new(),
             block_snapshots: HashMap::new(),
             conflicts: Vec::new(),

@@ -1,0 +1,193 @@
+//! Regular files the sync sends itself, as rsync `--delay-updates` would put them, with
+//! fewer requests to the share. rsync asks a replicated share for about 140 calls a small
+//! file (its temporary file made, written, given mode and times one call each, renamed
+//! into the holding directory, renamed into place, the holding directory's removal tried
+//! after each file); the logout of a class sends thousands of such files at once, and the
+//! server's CPU sets how long that takes. Here each file is made in the holding directory
+//! of its directory with its mode, written, given its mtime, put on disk; once every file
+//! is there, each is renamed over the share's file, and each holding directory is removed
+//! once. A sync cut short leaves the share's files as they were, or some of them new:
+//! never a file half written (the holding directories are cleaned up as rsync's are).
+//!
+//! Only what rsync would carry no differently goes this way: a regular file of one name,
+//! not open for writing when handed over, without extended attributes or ACLs, whose
+//! directory the share has and whose name there is no directory. Everything else (and
+//! every file, when the configuration gives rsync arguments of its own) goes to rsync.
+
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::rsync::Put;
+
+/// A file copied into its holding directory on the share, on disk, not yet in place.
+#[derive(Debug)]
+pub struct Staged {
+    /// The path in the home.
+    pub rel: PathBuf,
+    /// Its copy in the holding directory.
+    tmp: PathBuf,
+    /// The cache file's mtime the copy has (whole seconds, as rsync reports it).
+    mtime: i64,
+}
+
+/// The files [`Overlay::stage_files`] copied into place (in the order given), and the
+/// holding directories it used.
+#[derive(Debug, Default)]
+pub struct StagedFiles {
+    pub files: Vec<Staged>,
+    dirs: BTreeSet<PathBuf>,
+}
+
+/// What [`Overlay::send_files`] put on the share, and why the others did not get there.
+#[derive(Debug, Default)]
+pub struct FilesSent {
+    pub put: HashMap<PathBuf, Put>,
+    pub errors: Vec<String>,
+}
+
+impl Overlay {
+    /// Whether the sync may send the cache's `rel` itself (see the module documentation),
+    /// as far as the cache tells: `m` is its look as handed over, `quiet` whether nothing
+    /// had it open for writing then. The share is asked later, by
+    /// [`Overlay::share_takes_directly`].
+    pub(super) fn may_send_directly(&self, rel: &Path, m: &Stat, quiet: bool) -> bool {
+        quiet
+            && m.is_file()
+            && m.nlink() == 1
+            && self
+                .cache
+                .listxattr(&up(rel))
+                .is_ok_and(|names| names.is_empty())
+    }
+
+    /// Of `files` (which [`Overlay::may_send_directly`] took), those the share takes as
+    /// the sync sends them: their directory is one on the share (asked once a directory)
+    /// and their name there is no directory (rsync replaces a directory it may remove).
+    /// The others are handed to rsync.
+    pub(super) fn share_takes_directly(&self, files: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let mut dirs: HashMap<PathBuf, bool> = HashMap::new();
+        files.into_iter().partition(|p| {
+            let parent = p.parent().unwrap_or(Path::new("")).to_path_buf();
+            let dir_there = *dirs
+                .entry(parent)
+                .or_insert_with_key(|d| matches!(self.share.stat(d), Ok(Some(m)) if m.is_dir()));
+            dir_there && matches!(self.share.stat(p), Ok(m) if !m.is_some_and(|m| m.is_dir()))
+        })
+    }
+
+    /// Sends `files` (see the module documentation): every one copied into place beside
+    /// the share's file first, then every one renamed over it.
+    pub fn send_files(&self, files: &[PathBuf]) -> FilesSent {
+        let mut sent = FilesSent::default();
+        let staged = self.stage_files(files, &mut sent.errors);
+        self.put_staged(staged, &mut sent);
+        sent
+    }
+
+    /// The first half of [`Overlay::send_files`]: each file copied into the holding
+    /// directory of its directory on the share, with its mode, owner (when root) and
+    /// mtime, on disk. A file that cannot be leaves nothing there and is named in `errors`.
+    pub fn stage_files(&self, files: &[PathBuf], errors: &mut Vec<String>) -> StagedFiles {
+        let mut holding: HashMap<PathBuf, Result<PathBuf, String>> = HashMap::new();
+        let mut staged = StagedFiles::default();
+        for rel in files {
+            let (Some(name), parent) = (rel.file_name(), rel.parent().unwrap_or(Path::new("")))
+            else {
+                continue;
+            };
+            let dir = holding
+                .entry(parent.to_path_buf())
+                .or_insert_with(|| self.holding_dir(parent).map_err(|e| e.to_string()));
+            let dir = match dir {
+                Ok(d) => d.clone(),
+                Err(e) => {
+                    errors.push(format!(
+                        "cannot send {}: cannot make its holding directory: {e}",
+                        session::shown(rel)
+                    ));
+                    continue;
+                }
+            };
+            let tmp = dir.join(name);
+            staged.dirs.insert(dir);
+            match self.stage(rel, &tmp) {
+                Ok(mtime) => staged.files.push(Staged {
+                    rel: rel.clone(),
+                    tmp,
+                    mtime,
+                }),
+                Err(e) => {
+                    let _ = self.share.unlink(&tmp);
+                    errors.push(format!("cannot send {}: {e}", session::shown(rel)));
+                }
+            }
+        }
+        staged
+    }
+
+    /// The second half of [`Overlay::send_files`]: each staged file renamed over the
+    /// share's, in the order given, then the holding directories removed (one that holds
+    /// something else stays).
+    pub fn put_staged(&self, staged: StagedFiles, sent: &mut FilesSent) {
+        for s in staged.files {
+            match self.share.rename(&s.tmp, &s.rel, 0) {
+                Ok(()) => {
+                    sent.put.insert(s.rel, Put::File(s.mtime));
+                }
+                Err(e) => {
+                    let _ = self.share.unlink(&s.tmp);
+                    sent.errors
+                        .push(format!("cannot send {}: {e}", session::shown(&s.rel)));
+                }
+            }
+        }
+        for d in staged.dirs {
+            let _ = self.share.rmdir(&d);
+        }
+    }
+
+    /// Copies the cache's `rel` to `tmp` on the share (whatever was there goes): made
+    /// with its permission bits (the holding directory lets no one else in), its data
+    /// (holes kept), owner (when root), mode, mtime, then written to disk. Returns the
+    /// mtime's seconds.
+    fn stage(&self, rel: &Path, tmp: &Path) -> io::Result<i64> {
+        let src = self.cache.open_file(
+            &up(rel),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let meta = sys::fstat(&src)?;
+        if !meta.is_file() {
+            return Err(io::Error::other("no longer a regular file"));
+        }
+        let want = meta.mode() & 0o7777;
+        let create = |root: &Root| {
+            root.open_file(
+                tmp,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                want & 0o777,
+            )
+        };
+        let dst = match create(&self.share) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // Left by a send cut short.
+                self.share.unlink(tmp)?;
+                create(&self.share)?
+            }
+            r => r?,
+        };
+        sys::copy_into_new(&src, &dst, meta.len())?;
+        if self.as_root {
+            self.share.fchown(&dst, meta.uid(), meta.gid())?;
+        }
+        // The bits the umask took, or that a change of owner clears (set-id).
+        let made = sys::fstat(&dst)?.mode() & 0o7777;
+        if made != want {
+            sys::fchmod(&dst, want)?;
+        }
+        let (secs, nsecs) = meta.mtime();
+        sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
+        dst.sync_all()?;
+        Ok(secs)
+    }
+}
