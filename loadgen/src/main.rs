@@ -175,7 +175,8 @@ struct StormArgs {
     #[arg(long)]
     ccfs_config: Option<PathBuf>,
     /// Users return to their workstations: each holds what an earlier session left (the
-    /// local `.cache`; with ccfs, its cache) (default: a first login).
+    /// local `.cache`; with ccfs, its cache, once ccfs's background copy of the blocks its
+    /// files lack was done, as after a real session) (default: a first login).
     #[arg(long)]
     returning_users: bool,
     /// Local scratch space for mount points and the workstations' caches.

@@ -457,3 +457,54 @@ fn an_append_and_a_create_that_finds_the_file_go_through_its_blocks() {
     );
     assert_eq!(std::fs::read(fx.s(".big")).expect("share"), want_big);
 }
+
+/// `ccfs status` says what the background copy has left to do: nothing for a database
+/// whose attributes alone changed (its blocks stay on the share), the blocks a changed one
+/// lacks until they are copied. A logout after that keeps the database whole, and the user's next login on
+/// this workstation finds it lacking nothing: the copy is not made again.
+#[test]
+fn the_status_tells_what_the_background_copy_has_left_and_a_whole_copy_is_kept() {
+    let fx = Fixture::new();
+    make_db(&fx.s(DB), 4);
+    let chmodded = ".mozilla/p/favicons.sqlite";
+    make_db(&fx.s(chmodded), 2);
+    let to_fill = |st: &serde_json::Value| st["held_by_block"]["to_fill_bytes"].as_u64();
+    // Slow enough to see it at work.
+    let cfg = filling_at_once(&fx, 512);
+    let m = fx.mount_with(&["--config", &cfg]);
+    std::fs::set_permissions(
+        fx.m(chmodded),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let st = m.status();
+    assert!(
+        st["held_by_block"]["lacking_bytes"].as_u64() > Some(1 << 20),
+        "a database whose mode changed lacks its blocks: {st}"
+    );
+    assert_eq!(to_fill(&st), Some(0), "and the copy leaves it so: {st}");
+    sqlite(&fx.m(DB), "insert into notes values('here');");
+    let st = m.status();
+    assert!(
+        to_fill(&st) > Some(1 << 20),
+        "a changed one is to be copied: {st}"
+    );
+    wait_until("the copy done", Duration::from_secs(60), || {
+        to_fill(&m.status()) == Some(0)
+    });
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    let m = fx.mount_with(&["--config", &cfg]);
+    sqlite(&fx.m(DB), "insert into notes values('again');");
+    let st = m.status();
+    assert_eq!(
+        to_fill(&st),
+        Some(0),
+        "the next login's database lacks no block of those it changed: {st}"
+    );
+    assert_eq!(notes(&fx.m(DB)), ["here", "again"]);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    intact(&fx.s(DB));
+    assert_eq!(notes(&fx.s(DB)), ["here", "again"]);
+}

@@ -172,6 +172,10 @@ pub struct Status {
 pub struct HeldByBlock {
     pub files: usize,
     pub lacking_bytes: u64,
+    /// Of those, the bytes the background fill is to copy: of files with blocks written
+    /// here, where the cache's disk has room for them (0: nothing left for it to do).
+    #[serde(default)]
+    pub to_fill_bytes: u64,
 }
 
 impl Status {

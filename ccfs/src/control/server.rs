@@ -189,10 +189,11 @@ impl Daemon {
             conflicts: self.conflicts.locked().clone(),
             requests: self.overlay.requests.snapshot(),
             held_by_block: {
-                let (files, lacking_bytes) = self.overlay.held_by_block_now();
+                let (files, lacking_bytes, to_fill_bytes) = self.overlay.held_by_block_now();
                 super::HeldByBlock {
                     files,
                     lacking_bytes,
+                    to_fill_bytes,
                 }
             },
         }

@@ -106,17 +106,37 @@ impl Overlay {
         done
     }
 
-    /// How many files are held by block, and the bytes of the blocks they lack below their
-    /// limits, as the journal has them.
-    pub fn held_by_block_now(&self) -> (usize, u64) {
-        let inner = self.lock_any();
-        let mut lacking = 0;
-        let mut files = 0;
-        for (_, part) in inner.state.partials() {
-            files += 1;
-            lacking += part.lacking();
-        }
-        (files, lacking * crate::extents::BLOCK)
+    /// How many files are held by block, the bytes of the blocks they lack below their
+    /// limits, as the journal has them, and of those the bytes the background fill is to
+    /// copy (files it serves with blocks written here, not stopped by a full disk, where
+    /// the cache's disk has room for them).
+    pub fn held_by_block_now(&self) -> (usize, u64, u64) {
+        let parts: Vec<(PathBuf, u64, bool)> = {
+            let inner = self.lock_any();
+            inner
+                .state
+                .partials()
+                .map(|(p, part)| (p.clone(), part.lacking(), !part.changed.is_empty()))
+                .collect()
+        };
+        // The files the fill works on: those the daemon serves, not stopped.
+        let filled: HashSet<PathBuf> = self
+            .block_files
+            .locked()
+            .values()
+            .filter(|bf| !bf.fill_stopped.load(Ordering::Relaxed))
+            .map(|bf| bf.path().to_path_buf())
+            .collect();
+        let lacking: u64 = parts.iter().map(|(_, l, _)| l).sum();
+        let to_fill: u64 = parts
+            .iter()
+            .filter(|(p, l, written)| {
+                *written && *l > 0 && filled.contains(p) && self.room_for(l * crate::extents::BLOCK)
+            })
+            .map(|(_, l, _)| l)
+            .sum();
+        let block = crate::extents::BLOCK;
+        (parts.len(), lacking * block, to_fill * block)
     }
 
     /// Whether the cache's disk has room to spare for `bytes` more: at most half of its

@@ -131,15 +131,34 @@ impl CcfsMount {
         Ok(())
     }
 
-    pub(super) fn counts(&self) -> Result<ShareCounts, String> {
+    /// Waits, at most `limit`, until the daemon's background copy of the blocks its files
+    /// held by block lack has nothing left to do; the bytes left to it then.
+    pub(super) fn wait_filled(&self, limit: Duration) -> Result<u64, String> {
+        let start = std::time::Instant::now();
+        loop {
+            let left = self.status()?["held_by_block"]["to_fill_bytes"]
+                .as_u64()
+                .unwrap_or(0);
+            if left == 0 || start.elapsed() >= limit || crate::stop::interrupted() {
+                return Ok(left);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// `ccfs status --json` of this mount.
+    fn status(&self) -> Result<serde_json::Value, String> {
         let out = Command::new(&self.ccfs)
             .arg("status")
             .arg("--json")
             .arg(&self.mnt)
             .output()
             .map_err(|e| format!("cannot run ccfs status: {e}"))?;
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .map_err(|e| format!("ccfs status answered badly: {e}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("ccfs status answered badly: {e}"))
+    }
+
+    pub(super) fn counts(&self) -> Result<ShareCounts, String> {
+        let v = self.status()?;
         serde_json::from_value(v["requests"].clone())
             .map_err(|e| format!("ccfs status has no request counts: {e}"))
     }

@@ -94,6 +94,17 @@ pub(super) fn prepare_user(
     )?;
     let made = earlier(&mut Actor::new(ws.mnt.clone(), seed))
         .map_err(|e| format!("user{u:03}'s earlier session: {e}"));
+    // A real session lasts until the daemon's background copy of the blocks its files
+    // held by block lack is done; its logout then keeps them whole.
+    if made.is_ok() {
+        match m.wait_filled(Duration::from_secs(120)) {
+            Ok(0) => {}
+            Ok(left) => eprintln!(
+                "loadgen login-storm: user{u:03}'s earlier session ended before ccfs had copied {left} bytes its databases lack (after 120 s)"
+            ),
+            Err(e) => eprintln!("loadgen login-storm: user{u:03}'s earlier session: {e}"),
+        }
+    }
     let unmounted = m.umount();
     made?;
     unmounted
