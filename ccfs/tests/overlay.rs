@@ -2313,3 +2313,64 @@ fn sessions_regression_a_link_on_the_share_at_a_directory_made_here() {
     )
     .expect("model");
 }
+
+/// Two workstations send the same file at the same moment (both changed it; each checked
+/// the share before the other sent): each makes its copy under a name of its own and
+/// renames that one into place, never the other's, so what the share holds after each
+/// rename is what that workstation sent, and the later rename stands. (With one name for
+/// both, the second to stage replaced the first's copy, and the first put the second's
+/// version in place while reporting its own.) Nothing is left in the holding directory.
+#[test]
+fn two_workstations_sending_one_file_at_once_each_rename_their_own_copy() {
+    let env = Env::new();
+    fs::create_dir(env.share.join(".c")).expect("mkdir");
+    fs::write(env.share.join(".c/a"), "base\n").expect("seed");
+    let cache2 = env._tmp.path().join("cache2");
+    fs::create_dir(&cache2).expect("cache2");
+    let one = env.overlay();
+    let two = Overlay::new(&env.share, &cache2, Policy::default_policy()).expect("overlay");
+    write_file(&one, ".c/a", b"from one\n");
+    write_file(&two, ".c/a", b"from two, longer\n");
+    let s1 = one
+        .begin_sync("one", "20261129T000000Z")
+        .expect("begin one");
+    let s2 = two
+        .begin_sync("two", "20261129T000000Z")
+        .expect("begin two");
+    assert_eq!(
+        s1.direct,
+        [PathBuf::from(".c/a")],
+        "sent by the sync itself"
+    );
+    assert_eq!(s2.direct, [PathBuf::from(".c/a")]);
+    let (mut e1, mut e2) = (Vec::new(), Vec::new());
+    let staged1 = one.stage_files(&s1.direct, &mut e1);
+    let staged2 = two.stage_files(&s2.direct, &mut e2);
+    assert!(e1.is_empty() && e2.is_empty(), "{e1:?} {e2:?}");
+    let mut put1 = ccfs::overlay::FilesSent::default();
+    one.put_staged(staged1, &mut put1);
+    assert!(put1.errors.is_empty(), "{:?}", put1.errors);
+    assert_eq!(
+        fs::read_to_string(env.share.join(".c/a")).expect("read"),
+        "from one\n",
+        "the first rename puts the first workstation's copy"
+    );
+    let mut put2 = ccfs::overlay::FilesSent::default();
+    two.put_staged(staged2, &mut put2);
+    assert!(put2.errors.is_empty(), "{:?}", put2.errors);
+    assert_eq!(
+        fs::read_to_string(env.share.join(".c/a")).expect("read"),
+        "from two, longer\n"
+    );
+    let (t1, t2) = (
+        ccfs::overlay::Transfer::Reported(put1.put),
+        ccfs::overlay::Transfer::Reported(put2.put),
+    );
+    s1.finish(t1).expect("finish one");
+    s2.finish(t2).expect("finish two");
+    let left: Vec<_> = fs::read_dir(env.share.join(".c"))
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, [std::ffi::OsString::from("a")], "nothing else stays");
+}

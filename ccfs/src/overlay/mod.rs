@@ -283,6 +283,9 @@ pub struct Overlay {
     share_is_nfs: AtomicBool,
     /// The share's clock as last told (see [`racy`]). Lock order: 13, a leaf.
     share_clock: Mutex<Option<racy::ShareClock>>,
+    /// The name of this workstation as the last sync was given it (see
+    /// `send_files::copy_name`); empty before any. A leaf lock.
+    sync_host: Mutex<String>,
     /// The files held by block that a handle has used, by path (see [`blocks`]). Lock
     /// order: 14, a leaf.
     block_files: Mutex<HashMap<PathBuf, std::sync::Arc<BlockFile>>>,
@@ -583,6 +586,7 @@ impl Overlay {
             recent_looks: Mutex::new(HashMap::new()),
             recent_look_ms: AtomicU64::new(RECENT_LOOK.as_millis() as u64),
             share_clock: Mutex::new(None),
+            sync_host: Mutex::new(String::new()),
             share_is_nfs: AtomicBool::new(share_is_nfs),
             block_files: Mutex::new(HashMap::new()),
             by_block_from: AtomicU64::new(0),

@@ -11,8 +11,15 @@
 //!
 //! Only what rsync would carry no differently goes this way: a regular file of one name,
 //! not open for writing when handed over, without extended attributes or ACLs, whose
-//! directory the share has and whose name there is no directory. Everything else (and
-//! every file, when the configuration gives rsync arguments of its own) goes to rsync.
+//! directory the share has and whose name there is no directory, and short enough for the
+//! name of its copy. Everything else (and every file, when the configuration gives rsync
+//! arguments of its own) goes to rsync.
+//!
+//! The copy of `NAME` is `NAME~ccfs-HOST` in the holding directory, a name of this
+//! workstation's own: rsync (`NAME` there) or another workstation sending the same file
+//! at the same time never takes or replaces it, so the file renamed into place is the
+//! one made here. Only a copy of that name left by this workstation's sync cut short is
+//! ever replaced.
 
 use std::collections::BTreeSet;
 
@@ -67,6 +74,9 @@ impl Overlay {
     pub(super) fn share_takes_directly(&self, files: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
         let mut dirs: HashMap<PathBuf, bool> = HashMap::new();
         files.into_iter().partition(|p| {
+            if p.file_name().and_then(|n| self.copy_name(n)).is_none() {
+                return false;
+            }
             let parent = p.parent().unwrap_or(Path::new("")).to_path_buf();
             let dir_there = *dirs
                 .entry(parent)
@@ -91,8 +101,14 @@ impl Overlay {
         let mut holding: HashMap<PathBuf, Result<PathBuf, String>> = HashMap::new();
         let mut staged = StagedFiles::default();
         for rel in files {
-            let (Some(name), parent) = (rel.file_name(), rel.parent().unwrap_or(Path::new("")))
-            else {
+            let (Some(name), parent) = (
+                rel.file_name().and_then(|n| self.copy_name(n)),
+                rel.parent().unwrap_or(Path::new("")),
+            ) else {
+                errors.push(format!(
+                    "cannot send {}: its name is too long for a copy",
+                    session::shown(rel)
+                ));
                 continue;
             };
             let dir = holding
@@ -170,7 +186,7 @@ impl Overlay {
         };
         let dst = match create(&self.share) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                // Left by a send cut short.
+                // Left by a send of this workstation's cut short (the name is ours).
                 self.share.unlink(tmp)?;
                 create(&self.share)?
             }
@@ -189,5 +205,20 @@ impl Overlay {
         sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
         dst.sync_all()?;
         Ok(secs)
+    }
+
+    /// The name of the copy of a file named `name` in the holding directory, this
+    /// workstation's own (see the module documentation; the host is the one the sync was
+    /// given, this machine's name); None when it would be too long.
+    pub(super) fn copy_name(&self, name: &OsStr) -> Option<OsString> {
+        let host = self.sync_host.locked().clone();
+        let mut copy = name.to_os_string();
+        copy.push("~ccfs-");
+        if host.is_empty() {
+            copy.push(crate::sync::hostname());
+        } else {
+            copy.push(host);
+        }
+        (copy.len() <= 255).then_some(copy)
     }
 }

@@ -1817,15 +1817,19 @@ impl Model {
         // their directory; then the rest.
         // Files held by block are sent by the sync itself, after rsync's; so are the
         // regular files not being written, without an extended attribute, whose directory
-        // the share has and whose name there is no directory (first, by name).
+        // the share has and whose name there is no directory, of names short enough for
+        // their copy's (first, by name).
         let (by_block, all): (Vec<PathBuf>, Vec<PathBuf>) = self.ws[w]
             .dirty
             .iter()
             .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .partition(|p| self.ws[w].partial.contains_key(p));
+        // (The name of its copy, `NAME~ccfs-HOST`, must fit in a name.)
         let (mut direct, all): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
-            !self.ws[w].held.contains(p)
+            p.file_name()
+                .is_some_and(|n| n.len() + "~ccfs-".len() + host.len() <= 255)
+                && !self.ws[w].held.contains(p)
                 && matches!(self.ws[w].upper.get(p), Some(Obj::File { xattr: None, .. }))
                 && p.parent().is_some_and(|d| {
                     d.as_os_str().is_empty() || self.share.get(d).is_some_and(|e| e.obj.is_dir())

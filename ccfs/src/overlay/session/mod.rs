@@ -204,6 +204,7 @@ impl Overlay {
         // a look that reads the new count then sees the sync running, or ended.
         self.sync_running.store(true, Ordering::SeqCst);
         self.syncs_started.fetch_add(1, Ordering::SeqCst);
+        *self.sync_host.locked() = host.to_string();
         let mut session = SyncSession::new(self);
         self.settle_leftover(&mut session.errors)?;
         // The blocks written so far on record; a file held by block whose base the share

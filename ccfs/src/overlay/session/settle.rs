@@ -116,8 +116,9 @@ pub(super) fn is_reported_transfer(
 impl Overlay {
     /// Removes what an interrupted rsync `--delay-updates` left on the share: in the
     /// directories of `files`, the files of those names in ccfs's own holding directory
-    /// ([`crate::rsync::PARTIAL_DIR`]), then that directory if it is empty. Nothing else is
-    /// ever removed there.
+    /// ([`crate::rsync::PARTIAL_DIR`]), and the copies of them this workstation's sync
+    /// makes itself there (see `overlay/send_files.rs`), then that directory if it is
+    /// empty. Nothing else is ever removed there.
     pub(super) fn clean_partial_transfers(&self, files: &[PathBuf], errors: &mut Vec<String>) {
         let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
         // The share is asked once a directory whether it has a holding directory at all
@@ -140,17 +141,21 @@ impl Overlay {
             if !is_dir {
                 continue;
             }
-            let partial = holding.join(name);
-            match self.share.stat(&partial) {
-                Ok(Some(m)) if !m.is_dir() => {
-                    if let Err(e) = self.share.unlink(&partial) {
-                        errors.push(io_err("cannot remove the partial transfer", &partial, &e));
+            // rsync's copy, and the one the sync makes itself (`overlay/send_files.rs`).
+            let ours = self.copy_name(name);
+            for partial in std::iter::once(holding.join(name)).chain(ours.map(|n| holding.join(n)))
+            {
+                match self.share.stat(&partial) {
+                    Ok(Some(m)) if !m.is_dir() => {
+                        if let Err(e) = self.share.unlink(&partial) {
+                            errors.push(io_err("cannot remove the partial transfer", &partial, &e));
+                        }
+                        dirs.insert(holding.clone());
                     }
-                    dirs.insert(holding);
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
+                    Err(e) => errors.push(io_err("cannot look at", &partial, &e)),
                 }
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
-                Err(e) => errors.push(io_err("cannot look at", &partial, &e)),
             }
         }
         for d in dirs {
