@@ -71,6 +71,69 @@ fn send_ourselves(
     }
 }
 
+/// The part of a sync rsync does: the snapshots first, into directories the share has (no
+/// directory is made for them: the cache's may be gone by now), and the cache's `files`
+/// after them: where the two views of a path differ (a file written, then renamed away
+/// and a directory made at its name while the sync took its snapshots), the later one
+/// stands, as when rsync reads everything from the cache. (The snapshots stay until the
+/// session is settled: a file found as its snapshot then is clean, see
+/// `SyncSession::finish`.) ACLs and xattrs go only when a handed file has some (see
+/// `carried_attributes`).
+fn send_with_rsync(
+    overlay: &Overlay,
+    session: &crate::overlay::SyncSession<'_>,
+    opts: &RsyncOptions,
+    files: &[PathBuf],
+    parts: &mut Vec<(Transfer, Option<Listed>)>,
+    why: &mut Vec<String>,
+) -> Result<(), SyncError> {
+    let mut rsync_opts = opts.clone();
+    rsync_opts.caps.acls &= session.carries.acls;
+    rsync_opts.caps.xattrs &= session.carries.xattrs;
+    rsync_opts.implied_dirs |= session.carries.implied_dirs;
+    if !session.snapshots.is_empty() {
+        let mut snapshot_opts = rsync_opts.clone();
+        snapshot_opts.implied_dirs = false;
+        let sent = rsync_reported(
+            &snapshot_opts,
+            &overlay.snapshot_root(),
+            overlay.share(),
+            &session.snapshots,
+        );
+        if sent.is_err() {
+            overlay.drop_snapshots();
+        }
+        let (t, w, l) = sent?;
+        parts.push((t, l));
+        why.extend(w);
+    }
+    if !files.is_empty() {
+        let (t, w, l) = rsync_reported(&rsync_opts, overlay.upper(), overlay.share(), files)?;
+        parts.push((t, l));
+        why.extend(w);
+    }
+    Ok(())
+}
+
+/// The files of `session` rsync sends from the cache: all but the snapshots (which it
+/// sends from theirs) and those the sync sends itself (`direct`, mostly holes, held by
+/// block).
+fn rsync_files(session: &crate::overlay::SyncSession<'_>, direct: &[PathBuf]) -> Vec<PathBuf> {
+    let sent_here: std::collections::HashSet<&PathBuf> = session
+        .snapshots
+        .iter()
+        .chain(&session.sparse)
+        .chain(&session.by_blocks)
+        .chain(direct)
+        .collect();
+    session
+        .files
+        .iter()
+        .filter(|p| !sent_here.contains(p))
+        .cloned()
+        .collect()
+}
+
 /// The outcome of one sync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SyncReport {
@@ -173,63 +236,19 @@ pub fn run_sync(
     // meanwhile, and emptying the cache keeps it (a program of a crashed session writes
     // without the daemon, see `Overlay::drop_clean_cache`).
     let handed = session.handed();
-    // Three kinds of transfer, each with what it says landed: the snapshots of files
-    // being written (see `overlay/snapshot.rs`), the cache's files, and the files that
-    // are mostly holes, which ccfs sends itself (see `overlay/sparse.rs`).
-    // rsync arguments of the configuration's own apply to every file: then rsync sends
-    // them all.
+    // Kinds of transfer, each with what it says landed: the snapshots of files being
+    // written (see `overlay/snapshot.rs`) and the cache's files that rsync sends, then
+    // the files ccfs sends itself (plain ones, mostly holes, held by block). rsync
+    // arguments of the configuration's own apply to every file: then rsync sends them all.
     let direct: &[PathBuf] = if opts.extra_args.is_empty() {
         &session.direct
     } else {
         &[]
     };
-    let sent_here: std::collections::HashSet<&PathBuf> = session
-        .snapshots
-        .iter()
-        .chain(&session.sparse)
-        .chain(&session.by_blocks)
-        .chain(direct)
-        .collect();
-    let files: Vec<PathBuf> = session
-        .files
-        .iter()
-        .filter(|p| !sent_here.contains(p))
-        .cloned()
-        .collect();
-    // ACLs and xattrs only when a handed file has some (see `carried_attributes`).
-    let mut rsync_opts = opts.clone();
-    rsync_opts.caps.acls &= session.carries.acls;
-    rsync_opts.caps.xattrs &= session.carries.xattrs;
-    rsync_opts.implied_dirs |= session.carries.implied_dirs;
+    let files = rsync_files(&session, direct);
     let mut parts: Vec<(Transfer, Option<Listed>)> = Vec::new();
     let mut why: Vec<String> = Vec::new();
-    // The snapshots go first, into directories the share has (no directory is made for
-    // them: the cache's may be gone by now), and the cache's files after them: where the
-    // two views of a path differ (a file written, then renamed away and a directory made
-    // at its name while the sync took its snapshots), the later one stands, as when
-    // rsync reads everything from the cache. (The snapshots stay until the session is
-    // settled: a file found as its snapshot then is clean, see `SyncSession::finish`.)
-    if !session.snapshots.is_empty() {
-        let mut snapshot_opts = rsync_opts.clone();
-        snapshot_opts.implied_dirs = false;
-        let sent = rsync_reported(
-            &snapshot_opts,
-            &overlay.snapshot_root(),
-            overlay.share(),
-            &session.snapshots,
-        );
-        if sent.is_err() {
-            overlay.drop_snapshots();
-        }
-        let (t, w, l) = sent?;
-        parts.push((t, l));
-        why.extend(w);
-    }
-    if !files.is_empty() {
-        let (t, w, l) = rsync_reported(&rsync_opts, overlay.upper(), overlay.share(), &files)?;
-        parts.push((t, l));
-        why.extend(w);
-    }
+    send_with_rsync(overlay, &session, opts, &files, &mut parts, &mut why)?;
     let rsynced = start.elapsed();
     send_ourselves(overlay, &session, direct, &mut parts, &mut why);
     report.sent_directly = direct.to_vec();
@@ -273,15 +292,17 @@ pub fn run_sync(
             .any(|c| c.kind == crate::overlay::ConflictKind::BlocksKeptHere);
     report.seconds = start.elapsed().as_secs_f64();
     // Where a sync's time goes, each phase as milliseconds from its start.
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
     tracing::info!(
         mode = ?mode,
         rsync_files = files.len(),
+        sent_directly = report.sent_directly.len(),
         by_block,
-        checked_ms = checked.as_millis() as u64,
-        rsynced_ms = rsynced.as_millis() as u64,
-        sent_here_ms = sent_here.as_millis() as u64,
-        settled_ms = finished.as_millis() as u64,
-        total_ms = start.elapsed().as_millis() as u64,
+        checked_ms = ms(checked),
+        rsynced_ms = ms(rsynced),
+        sent_here_ms = ms(sent_here),
+        settled_ms = ms(finished),
+        total_ms = ms(start.elapsed()),
         "sync phases"
     );
     report.finished_at = SystemTime::now()

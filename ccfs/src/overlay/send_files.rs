@@ -11,8 +11,8 @@
 //!
 //! Only what rsync would carry no differently goes this way: a regular file of one name,
 //! not open for writing when handed over, without extended attributes or ACLs, whose
-//! directory the share has and whose name there is no directory, and short enough for the
-//! name of its copy. Everything else (and every file, when the configuration gives rsync
+//! directory the share has (writable by its owner) and whose name there is no directory,
+//! and short enough for the name of its copy. Everything else (and every file, when the configuration gives rsync
 //! arguments of its own) goes to rsync.
 //!
 //! The copy of `NAME` is `NAME~ccfs-HOST` in the holding directory, a name of this
@@ -68,8 +68,9 @@ impl Overlay {
     }
 
     /// Of `files` (which [`Overlay::may_send_directly`] took), those the share takes as
-    /// the sync sends them: their directory is one on the share (asked once a directory)
-    /// and their name there is no directory (rsync replaces a directory it may remove).
+    /// the sync sends them: their directory is one on the share that its owner may write
+    /// (asked once a directory) and their name there is no directory (rsync replaces a
+    /// directory it may remove).
     /// The others are handed to rsync.
     pub(super) fn share_takes_directly(&self, files: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
         let mut dirs: HashMap<PathBuf, bool> = HashMap::new();
@@ -78,9 +79,10 @@ impl Overlay {
                 return false;
             }
             let parent = p.parent().unwrap_or(Path::new("")).to_path_buf();
-            let dir_there = *dirs
-                .entry(parent)
-                .or_insert_with_key(|d| matches!(self.share.stat(d), Ok(Some(m)) if m.is_dir()));
+            // (A directory its owner may not write rsync makes writable while it sends.)
+            let dir_there = *dirs.entry(parent).or_insert_with_key(|d| {
+                matches!(self.share.stat(d), Ok(Some(m)) if m.is_dir() && m.mode() & 0o200 != 0)
+            });
             dir_there && matches!(self.share.stat(p), Ok(m) if !m.is_some_and(|m| m.is_dir()))
         })
     }
