@@ -252,6 +252,19 @@ pub fn run_sync(
     let rsynced = start.elapsed();
     send_ourselves(overlay, &session, direct, &mut parts, &mut why);
     report.sent_directly = direct.to_vec();
+    // The directories rsync sent keep the times it gave them.
+    let own_dirs: std::collections::HashSet<&Path> = direct
+        .iter()
+        .chain(&session.sparse)
+        .chain(&session.by_blocks)
+        .filter_map(|p| p.parent())
+        .collect();
+    let rsync_dirs: Vec<&Path> = files
+        .iter()
+        .map(PathBuf::as_path)
+        .filter(|p| own_dirs.contains(p))
+        .collect();
+    overlay.restore_dir_times(&rsync_dirs);
     let sent_here = start.elapsed();
     let transfer = all_of(parts);
     let why = (!why.is_empty()).then(|| why.join("; "));

@@ -1729,3 +1729,29 @@ fn files_the_logout_sends_itself_keep_their_bits_mtime_and_holes() {
         );
     }
 }
+
+/// A directory the logout sends (its mode and times changed here) keeps the mtime given
+/// here, although the files the sync sends itself go into it after rsync set that mtime
+/// (their holding directory made and removed, their renames).
+#[test]
+fn a_directory_sent_keeps_its_mtime_when_files_go_into_it_after() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.s(".d")).expect("mkdir");
+    fs::write(fx.s(".d/f"), "old\n").expect("seed");
+    let m = fx.mount();
+    write(&fx.m(".d/f"), "new\n");
+    fs::set_permissions(fx.m(".d"), fs::Permissions::from_mode(0o750)).expect("chmod");
+    let t = Command::new("touch")
+        .args(["-m", "-d", "2001-02-03 04:05:06"])
+        .arg(fx.m(".d"))
+        .output()
+        .expect("touch");
+    assert!(t.status.success(), "{}", text(&t));
+    let want = fs::metadata(fx.m(".d")).expect("stat").mtime();
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&fx.s(".d/f")), "new\n");
+    let there = fs::metadata(fx.s(".d")).expect("stat");
+    assert_eq!(there.mode() & 0o7777, 0o750);
+    assert_eq!(there.mtime(), want, "the directory's mtime as given here");
+}

@@ -632,3 +632,40 @@ fn a_kept_directory_made_unreadable_on_the_share_holds_up_no_logout() {
     fs::set_permissions(fx.s(".nr"), fs::Permissions::from_mode(0o755)).expect("chmod");
     assert_eq!(read(&fx.s(".nr/f")), "x1\n");
 }
+
+/// A file whose group is not the one its directory on the share hands out (a setgid
+/// directory of a group the user is not in) keeps its own group when the logout sends it,
+/// as rsync --archive keeps it: a file private to the user's group is not opened to the
+/// directory's.
+#[test]
+fn a_file_sent_into_a_setgid_directory_of_another_group_keeps_its_group() {
+    let alice = account("ccfs-alice");
+    let bob = account("ccfs-bob");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    let proj = fx.s(".proj");
+    fs::create_dir(&proj).expect("mkdir");
+    write(&fx.s(".proj/secret"), "v1\n");
+    std::os::unix::fs::chown(&fx.share, Some(alice.uid), Some(alice.gid)).expect("chown");
+    std::os::unix::fs::chown(&proj, Some(alice.uid), Some(bob.gid)).expect("chown");
+    fs::set_permissions(&proj, fs::Permissions::from_mode(0o2775)).expect("chmod");
+    let secret = fx.s(".proj/secret");
+    std::os::unix::fs::chown(&secret, Some(alice.uid), Some(alice.gid)).expect("chown");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o640)).expect("chmod");
+    fs::set_permissions(&fx.share, fs::Permissions::from_mode(0o755)).expect("chmod share");
+    let m = fx.mount_with(&["--user", "ccfs-alice"]);
+    let out = as_user(
+        "ccfs-alice",
+        &format!("echo v2 > {}/.proj/secret", fx.mnt.display()),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&secret), "v2\n");
+    let there = fs::metadata(&secret).expect("stat");
+    assert_eq!(
+        (there.uid(), there.gid(), there.mode() & 0o7777),
+        (alice.uid, alice.gid, 0o640),
+        "owner, group and bits as the user's file has them"
+    );
+}

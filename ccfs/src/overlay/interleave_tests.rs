@@ -16,6 +16,16 @@ thread_local! {
     static AFTER_CONFLICT_MOVE: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_UNCHANGED_STAMP: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_BLOCK_SNAPSHOT: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_OWN_COPY: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once the sync copied a plain file it sends itself into its holding directory,
+/// before it checks the cache's file again: the test's write, if one is set (taken, so
+/// it runs once).
+pub(super) fn after_own_copy(o: &Overlay) {
+    if let Some(mut between) = AFTER_OWN_COPY.with(|h| h.borrow_mut().take()) {
+        between(o);
+    }
 }
 
 /// Called once a sync copied a file held by block that is open for writing, before it
@@ -853,5 +863,42 @@ fn a_block_first_written_after_a_syncs_copy_passed_it_is_never_sent_as_a_hole() 
     assert!(
         std::fs::read(share.join(".db")).expect("share") == want,
         "the share after the file was closed and synced"
+    );
+}
+
+/// A plain file the sync sends itself, rewritten by a program (cut, then written shorter)
+/// while the sync copies it: the copy is not put in place (the share keeps the old file
+/// whole, never the copy padded with zeros to the old length), the file stays unsynced
+/// work, and the next sync sends the new version.
+#[test]
+fn a_file_rewritten_while_the_sync_copies_it_is_not_put_in_place() {
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".rc", "old\n")]);
+    let long = "export SAVED=1\n".repeat(40);
+    make_file(&o, ".rc", libc::O_WRONLY | libc::O_TRUNC, long.as_bytes());
+    AFTER_OWN_COPY.with(|h| {
+        *h.borrow_mut() = Some(Box::new(|o: &Overlay| {
+            make_file(
+                o,
+                ".rc",
+                libc::O_WRONLY | libc::O_TRUNC,
+                b"export SAVED=2\n",
+            );
+        }))
+    });
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    AFTER_OWN_COPY.with(|h| *h.borrow_mut() = None);
+    assert_eq!(r.sent_directly, [PathBuf::from(".rc")], "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".rc")).expect("share"),
+        "old\n",
+        "the share keeps its file: {r:?}"
+    );
+    assert_eq!(r.remaining_dirty, 1, "{r:?}");
+    assert!(!r.ok, "{r:?}");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".rc")).expect("share"),
+        "export SAVED=2\n"
     );
 }

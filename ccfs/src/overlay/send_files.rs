@@ -15,8 +15,8 @@
 //! and short enough for the name of its copy. Everything else (and every file, when the configuration gives rsync
 //! arguments of its own) goes to rsync.
 //!
-//! The copy of `NAME` is `NAME~ccfs-HOST` in the holding directory, a name of this
-//! workstation's own: rsync (`NAME` there) or another workstation sending the same file
+//! The copy of `NAME` is `NAME~ccfs-HOST-CACHE` in the holding directory (`CACHE`: a
+//! number of the workstation's cache), a name of this workstation's own: rsync (`NAME` there) or another workstation sending the same file
 //! at the same time never takes or replaces it, so the file renamed into place is the
 //! one made here. Only a copy of that name left by this workstation's sync cut short is
 //! ever replaced.
@@ -195,10 +195,24 @@ impl Overlay {
             r => r?,
         };
         sys::copy_into_new(&src, &dst, meta.len())?;
+        #[cfg(test)]
+        super::interleave_tests::after_own_copy(self);
+        // Written while it was copied (a program opened it after the hand-over): not put
+        // in place half old, half new (rsync fails such a file's check too); the file
+        // stays unsynced work, and the next sync sends it.
+        let after = sys::fstat(&src)?;
+        if (after.len(), after.mtime(), after.ctime()) != (meta.len(), meta.mtime(), meta.ctime()) {
+            return Err(io::Error::other("it changed while it was copied"));
+        }
+        let made = sys::fstat(&dst)?;
         if self.as_root {
             self.share.fchown(&dst, meta.uid(), meta.gid())?;
+        } else if made.gid() != meta.gid() {
+            // Its group, as rsync --archive keeps it (a directory may hand out its own):
+            // where the user may give it (one of their groups), as rsync.
+            let _ = self.share.fchown(&dst, u32::MAX, meta.gid());
         }
-        // The bits the umask took, or that a change of owner clears (set-id).
+        // The bits the umask took, or that a change of owner or group clears (set-id).
         let made = sys::fstat(&dst)?.mode() & 0o7777;
         if made != want {
             sys::fchmod(&dst, want)?;
@@ -207,6 +221,23 @@ impl Overlay {
         sys::futimens(&dst, sys::SetTime::Omit, sys::SetTime::At { secs, nsecs })?;
         dst.sync_all()?;
         Ok(secs)
+    }
+
+    /// Gives the share's directories among `dirs` the mtime of the cache's again: rsync
+    /// set it when it sent them, and the files the sync sent itself into them afterwards
+    /// (a holding directory made and removed, renames) changed it.
+    pub fn restore_dir_times(&self, dirs: &[&Path]) {
+        for d in dirs {
+            if let Ok(Some(m)) = self.upper_stat(d) {
+                if m.is_dir() {
+                    let (secs, nsecs) = m.mtime();
+                    let at = sys::SetTime::At { secs, nsecs };
+                    if let Err(e) = self.share.utimens(d, sys::SetTime::Omit, at) {
+                        tracing::debug!(path = %session::shown(d), "cannot set its mtime again: {e}");
+                    }
+                }
+            }
+        }
     }
 
     /// The name of the copy of a file named `name` in the holding directory, this
@@ -221,6 +252,13 @@ impl Overlay {
         } else {
             copy.push(host);
         }
+        // And the cache's own number: two caches of one machine (two users' mounts of
+        // one home, a test's two workstations) are two workstations here.
+        let id = match self.cache.stat(Path::new("")) {
+            Ok(Some(m)) => m.ino() ^ m.dev(),
+            _ => 0,
+        };
+        copy.push(format!("-{:08x}", id & 0xffff_ffff));
         (copy.len() <= 255).then_some(copy)
     }
 }

@@ -1825,10 +1825,10 @@ impl Model {
             .filter(|p| self.ws[w].upper.contains_key(*p))
             .cloned()
             .partition(|p| self.ws[w].partial.contains_key(p));
-        // (The name of its copy, `NAME~ccfs-HOST`, must fit in a name.)
+        // (The name of its copy, `NAME~ccfs-HOST-CACHE`, must fit in a name.)
         let (mut direct, all): (Vec<PathBuf>, Vec<PathBuf>) = all.into_iter().partition(|p| {
             p.file_name()
-                .is_some_and(|n| n.len() + "~ccfs-".len() + host.len() <= 255)
+                .is_some_and(|n| n.len() + "~ccfs-".len() + host.len() + "-12345678".len() <= 255)
                 && !self.ws[w].held.contains(p)
                 && matches!(self.ws[w].upper.get(p), Some(Obj::File { xattr: None, .. }))
                 && p.parent().is_some_and(|d| {
