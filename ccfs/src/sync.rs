@@ -34,13 +34,11 @@ fn send_ourselves(
     why: &mut Vec<String>,
 ) {
     if !direct.is_empty() {
+        // Settled by what each rename put there, always: the share's file must still be
+        // the one renamed into place (another workstation's save renamed over it since,
+        // in another second, is not ours).
         let sent = overlay.send_files(direct);
-        let t = if sent.put.len() == direct.len() {
-            Transfer::Complete
-        } else {
-            Transfer::Reported(sent.put.clone())
-        };
-        parts.push((t, Some(sent.put)));
+        parts.push((Transfer::Reported(sent.put.clone()), Some(sent.put)));
         why.extend(sent.errors);
     }
     let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);

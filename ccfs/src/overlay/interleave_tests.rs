@@ -17,6 +17,15 @@ thread_local! {
     static AFTER_UNCHANGED_STAMP: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_BLOCK_SNAPSHOT: RefCell<Option<Hook>> = const { RefCell::new(None) };
     static AFTER_OWN_COPY: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    static AFTER_OWN_PUTS: RefCell<Option<Hook>> = const { RefCell::new(None) };
+}
+
+/// Called once the sync renamed the plain files it sends itself into place, before it
+/// settles: the test's change of the share, if one is set (taken, so it runs once).
+pub(super) fn after_own_puts(o: &Overlay) {
+    if let Some(mut between) = AFTER_OWN_PUTS.with(|h| h.borrow_mut().take()) {
+        between(o);
+    }
 }
 
 /// Called once the sync copied a plain file it sends itself into its holding directory,
@@ -900,5 +909,49 @@ fn a_file_rewritten_while_the_sync_copies_it_is_not_put_in_place() {
     assert_eq!(
         std::fs::read_to_string(share.join(".rc")).expect("share"),
         "export SAVED=2\n"
+    );
+}
+
+/// Another workstation's save renamed over a file the sync just put in place, before the
+/// sync settles, with an mtime of another second: the sync does not take it for its own
+/// (it settles its own sends by what each rename put there), so our version stays
+/// unsynced work, and the next sync keeps both.
+#[test]
+fn a_save_elsewhere_over_a_file_just_sent_is_not_taken_for_ours() {
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".a", "old\n")]);
+    make_file(&o, ".a", libc::O_WRONLY | libc::O_TRUNC, b"ours\n");
+    let there = share.clone();
+    AFTER_OWN_PUTS.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |_: &Overlay| {
+            let tmp = there.join(".a.elsewhere");
+            std::fs::write(&tmp, "theirs\n").expect("write");
+            let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+            std::fs::File::options()
+                .write(true)
+                .open(&tmp)
+                .and_then(|f| f.set_modified(an_hour_ago))
+                .expect("mtime");
+            std::fs::rename(&tmp, there.join(".a")).expect("rename");
+        }))
+    });
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    AFTER_OWN_PUTS.with(|h| *h.borrow_mut() = None);
+    assert_eq!(r.sent_directly, [PathBuf::from(".a")], "{r:?}");
+    assert_eq!(r.remaining_dirty, 1, "ours is still to be sent: {r:?}");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert_eq!(r.conflicts.len(), 1, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".a")).expect("share"),
+        "theirs\n"
+    );
+    let ours: Vec<String> = share_contents(&share)
+        .into_iter()
+        .filter(|c| c.contains("ours"))
+        .collect();
+    assert_eq!(
+        ours.len(),
+        1,
+        "ours in a conflict copy: {:?}",
+        share_contents(&share)
     );
 }

@@ -162,6 +162,8 @@ impl Overlay {
         for d in staged.dirs {
             let _ = self.share.rmdir(&d);
         }
+        #[cfg(test)]
+        super::interleave_tests::after_own_puts(self);
     }
 
     /// Copies the cache's `rel` to `tmp` on the share (whatever was there goes): made
