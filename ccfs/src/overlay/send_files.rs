@@ -69,10 +69,15 @@ impl Overlay {
 
     /// Of `files` (which [`Overlay::may_send_directly`] took), those the share takes as
     /// the sync sends them: their directory is one on the share that its owner may write
-    /// (asked once a directory) and their name there is no directory (rsync replaces a
-    /// directory it may remove).
+    /// (asked once a directory) and their name there is no directory as the conflict
+    /// checks found it (`dirs_there`; rsync replaces a directory it may remove; one made
+    /// there since fails the rename, and the next sync's check finds it).
     /// The others are handed to rsync.
-    pub(super) fn share_takes_directly(&self, files: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    pub(super) fn share_takes_directly(
+        &self,
+        files: Vec<PathBuf>,
+        dirs_there: &HashSet<PathBuf>,
+    ) -> (Vec<PathBuf>, Vec<PathBuf>) {
         let mut dirs: HashMap<PathBuf, bool> = HashMap::new();
         files.into_iter().partition(|p| {
             if p.file_name().and_then(|n| self.copy_name(n)).is_none() {
@@ -83,7 +88,8 @@ impl Overlay {
             let dir_there = *dirs.entry(parent).or_insert_with_key(|d| {
                 matches!(self.share.stat(d), Ok(Some(m)) if m.is_dir() && m.mode() & 0o200 != 0)
             });
-            dir_there && matches!(self.share.stat(p), Ok(m) if !m.is_some_and(|m| m.is_dir()))
+            // (Its name there as the conflict checks found it.)
+            dir_there && !dirs_there.contains(p)
         })
     }
 

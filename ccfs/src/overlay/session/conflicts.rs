@@ -657,7 +657,12 @@ impl Overlay {
     ) -> Option<Option<ShareId>> {
         // (On NFS the file is opened: see `Overlay::share_look`.)
         match self.share_look(p) {
-            Ok(m) => Some(m.as_ref().map(share_id_of)),
+            Ok(m) => {
+                if m.as_ref().is_some_and(Stat::is_dir) {
+                    session.dirs_there.insert(p.to_path_buf());
+                }
+                Some(m.as_ref().map(share_id_of))
+            }
             Err(e) => {
                 session
                     .errors

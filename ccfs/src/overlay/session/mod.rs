@@ -103,6 +103,8 @@ pub struct SyncSession<'a> {
     /// Regular files the sync sends itself rather than through rsync (see
     /// `overlay/send_files.rs`).
     pub direct: Vec<PathBuf>,
+    /// The paths the conflict checks found a directory at on the share.
+    dirs_there: HashSet<PathBuf>,
     /// Files held by block, which the sync sends by their changed blocks (see
     /// `overlay/send_blocks.rs`).
     pub by_blocks: Vec<PathBuf>,
@@ -286,7 +288,7 @@ impl Overlay {
         drop(inner);
         // (Asked of the share without the lock.)
         session.direct = self
-            .share_takes_directly(std::mem::take(&mut session.direct))
+            .share_takes_directly(std::mem::take(&mut session.direct), &session.dirs_there)
             .0;
         let files = session.files.clone();
         self.clean_partial_transfers(&files, &mut session.errors);
@@ -671,6 +673,7 @@ impl<'a> SyncSession<'a> {
             snapshots: Vec::new(),
             sparse: Vec::new(),
             direct: Vec::new(),
+            dirs_there: HashSet::new(),
             by_blocks: Vec::new(),
             block_snapshots: HashMap::new(),
             conflicts: Vec::new(),
