@@ -1681,25 +1681,22 @@ fn files_the_logout_sends_itself_keep_their_bits_mtime_and_holes() {
         .output()
         .expect("touch");
     assert!(t.status.success(), "{}", text(&t));
-    let here = |f: &str| fs::symlink_metadata(fx.m(&format!(".config/{f}"))).expect("stat");
-    let wanted: Vec<(u32, i64, i64)> = ["a.conf", "run.sh", "open.conf", "old.conf", "sparse.db"]
-        .iter()
-        .map(|f| {
-            let m = here(f);
-            (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
-        })
-        .collect();
+    // (mode, mtime s, ns) of each file, through `at`.
+    let looks = |at: &dyn Fn(&str) -> std::path::PathBuf| -> Vec<(u32, i64, i64)> {
+        ["a.conf", "run.sh", "open.conf", "old.conf", "sparse.db"]
+            .iter()
+            .map(|f| {
+                let m = fs::symlink_metadata(at(&format!(".config/{f}"))).expect("stat");
+                (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
+            })
+            .collect()
+    };
+    let wanted = looks(&|p| fx.m(p));
     assert_eq!(wanted[1].0, 0o4755, "the set-id bit is set here");
     let out = m.umount();
     assert!(out.status.success(), "{}", text(&out));
     let there = |f: &str| fs::symlink_metadata(fx.s(&format!(".config/{f}"))).expect("stat");
-    let got: Vec<(u32, i64, i64)> = ["a.conf", "run.sh", "open.conf", "old.conf", "sparse.db"]
-        .iter()
-        .map(|f| {
-            let m = there(f);
-            (m.mode() & 0o7777, m.mtime(), m.mtime_nsec())
-        })
-        .collect();
+    let got = looks(&|p| fx.s(p));
     // (A share that keeps whole seconds, as MooseFS does, cuts the nanoseconds.)
     let whole_seconds = got.iter().all(|g| g.2 == 0);
     let wanted: Vec<(u32, i64, i64)> = wanted

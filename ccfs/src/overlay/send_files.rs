@@ -177,15 +177,7 @@ impl Overlay {
     /// (holes kept), owner (when root), mode, mtime, then written to disk. Returns the
     /// mtime's seconds.
     fn stage(&self, rel: &Path, tmp: &Path) -> io::Result<i64> {
-        let src = self.cache.open_file(
-            &up(rel),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )?;
-        let meta = sys::fstat(&src)?;
-        if !meta.is_file() {
-            return Err(io::Error::other("no longer a regular file"));
-        }
+        let (src, meta) = self.cache_file_to_send(rel)?;
         let want = meta.mode() & 0o7777;
         let create = |root: &Root| {
             root.open_file(

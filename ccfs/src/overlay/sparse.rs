@@ -64,6 +64,21 @@ impl Overlay {
         }
     }
 
+    /// The cache's regular file `rel`, opened for reading to be sent (a link is not
+    /// followed, a FIFO does not block), with its attributes.
+    pub(super) fn cache_file_to_send(&self, rel: &Path) -> io::Result<(File, Stat)> {
+        let src = self.cache.open_file(
+            &up(rel),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let meta = sys::fstat(&src)?;
+        if !meta.is_file() {
+            return Err(io::Error::other("no longer a regular file"));
+        }
+        Ok((src, meta))
+    }
+
     /// A new file at `dst_rel` in `root` (whatever was at that name goes) with the data
     /// (holes kept), extended attributes (`xattrs`; those the owner may set), mode, owner
     /// (when root) and mtime of the cache's regular file `rel`, opened without following
@@ -76,15 +91,7 @@ impl Overlay {
         dst_rel: &Path,
         xattrs: bool,
     ) -> io::Result<(File, Stat)> {
-        let src = self.cache.open_file(
-            &up(rel),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )?;
-        let meta = sys::fstat(&src)?;
-        if !meta.is_file() {
-            return Err(io::Error::other("no longer a regular file"));
-        }
+        let (src, meta) = self.cache_file_to_send(rel)?;
         match root.unlink(dst_rel) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
