@@ -192,6 +192,12 @@ impl Overlay {
                 self.share.unlink(tmp)?;
                 create(&self.share)?
             }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // The holding directory, which another workstation's sync used too,
+                // removed by it once it was done: made again.
+                self.holding_dir(rel.parent().unwrap_or(Path::new("")))?;
+                create(&self.share)?
+            }
             r => r?,
         };
         sys::copy_into_new(&src, &dst, meta.len())?;
@@ -204,17 +210,19 @@ impl Overlay {
         if (after.len(), after.mtime(), after.ctime()) != (meta.len(), meta.mtime(), meta.ctime()) {
             return Err(io::Error::other("it changed while it was copied"));
         }
-        let made = sys::fstat(&dst)?;
-        if self.as_root {
-            self.share.fchown(&dst, meta.uid(), meta.gid())?;
-        } else if made.gid() != meta.gid() {
-            // Its group, as rsync --archive keeps it (a directory may hand out its own):
-            // where the user may give it (one of their groups), as rsync.
-            let _ = self.share.fchown(&dst, u32::MAX, meta.gid());
+        let mut made = sys::fstat(&dst)?;
+        if self.as_root || made.gid() != meta.gid() {
+            if self.as_root {
+                self.share.fchown(&dst, meta.uid(), meta.gid())?;
+            } else {
+                // Its group, as rsync --archive keeps it (a directory may hand out its
+                // own): where the user may give it (one of their groups), as rsync.
+                let _ = self.share.fchown(&dst, u32::MAX, meta.gid());
+            }
+            made = sys::fstat(&dst)?;
         }
         // The bits the umask took, or that a change of owner or group clears (set-id).
-        let made = sys::fstat(&dst)?.mode() & 0o7777;
-        if made != want {
+        if made.mode() & 0o7777 != want {
             sys::fchmod(&dst, want)?;
         }
         let (secs, nsecs) = meta.mtime();
