@@ -23,6 +23,13 @@ pub enum Transfer {
     /// Anything else without that list (a crash, rsync not run, or no file named): each
     /// path is compared with what was handed over.
     Incomplete,
+    /// Some paths settled by a report of their own, whatever became of the others: the
+    /// files the sync sent itself, each with what its rename put there (None: it put
+    /// nothing). The other paths go by `rest`.
+    Partly {
+        exact: HashMap<PathBuf, Option<Put>>,
+        rest: Box<Transfer>,
+    },
 }
 
 /// What the share supports, probed once per mount.

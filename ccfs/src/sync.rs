@@ -22,25 +22,16 @@ pub enum SyncMode {
 /// A file the sync sends itself (not through rsync).
 type Sender<'a> = dyn Fn(&Overlay, &Path) -> std::io::Result<Put> + 'a;
 
-/// Sends the files the sync sends itself (regular files of one name, mostly holes, held
-/// by block), each kind one
+/// Sends the files the sync sends itself besides the plain ones (mostly holes, held by
+/// block), each kind one
 /// part of the transfer, with what it says landed; why a file could not be sent goes to
 /// `why`.
 fn send_ourselves(
     overlay: &Overlay,
     session: &crate::overlay::SyncSession<'_>,
-    direct: &[PathBuf],
     parts: &mut Vec<(Transfer, Option<Listed>)>,
     why: &mut Vec<String>,
 ) {
-    if !direct.is_empty() {
-        // Settled by what each rename put there, always: the share's file must still be
-        // the one renamed into place (another workstation's save renamed over it since,
-        // in another second, is not ours).
-        let sent = overlay.send_files(direct);
-        parts.push((Transfer::Reported(sent.put.clone()), Some(sent.put)));
-        why.extend(sent.errors);
-    }
     let send_sparse = |o: &Overlay, p: &Path| o.send_sparse(p);
     let send_blocks = |o: &Overlay, p: &Path| o.send_blocks(p, session.block_snapshots.get(p));
     let senders: [(&Vec<PathBuf>, &Sender); 2] = [
@@ -248,7 +239,16 @@ pub fn run_sync(
     let mut why: Vec<String> = Vec::new();
     send_with_rsync(overlay, &session, opts, &files, &mut parts, &mut why)?;
     let rsynced = start.elapsed();
-    send_ourselves(overlay, &session, direct, &mut parts, &mut why);
+    // The plain files: settled by what each rename put there, whatever became of the
+    // other transfers (the share's file must still be the one renamed into place: another
+    // workstation's save renamed over it since, in another second, is not ours).
+    let sent = overlay.send_files(direct);
+    why.extend(sent.errors);
+    let exact: HashMap<PathBuf, Option<Put>> = direct
+        .iter()
+        .map(|p| (p.clone(), sent.put.get(p).copied()))
+        .collect();
+    send_ourselves(overlay, &session, &mut parts, &mut why);
     report.sent_directly = direct.to_vec();
     // The directories rsync sent keep the times it gave them.
     let own_dirs: std::collections::HashSet<&Path> = direct
@@ -264,7 +264,13 @@ pub fn run_sync(
         .collect();
     overlay.restore_dir_times(&rsync_dirs);
     let sent_here = start.elapsed();
-    let transfer = all_of(parts);
+    let transfer = match all_of(parts) {
+        rest if exact.is_empty() => rest,
+        rest => Transfer::Partly {
+            exact,
+            rest: Box::new(rest),
+        },
+    };
     let why = (!why.is_empty()).then(|| why.join("; "));
     let settled = session.finish(transfer);
     overlay.drop_snapshots();

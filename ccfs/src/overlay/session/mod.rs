@@ -714,8 +714,16 @@ impl SyncSession<'_> {
         let landed = o.settle(&self.files, &self.sent, &transfer, &mut out.errors)?;
         // What a failed rsync left in its holding directories (a file that changed under it
         // and failed its check, or turned into a directory): resent whole next time. One
-        // that exited 0 put every file in place.
-        if transfer != Transfer::Complete {
+        // that exited 0 put every file in place, as did the sync's own sends that all
+        // renamed theirs.
+        let all_put = |t: &Transfer| match t {
+            Transfer::Complete => true,
+            Transfer::Partly { exact, rest } => {
+                exact.values().all(Option::is_some) && **rest == Transfer::Complete
+            }
+            _ => false,
+        };
+        if !all_put(&transfer) {
             o.clean_partial_transfers(&self.files, &mut out.errors);
         }
         {

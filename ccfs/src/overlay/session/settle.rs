@@ -196,20 +196,30 @@ impl Overlay {
                 }
             };
             let ours = self.upper_stat(p).ok().flatten();
-            let ok = theirs.as_ref().is_some_and(|t| match transfer {
-                Transfer::Complete => true,
-                Transfer::Reported(listed) => {
-                    is_reported_transfer(t, ours.as_ref(), base, listed.get(p).copied())
-                }
-                // The share's file still the very object the conflict check found there
-                // (rsync puts a new file in place; a directory it changes in place): not
-                // ours, whatever its size and mtime (a file of the same size written in
-                // the same tick as the one renamed over it here).
-                Transfer::Incomplete => {
-                    !(t.is_file() && base == Some(share_id_of(t)))
-                        && is_our_transfer(t, ours.as_ref(), *s)
-                        && !self.other_bytes_in_our_second(p, t, ours.as_ref(), *s)
-                }
+            let mut by = transfer;
+            let ok = theirs.as_ref().is_some_and(|t| loop {
+                break match by {
+                    Transfer::Complete => true,
+                    Transfer::Reported(listed) => {
+                        is_reported_transfer(t, ours.as_ref(), base, listed.get(p).copied())
+                    }
+                    // The share's file still the very object the conflict check found
+                    // there (rsync puts a new file in place; a directory it changes in
+                    // place): not ours, whatever its size and mtime (a file of the same
+                    // size written in the same tick as the one renamed over it here).
+                    Transfer::Incomplete => {
+                        !(t.is_file() && base == Some(share_id_of(t)))
+                            && is_our_transfer(t, ours.as_ref(), *s)
+                            && !self.other_bytes_in_our_second(p, t, ours.as_ref(), *s)
+                    }
+                    Transfer::Partly { exact, rest } => match exact.get(p) {
+                        Some(put) => is_reported_transfer(t, ours.as_ref(), base, *put),
+                        None => {
+                            by = rest;
+                            continue;
+                        }
+                    },
+                };
             });
             if let Some(t) = &theirs {
                 self.saw_share_time(t.ctime().0);
