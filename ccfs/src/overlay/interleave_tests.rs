@@ -955,3 +955,51 @@ fn a_save_elsewhere_over_a_file_just_sent_is_not_taken_for_ours() {
         share_contents(&share)
     );
 }
+
+/// An rsync that fails having sent nothing (exit 23, no file named) leaves the plain files
+/// the sync sent itself settled by what their own sends put there. A file whose copy
+/// failed (the program rewrote it meanwhile) while another workstation saved it on the
+/// share is not taken for ours by its mtime (which falls between the hand-over and our
+/// new version's): the next sync keeps both. (Settled by size and mtime, as when rsync's
+/// failure decided for every file, theirs became the base and our next sync wrote over
+/// it.)
+#[test]
+fn a_failed_rsync_leaves_the_plain_files_settled_by_their_own_sends() {
+    let Fresh { _tmp, share, o, .. } = fresh(&[(".a", "old\n")]);
+    make_file(&o, ".a", libc::O_WRONLY | libc::O_TRUNC, b"ours, first\n");
+    // A directory made here: rsync's part.
+    o.mkdir(&ctx(), Path::new(""), OsStr::new(".d"), 0o755)
+        .expect("mkdir");
+    let failing = _tmp.path().join("rsync-fails");
+    std::fs::write(&failing, "#!/bin/sh\ncat > /dev/null\nexit 23\n").expect("script");
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let mut opts = rsync(&share);
+    opts.binary = failing;
+    let there = share.clone();
+    AFTER_OWN_COPY.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |o: &Overlay| {
+            let tmp = there.join(".a.elsewhere");
+            std::fs::write(&tmp, "theirs\n").expect("write");
+            std::fs::rename(&tmp, there.join(".a")).expect("rename");
+            make_file(o, ".a", libc::O_WRONLY | libc::O_TRUNC, b"ours, second\n");
+        }))
+    });
+    let r = run_sync(&o, &opts, SyncMode::Session).expect("sync");
+    AFTER_OWN_COPY.with(|h| *h.borrow_mut() = None);
+    assert!(!r.ok, "{r:?}");
+    let r = run_sync(&o, &rsync(&share), SyncMode::Session).expect("sync");
+    assert_eq!(
+        std::fs::read_to_string(share.join(".a")).expect("share"),
+        "theirs\n",
+        "their save stays: {r:?}"
+    );
+    let ours: Vec<String> = share_contents(&share)
+        .into_iter()
+        .filter(|c| c.starts_with("ours"))
+        .collect();
+    assert_eq!(ours, ["ours, second\n"], "ours in a conflict copy: {r:?}");
+}
