@@ -22,6 +22,23 @@ pub enum SyncMode {
 /// A file the sync sends itself (not through rsync).
 type Sender<'a> = dyn Fn(&Overlay, &Path) -> std::io::Result<Put> + 'a;
 
+/// Sends the plain files `direct` (see `overlay/send_files.rs`); what each rename put
+/// there, which settles them whatever became of the other transfers (the share's file must
+/// still be the one renamed into place: another workstation's save renamed over it since,
+/// in another second, is not ours).
+fn send_plain_files(
+    overlay: &Overlay,
+    direct: &[PathBuf],
+    why: &mut Vec<String>,
+) -> HashMap<PathBuf, Option<Put>> {
+    let sent = overlay.send_files(direct);
+    why.extend(sent.errors);
+    direct
+        .iter()
+        .map(|p| (p.clone(), sent.put.get(p).copied()))
+        .collect()
+}
+
 /// Sends the files the sync sends itself besides the plain ones (mostly holes, held by
 /// block), each kind one
 /// part of the transfer, with what it says landed; why a file could not be sent goes to
@@ -239,15 +256,7 @@ pub fn run_sync(
     let mut why: Vec<String> = Vec::new();
     send_with_rsync(overlay, &session, opts, &files, &mut parts, &mut why)?;
     let rsynced = start.elapsed();
-    // The plain files: settled by what each rename put there, whatever became of the
-    // other transfers (the share's file must still be the one renamed into place: another
-    // workstation's save renamed over it since, in another second, is not ours).
-    let sent = overlay.send_files(direct);
-    why.extend(sent.errors);
-    let exact: HashMap<PathBuf, Option<Put>> = direct
-        .iter()
-        .map(|p| (p.clone(), sent.put.get(p).copied()))
-        .collect();
+    let exact = send_plain_files(overlay, direct, &mut why);
     send_ourselves(overlay, &session, &mut parts, &mut why);
     report.sent_directly = direct.to_vec();
     // The directories rsync sent keep the times it gave them.

@@ -191,6 +191,8 @@ mod interleave_tests;
 #[cfg(test)]
 mod journal_failure_tests;
 #[cfg(test)]
+mod send_files_tests;
+#[cfg(test)]
 mod test_support;
 
 use lookup::{spawn_root_look, RootAsk};

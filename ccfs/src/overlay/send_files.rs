@@ -169,7 +169,7 @@ impl Overlay {
             let _ = self.share.rmdir(&d);
         }
         #[cfg(test)]
-        super::interleave_tests::after_own_puts(self);
+        super::send_files_tests::after_own_puts(self);
     }
 
     /// Copies the cache's `rel` to `tmp` on the share (whatever was there goes): made
@@ -202,7 +202,7 @@ impl Overlay {
         };
         sys::copy_into_new(&src, &dst, meta.len())?;
         #[cfg(test)]
-        super::interleave_tests::after_own_copy(self);
+        super::send_files_tests::after_own_copy(self);
         // Written while it was copied (a program opened it after the hand-over): not put
         // in place half old, half new (rsync fails such a file's check too); the file
         // stays unsynced work, and the next sync sends it.
