@@ -210,6 +210,10 @@ struct StormArgs {
     /// (with the ccfs daemons' logs) in --work.
     #[arg(long)]
     keep: bool,
+    /// No progress display (on a terminal, a status line; otherwise a line on stderr at
+    /// each phase of each run).
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -23,13 +23,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
     }
     let (profile, profile_name) = profile(a)?;
     let ccfs = ccfs(a)?;
-    let ccfs_config = match &a.ccfs_config {
-        None => None,
-        Some(c) => Some(
-            c.canonicalize()
-                .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?,
-        ),
-    };
+    let ccfs_config = ccfs_config(a, &ccfs)?;
     let (pids, client_pids_file) = measured_processes(a)?;
     let cpu_window = match a.cpu_window {
         Some(w) => Some(Duration::from_secs(w)),
@@ -124,7 +118,43 @@ fn checked_share(a: &StormArgs) -> Result<PathBuf, Error> {
     if let Some(why) = unsafe_for_root(&a.share) {
         return Err(user(format!("--share: {why}")));
     }
+    if !loadgen::sys::may_write(&share) {
+        let why = std::io::Error::last_os_error();
+        return Err(user(format!(
+            "--share {} is not writable ({why}): the users' homes are made there; give a \
+             directory on the share that this user can write in",
+            share.display()
+        )));
+    }
     Ok(share)
+}
+
+/// `--ccfs-config`, resolved and checked with `ccfs config check` before anything runs;
+/// refused without a mode that mounts the users' homes through ccfs.
+fn ccfs_config(a: &StormArgs, ccfs: &Path) -> Result<Option<PathBuf>, Error> {
+    let Some(c) = &a.ccfs_config else {
+        return Ok(None);
+    };
+    if !a.with_ccfs && !a.compare {
+        return Err(user(
+            "--ccfs-config configures the users' ccfs mounts, and this storm has none: \
+             add --with-ccfs or --compare, or leave --ccfs-config out",
+        ));
+    }
+    let c = c
+        .canonicalize()
+        .map_err(|e| user(format!("--ccfs-config {} is not usable: {e}", c.display())))?;
+    let out = Command::new(ccfs)
+        .args(["config", "check", "--config"])
+        .arg(&c)
+        .output()
+        .map_err(|e| user(format!("cannot run {} config check: {e}", ccfs.display())))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        let why = why.trim().trim_start_matches("ccfs: error: ");
+        return Err(user(format!("--ccfs-config {}: {why}", c.display())));
+    }
+    Ok(Some(c))
 }
 
 /// The home profile, and the name it is reported under: the shipped one, or
@@ -179,6 +209,21 @@ fn measured_processes(a: &StormArgs) -> Result<(Vec<u32>, Option<PathBuf>), Erro
             loadgen::storm::read_pids_file(f)
                 .map_err(|e| user(format!("--server-pids-file: {e}")))?,
         );
+    }
+    // A process that is not running would count as no CPU at all.
+    if let Some(gone) = pids
+        .iter()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+    {
+        return Err(user(format!(
+            "--server-pids{}: no process {gone} is running; give the file server's \
+             running processes (for instance pgrep -d, glusterfsd)",
+            if a.server_pids.contains(gone) {
+                ""
+            } else {
+                "-file"
+            }
+        )));
     }
     let client_pids_file = match &a.client_pids_file {
         None => None,
@@ -237,26 +282,31 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     } else {
         vec![a.with_ccfs]
     };
-    eprintln!(
-        "loadgen login-storm: {} users, {} timed run(s) {}{}; each run on homes of its own",
+    let schedule = loadgen::storm::schedule(&modes, cfg.repeat, cfg.meter);
+    let display = StormDisplay::start(a.quiet);
+    display.line(&format!(
+        "{} run(s) of {} users: {} timed a mode{}{}",
+        schedule.len(),
         cfg.users,
         cfg.repeat,
         if a.compare {
-            "without and with ccfs"
+            ", without and with ccfs in turn"
         } else if a.with_ccfs {
-            "through ccfs"
+            ", through ccfs"
         } else {
-            "straight on the share"
+            ", straight on the share"
         },
         if cfg.meter {
-            ", then a metered run for the counts"
+            ", then one a mode through the share meter for the counts"
         } else {
             ""
         }
-    );
+    ));
     let mut write_error = None;
-    let schedule = loadgen::storm::schedule(&modes, cfg.repeat, cfg.meter);
     let runs = loadgen::storm::run(&cfg, &schedule, |runs| {
+        if let Some(r) = runs.last() {
+            display.line(&run_done(r, runs.len(), schedule.len()));
+        }
         if let Some(j) = &a.json {
             let v = serde_json::to_vec_pretty(runs);
             if let Err(e) = write_out(j, &v.unwrap_or_default()) {
@@ -264,10 +314,12 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
             }
         }
     })
-    .map_err(Error::Failed)?;
+    .map_err(Error::Failed);
+    display.stop();
+    let runs = runs?;
     print!("{}", loadgen::storm::table(&runs));
     if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
-        return Err(Error::Failed(
+        return Err(Error::Interrupted(
             "interrupted by a signal: stopped cleanly, homes and mounts removed".into(),
         ));
     }
@@ -277,5 +329,114 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     match runs.iter().find_map(|r| r.error.clone()) {
         Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
         None => Ok(()),
+    }
+}
+
+/// A run's end, as the display says it: its times, or why it stopped.
+fn run_done(r: &loadgen::storm::StormReport, n: usize, of: usize) -> String {
+    let what = match &r.error {
+        Some(e) => format!("stopped: {e}"),
+        None if r.metered => "done (counts taken)".to_string(),
+        None => format!(
+            "done: login p50 {} s, logout p50 {} s",
+            loadgen::storm::sig3(r.time_to_login.p50_s),
+            loadgen::storm::sig3(r.logout.p50_s)
+        ),
+    };
+    format!("run {n}/{of}, {}: {what}", r.run_name())
+}
+
+/// The storm's progress on stderr: on a terminal a status line (the run, its phase, the
+/// users through it, the time in it), elsewhere a line at each phase change; nothing with
+/// `--quiet`.
+struct StormDisplay {
+    bar: Option<indicatif::ProgressBar>,
+    quiet: bool,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StormDisplay {
+    fn start(quiet: bool) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tty = std::io::stderr().is_terminal();
+        let bar = (!quiet && tty).then(|| {
+            let style =
+                indicatif::ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner());
+            indicatif::ProgressBar::new_spinner().with_style(style)
+        });
+        let thread = (!quiet).then(|| {
+            let bar = bar.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || show(bar, &stop))
+        });
+        Self {
+            bar,
+            quiet,
+            stop,
+            thread,
+        }
+    }
+
+    /// A line of its own, above the status line on a terminal, after the phase changes
+    /// before it.
+    fn line(&self, s: &str) {
+        let _order = SAID.lock();
+        if !self.quiet {
+            say_changes(self.bar.as_ref());
+        }
+        match &self.bar {
+            Some(b) => b.println(format!("loadgen login-storm: {s}")),
+            None if !self.quiet => eprintln!("loadgen login-storm: {s}"),
+            None => {}
+        }
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Held while the phase changes taken are said, so that the lines keep their order.
+static SAID: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The phase changes not yet said: the status line's run and phase on a terminal, a
+/// line each elsewhere.
+fn say_changes(bar: Option<&indicatif::ProgressBar>) {
+    for c in loadgen::storm::PROGRESS.changes() {
+        match bar {
+            Some(b) => {
+                b.set_prefix(c.describe());
+                b.reset_elapsed();
+            }
+            None => eprintln!("loadgen login-storm: {}", c.describe()),
+        }
+    }
+}
+
+/// The display's loop: every phase change (a line each off a terminal), and the status
+/// line redrawn ten times a second on one.
+fn show(bar: Option<indicatif::ProgressBar>, stop: &AtomicBool) {
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        {
+            let _order = SAID.lock();
+            say_changes(bar.as_ref());
+        }
+        if let Some(b) = &bar {
+            b.set_message(loadgen::storm::PROGRESS.now().counts());
+            b.tick();
+        }
+        if stopping {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

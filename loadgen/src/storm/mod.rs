@@ -23,6 +23,7 @@ mod leftovers;
 mod mount;
 mod prepare;
 mod procs;
+mod progress;
 mod report;
 mod run;
 mod table;
@@ -37,10 +38,11 @@ use crate::login::Profile;
 
 pub use leftovers::{clear_leftovers, KEPT_MARK};
 pub use procs::{cpu_seconds, read_pids_file, read_server_counts};
+pub use progress::{Change, Now, Phase, PROGRESS};
 pub use report::{
     FopCount, ServerCounts, Settled, ShareCounts, StormReport, Summary, UserResult, PATH_DEPTH,
 };
-pub use table::{median_spread, table};
+pub use table::{median_spread, ratio, sig3, table};
 
 use leftovers::keep_evidence;
 use procs::become_subreaper;
@@ -197,11 +199,18 @@ pub fn run(
         }
         let work = cfg.work.join(format!("storm-{stamp}-{i}"));
         let homes = format!("{run_name}/run-{i}");
+        PROGRESS.start_run(i + 1, runs.len(), spec, cfg.users);
         let outcome = std::fs::create_dir_all(&work)
             .map_err(|e| format!("mkdir {}: {e}", work.display()))
             .and_then(|()| one_run(cfg, spec, i, &homes, &work));
         match outcome {
             Ok(mut r) => {
+                if !spec.metered {
+                    r.mode_run = 1 + runs[..i]
+                        .iter()
+                        .filter(|s| s.with_ccfs == spec.with_ccfs && !s.metered)
+                        .count();
+                }
                 match r.error.as_mut() {
                     // A user's failed logout leaves its unsynced changes in its cache,
                     // and the caches hold the daemons' logs: they stay (but after

@@ -280,6 +280,10 @@ pub struct StormReport {
     pub metered: bool,
     /// This run's place in the schedule (0 first).
     pub run_index: usize,
+    /// This run's number among the timed runs of its mode (1 first; 0 for a metered run
+    /// and in results written before it was recorded).
+    #[serde(default)]
+    pub mode_run: usize,
     pub baseline: Baseline,
     pub session_s: f64,
     pub profile: String,
@@ -327,15 +331,25 @@ impl StormReport {
         }
     }
 
-    pub fn name(&self) -> String {
-        let run = if self.metered {
-            format!("{}, metered", self.mode())
+    /// The run's mode and number within the mode (`with ccfs #2`, `without ccfs, metered`).
+    pub fn run_name(&self) -> String {
+        if self.metered {
+            return format!("{}, metered", self.mode());
+        }
+        // Numbered within the mode; results without the number, by the schedule.
+        let n = if self.mode_run > 0 {
+            self.mode_run
         } else {
-            format!("{} #{}", self.mode(), self.run_index + 1)
+            self.run_index + 1
         };
+        format!("{} #{n}", self.mode())
+    }
+
+    /// [`Self::run_name`], after the label when there is one.
+    pub fn name(&self) -> String {
         match &self.label {
-            Some(l) => format!("{l}, {run}"),
-            None => run,
+            Some(l) => format!("{l}, {}", self.run_name()),
+            None => self.run_name(),
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::mount::CcfsMount;
 use super::prepare::{actor, prepare_user, settle, Workstation};
 use super::procs::{cpu_seconds, read_pids_file, read_server_counts};
+use super::progress::{Phase, PROGRESS};
 use super::{
     interrupted, now_unix, relay_config, sleep_until, RunSpec, ServerCounts, Settled, ShareCounts,
     StormConfig, StormReport, Summary, UserResult, PATH_DEPTH, SCHEMA,
@@ -45,6 +46,7 @@ pub(super) fn one_run(
         None => homes_on_share.clone(),
     };
     prepare_users(cfg, spec, &share_view, work)?;
+    PROGRESS.set_phase(Phase::Settling);
     let settled = settle(cfg, relay.is_none())?;
     let client_pids = match &cfg.client_pids_file {
         Some(f) => read_pids_file(f)?,
@@ -246,6 +248,7 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
     while b.at_gate.load(Ordering::SeqCst) < n {
         std::thread::yield_now();
     }
+    PROGRESS.set_phase(Phase::Login);
     b.go.store(true, Ordering::Release);
     let t0 = Instant::now();
     if spec.metered {
@@ -256,12 +259,14 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
     // The counts of the sessions' end read before any logout starts.
     snap(&mut played, 2);
     server_snap(&mut played, 1);
+    PROGRESS.set_phase(Phase::Logout);
     b.logout_go.wait();
     b.logouts_done.wait();
     snap(&mut played, 3);
     server_snap(&mut played, 2);
     if meter.measure_cpu {
         if let Some(w) = cfg.cpu_window {
+            PROGRESS.set_phase(Phase::CpuWindow);
             sleep_until(t0 + w);
         }
         cpu[1] = cpu_now();
@@ -356,6 +361,7 @@ fn report(
         with_ccfs: spec.with_ccfs,
         metered: spec.metered,
         run_index: index,
+        mode_run: 0,
         baseline: cfg.baseline,
         session_s: cfg.session.as_secs_f64(),
         profile: cfg.profile_name.clone(),
@@ -444,6 +450,7 @@ fn user(
         }
     }
     let login_lat = log_in(cfg, &mut actor, &mut r, t0);
+    PROGRESS.logged_in();
     if let Some(b) = gates.logins_done {
         b.wait();
     }
@@ -489,11 +496,13 @@ fn start(gates: &Gates) -> Instant {
 
 /// A user that failed before its login: passes the barriers left, with no latencies.
 fn pass_the_rest(gates: &Gates, r: UserResult) -> (UserResult, Latencies, Latencies) {
+    PROGRESS.logged_in();
     if let Some(b) = gates.logins_done {
         b.wait();
     }
     gates.sessions_done.wait();
     gates.logout_go.wait();
+    PROGRESS.logged_out();
     gates.logouts_done.wait();
     (r, Latencies::new(), Latencies::new())
 }
@@ -543,11 +552,13 @@ fn log_out(cfg: &StormConfig, actor: &mut Actor, mount: Option<CcfsMount>, r: &m
             r.error = Some(format!("logout: {e}"));
         }
     }
+    PROGRESS.logged_out();
     if let Some(mut m) = mount {
         if let Err(e) = m.umount() {
             r.error.get_or_insert(e);
         }
         r.ccfs_cpu_s = m.cpu_s;
+        PROGRESS.synced();
     }
     r.logout_s = t1.elapsed().as_secs_f64();
     r.bytes_written = actor.tally.bytes_written;

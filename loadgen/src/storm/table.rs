@@ -45,9 +45,9 @@ enum From {
 /// How a row's values are written.
 #[derive(Clone, Copy)]
 enum Unit {
-    /// Seconds, two decimals.
+    /// Seconds, three significant digits.
     Seconds,
-    /// Milliseconds, one decimal.
+    /// Milliseconds, three significant digits.
     Millis,
     /// A whole number.
     Count,
@@ -58,10 +58,17 @@ enum Unit {
 impl Unit {
     fn show(self, v: f64) -> String {
         match self {
-            Unit::Seconds => format!("{v:.2}"),
-            Unit::Millis => format!("{v:.1}"),
+            Unit::Seconds | Unit::Millis => sig3(v),
             Unit::Count => format!("{v:.0}"),
             Unit::Bytes => mb(v as u64),
+        }
+    }
+
+    /// A value of a spread, whose unit the median beside it already says.
+    fn bare(self, v: f64) -> String {
+        match self {
+            Unit::Bytes => format!("{:.1}", v / 1e6),
+            _ => self.show(v),
         }
     }
 }
@@ -250,12 +257,12 @@ const ROWS: &[Row] = &[
         Unit::Seconds,
     ),
     timed(
-        "files not found (per user)",
+        "files missed, a user",
         |r| per_user(r, |u| u.missing_files),
         Unit::Count,
     ),
     timed(
-        "  of which rebuilt (per user)",
+        "files rebuilt for them, a user",
         |r| per_user(r, |u| u.rebuilt_files),
         Unit::Count,
     ),
@@ -350,7 +357,7 @@ fn heading(first: &StormReport, cols: &Columns) -> String {
         "loadgen login-storm: {} users on {} ({}), session {} s, profile {}\n\
          baseline: {}; {}\n\
          times: median (min-max) of {} timed run(s) a mode, order {} (A without ccfs, B with); \
-         counts: {}\n{}\n",
+         counts: {}\n{}{}\n",
         first.users,
         first.share,
         first.environment.fs_type,
@@ -373,7 +380,8 @@ fn heading(first: &StormReport, cols: &Columns) -> String {
             "server rows: the server's own counters (--server-counts), timed runs\n"
         } else {
             ""
-        }
+        },
+        local_share_caveat(&first.environment.fs_type)
     )
 }
 
@@ -387,7 +395,7 @@ fn column_heads(modes: &[bool]) -> String {
         ));
     }
     if modes.len() == 2 {
-        out.push_str(&format!("{:>9}", "ratio"));
+        out.push_str(&format!("{:>14}", "with/without"));
     }
     out.push('\n');
     out
@@ -407,19 +415,63 @@ fn render_row(row: &Row, cells: &[Option<(f64, f64, f64)>]) -> String {
         let cell = match c {
             None => "-".to_string(),
             Some((m, lo, hi)) if lo < hi => {
-                format!("{} ({}-{})", fmt(*m), fmt(*lo), fmt(*hi))
+                let bare = |v: f64| row.unit.bare(v);
+                format!("{} ({}-{})", fmt(*m), bare(*lo), bare(*hi))
             }
             Some((m, _, _)) => fmt(*m),
         };
-        out.push_str(&format!("{cell:>22}"));
+        // Never run into the cell before it.
+        out.push_str(&format!("{cell:>w$}", w = 22.max(cell.chars().count() + 2)));
     }
     if let [Some((a, ..)), Some((b, ..))] = cells[..] {
         if a > 0.0 && !name.contains("window") {
-            out.push_str(&format!("{:>9.3}", b / a));
+            out.push_str(&format!("{:>14}", ratio(b / a)));
         }
     }
     out.push('\n');
     out
+}
+
+/// A ratio with two significant digits and the `x` that says it multiplies the
+/// baseline: `0.32x`, `9.4x`, `0.0031x`; exactly nothing is `0x`.
+pub fn ratio(r: f64) -> String {
+    if r == 0.0 {
+        return "0x".to_string();
+    }
+    // Decimals for two significant digits, at least one below 10 and none from 100.
+    let digits = 1 - r.abs().log10().floor() as i32;
+    format!("{r:.*}x", digits.clamp(0, 9) as usize)
+}
+
+/// A time with three significant digits (at most four decimals): `0.0042`, `0.731`,
+/// `12.4`, `238`.
+pub fn sig3(v: f64) -> String {
+    if v <= 0.0 {
+        return "0".to_string();
+    }
+    if v < 0.000_05 {
+        return "<0.0001".to_string();
+    }
+    let digits = 2 - v.log10().floor() as i32;
+    format!("{v:.*}", digits.clamp(0, 4) as usize)
+}
+
+/// The local filesystems a share may be tried on: no file server behind them.
+const LOCAL_FS: &[&str] = &[
+    "tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "vfat", "exfat", "jfs",
+    "reiserfs", "zfs", "bcachefs", "overlay",
+];
+
+/// The caveat of a storm on a local filesystem, if it was one.
+fn local_share_caveat(fs_type: &str) -> String {
+    if !LOCAL_FS.contains(&fs_type) {
+        return String::new();
+    }
+    format!(
+        "note: the share is a local filesystem ({fs_type}), not a file server: there is no \
+         server load for ccfs to take away,\n      so ccfs's own work (its mounts, its \
+         sync at logout) shows as cost only; run on a network share to see what it buys\n"
+    )
 }
 
 /// Where the login's share requests went, from the metered runs: the ten paths most
@@ -468,7 +520,7 @@ fn latencies(cols: &Columns) -> String {
             continue;
         }
         out.push_str(&format!(
-            "\n{:<30}{:<8}{:>7}{:>8}{:>8}{:>8}\n",
+            "\n{:<30}{:<8}{:>7}{:>9}{:>9}{:>9}\n",
             format!("{title} latency (ms)"),
             "op",
             "count",
@@ -479,12 +531,12 @@ fn latencies(cols: &Columns) -> String {
         for r in shown {
             for (op, l) in pick(r) {
                 out.push_str(&format!(
-                    "  {:<28}{op:<8}{:>7}{:>8.2}{:>8.2}{:>8.1}\n",
-                    format!("{} #{}", r.mode(), r.run_index + 1),
+                    "  {:<28}{op:<8}{:>7}{:>9}{:>9}{:>9}\n",
+                    r.run_name(),
                     l.count,
-                    l.p50_us / 1000.0,
-                    l.p99_us / 1000.0,
-                    l.max_us / 1000.0
+                    sig3(l.p50_us / 1000.0),
+                    sig3(l.p99_us / 1000.0),
+                    sig3(l.max_us / 1000.0)
                 ));
             }
         }
@@ -497,6 +549,36 @@ mod tests {
     use super::*;
     use crate::report::{Environment, LatencyReport};
     use crate::storm::{Baseline, Settled, ShareCounts, SCHEMA};
+
+    #[test]
+    fn ratios_keep_two_significant_digits_and_say_they_multiply() {
+        assert_eq!(ratio(0.317), "0.32x");
+        assert_eq!(ratio(9.419), "9.4x");
+        assert_eq!(ratio(0.00314), "0.0031x");
+        assert_eq!(ratio(11.73), "12x");
+        assert_eq!(ratio(1.0), "1.0x");
+        assert_eq!(ratio(0.0), "0x");
+    }
+
+    #[test]
+    fn small_times_keep_their_digits() {
+        assert_eq!(sig3(0.0042), "0.0042");
+        assert_eq!(sig3(0.000_01), "<0.0001");
+        assert_eq!(sig3(0.731), "0.731");
+        assert_eq!(sig3(12.44), "12.4");
+        assert_eq!(sig3(238.2), "238");
+        assert_eq!(sig3(0.0), "0");
+    }
+
+    #[test]
+    fn a_storm_on_a_local_filesystem_says_what_its_ratios_cannot_show() {
+        let mut runs = table_fixture();
+        assert!(!table(&runs).contains("note: the share is a local filesystem"));
+        for r in &mut runs {
+            r.environment.fs_type = "tmpfs".into();
+        }
+        assert!(table(&runs).contains("note: the share is a local filesystem (tmpfs)"));
+    }
 
     #[test]
     fn medians_and_spreads() {
@@ -573,7 +655,7 @@ mod tests {
             bytes_read: 4096,
             bytes_written: writes as u64 * 8192,
         };
-        let run = |with_ccfs: bool, metered: bool, run_index: usize, k: f64| {
+        let run = |with_ccfs: bool, metered: bool, run_index: usize, mode_run: usize, k: f64| {
             let per_user = vec![user(0, 1.0 * k, with_ccfs), user(1, 2.0 * k, with_ccfs)];
             let of = |f: fn(&UserResult) -> f64| {
                 Summary::of(&per_user.iter().map(f).collect::<Vec<_>>())
@@ -600,6 +682,7 @@ mod tests {
                 with_ccfs,
                 metered,
                 run_index,
+                mode_run,
                 baseline: Baseline::Fair,
                 session_s: 30.0,
                 profile: "desktop".into(),
@@ -629,12 +712,12 @@ mod tests {
             }
         };
         let mut runs = vec![
-            run(false, false, 0, 1.0),
-            run(true, false, 1, 0.5),
-            run(true, false, 2, 0.6),
-            run(false, false, 3, 1.2),
-            run(false, true, 4, 1.0),
-            run(true, true, 5, 0.5),
+            run(false, false, 0, 1, 1.0),
+            run(true, false, 1, 1, 0.5),
+            run(true, false, 2, 2, 0.6),
+            run(false, false, 3, 2, 1.2),
+            run(false, true, 4, 0, 1.0),
+            run(true, true, 5, 0, 0.5),
         ];
         runs[5].error = Some("user001: logout: no space".into());
         runs[5].label = Some("lab".into());
@@ -662,42 +745,42 @@ baseline: fair (without ccfs, .cache on the workstation's disk); first logins (w
 times: median (min-max) of 2 timed run(s) a mode, order ABBA (A without ccfs, B with); counts: one more run a mode through the share meter
 server rows: the server's own counters (--server-counts), timed runs
 
-                                                without ccfs             with ccfs    ratio
-time to login p50 (s)                       1.10 (1.00-1.20)      0.55 (0.50-0.60)    0.500
-time to login p95 (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)    0.500
-time to login max (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)    0.500
-  of which ccfs mount p50 (s)                              -                  0.10
-logout p50 (s)                              0.55 (0.50-0.60)      0.28 (0.25-0.30)    0.500
-logout max (s)                              1.10 (1.00-1.20)      0.55 (0.50-0.60)    0.500
-login + logout p50 (s)                      1.65 (1.50-1.80)      0.82 (0.75-0.90)    0.500
-users' start spread (ms)                                 1.0                   1.0    1.000
-server CPU, whole run (s)                   1.65 (1.50-1.80)      0.82 (0.75-0.90)    0.500
-client CPU: share client (s)                0.82 (0.75-0.90)                     -
-client CPU: ccfs daemons (s)                               -                  0.50
-  CPU window (s)                                       10.00                 10.00
-share requests, login                                    100                   200    2.000
-share requests, session                                  200                   300    1.500
-share requests, logout                                   300                   400    1.333
-share writes, login                                       10                    20    2.000
-share writes, session                                     20                    30    1.500
-share writes, logout                                      30                    40    1.333
-share bytes written, login                            1.5 MB                3.0 MB    2.000
-share bytes written, session                          3.0 MB                4.5 MB    1.500
-share bytes written, logout                           4.5 MB                6.0 MB    1.333
-share requests, whole run                                600                   900    1.500
-share writes, whole run                                   60                    90    1.500
-share bytes written, whole run                        9.0 MB               13.5 MB    1.500
-share bytes read, whole run                          18.0 MB               27.0 MB    1.500
-server calls, login + session                  162 (152-172)         106 (101-111)    0.654
-server calls, logout                              73 (71-75)            62 (61-63)    0.849
-server writes, login + session                 112 (102-122)            56 (51-61)    0.500
-server writes, whole run                       135 (123-147)            68 (62-74)    0.504
-server fsyncs, whole run                                   3                     2    0.667
-server bytes written, whole run       1.1 MB (1.0 MB-1.2 MB)0.5 MB (0.5 MB-0.6 MB)    0.500
-server bytes read, whole run                          0.0 MB                0.0 MB    1.000
-server time in calls, whole run (s)         0.04 (0.04-0.04)      0.02 (0.02-0.03)    0.613
-files not found (per user)                                 4                     4    1.000
-  of which rebuilt (per user)                              0                     0    1.000
+                                                without ccfs             with ccfs  with/without
+time to login p50 (s)                       1.10 (1.00-1.20)   0.550 (0.500-0.600)         0.50x
+time to login p95 (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)         0.50x
+time to login max (s)                       2.20 (2.00-2.40)      1.10 (1.00-1.20)         0.50x
+  of which ccfs mount p50 (s)                              -                 0.100
+logout p50 (s)                           0.550 (0.500-0.600)   0.275 (0.250-0.300)         0.50x
+logout max (s)                              1.10 (1.00-1.20)   0.550 (0.500-0.600)         0.50x
+login + logout p50 (s)                      1.65 (1.50-1.80)   0.825 (0.750-0.900)         0.50x
+users' start spread (ms)                                1.00                  1.00          1.0x
+server CPU, whole run (s)                   1.65 (1.50-1.80)   0.825 (0.750-0.900)         0.50x
+client CPU: share client (s)             0.825 (0.750-0.900)                     -
+client CPU: ccfs daemons (s)                               -                 0.500
+  CPU window (s)                                        10.0                  10.0
+share requests, login                                    100                   200          2.0x
+share requests, session                                  200                   300          1.5x
+share requests, logout                                   300                   400          1.3x
+share writes, login                                       10                    20          2.0x
+share writes, session                                     20                    30          1.5x
+share writes, logout                                      30                    40          1.3x
+share bytes written, login                            1.5 MB                3.0 MB          2.0x
+share bytes written, session                          3.0 MB                4.5 MB          1.5x
+share bytes written, logout                           4.5 MB                6.0 MB          1.3x
+share requests, whole run                                600                   900          1.5x
+share writes, whole run                                   60                    90          1.5x
+share bytes written, whole run                        9.0 MB               13.5 MB          1.5x
+share bytes read, whole run                          18.0 MB               27.0 MB          1.5x
+server calls, login + session                  162 (152-172)         106 (101-111)         0.65x
+server calls, logout                              73 (71-75)            62 (61-63)         0.85x
+server writes, login + session                 112 (102-122)            56 (51-61)         0.50x
+server writes, whole run                       135 (123-147)            68 (62-74)         0.50x
+server fsyncs, whole run                                   3                     2         0.67x
+server bytes written, whole run             1.1 MB (1.0-1.2)      0.5 MB (0.5-0.6)         0.50x
+server bytes read, whole run                          0.0 MB                0.0 MB          1.0x
+server time in calls, whole run (s)     0.0398 (0.0370-0.0426)  0.0244 (0.0230-0.0258)         0.61x
+files missed, a user                                       4                     4          1.0x
+files rebuilt for them, a user                             0                     0          1.0x
 
 share requests of the logins without ccfs, by path in the home (all users; the 3 most of 3):
          40  .config
@@ -709,12 +792,12 @@ share requests of the logins with ccfs, by path in the home (all users; the 3 mo
          80  .mozilla/firefox/p
          14  .
 
-login latency (ms)            op        count     p50     p99     max
-  without ccfs #1             open         10    1.50    4.50    15.0
-  with ccfs #2                open         10    0.75    2.25     7.5
+login latency (ms)            op        count      p50      p99      max
+  without ccfs #1             open         10     1.50     4.50     15.0
+  with ccfs #1                open         10    0.750     2.25     7.50
 
-session latency (ms)          op        count     p50     p99     max
-  with ccfs #2                stat          4    0.25    0.75     2.5
+session latency (ms)          op        count      p50      p99      max
+  with ccfs #1                stat          4    0.250    0.750     2.50
 
 lab, with ccfs, metered: stopped: user001: logout: no space
 "#;
@@ -729,25 +812,25 @@ server rows: the server's own counters (--server-counts), timed runs
 time to login p50 (s)                       1.10 (1.00-1.20)
 time to login p95 (s)                       2.20 (2.00-2.40)
 time to login max (s)                       2.20 (2.00-2.40)
-logout p50 (s)                              0.55 (0.50-0.60)
+logout p50 (s)                           0.550 (0.500-0.600)
 logout max (s)                              1.10 (1.00-1.20)
 login + logout p50 (s)                      1.65 (1.50-1.80)
-users' start spread (ms)                                 1.0
+users' start spread (ms)                                1.00
 server CPU, whole run (s)                   1.65 (1.50-1.80)
-client CPU: share client (s)                0.82 (0.75-0.90)
-  CPU window (s)                                       10.00
+client CPU: share client (s)             0.825 (0.750-0.900)
+  CPU window (s)                                        10.0
 server calls, login + session                  162 (152-172)
 server calls, logout                              73 (71-75)
 server writes, login + session                 112 (102-122)
 server writes, whole run                       135 (123-147)
 server fsyncs, whole run                                   3
-server bytes written, whole run       1.1 MB (1.0 MB-1.2 MB)
+server bytes written, whole run             1.1 MB (1.0-1.2)
 server bytes read, whole run                          0.0 MB
-server time in calls, whole run (s)         0.04 (0.04-0.04)
-files not found (per user)                                 4
-  of which rebuilt (per user)                              0
+server time in calls, whole run (s)     0.0398 (0.0370-0.0426)
+files missed, a user                                       4
+files rebuilt for them, a user                             0
 
-login latency (ms)            op        count     p50     p99     max
-  without ccfs #1             open         10    1.50    4.50    15.0
+login latency (ms)            op        count      p50      p99      max
+  without ccfs #1             open         10     1.50     4.50     15.0
 "#;
 }
