@@ -195,43 +195,6 @@ pub(crate) fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
     loadgen::safety::write_atomic(path, data)
 }
 
-/// A progress bar on the terminal (indicatif) for a run: the round, its phase, files
-/// done of the round's total, the rate and the time left; nothing when stderr is not a
-/// terminal or with --quiet.
-pub(crate) fn spawn_progress(
-    progress: Arc<Progress>,
-    names: Vec<&'static str>,
-    totals: Vec<u64>,
-    quiet: bool,
-    done: Arc<AtomicBool>,
-) {
-    if quiet || !std::io::stderr().is_terminal() {
-        return;
-    }
-    std::thread::spawn(move || {
-        let style = indicatif::ProgressStyle::with_template(
-            "{prefix:>12} {msg:<16} [{bar:30}] {pos}/{len} files {per_sec} ETA {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> ");
-        let bar = indicatif::ProgressBar::new(0).with_style(style);
-        let mut shown = usize::MAX;
-        while !done.load(Ordering::Relaxed) {
-            let i = progress.phase.load(Ordering::Relaxed) as usize;
-            if i != shown {
-                shown = i;
-                bar.reset();
-                bar.set_length(totals.get(i).copied().unwrap_or(0));
-                bar.set_prefix(format!("round {}/{}", i + 1, names.len()));
-                bar.set_message(names.get(i).copied().unwrap_or(""));
-            }
-            bar.set_position(progress.files_done.load(Ordering::Relaxed));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bar.finish_and_clear();
-    });
-}
-
 /// The workload a command line asks for.
 pub(crate) fn make_workload(opts: &RunOpts, schedule: &Schedule) -> Workload {
     Workload::compilebench(
@@ -301,7 +264,7 @@ pub(crate) fn run_workload(
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
     let totals = workload_totals.iter().map(|n| n * clients as u64).collect();
-    spawn_progress(
+    let display = spawn_progress(
         progress.clone(),
         names,
         totals,
@@ -338,6 +301,10 @@ pub(crate) fn run_workload(
         on_phase,
     );
     done.store(true, Ordering::Relaxed);
+    // The bar cleared before anything else is printed.
+    if let Some(d) = display {
+        let _ = d.join();
+    }
     let hung = ran.hung;
     settle_report(&mut report, ran, rounds.len(), dir, &target);
     let multi_host = hosts.is_some();

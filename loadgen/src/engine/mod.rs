@@ -330,11 +330,56 @@ pub fn drop_caches() -> bool {
     fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
-/// Live counters for a progress display.
+/// Live counters for a progress display: the round, what of it is being done
+/// ([`Step`]), and the files done in that, in one word so that a display always reads
+/// the three together (a round's count never shown against the next round).
 #[derive(Debug, Default)]
 pub struct Progress {
-    pub phase: AtomicU64,
-    pub files_done: AtomicU64,
+    /// The round (16 bits), the step (8 bits), the files (40 bits).
+    state: AtomicU64,
+}
+
+/// What a run is doing, as [`Progress`] holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A round's untimed preparation (and the flush and dropped caches after it).
+    Preparing = 0,
+    /// A round's timed part.
+    Timed = 1,
+    /// The trees removed at the end (after the last round).
+    CleaningUp = 2,
+}
+
+const FILES_BITS: u32 = 40;
+const FILES_MASK: u64 = (1 << FILES_BITS) - 1;
+
+impl Progress {
+    /// Round `round` enters `step`, no file done yet.
+    pub fn set_round(&self, round: usize, step: Step) {
+        let r = (round as u64).min(0xffff) << (FILES_BITS + 8);
+        self.state
+            .store(r | (step as u64) << FILES_BITS, Ordering::Relaxed);
+    }
+
+    /// The files done in the current step.
+    pub fn set_files(&self, files: u64) {
+        let _ = self
+            .state
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some(s & !FILES_MASK | files.min(FILES_MASK))
+            });
+    }
+
+    /// The round, its step and the files done, read together.
+    pub fn now(&self) -> (usize, Step, u64) {
+        let s = self.state.load(Ordering::Relaxed);
+        let step = match (s >> FILES_BITS) & 0xff {
+            1 => Step::Timed,
+            2 => Step::CleaningUp,
+            _ => Step::Preparing,
+        };
+        ((s >> (FILES_BITS + 8)) as usize, step, s & FILES_MASK)
+    }
 }
 
 /// Finds the target's readdir order for each native list: writes the list as a tree of
@@ -452,7 +497,7 @@ pub fn run_with_gate(
     let n = cfg.clients;
     let deadline = cfg.phase_timeout;
     for (i, round) in rounds.iter().enumerate() {
-        progress.phase.store(i as u64, Ordering::Relaxed);
+        progress.set_round(i, Step::Preparing);
         // Untimed preparation (not in the progress shown: that counts the timed part).
         let prep = pool.pass(
             |id| {
@@ -466,7 +511,6 @@ pub fn run_with_gate(
             stop,
             &Progress::default(),
         );
-        progress.files_done.store(0, Ordering::Relaxed);
         if prep.hung {
             let pr = fail_all(
                 round.timed.phase,
@@ -504,6 +548,7 @@ pub fn run_with_gate(
                 "cancelled: another host could not start the phase".to_string(),
             ),
             (None, true) => {
+                progress.set_round(i, Step::Timed);
                 let (pr, stuck) = timed_pass(&pool, cfg, round, stop, progress);
                 hung = stuck;
                 pr
@@ -522,6 +567,7 @@ pub fn run_with_gate(
         }
     }
     if cfg.cleanup {
+        progress.set_round(rounds.len().saturating_sub(1), Step::CleaningUp);
         clean_up(&pool, cfg, progress, &mut out);
         if out.hung {
             return out;

@@ -149,9 +149,7 @@ impl Pool {
             while b.remaining > 0 {
                 let (g, _) = locks::wait_timeout(&self.done, b, Duration::from_millis(100));
                 b = g;
-                progress
-                    .files_done
-                    .store(self.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+                progress.set_files(self.files_done.load(Ordering::Relaxed));
                 if stop.load(Ordering::Relaxed) {
                     self.halt.store(true, Ordering::Relaxed);
                 }

@@ -14,6 +14,7 @@ pub fn loadgen(args: &[&str]) -> Output {
 
 /// The harness the end-to-end tests share (a command's output as text, a JSON file read
 /// whole).
+#[allow(unused_imports)]
 pub use e2e::{read_json, text};
 
 pub fn schema(file: &str) -> jsonschema::Validator {
