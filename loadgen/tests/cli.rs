@@ -765,8 +765,9 @@ fn report_draws_charts_and_a_page_from_results() {
     for stem in [
         "throughput-1-clients",
         "throughput-2-clients",
-        "latency-create",
-        "latency-read-compiled",
+        "latency-create-1-clients",
+        "latency-read-compiled-2-clients",
+        "scaling-create",
     ] {
         let png = std::fs::read(report.join(format!("{stem}.png"))).expect("png");
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{stem}.png is a PNG");

@@ -44,6 +44,7 @@ fn read_results(
             serde_json::Value::Array(a) => a,
             v => vec![v],
         };
+        let first_storm = storms.len();
         for item in items {
             let bad = |e: serde_json::Error| {
                 user(format!(
@@ -57,6 +58,20 @@ fn read_results(
                 runs.push(serde_json::from_value(item).map_err(bad)?);
             }
         }
+        number_within_modes(&mut storms[first_storm..]);
     }
     Ok((runs, storms))
+}
+
+/// Numbers the timed runs of a file within their mode, as the storm does, where the file
+/// was written before the number was recorded.
+fn number_within_modes(storms: &mut [loadgen::storm::StormReport]) {
+    let mut seen = [0usize; 2];
+    for s in storms.iter_mut().filter(|s| !s.metered) {
+        let n = &mut seen[usize::from(s.with_ccfs)];
+        *n += 1;
+        if s.mode_run == 0 {
+            s.mode_run = *n;
+        }
+    }
 }

@@ -1,8 +1,14 @@
 //! `loadgen report`: charts (SVG and PNG) and an HTML page from result files.
 //!
-//! - throughput per phase, one bar per system, for each client count (the blog's figures);
-//! - the clients x phase scaling table per system (the NERSC study's table);
-//! - latency percentiles (p50 .. p99.9) of each phase's main operation, per system.
+//! - throughput per phase, one bar per system, for each client count (the blog's figures;
+//!   files a second for phases that move no data, seconds for delete and stat);
+//! - latency percentiles (p50 .. p99.9) of each phase's main operation, per system, for
+//!   each client count;
+//! - with more than one client count, each phase against the count (a sweep's scaling),
+//!   and the clients x phase table per system (the NERSC study's table);
+//! - the login storms' charts and tables (`storm`).
+//!
+//! Charts an earlier report left in the directory and this one does not draw are removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -12,6 +18,11 @@ use plotters::prelude::*;
 
 use crate::report::{self, LatencyReport, RunReport, SummaryRow};
 use crate::storm::StormReport;
+
+mod storm;
+
+pub use storm::storm_charts;
+use storm::storm_table_html;
 
 /// Where a TrueType font is looked for (Debian's fonts-dejavu-core), unless given.
 pub const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -207,7 +218,58 @@ fn phase_of(r: &RunReport, name: &str) -> Option<(SummaryRow, BTreeMap<String, L
     Some((row, lat))
 }
 
-/// The charts a set of runs gives, with file stems.
+/// How a phase is charted: wall MB/s when it moves bytes, files a second when it makes
+/// or removes files without data (as `access` does), seconds for delete and stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    MbPerS,
+    FilesPerS,
+    Seconds,
+}
+
+impl Metric {
+    fn value(self, row: &SummaryRow) -> f64 {
+        match self {
+            Metric::MbPerS => row.avg_mb_s.unwrap_or(0.0),
+            Metric::FilesPerS => row.avg_files_per_s,
+            Metric::Seconds => row.avg_seconds,
+        }
+    }
+
+    /// The stem's word, the title's, the axis's.
+    fn words(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Metric::MbPerS => ("throughput", "Throughput per phase", "wall MB/s"),
+            Metric::FilesPerS => ("files", "Files per second per phase", "files/s"),
+            Metric::Seconds => ("seconds", "Delete and stat (lower is better)", "seconds"),
+        }
+    }
+}
+
+/// The phases of the runs, in the order first seen, each with how it is charted.
+fn phases_of(runs: &[RunReport]) -> Vec<(String, Metric)> {
+    let mut phases: Vec<(String, Metric)> = Vec::new();
+    for r in runs {
+        for s in report::summary_of(r) {
+            let m = match s.avg_mb_s {
+                None => Metric::Seconds,
+                Some(v) if v > 0.0 => Metric::MbPerS,
+                Some(_) => Metric::FilesPerS,
+            };
+            match phases.iter_mut().find(|(n, _)| *n == s.name) {
+                // A phase that moved bytes in any run is charted in MB/s.
+                Some((_, seen)) if m == Metric::MbPerS => *seen = m,
+                Some(_) => {}
+                None => phases.push((s.name.clone(), m)),
+            }
+        }
+    }
+    phases
+}
+
+/// The charts a set of runs gives, with file stems: for each client count the phases'
+/// values and each phase's latencies; with more than one count, each phase against the
+/// client count.
 pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
     let mut out = Vec::new();
     let names: Vec<String> = {
@@ -220,30 +282,27 @@ pub fn charts(runs: &[RunReport]) -> Vec<(String, Bars)> {
         seen
     };
     let clients: BTreeSet<usize> = runs.iter().map(|r| r.config.clients).collect();
-    let mut phases: Vec<(String, bool)> = Vec::new();
-    for r in runs {
-        for s in report::summary_of(r) {
-            if !phases.iter().any(|(n, _)| *n == s.name) {
-                phases.push((s.name.clone(), s.avg_mb_s.is_some()));
-            }
-        }
-    }
+    let phases = phases_of(runs);
     for &c in &clients {
-        for rated in [true, false] {
+        for metric in [Metric::MbPerS, Metric::FilesPerS, Metric::Seconds] {
             let groups: Vec<String> = phases
                 .iter()
-                .filter(|(_, r)| *r == rated)
+                .filter(|(_, m)| *m == metric)
                 .map(|(n, _)| n.clone())
                 .collect();
             if groups.is_empty() {
                 continue;
             }
-            out.push(phase_bars(runs, &names, c, rated, groups));
+            out.push(phase_bars(runs, &names, c, metric, groups));
+        }
+        for (ph, _) in &phases {
+            out.extend(latency_bars(runs, &names, c, ph));
         }
     }
-    let top = clients.iter().copied().max().unwrap_or(1);
-    for (ph, _) in &phases {
-        out.extend(latency_bars(runs, &names, top, ph));
+    if clients.len() > 1 {
+        for (ph, metric) in &phases {
+            out.push(scaling_bars(runs, &names, &clients, ph, *metric));
+        }
     }
     out
 }
@@ -255,13 +314,25 @@ fn latest<'a>(runs: &'a [RunReport], name: &str, c: usize) -> Option<&'a RunRepo
         .find(|r| r.name() == name && r.config.clients == c)
 }
 
-/// The chart of the phases `groups` with `c` clients, a bar a run name: throughput for
-/// the phases that have one (`rated`), else seconds.
+/// Whether values this far apart need a log scale to keep the small ones visible
+/// (local and network filesystems differ by orders of magnitude).
+fn needs_log(series: &[(String, Vec<Option<f64>>)]) -> bool {
+    let values: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .filter(|v| *v > 0.0)
+        .collect();
+    let spread = values.iter().copied().fold(0.0f64, f64::max)
+        / values.iter().copied().fold(f64::INFINITY, f64::min);
+    spread.is_finite() && spread > 100.0
+}
+
+/// The chart of the phases `groups` with `c` clients, a bar a run name, in `metric`.
 fn phase_bars(
     runs: &[RunReport],
     names: &[String],
     c: usize,
-    rated: bool,
+    metric: Metric,
     groups: Vec<String>,
 ) -> (String, Bars) {
     let series: Vec<(String, Vec<Option<f64>>)> = names
@@ -272,47 +343,18 @@ fn phase_bars(
                 n.clone(),
                 groups
                     .iter()
-                    .map(|ph| {
-                        phase_of(r, ph).map(|(s, _)| {
-                            if rated {
-                                s.avg_mb_s.unwrap_or(0.0)
-                            } else {
-                                s.avg_seconds
-                            }
-                        })
-                    })
+                    .map(|ph| phase_of(r, ph).map(|(s, _)| metric.value(&s)))
                     .collect(),
             ))
         })
         .collect();
-    // Local and network filesystems differ by orders of magnitude: a log scale
-    // keeps the slow ones visible.
-    let values: Vec<f64> = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().flatten().copied())
-        .filter(|v| *v > 0.0)
-        .collect();
-    let spread = values.iter().copied().fold(0.0f64, f64::max)
-        / values.iter().copied().fold(f64::INFINITY, f64::min);
-    let log_y = spread.is_finite() && spread > 100.0;
+    let log_y = needs_log(&series);
     let plural = if c == 1 { "" } else { "s" };
-    let (stem, title, y) = if rated {
-        (
-            format!("throughput-{c}-clients"),
-            format!("Throughput per phase, {c} client{plural}"),
-            "wall MB/s",
-        )
-    } else {
-        (
-            format!("seconds-{c}-clients"),
-            format!("Delete and stat, {c} client{plural} (lower is better)"),
-            "seconds",
-        )
-    };
+    let (word, title, y) = metric.words();
     (
-        stem,
+        format!("{word}-{c}-clients"),
         Bars {
-            title,
+            title: format!("{title}, {c} client{plural}"),
             y_label: if log_y {
                 format!("{y} (log)")
             } else {
@@ -325,8 +367,45 @@ fn phase_bars(
     )
 }
 
+/// The chart of phase `ph` against the client count, a bar a run name (a sweep's
+/// scaling: where adding clients stops adding throughput).
+fn scaling_bars(
+    runs: &[RunReport],
+    names: &[String],
+    clients: &BTreeSet<usize>,
+    ph: &str,
+    metric: Metric,
+) -> (String, Bars) {
+    let series: Vec<(String, Vec<Option<f64>>)> = names
+        .iter()
+        .map(|n| {
+            let at = |c: usize| {
+                let r = latest(runs, n, c)?;
+                phase_of(r, ph).map(|(s, _)| metric.value(&s))
+            };
+            (n.clone(), clients.iter().map(|&c| at(c)).collect())
+        })
+        .collect();
+    let log_y = needs_log(&series);
+    let y = metric.words().2;
+    (
+        format!("scaling-{ph}"),
+        Bars {
+            title: format!("{ph} against the number of clients"),
+            y_label: if log_y {
+                format!("{y} (log)")
+            } else {
+                y.into()
+            },
+            groups: clients.iter().map(|c| format!("{c} clients")).collect(),
+            series,
+            log_y,
+        },
+    )
+}
+
 /// The chart of phase `ph`'s main operation's latency percentiles with `top` clients, a
-/// bar a run name; none when no run has it.
+/// bar a run name that has a run at that count; none when no run has it.
 fn latency_bars(
     runs: &[RunReport],
     names: &[String],
@@ -361,7 +440,7 @@ fn latency_bars(
         return None;
     }
     Some((
-        format!("latency-{ph}"),
+        format!("latency-{ph}-{top}-clients"),
         Bars {
             title: format!(
                 "{ph}: {op_name} latency, {top} client{}",
@@ -472,108 +551,45 @@ pub fn html(runs: &[RunReport], storms: &[StormReport], images: &[String]) -> St
     h
 }
 
-/// login-storm charts: every user's time to login (sorted, the distribution) and its
-/// percentiles in the timed runs, and the writes that reached the share in the metered.
-pub fn storm_charts(all: &[StormReport]) -> Vec<(String, Bars)> {
-    let storms: Vec<&StormReport> = all.iter().filter(|s| !s.metered).collect();
-    let metered: Vec<&StormReport> = all.iter().filter(|s| s.metered).collect();
-    if all.is_empty() {
-        return Vec::new();
-    }
-    let users = storms.iter().map(|s| s.per_user.len()).max().unwrap_or(0);
-    let sorted = |s: &StormReport| {
-        let mut v: Vec<f64> = s.per_user.iter().map(|u| u.login_s).collect();
-        v.sort_by(f64::total_cmp);
-        v
-    };
-    let distribution = Bars {
-        title: "Time to login, every user (sorted)".into(),
-        y_label: "seconds".into(),
-        groups: (1..=users).map(|i| i.to_string()).collect(),
-        series: storms
-            .iter()
-            .map(|s| (s.name(), sorted(s).into_iter().map(Some).collect()))
-            .collect(),
-        log_y: false,
-    };
-    let percentiles = Bars {
-        title: "Time to login".into(),
-        y_label: "seconds".into(),
-        groups: vec!["p50".into(), "p95".into(), "max".into()],
-        series: storms
-            .iter()
-            .map(|s| {
-                let t = &s.time_to_login;
-                (s.name(), vec![Some(t.p50_s), Some(t.p95_s), Some(t.max_s)])
-            })
-            .collect(),
-        log_y: false,
-    };
-    let writes = Bars {
-        title: "Changing requests that reached the share".into(),
-        y_label: "requests (log; 0 drawn at 0.5)".into(),
-        groups: vec!["login".into(), "session".into(), "logout".into()],
-        series: metered
-            .iter()
-            .map(|s| {
-                let m = |c: &Option<crate::storm::ShareCounts>| {
-                    c.as_ref().map(|c| (c.mutating as f64).max(0.5))
-                };
-                (
-                    s.name(),
-                    vec![m(&s.share_login), m(&s.share_session), m(&s.share_logout)],
-                )
-            })
-            .collect(),
-        log_y: true,
-    };
-    vec![
-        ("login-distribution".into(), distribution),
-        ("login-percentiles".into(), percentiles),
-        ("share-writes".into(), writes),
-    ]
-}
-
-fn storm_table_html(storms: &[StormReport]) -> String {
-    let mut h = String::from(
-        "<h2>Login storms</h2><table><tr><th>run</th><th>share</th><th>users</th>\
-         <th>session s</th><th>login p50 s</th><th>p95 s</th><th>max s</th><th>logout p50 s</th>\
-         <th>share writes (whole run)</th><th>share bytes written (whole run)</th>\
-         <th>share writes (logout)</th><th>server CPU s</th><th>complete</th></tr>",
-    );
-    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-    for s in storms {
-        let _ = write!(
-            h,
-            "<tr><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.2}</td>\
-             <td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&s.name()),
-            esc(&s.share),
-            esc(&s.environment.fs_type),
-            s.users,
-            s.session_s,
-            s.time_to_login.p50_s,
-            s.time_to_login.p95_s,
-            s.time_to_login.max_s,
-            s.logout.p50_s,
-            opt(s.share_whole().map(|c| c.mutating)),
-            opt(s.share_whole().map(|c| c.write_bytes)),
-            opt(s.share_logout.as_ref().map(|c| c.mutating)),
-            s.server_cpu_s
-                .map(|c| format!("{c:.1}"))
-                .unwrap_or_else(|| "-".into()),
-            if s.complete { "yes" } else { "no" }
-        );
-    }
-    h.push_str("</table>");
-    h
-}
-
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// The stems of the charts a report draws (and only those).
+fn is_chart_stem(stem: &str) -> bool {
+    const PREFIXES: [&str; 5] = ["throughput-", "files-", "seconds-", "latency-", "scaling-"];
+    const STORM: [&str; 5] = [
+        "login-distribution",
+        "login-percentiles",
+        "logout-percentiles",
+        "login-plus-logout",
+        "share-writes",
+    ];
+    PREFIXES.iter().any(|p| stem.starts_with(p)) || STORM.contains(&stem)
+}
+
+/// Removes the charts an earlier report left in `dir` that `now` does not draw again, so
+/// that the page and the directory show the same runs.
+fn remove_old_charts(dir: &Path, now: &[(String, Bars)]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let (Some(stem), Some(ext)) = (
+            path.file_stem().and_then(|s| s.to_str()),
+            path.extension().and_then(|s| s.to_str()),
+        ) else {
+            continue;
+        };
+        let drawn = now.iter().any(|(s, _)| s == stem);
+        if (ext == "svg" || ext == "png") && is_chart_stem(stem) && !drawn {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// Writes every chart as SVG and PNG, and index.html, into `dir`; returns the files written.
@@ -605,7 +621,12 @@ pub fn write_report(
     })?;
     let mut written = Vec::new();
     let mut stems = Vec::new();
-    for (stem, bars) in charts(runs).into_iter().chain(storm_charts(storms)) {
+    let all: Vec<(String, Bars)> = charts(runs)
+        .into_iter()
+        .chain(storm_charts(storms))
+        .collect();
+    remove_old_charts(dir, &all);
+    for (stem, bars) in all {
         let size = (1000, 560);
         let svg = bars_svg(&bars, size)?;
         let svg_path = dir.join(format!("{stem}.svg"));
