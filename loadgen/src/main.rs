@@ -148,8 +148,8 @@ struct StormArgs {
     repeat: usize,
     /// Without ccfs, where `.cache` is: `fair` puts it on the workstation's local disk
     /// (XDG_CACHE_HOME), as ccfs keeps it local-only; `share-cache` leaves it on the share.
-    #[arg(long, value_enum, default_value_t = BaselineArg::Fair)]
-    baseline: BaselineArg,
+    #[arg(long, value_enum)]
+    baseline: Option<BaselineArg>,
     /// A shell command that mounts the share's client afresh, run before every run (after
     /// the sync and the dropped caches); e.g. `deploy/testbed/gluster.sh remount`.
     #[arg(long)]
@@ -245,8 +245,8 @@ struct RunOpts {
     /// Use this fraction of the tree (0 < F <= 1), for quick runs.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Bytes per write and read call (compilebench: -b, 256 KiB).
-    #[arg(long, default_value_t = 256 * 1024)]
+    /// Bytes per write and read call, with K or M (compilebench: -b, 256 KiB).
+    #[arg(long, default_value = "256K", value_parser = size_value)]
     write_size: usize,
     /// fsync every file written.
     #[arg(long)]
@@ -338,14 +338,14 @@ struct HostOpts {
     #[arg(long, value_delimiter = ',')]
     hosts: Vec<String>,
     /// Clients on each host (with --hosts).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, requires = "hosts")]
     clients_per_host: usize,
     /// How to reach a host: the command and its options; the host name and the agent
     /// command follow.
-    #[arg(long, default_value = "ssh -o BatchMode=yes")]
+    #[arg(long, default_value = "ssh -o BatchMode=yes", requires = "hosts")]
     ssh_command: String,
     /// loadgen's path on the hosts (default: this binary's path).
-    #[arg(long)]
+    #[arg(long, requires = "hosts")]
     remote_loadgen: Option<String>,
 }
 
@@ -400,7 +400,10 @@ fn main() -> ExitCode {
     // What loadgen makes is its own to change: never writable by others, whatever the
     // umask it was started with (root's 000 let a student swap a run directory).
     loadgen::sys::set_umask(0o022);
-    let cli = Cli::parse();
+    let cli = match parse_command_line() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     if matches!(
         cli.command,
         Cmd::Compilebench { .. } | Cmd::Sweep { .. } | Cmd::Access { .. } | Cmd::Stream(_)
@@ -410,6 +413,104 @@ fn main() -> ExitCode {
         loadgen::stop::stop_on_signals();
     }
     exit_code(dispatch(cli.command))
+}
+
+/// The command line as clap builds it, with negative numbers taken as values (then
+/// refused by the option's own check, not as unknown flags).
+fn command() -> clap::Command {
+    fn negatives(c: clap::Command) -> clap::Command {
+        c.mut_args(|a| {
+            if a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
+        .mut_subcommands(negatives)
+    }
+    use clap::CommandFactory;
+    negatives(Cli::command())
+}
+
+/// The parsed command line; help and version printed (exit 0), a mistake said in one
+/// line as every other input error is (exit 2).
+fn parse_command_line() -> Result<Cli, ExitCode> {
+    use clap::FromArgMatches;
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.map_err(|e| {
+        use clap::error::ErrorKind;
+        if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        // The command named, for where its help is when clap's message shows no usage.
+        let named = std::env::args()
+            .nth(1)
+            .filter(|a| command().get_subcommands().any(|c| c.get_name() == a));
+        let usage = match named {
+            Some(c) => format!("loadgen {c}"),
+            None => "loadgen".to_string(),
+        };
+        eprintln!(
+            "loadgen: error: {}",
+            one_line(&e.render().to_string(), &usage)
+        );
+        ExitCode::from(2)
+    })
+}
+
+/// clap's error in one line: what is wrong, its tip or the values it takes, and where
+/// the usage is (`error: unexpected argument '--x' found; see 'loadgen compilebench
+/// --help'`).
+fn one_line(rendered: &str, usage: &str) -> String {
+    let lines: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let aside = |l: &str| {
+        [
+            "Usage: ",
+            "tip:",
+            "[possible values",
+            "For more information",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
+    };
+    let mut first = lines
+        .first()
+        .copied()
+        .unwrap_or("bad command line")
+        .trim_start_matches("error: ")
+        .to_string();
+    // A list under the first line (the arguments not given) joins it.
+    let listed: Vec<&str> = lines
+        .iter()
+        .skip(1)
+        .take_while(|l| !aside(l))
+        .copied()
+        .collect();
+    if first.ends_with(':') && !listed.is_empty() {
+        first = format!("{first} {}", listed.join(", "));
+    }
+    let mut parts = vec![first];
+    let mut usage = usage.to_string();
+    for l in &lines {
+        if let Some(u) = l.strip_prefix("Usage: ") {
+            usage = u
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<', '-']))
+                .collect::<Vec<_>>()
+                .join(" ");
+        } else if l.starts_with("tip:") || l.starts_with("[possible values") {
+            parts.push(l.to_string());
+        }
+    }
+    parts.push(format!("see '{usage} --help'"));
+    parts.join("; ")
 }
 
 /// Runs the command.
@@ -468,5 +569,40 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    #[test]
+    fn a_clap_error_is_one_line_with_its_tip_and_where_help_is() {
+        let e = command()
+            .try_get_matches_from(["loadgen", "compilebench", "/tmp", "--bogus"])
+            .expect_err("refused");
+        let line = one_line(&e.render().to_string(), "loadgen");
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("unexpected argument '--bogus' found"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("see 'loadgen compilebench --help'"),
+            "{line}"
+        );
+        let e = command()
+            .try_get_matches_from(["loadgen", "login-storm", "--share", "/s", "--baseline", "x"])
+            .expect_err("refused");
+        let line = one_line(&e.render().to_string(), "loadgen");
+        assert!(
+            line.contains("possible values: fair, share-cache"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn negative_numbers_reach_the_options_own_checks() {
+        let m = command()
+            .try_get_matches_from(["loadgen", "compilebench", "/tmp", "--scale", "-1"])
+            .expect("parsed");
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m).expect("cli");
+        assert!(matches!(cli.command, Cmd::Compilebench { opts, .. } if opts.scale == -1.0));
     }
 }

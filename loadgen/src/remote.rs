@@ -381,6 +381,92 @@ pub fn run(
     }
 }
 
+/// Seconds a host has to answer the check before the run.
+const HOST_CHECK_SECS: u64 = 30;
+
+/// Checks, before anything runs, that loadgen runs on every host (`loadgen --version`
+/// through the launcher, all hosts at once); the hosts that did not, each with what the
+/// launcher said.
+pub fn check_hosts(hosts: &Hosts) -> Result<(), String> {
+    let Some((prog, pre)) = hosts.ssh.split_first() else {
+        return Err("--ssh-command is empty".to_string());
+    };
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let checks: Vec<_> = hosts
+            .names
+            .iter()
+            .map(|host| {
+                s.spawn(move || {
+                    let mut cmd = Command::new(prog);
+                    cmd.args(pre)
+                        .arg(host)
+                        .arg(&hosts.remote_loadgen)
+                        .arg("--version");
+                    answer_within(cmd, Duration::from_secs(HOST_CHECK_SECS))
+                        .err()
+                        .map(|why| format!("{host}: {why}"))
+                })
+            })
+            .collect();
+        checks
+            .into_iter()
+            .filter_map(|c| c.join().unwrap_or_else(|_| Some("a check panicked".into())))
+            .collect()
+    });
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// Runs `cmd` and waits at most `limit` for it to succeed; why not, with the last line
+/// it wrote on stderr.
+fn answer_within(mut cmd: Command, limit: Duration) -> Result<(), String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the launcher: {e}"))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if started.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {} s", limit.as_secs()));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    let said = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    Err(match status.code() {
+        Some(c) => format!(
+            "{} (exit {c})",
+            if said.is_empty() {
+                "failed"
+            } else {
+                said.trim()
+            }
+        ),
+        None => "killed by a signal".to_string(),
+    })
+}
+
 /// Starts an agent on every host (through the launcher), each reading its stdout on a
 /// thread of its own into `tx`.
 fn start_agents(

@@ -898,7 +898,7 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
     assert!(o.status.success(), "{}", text(&o));
     check_stream(&read_json(&json), 3, 4 << 20, 256 << 10);
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
-    // A host that cannot be reached fails the run with its name.
+    // A host that cannot be reached is refused before the run, named.
     let o = loadgen(&[
         "compilebench",
         dir.path().to_str().expect("utf8"),
@@ -909,7 +909,7 @@ fn hosts_run_agents_behind_one_barrier_and_merge_their_results() {
         "--scale",
         "0.01",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("nowhere"),
         "{}",

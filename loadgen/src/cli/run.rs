@@ -12,7 +12,7 @@ pub(crate) fn compilebench(dir: &Path, opts: &RunOpts, clients: usize) -> Result
     check_common(clients, opts)?;
     let schedule = parse_schedule(opts, COMPILEBENCH_DEFAULT)?;
     check_outputs(&opts.out)?;
-    let w = make_workload(opts, &schedule);
+    let w = make_workload(opts, &schedule)?;
     let r = run_workload("compilebench", dir, w, &schedule, clients, opts, true)?;
     finish(&r)
 }
@@ -25,7 +25,7 @@ pub(crate) fn sweep(dir: &Path, opts: &RunOpts, clients: &[usize]) -> Result<(),
     }
     let schedule = parse_schedule(opts, sweep_default())?;
     check_outputs(&opts.out)?;
-    let w = make_workload(opts, &schedule);
+    let w = make_workload(opts, &schedule)?;
     let mut runs = Vec::new();
     for &c in clients {
         eprintln!("loadgen sweep: {c} clients");
@@ -151,6 +151,14 @@ pub(crate) fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> 
     if opts.limits.io_timeout == 0 || opts.limits.io_timeout > 86_400 {
         return Err(user("--io-timeout is in seconds, between 1 and 86400"));
     }
+    if let Some(h) = hosts(opts) {
+        remote::check_hosts(&h).map_err(|e| {
+            user(format!(
+                "--hosts: loadgen does not run on {e}; check the host names, \
+                 --ssh-command and --remote-loadgen"
+            ))
+        })?;
+    }
     Ok(())
 }
 
@@ -195,15 +203,19 @@ pub(crate) fn write_out(path: &Path, data: &[u8]) -> std::io::Result<()> {
     loadgen::safety::write_atomic(path, data)
 }
 
-/// The workload a command line asks for.
-pub(crate) fn make_workload(opts: &RunOpts, schedule: &Schedule) -> Workload {
-    Workload::compilebench(
-        &Datasets::embedded(),
-        opts.scale,
-        opts.seed,
-        schedule,
-        !opts.no_sync,
-    )
+/// The workload a command line asks for; refused when `--scale` keeps no file of the
+/// tree (every phase would time nothing).
+pub(crate) fn make_workload(opts: &RunOpts, schedule: &Schedule) -> Result<Workload, Error> {
+    let d = Datasets::embedded();
+    let w = Workload::compilebench(&d, opts.scale, opts.seed, schedule, !opts.no_sync);
+    if w.lists.unpatched.is_empty() {
+        return Err(user(format!(
+            "--scale {} keeps no file of the kernel tree; use at least {:.6}",
+            opts.scale,
+            workload::smallest_scale(&d)
+        )));
+    }
+    Ok(w)
 }
 
 /// Runs one workload and writes its report; returns the report.
@@ -637,7 +649,7 @@ pub(crate) fn agent(
     check_common(clients, opts)?;
     let workload = match opts.stream {
         Some(size) => Workload::stream(size),
-        None => make_workload(opts, &parse_schedule(opts, COMPILEBENCH_DEFAULT)?),
+        None => make_workload(opts, &parse_schedule(opts, COMPILEBENCH_DEFAULT)?)?,
     };
     // Several agents may share DIR (one filesystem, several hosts): allow it.
     let target = parse_target(dir, opts.limits.io_timeout)?;

@@ -61,10 +61,18 @@ pub(crate) fn prepare_run_dir(
     }
     let run = base.join(format!("loadgen-run-{}-{}", now_unix(), std::process::id()));
     store.mkdir(&run).map_err(|e| {
-        Error::Failed(format!(
-            "cannot create {} in {name}: {e}; check that it is writable",
+        let msg = format!(
+            "cannot create {} in {name}: {e}; give a directory this user can write in",
             run.display()
-        ))
+        );
+        // A directory one cannot write in is the caller's to fix (exit 2); anything
+        // else is the target failing (exit 1).
+        match e.kind() {
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                user(msg)
+            }
+            _ => Error::Failed(msg),
+        }
     })?;
     store
         .put(&run.join(".loadgen-run"), &marker(false, group))

@@ -53,8 +53,8 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         ccfs_config,
         returning_users: a.returning_users,
         baseline: match a.baseline {
-            BaselineArg::Fair => loadgen::storm::Baseline::Fair,
-            BaselineArg::ShareCache => loadgen::storm::Baseline::ShareCache,
+            None | Some(BaselineArg::Fair) => loadgen::storm::Baseline::Fair,
+            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
         },
         repeat: a.repeat,
         remount: a.remount.clone(),
@@ -81,6 +81,20 @@ fn check_numbers(a: &StormArgs) -> Result<(), Error> {
     if a.cpu_window.is_some_and(|w| w == 0 || w > 86_400 * 2) {
         return Err(user(
             "--cpu-window is in seconds, between 1 and 172800 (two days)",
+        ));
+    }
+    if a.baseline.is_some() && a.with_ccfs {
+        return Err(user(
+            "--baseline sets where the run without ccfs keeps .cache, and --with-ccfs runs \
+             none: use --compare, or leave --baseline out",
+        ));
+    }
+    let pids_given =
+        !a.server_pids.is_empty() || a.server_pids_file.is_some() || a.client_pids_file.is_some();
+    if a.cpu_window.is_some() && !pids_given {
+        return Err(user(
+            "--cpu-window is the window the CPU of --server-pids, --server-pids-file or \
+             --client-pids-file is measured over: give one of them, or leave it out",
         ));
     }
     if a.remount.as_deref().is_some_and(|c| c.trim().is_empty()) {

@@ -4,11 +4,22 @@ use crate::*;
 
 /// A size: digits with an optional K, M, G or T (powers of 1024; KiB etc. too).
 pub(crate) fn parse_size(flag: &str, v: &str) -> Result<u64, Error> {
-    let bad = || {
+    size_of(v).ok_or_else(|| {
         user(format!(
             "{flag} {v:?} is not a size; write a number with K, M, G or T (e.g. 1G, 512M)"
         ))
-    };
+    })
+}
+
+/// A size option's value as clap checks it (`--write-size 256K`).
+pub(crate) fn size_value(v: &str) -> Result<usize, String> {
+    size_of(v)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| "not a size; write a number with K, M, G or T (e.g. 256K, 1M)".to_string())
+}
+
+/// [`parse_size`]'s number, if `v` is a size above zero.
+fn size_of(v: &str) -> Option<u64> {
     let t = v.trim();
     let t = t
         .strip_suffix("iB")
@@ -21,8 +32,8 @@ pub(crate) fn parse_size(flag: &str, v: &str) -> Result<u64, Error> {
         Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
         _ => (t, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| bad())?;
-    n.checked_mul(mult).filter(|b| *b > 0).ok_or_else(bad)
+    let n: u64 = num.trim().parse().ok()?;
+    n.checked_mul(mult).filter(|b| *b > 0)
 }
 
 /// `loadgen stream`: checks its arguments, then one run a client count.

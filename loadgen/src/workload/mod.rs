@@ -17,13 +17,26 @@ pub struct Entry {
     pub size: u64,
 }
 
-fn keep(path: &str, scale: f64) -> bool {
+/// Where `path` falls in [0, 1): a file is kept at a scale above it.
+fn place(path: &str) -> f64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in path.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    (h % 1_000_000) as f64 / 1_000_000.0 < scale
+    (h % 1_000_000) as f64 / 1_000_000.0
+}
+
+fn keep(path: &str, scale: f64) -> bool {
+    place(path) < scale
+}
+
+/// The smallest `--scale` that keeps at least one file of the initial tree.
+pub fn smallest_scale(d: &Datasets) -> f64 {
+    d.unpatched
+        .iter()
+        .map(|e| place(&e.path) + 1e-6)
+        .fold(1.0, f64::min)
 }
 /// Parses a dataset file: one `path size` a line.
 pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
