@@ -79,6 +79,10 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Also list the unsynced paths and pending deletions, and the cache's size on
+        /// its disk.
+        #[arg(long, short = 'v')]
+        verbose: bool,
     },
     /// Show what ccfs does on a throwaway share: a dotfile write stays local, a document
     /// goes straight through, logout syncs the dotfile.
@@ -144,7 +148,7 @@ struct MountArgs {
     /// Local cache directory (default /var/tmp/ccfs/UID/NAME-OF-MOUNTPOINT).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// TOML config file (path classes, rsync, threads); see README.
+    /// TOML config file (path classes, rsync, threads): its keys are in ccfs(1), FILES.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Stay in the foreground and log to stderr.
@@ -250,11 +254,15 @@ fn main() -> ExitCode {
         Cmd::BindHome { user, config } => bind_home(&user, config.as_deref()),
         Cmd::GenerateDocs { dir } => {
             use clap::CommandFactory;
-            clidocs::generate(Cli::command(), &dir)
+            clidocs::generate(Cli::command(), &dir, &cli::manual::sections())
                 .map_err(|e| fail(format!("cannot write to {}: {e}", dir.display())))
         }
         Cmd::Sync { mountpoint } => sync_cmd(&mountpoint),
-        Cmd::Status { mountpoint, json } => status_cmd(mountpoint.as_deref(), json),
+        Cmd::Status {
+            mountpoint,
+            json,
+            verbose,
+        } => status_cmd(mountpoint.as_deref(), json, verbose),
         Cmd::Demo { keep } => demo(keep),
         Cmd::Recover {
             cache_dir,

@@ -196,6 +196,18 @@ pub fn hostname() -> String {
 
 /// A UTC timestamp `YYYYMMDDTHHMMSSZ` for conflict copies.
 pub fn stamp(t: SystemTime) -> String {
+    let (y, m, d, h, min, s) = civil(t);
+    format!("{y:04}{m:02}{d:02}T{h:02}{min:02}{s:02}Z")
+}
+
+/// A UTC time as a person reads it: `2026-11-29 09:30:12 UTC`.
+pub fn readable(t: SystemTime) -> String {
+    let (y, m, d, h, min, s) = civil(t);
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
+}
+
+/// Year, month, day, hour, minute, second of `t` in UTC.
+fn civil(t: SystemTime) -> (i64, i64, i64, i64, i64, i64) {
     let secs = t
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -211,12 +223,7 @@ pub fn stamp(t: SystemTime) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    (y, m, d, rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 /// Sends what the journal says the cache has and the share lacks, after checking each path

@@ -520,7 +520,7 @@ fn dispatch(command: Cmd) -> Result<(), Error> {
         Cmd::Sweep { dir, opts, clients } => sweep(&dir, &opts, &clients),
         Cmd::GenerateDocs { dir } => {
             use clap::CommandFactory;
-            clidocs::generate(Cli::command(), &dir)
+            clidocs::generate(Cli::command(), &dir, &cli::manual::sections())
                 .map_err(|e| Error::Failed(format!("cannot write to {}: {e}", dir.display())))
         }
         Cmd::Report { results, out, font } => report_command(&results, &out, &font),

@@ -2,6 +2,7 @@
 
 pub(crate) mod config;
 pub(crate) mod demo;
+pub(crate) mod manual;
 pub(crate) mod mount;
 pub(crate) mod pam;
 pub(crate) mod recover;

@@ -163,7 +163,86 @@ pub(crate) fn human_bytes(n: u64) -> String {
     }
 }
 
-pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Error> {
+/// A unix time as `2026-11-29 09:30:12 UTC (5 min ago)`.
+pub(crate) fn when(unix: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(unix);
+    let ago = std::time::SystemTime::now()
+        .duration_since(t)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let ago = match ago {
+        s if s < 60 => format!("{s} s ago"),
+        s if s < 3600 => format!("{} min ago", s / 60),
+        s if s < 86_400 => format!("{} h {} min ago", s / 3600, s / 60 % 60),
+        s => format!("{} days ago", s / 86_400),
+    };
+    format!("{} ({ago})", ccfs::sync::readable(t))
+}
+
+/// The bytes the files under `dir` take on its disk (symbolic links not followed), and
+/// whether every entry was counted (a walk stops at a million entries).
+pub(crate) fn disk_usage(dir: &Path) -> (u64, bool) {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut seen = 0usize;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > 1_000_000 {
+                return (total, false);
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    (total, true)
+}
+
+/// What `ccfs status --verbose` adds for a mount: the cache's size, the unsynced paths
+/// and the pending deletions.
+fn say_pending(m: &control::MountRef, st: &Status) {
+    let (bytes, whole) = disk_usage(&st.cache_dir);
+    say!(
+        "  cache: {}{} on its disk",
+        if whole { "" } else { "at least " },
+        human_bytes(bytes)
+    );
+    match control::pending(m, STATUS_TIMEOUT) {
+        Ok(p) => {
+            for (what, list, of) in [
+                ("unsynced", &p.dirty, st.dirty_files),
+                ("to delete on the share", &p.deletions, st.pending_deletions),
+            ] {
+                if list.is_empty() {
+                    continue;
+                }
+                say!("  {what}:");
+                for path in list {
+                    say!("    {}", shown(path));
+                }
+                if of > list.len() {
+                    say!("    ... and {} more", of - list.len());
+                }
+            }
+        }
+        Err(e) => say!("  paths: not listed: {}", daemon::LogText(&e.to_string())),
+    }
+}
+
+pub(crate) fn status_cmd(
+    mountpoint: Option<&Path>,
+    json: bool,
+    verbose: bool,
+) -> Result<(), Error> {
     let mounts: Vec<Result<control::MountRef, Error>> = match mountpoint {
         Some(m) => vec![Ok(control_socket(m)?)],
         None => control::ccfs_mount_table()
@@ -173,14 +252,16 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
             .collect(),
     };
     let listed = mounts.len();
-    let mut all: Vec<Status> = Vec::new();
+    let mut all: Vec<(control::MountRef, Status)> = Vec::new();
     for m in mounts {
-        let one =
-            m.and_then(|m| control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e)));
+        let one = m.and_then(|m| {
+            let st = control::status(&m, STATUS_TIMEOUT).map_err(|e| daemon_error(&m, &e))?;
+            Ok((m, st))
+        });
         match one {
             // The same daemon seen through a second mount point (a bind mount).
-            Ok(st) if all.iter().any(|s| s.cache_dir == st.cache_dir) => {}
-            Ok(st) => all.push(st),
+            Ok((_, st)) if all.iter().any(|(_, s)| s.cache_dir == st.cache_dir) => {}
+            Ok(pair) => all.push(pair),
             // Listing every mount: one that cannot be asked is reported, not fatal.
             Err(Error::Failure(Failure(msg))) if mountpoint.is_none() => {
                 daemon::report_fatal(&format!("ccfs: {msg}"))
@@ -189,9 +270,10 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
         }
     }
     if json {
-        let text = match (mountpoint, all.first()) {
+        let statuses: Vec<&Status> = all.iter().map(|(_, s)| s).collect();
+        let text = match (mountpoint, statuses.first()) {
             (Some(_), Some(st)) => serde_json::to_string_pretty(st),
-            _ => serde_json::to_string_pretty(&all),
+            _ => serde_json::to_string_pretty(&statuses),
         };
         say!("{}", text.map_err(|e| fail(e.to_string()))?);
         return Ok(());
@@ -199,7 +281,7 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
     if listed == 0 {
         say!("no ccfs mounts");
     }
-    for st in all {
+    for (m, st) in all {
         say!(
             "{}  share {}  cache {}  pid {}",
             st.mountpoint.display(),
@@ -223,7 +305,7 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
             match st.counts_as_of {
                 Some(t) => format!(
                     "   (counted at {}: the filesystem is busy waiting on the share)",
-                    ccfs::sync::stamp(std::time::UNIX_EPOCH + Duration::from_secs(t))
+                    when(t)
                 ),
                 None => String::new(),
             }
@@ -243,12 +325,12 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
             None => say!("  last sync: none yet"),
             Some(o) => match (&o.report, &o.error) {
                 (Some(r), _) => say!(
-                    "  last sync: {} ({} sent, {} deleted, {:.2}s, unix time {})",
+                    "  last sync: {} at {}: {} sent, {} deleted in {:.2} s",
                     if o.ok { "ok" } else { "incomplete" },
+                    when(r.finished_at),
                     r.sent,
                     r.deleted,
-                    r.seconds,
-                    r.finished_at
+                    r.seconds
                 ),
                 (None, Some(_)) if o.share_unreachable.is_some() => {
                     say!("  last sync: not started (share unreachable)")
@@ -256,6 +338,9 @@ pub(crate) fn status_cmd(mountpoint: Option<&Path>, json: bool) -> Result<(), Er
                 (None, Some(e)) => say!("  last sync: failed: {e}"),
                 (None, None) => {}
             },
+        }
+        if verbose {
+            say_pending(&m, &st);
         }
     }
     Ok(())

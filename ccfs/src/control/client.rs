@@ -71,6 +71,20 @@ pub fn status(m: &MountRef, timeout: Duration) -> std::io::Result<Status> {
     })
 }
 
+/// The daemon's unsynced paths and pending deletions (`ccfs status --verbose`).
+pub fn pending(m: &MountRef, timeout: Duration) -> std::io::Result<super::Pending> {
+    let v = request(m, &Request::Pending, Some(timeout))?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        return Err(std::io::Error::other(e.to_string()));
+    }
+    serde_json::from_value(v).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the daemon answered badly: {e}"),
+        )
+    })
+}
+
 pub fn send(stream: &UnixStream, req: &Request) -> std::io::Result<()> {
     let mut w = stream;
     let text = serde_json::to_string(req).map_err(std::io::Error::other)?;

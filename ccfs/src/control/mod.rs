@@ -49,6 +49,8 @@ const MAX_ANSWER: u64 = 16 << 20;
 #[serde(tag = "cmd", rename_all = "lowercase")]
 pub enum Request {
     Status,
+    /// The unsynced paths and pending deletions ([`Pending`]).
+    Pending,
     Sync,
     /// Acknowledged at once with `{"waiting":true}`, then answered once the daemon's
     /// final sync (after unmount) is done.
@@ -166,6 +168,17 @@ pub struct Status {
     #[serde(default)]
     pub held_by_block: HeldByBlock,
 }
+
+/// The unsynced paths and the pending deletions, at most [`PENDING_LISTED`] of each, in
+/// order (`ccfs status --verbose`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pending {
+    pub dirty: Vec<PathBuf>,
+    pub deletions: Vec<PathBuf>,
+}
+
+/// How many paths of each kind [`Pending`] lists.
+pub const PENDING_LISTED: usize = 1000;
 
 /// See [`Status::held_by_block`].
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

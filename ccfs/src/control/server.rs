@@ -199,6 +199,22 @@ impl Daemon {
         }
     }
 
+    /// The unsynced paths and pending deletions, taken on a helper thread (the filesystem's
+    /// lock may be held by a request waiting on a hung share); none when they do not come
+    /// in time.
+    fn pending_paths(&self) -> Option<super::Pending> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let overlay = self.overlay.clone();
+        std::thread::Builder::new()
+            .name("ccfs-list".into())
+            .spawn(move || {
+                let (dirty, deletions) = overlay.pending_paths(super::PENDING_LISTED);
+                let _ = tx.send(super::Pending { dirty, deletions });
+            })
+            .ok()?;
+        rx.recv_timeout(super::COUNT_TIMEOUT).ok()
+    }
+
     /// Publishes the final sync's outcome to `ccfs umount` waiting on the socket.
     pub fn set_final(&self, outcome: SyncOutcome) {
         *self.final_sync.locked() = Some(outcome);
@@ -226,6 +242,12 @@ impl Daemon {
     fn answer(&self, req: &Request) -> serde_json::Value {
         let v = match req {
             Request::Status => serde_json::to_value(self.status()),
+            Request::Pending => match self.pending_paths() {
+                Some(p) => serde_json::to_value(p),
+                None => Ok(serde_json::json!({
+                    "error": "the filesystem is busy waiting on the share: no list now"
+                })),
+            },
             Request::Sync => serde_json::to_value(self.sync_now(SyncMode::Session)),
             Request::Wait => serde_json::to_value(self.wait_final()),
         };

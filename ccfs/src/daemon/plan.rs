@@ -402,7 +402,8 @@ pub fn load_config(path: &Path) -> Result<Settings, UserError> {
         ),
         _ => user_error(
             LogText(&e.to_string()).to_string(),
-            "fix the file (see `ccfs mount --help` for the format)",
+            "fix the file: ccfs(1) (FILES) and the shipped /etc/ccfs/ccfs.toml describe every \
+             key; `ccfs config check --config FILE` checks it",
         ),
     })
 }

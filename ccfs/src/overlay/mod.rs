@@ -918,6 +918,19 @@ impl Overlay {
     }
 
     /// Counts for `ccfs status`: dirty objects, their bytes, pending deletions.
+    /// The unsynced paths and the pending deletions, in order, at most `limit` of each.
+    pub fn pending_paths(&self, limit: usize) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let inner = self.lock();
+        let mut dirty: Vec<PathBuf> = inner.state.dirty().cloned().collect();
+        let mut gone: Vec<PathBuf> = inner.state.whiteouts().cloned().collect();
+        drop(inner);
+        dirty.sort();
+        gone.sort();
+        dirty.truncate(limit);
+        gone.truncate(limit);
+        (dirty, gone)
+    }
+
     pub fn pending(&self) -> (usize, u64, usize) {
         let inner = self.lock();
         let mut bytes = 0;

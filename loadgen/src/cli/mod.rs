@@ -1,5 +1,6 @@
 //! One file per command, and the run directories they share.
 
+pub(crate) mod manual;
 pub(crate) mod progress;
 pub(crate) mod report;
 pub(crate) mod run;

@@ -61,6 +61,15 @@ pub(crate) fn spawn_progress(
     }))
 }
 
+/// Ends the bar of [`spawn_progress`] and waits until it is cleared (before anything
+/// else is printed).
+pub(crate) fn finish_progress(done: &AtomicBool, display: Option<std::thread::JoinHandle<()>>) {
+    done.store(true, Ordering::Relaxed);
+    if let Some(d) = display {
+        let _ = d.join();
+    }
+}
+
 /// The bar's styles: a round (its files of the round's and the time left) and the
 /// cleanup (files removed so far).
 fn styles(

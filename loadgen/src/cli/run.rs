@@ -312,11 +312,7 @@ pub(crate) fn run_workload(
         &progress,
         on_phase,
     );
-    done.store(true, Ordering::Relaxed);
-    // The bar cleared before anything else is printed.
-    if let Some(d) = display {
-        let _ = d.join();
-    }
+    finish_progress(&done, display);
     let hung = ran.hung;
     settle_report(&mut report, ran, rounds.len(), dir, &target);
     let multi_host = hosts.is_some();
