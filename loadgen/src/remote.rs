@@ -42,6 +42,9 @@ pub struct PhaseWire {
     pub clients: Vec<ClientWire>,
     /// The host's histograms, as their recorded values.
     pub latencies: Vec<(String, Vec<(u64, u64)>)>,
+    /// Whether the agent dropped its host's caches as asked (None: not asked).
+    #[serde(default)]
+    pub caches_dropped: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,6 +53,15 @@ pub enum AgentMsg {
     Ready(usize),
     Result(PhaseWire),
     Pong(u64),
+}
+
+/// Whether this agent dropped its host's caches as asked: 0 not asked, 1 dropped, 2 not
+/// (not root there).
+static AGENT_DROPPED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The agent notes whether it could drop its host's caches, as it was asked to.
+pub fn agent_caches_dropped(dropped: bool) {
+    AGENT_DROPPED.store(if dropped { 1 } else { 2 }, Ordering::Relaxed);
 }
 
 /// The agent's clock: nanoseconds since it started.
@@ -69,6 +81,11 @@ pub fn to_wire(p: &PhaseResult) -> PhaseWire {
         phase: p.phase.name().to_string(),
         tree: p.tree,
         latencies: p.latencies.to_wire(),
+        caches_dropped: match AGENT_DROPPED.load(Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        },
         clients: p
             .clients
             .iter()
@@ -551,10 +568,14 @@ fn play_round(
     crew.send_all("go");
     let mut clients = Vec::new();
     let mut latencies = Latencies::new();
+    let mut not_dropped = Vec::new();
     crew.hear_all("finish the round", |k, host, m| match m {
         AgentMsg::Result(w) if w.phase == phase.name() && w.tree == round.timed.tree => {
             clients.extend(from_wire(w, offsets[k].0));
             latencies.merge(&Latencies::from_wire(&w.latencies));
+            if w.caches_dropped == Some(false) {
+                not_dropped.push(host.to_string());
+            }
             Ok(Take::Mine)
         }
         other => Err(format!(
@@ -570,12 +591,9 @@ fn play_round(
         c.start -= first;
         c.end = c.end.saturating_sub(first);
     }
-    Ok(PhaseResult::new(
-        phase,
-        round.timed.tree,
-        clients,
-        latencies,
-    ))
+    let mut pr = PhaseResult::new(phase, round.timed.tree, clients, latencies);
+    pr.caches_not_dropped = not_dropped;
+    Ok(pr)
 }
 
 /// Tells every agent to stop; agents clean up, then end; one that does not within the

@@ -219,6 +219,10 @@ pub struct RunReport {
     pub complete: bool,
     pub error: Option<String>,
     pub warnings: Vec<String>,
+    /// The hosts of a multi-host run whose agents could not drop their caches as asked
+    /// (`config.drop_caches` is then false: what happened, not what was asked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches_not_dropped_on: Vec<String>,
 }
 
 fn us(ns: u64) -> f64 {

@@ -259,7 +259,7 @@ fn compare_counts_share_writes_at_the_share_side() {
         "with/without",
         "order ABBA",
         "share bytes written, whole run",
-        "client CPU: ccfs daemons",
+        "client CPU: ccfs, mount to exit",
         "share requests of the logins without ccfs, by path in the home",
     ] {
         assert!(table.contains(row), "{row}: {table}");

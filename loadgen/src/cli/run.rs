@@ -292,6 +292,7 @@ pub(crate) fn run_workload(
         for c in &p.clients {
             report.warnings.extend(c.warnings.iter().cloned());
         }
+        note_caches_not_dropped(&mut report, &p.caches_not_dropped);
         if let Some(e) = p.error() {
             report.error = Some(e);
         }
@@ -355,6 +356,22 @@ fn hosts(opts: &RunOpts) -> Option<remote::Hosts> {
         }),
         clients_per_host: opts.net.clients_per_host,
     })
+}
+
+/// Records the hosts that could not drop their caches as asked: the run's configuration
+/// then says caches were not dropped, the hosts are named, and a warning says so once.
+fn note_caches_not_dropped(report: &mut RunReport, hosts: &[String]) {
+    for h in hosts {
+        if report.caches_not_dropped_on.contains(h) {
+            continue;
+        }
+        report.caches_not_dropped_on.push(h.clone());
+        report.config.drop_caches = false;
+        report.warnings.push(format!(
+            "{h}: caches were not dropped between operations there (its agent is not root): \
+             its clients ran with what the page cache kept"
+        ));
+    }
 }
 
 /// Whether caches are dropped between operations. They are dropped where the clients
@@ -438,6 +455,7 @@ fn new_report(
         complete: false,
         error: None,
         warnings: Vec::new(),
+        caches_not_dropped_on: Vec::new(),
     }
 }
 
@@ -652,6 +670,10 @@ pub(crate) fn agent(
     let run_dir = prepare_run_dir(&target, true, group)?;
     let drop = !opts.no_sync && !opts.no_drop_caches;
     let dropped = drop && engine::drop_caches();
+    if drop {
+        // Said to the coordinator with every round's result: its record says so.
+        remote::agent_caches_dropped(dropped);
+    }
     if drop && !dropped {
         eprintln!("loadgen agent: dropping caches needs root; running without");
     }

@@ -233,6 +233,9 @@ pub struct PhaseResult {
     /// When the clients were released (their start and end count from it); None when
     /// they never were.
     pub released: Option<Instant>,
+    /// The hosts (of a multi-host run) whose agents could not drop their caches before
+    /// this round, as they were asked to.
+    pub caches_not_dropped: Vec<String>,
 }
 
 impl PhaseResult {
@@ -243,6 +246,7 @@ impl PhaseResult {
             clients,
             latencies,
             released: None,
+            caches_not_dropped: Vec::new(),
         }
     }
 

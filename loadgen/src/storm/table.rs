@@ -146,7 +146,7 @@ const ROWS: &[Row] = &[
         Unit::Seconds,
     ),
     timed(
-        "client CPU: ccfs daemons (s)",
+        "client CPU: ccfs, mount to exit (s)",
         |r| r.ccfs_cpu_s,
         Unit::Seconds,
     ),
@@ -756,7 +756,7 @@ login + logout p50 (s)                      1.65 (1.50-1.80)   0.825 (0.750-0.90
 users' start spread (ms)                                1.00                  1.00          1.0x
 server CPU, whole run (s)                   1.65 (1.50-1.80)   0.825 (0.750-0.900)         0.50x
 client CPU: share client (s)             0.825 (0.750-0.900)                     -
-client CPU: ccfs daemons (s)                               -                 0.500
+client CPU: ccfs, mount to exit (s)                        -                 0.500
   CPU window (s)                                        10.0                  10.0
 share requests, login                                    100                   200          2.0x
 share requests, session                                  200                   300          1.5x

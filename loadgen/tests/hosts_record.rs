@@ -1,0 +1,63 @@
+//! A multi-host run records what each host did, not what was asked: a host whose agent
+//! could not drop its caches (not root there) is named, and the run's configuration says
+//! the caches were not dropped.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use common::{loadgen, read_json, text};
+
+#[test]
+fn a_host_that_could_not_drop_its_caches_is_recorded_as_such() {
+    if Command::new("id")
+        .args(["-u", "nobody"])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        panic!("the test needs the user nobody");
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    // Both agents make their run directories here, one of them as nobody.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let launcher = scratch.path().join("ssh");
+    // Stands in for ssh: h2's agent runs as nobody, as on a host where loadgen is not root.
+    std::fs::write(
+        &launcher,
+        "#!/bin/sh\nhost=$1\nshift\n[ \"$host\" = h2 ] && exec runuser -u nobody -- \"$@\"\nexec \"$@\"\n",
+    )
+    .expect("launcher");
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let json = scratch.path().join("r.json");
+    let o = loadgen(&[
+        "compilebench",
+        dir.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2",
+        "--ssh-command",
+        launcher.to_str().expect("utf8"),
+        "--scale",
+        "0.01",
+        "--phases",
+        "create",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    assert_eq!(v["caches_not_dropped_on"], serde_json::json!(["h2"]), "{v}");
+    assert_eq!(
+        v["config"]["drop_caches"], false,
+        "what happened, not what was asked"
+    );
+    assert!(
+        v["warnings"].as_array().expect("warnings").iter().any(|w| w
+            .as_str()
+            .is_some_and(|w| w.starts_with("h2: caches were not dropped"))),
+        "{v}"
+    );
+    common::validate(&v);
+}
