@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::text;
 
 /// The screen's text as a terminal would have been sent it, escapes removed, each
@@ -53,11 +51,7 @@ fn the_progress_bar_counts_each_round_within_its_files_and_the_cleanup_apart() {
         env!("CARGO_BIN_EXE_loadgen"),
         dir.path().display()
     );
-    let o = Command::new("script")
-        .args(["-qefc", &line, "/dev/null"])
-        .env("TERM", "xterm")
-        .output()
-        .expect("script(1)");
+    let o = e2e::on_a_terminal(&line);
     assert!(o.status.success(), "{}", text(&o));
     let raw = String::from_utf8_lossy(&o.stdout);
     let lines = screen_lines(&raw);

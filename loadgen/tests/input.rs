@@ -85,21 +85,14 @@ fn sizes_take_their_suffixes() {
 #[test]
 fn a_read_only_directory_is_the_caller_s_to_fix() {
     let scratch = tempfile::tempdir().expect("scratch");
-    let ro = scratch.path().join("ro");
-    std::fs::create_dir(&ro).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
-        .arg(&ro)
-        .status()
-        .expect("mount");
-    assert!(mounted.success(), "a read-only tmpfs (root needed)");
+    let ro = e2e::Tmpfs::mount(&scratch.path().join("ro"), "1m", "ro");
     let o = loadgen(&[
         "compilebench",
-        ro.to_str().expect("utf8"),
+        ro.at.to_str().expect("utf8"),
         "--scale",
         "0.01",
     ]);
-    let _ = Command::new("umount").arg(&ro).status();
+    drop(ro);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("Read-only file system"),

@@ -42,6 +42,52 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// A tmpfs of `size` mounted at `at` (made if missing), with `options` (`ro`, ...);
+/// unmounted when dropped. Tests run as root.
+pub struct Tmpfs {
+    pub at: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: &str, options: &str) -> Self {
+        std::fs::create_dir_all(at).expect("mount point");
+        let opts = if options.is_empty() {
+            format!("size={size}")
+        } else {
+            format!("{options},size={size}")
+        };
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(
+            st.success(),
+            "mount a tmpfs at {} (root needed)",
+            at.display()
+        );
+        Self {
+            at: at.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.at).status();
+    }
+}
+
+/// `line` run as a shell command on a terminal of its own (a pty, through script(1)):
+/// what it wrote there, its exit status.
+pub fn on_a_terminal(line: &str) -> Output {
+    Command::new("script")
+        .args(["-qefc", line, "/dev/null"])
+        .env("TERM", "xterm")
+        .output()
+        .expect("script(1)")
+}
+
 /// Where the share lives for this run: a local temp dir, or below $CCFS_TEST_SHARE_ROOT
 /// (for example a GlusterFS client mount) when set.
 pub fn share_root() -> Option<PathBuf> {

@@ -103,18 +103,12 @@ fn bad_input_is_refused_before_anything_runs_or_is_printed() {
 #[test]
 fn a_read_only_share_is_refused_before_anything_is_made() {
     let scratch = tempfile::tempdir().expect("scratch");
-    let share = scratch.path().join("ro");
-    std::fs::create_dir(&share).expect("mkdir");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
-        .arg(&share)
-        .status()
-        .expect("mount");
-    assert!(mounted.success(), "mount a read-only tmpfs (root needed)");
+    let ro = e2e::Tmpfs::mount(&scratch.path().join("ro"), "1m", "ro");
+    let share = ro.at.clone();
     let work = scratch.path().join("work");
     let profile = profile(scratch.path());
     let o = run(&storm_args(&share, &work, &profile, "1"), &["--no-meter"]);
-    let _ = Command::new("umount").arg(&share).status();
+    drop(ro);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -190,11 +184,7 @@ fn on_a_terminal_a_status_line_names_the_run_and_its_phase() {
         .map(|a| format!("'{a}'"))
         .collect::<Vec<_>>()
         .join(" ");
-    let o = Command::new("script")
-        .args(["-qefc", &line, "/dev/null"])
-        .env("TERM", "xterm")
-        .output()
-        .expect("script(1)");
+    let o = e2e::on_a_terminal(&line);
     assert!(o.status.success(), "{}", text(&o));
     let shown = String::from_utf8_lossy(&o.stdout);
     // The two-second session is drawn at least once (ten times a second).
