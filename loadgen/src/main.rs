@@ -133,9 +133,11 @@ struct StormArgs {
     /// The directory on the share where the homes are made (a local directory works too).
     #[arg(long)]
     share: PathBuf,
-    /// Users logging in at once.
-    #[arg(long, default_value_t = 6)]
-    users: usize,
+    /// Users logging in at once; several sizes (1,5,10,20,30,60) run a class-size sweep:
+    /// each size on fresh homes, and a table of the login time and the server's CPU
+    /// against the class size, with the knee of each column.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![6usize])]
+    users: Vec<usize>,
     /// Mount every home through its own ccfs (cache and mount point of its own).
     #[arg(long)]
     with_ccfs: bool,

@@ -192,3 +192,78 @@ fn on_a_terminal_a_status_line_names_the_run_and_its_phase() {
     assert!(shown.contains("run 1/1, without ccfs #1: done"), "{shown}");
     assert!(shown.contains("time to login p50"), "{shown}");
 }
+
+/// `--users 1,2,3`: each size on homes of its own, without and with ccfs; the sweep's
+/// table has a line a size and each column's knee; the JSON holds every run, and the
+/// report draws the login time against the class size for both columns. Sizes out of
+/// order are refused.
+#[test]
+fn a_class_size_sweep_runs_every_size_and_names_each_column_s_knee() {
+    let share = e2e::share_dir();
+    let scratch = tempfile::tempdir().expect("scratch");
+    let work = tempfile::tempdir().expect("work");
+    let profile = profile(scratch.path());
+    let json = scratch.path().join("sweep.json");
+    let mut args = storm_args(share.path(), work.path(), &profile, "0");
+    let at = args.iter().position(|a| a == "--users").expect("--users") + 1;
+    args[at] = "1,2,3".into();
+    let o = run(
+        &args,
+        &[
+            "--compare",
+            "--no-meter",
+            "--json",
+            json.to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let sweep = out
+        .split("class-size sweep")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the sweep's table: {out}"));
+    for size in ["    1  ", "    2  ", "    3  "] {
+        assert!(
+            sweep.lines().any(|l| l.starts_with(size)),
+            "{size:?}: {sweep}"
+        );
+    }
+    assert!(sweep.contains("knee without ccfs: ") && sweep.contains("knee with ccfs: "));
+    let runs = e2e::read_json(&json);
+    let mut seen: Vec<(u64, bool)> = runs
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| (r["users"].as_u64().unwrap_or(0), r["with_ccfs"] == true))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [
+            (1, false),
+            (1, true),
+            (2, false),
+            (2, true),
+            (3, false),
+            (3, true)
+        ]
+    );
+    let report = scratch.path().join("report");
+    let o = Command::new(loadgen_bin())
+        .arg("report")
+        .arg(&json)
+        .arg("-o")
+        .arg(&report)
+        .output()
+        .expect("report");
+    assert!(o.status.success(), "{}", text(&o));
+    let svg = std::fs::read_to_string(report.join("class-login-p50.svg")).expect("chart");
+    assert!(
+        svg.contains("without ccfs") && svg.contains("with ccfs") && svg.contains("3 users"),
+        "{svg}"
+    );
+    args[at] = "3,2".into();
+    let o = run(&args, &["--no-meter"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("increasing order"));
+}

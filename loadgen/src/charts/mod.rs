@@ -560,7 +560,14 @@ pub(crate) fn esc(s: &str) -> String {
 
 /// The stems of the charts a report draws (and only those).
 fn is_chart_stem(stem: &str) -> bool {
-    const PREFIXES: [&str; 5] = ["throughput-", "files-", "seconds-", "latency-", "scaling-"];
+    const PREFIXES: [&str; 6] = [
+        "throughput-",
+        "files-",
+        "seconds-",
+        "latency-",
+        "scaling-",
+        "class-",
+    ];
     const STORM: [&str; 5] = [
         "login-distribution",
         "login-percentiles",

@@ -78,12 +78,78 @@ pub fn storm_charts(all: &[StormReport]) -> Vec<(String, Bars)> {
             .collect(),
         log_y: true,
     };
-    vec![
+    let mut out = vec![
         ("login-distribution".into(), distribution),
         ("login-percentiles".into(), percentiles),
         ("logout-percentiles".into(), logout),
         ("login-plus-logout".into(), login_logout),
         ("share-writes".into(), writes),
+    ];
+    out.extend(class_charts(all));
+    out
+}
+
+/// With more than one class size (a sweep): the time to login (p50, p95) and the
+/// server's CPU against the size, a bar a mode (and label).
+fn class_charts(all: &[StormReport]) -> Vec<(String, Bars)> {
+    let mut sizes: Vec<usize> = all.iter().map(|s| s.users).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.len() < 2 {
+        return Vec::new();
+    }
+    // A series a label and mode, in the order first seen.
+    let mut keys: Vec<(Option<String>, bool)> = Vec::new();
+    for s in all.iter().filter(|s| !s.metered) {
+        let k = (s.label.clone(), s.with_ccfs);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let chart = |title: &str, y: &str, get: fn(&crate::storm::Point) -> Option<f64>| Bars {
+        title: title.into(),
+        y_label: y.into(),
+        groups: sizes.iter().map(|u| format!("{u} users")).collect(),
+        series: keys
+            .iter()
+            .map(|(label, with_ccfs)| {
+                let mine: Vec<StormReport> =
+                    all.iter().filter(|s| s.label == *label).cloned().collect();
+                let pts = crate::storm::points(&mine, *with_ccfs);
+                let mode = if *with_ccfs {
+                    "with ccfs"
+                } else {
+                    "without ccfs"
+                };
+                let name = match label {
+                    Some(l) => format!("{l}, {mode}"),
+                    None => mode.to_string(),
+                };
+                let at = |u: usize| pts.iter().find(|p| p.users == u).and_then(get);
+                (name, sizes.iter().map(|&u| at(u)).collect())
+            })
+            .collect(),
+        log_y: false,
+    };
+    vec![
+        (
+            "class-login-p50".into(),
+            chart("Time to login p50 against the class size", "seconds", |p| {
+                Some(p.login_p50_s)
+            }),
+        ),
+        (
+            "class-login-p95".into(),
+            chart("Time to login p95 against the class size", "seconds", |p| {
+                Some(p.login_p95_s)
+            }),
+        ),
+        (
+            "class-server-cpu".into(),
+            chart("Server CPU against the class size", "CPU seconds", |p| {
+                p.server_cpu_s
+            }),
+        ),
     ]
 }
 

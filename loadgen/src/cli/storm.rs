@@ -43,7 +43,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
     }
     Ok(loadgen::storm::StormConfig {
         share,
-        users: a.users,
+        users: a.users.first().copied().unwrap_or(1),
         session: Duration::from_secs(a.session),
         profile: Arc::new(profile),
         profile_name,
@@ -69,8 +69,14 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
 
 /// Checks the numbers and the `--remount` command against their limits.
 fn check_numbers(a: &StormArgs) -> Result<(), Error> {
-    if a.users == 0 || a.users > 1000 {
+    if a.users.iter().any(|&u| u == 0 || u > 1000) {
         return Err(user("--users must be between 1 and 1000"));
+    }
+    if a.users.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(user(
+            "--users: give the class sizes of a sweep in increasing order, each once \
+             (e.g. 1,5,10,20,30,60)",
+        ));
     }
     if a.session > 86_400 {
         return Err(user("--session is in seconds, at most 86400 (one day)"));
@@ -300,8 +306,12 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let display = StormDisplay::start(a.quiet);
     display.line(&format!(
         "{} run(s) of {} users: {} timed a mode{}{}",
-        schedule.len(),
-        cfg.users,
+        schedule.len() * a.users.len(),
+        a.users
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         cfg.repeat,
         if a.compare {
             ", without and with ccfs in turn"
@@ -317,30 +327,55 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
         }
     ));
     let mut write_error = None;
-    let runs = loadgen::storm::run(&cfg, &schedule, |runs| {
-        if let Some(r) = runs.last() {
-            display.line(&run_done(r, runs.len(), schedule.len()));
-        }
-        if let Some(j) = &a.json {
-            let v = serde_json::to_vec_pretty(runs);
-            if let Err(e) = write_out(j, &v.unwrap_or_default()) {
-                write_error = Some(format!("cannot write {}: {e}", j.display()));
+    let mut all: Vec<loadgen::storm::StormReport> = Vec::new();
+    let mut failed = None;
+    for &users in &a.users {
+        let cfg = loadgen::storm::StormConfig {
+            users,
+            ..cfg.clone()
+        };
+        let ran = loadgen::storm::run(&cfg, &schedule, |runs| {
+            if let Some(r) = runs.last() {
+                display.line(&run_done(r, runs.len(), schedule.len()));
             }
+            if let Some(j) = &a.json {
+                let v = serde_json::to_vec_pretty(&all.iter().chain(runs).collect::<Vec<_>>());
+                if let Err(e) = write_out(j, &v.unwrap_or_default()) {
+                    write_error = Some(format!("cannot write {}: {e}", j.display()));
+                }
+            }
+        });
+        match ran {
+            Ok(runs) => all.extend(runs),
+            Err(e) => failed = Some(e),
         }
-    })
-    .map_err(Error::Failed);
+        let stop = failed.is_some()
+            || all.iter().any(|r| r.error.is_some())
+            || loadgen::stop::INTERRUPTED.load(Ordering::Relaxed);
+        if stop {
+            break;
+        }
+    }
     display.stop();
-    let runs = runs?;
-    print!("{}", loadgen::storm::table(&runs));
+    if all.is_empty() {
+        if let Some(e) = failed {
+            return Err(Error::Failed(e));
+        }
+    }
+    for &users in &a.users {
+        let of_size: Vec<_> = all.iter().filter(|r| r.users == users).cloned().collect();
+        print!("{}", loadgen::storm::table(&of_size));
+    }
+    print!("{}", loadgen::storm::sweep_table(&all));
     if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
         return Err(Error::Interrupted(
             "interrupted by a signal: stopped cleanly, homes and mounts removed".into(),
         ));
     }
-    if let Some(e) = write_error {
+    if let Some(e) = write_error.or(failed) {
         return Err(Error::Failed(e));
     }
-    match runs.iter().find_map(|r| r.error.clone()) {
+    match all.iter().find_map(|r| r.error.clone()) {
         Some(e) => Err(Error::Failed(format!("stopped: {e}"))),
         None => Ok(()),
     }

@@ -26,6 +26,7 @@ mod procs;
 mod progress;
 mod report;
 mod run;
+mod sweep;
 mod table;
 
 use std::path::PathBuf;
@@ -42,6 +43,7 @@ pub use progress::{Change, Now, Phase, PROGRESS};
 pub use report::{
     FopCount, ServerCounts, Settled, ShareCounts, StormReport, Summary, UserResult, PATH_DEPTH,
 };
+pub use sweep::{knee, points, sweep_table, Point};
 pub use table::{median_spread, ratio, sig3, table};
 
 use leftovers::keep_evidence;

@@ -46,9 +46,10 @@ impl Phase {
     }
 }
 
-/// A phase change: the run (1 first), the runs, the mode, the phase.
+/// A phase change: the class's size, the run (1 first), the runs, the mode, the phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change {
+    pub users: usize,
     pub run: usize,
     pub runs: usize,
     pub with_ccfs: bool,
@@ -150,6 +151,7 @@ impl Progress {
     fn change(&self) -> Option<Change> {
         let phase = *Phase::ALL.get(usize::from(self.phase.load(Ordering::Relaxed)))?;
         Some(Change {
+            users: self.users.load(Ordering::Relaxed),
             run: self.run.load(Ordering::Relaxed),
             runs: self.runs.load(Ordering::Relaxed),
             with_ccfs: self.with_ccfs.load(Ordering::Relaxed),
@@ -179,10 +181,11 @@ impl Progress {
 }
 
 impl Change {
-    /// `run 2/6, with ccfs: login`.
+    /// `30 users, run 2/6, with ccfs: login`.
     pub fn describe(&self) -> String {
         format!(
-            "run {}/{}, {}{}: {}",
+            "{} users, run {}/{}, {}{}: {}",
+            self.users,
             self.run,
             self.runs,
             if self.with_ccfs {
@@ -252,7 +255,7 @@ mod tests {
         assert!(p.changes().is_empty(), "taken once");
         assert_eq!(
             p.now().change.map(|c| c.describe()).as_deref(),
-            Some("run 2/6, with ccfs: logout")
+            Some("2 users, run 2/6, with ccfs: logout")
         );
     }
 }
