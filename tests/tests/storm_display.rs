@@ -207,16 +207,20 @@ fn a_class_size_sweep_runs_every_size_and_names_each_column_s_knee() {
     let mut args = storm_args(share.path(), work.path(), &profile, "0");
     let at = args.iter().position(|a| a == "--users").expect("--users") + 1;
     args[at] = "1,2,3".into();
+    // Kept, each size's homes stay: storms started within a second or two, each under a
+    // name of its own.
     let o = run(
         &args,
         &[
             "--compare",
             "--no-meter",
+            "--keep",
             "--json",
             json.to_str().expect("utf8"),
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(entries(share.path()), 3, "a storm a size, each kept");
     let out = String::from_utf8_lossy(&o.stdout);
     let sweep = out
         .split("class-size sweep")

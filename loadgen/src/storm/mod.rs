@@ -145,6 +145,22 @@ pub fn schedule(modes: &[bool], repeat: usize, meter: bool) -> Vec<RunSpec> {
     runs
 }
 
+/// The time in a storm's names (`loadgen-storm-TIME-PID`): now, or one past the last one
+/// this process used, so that the storms of a sweep started in the same second have
+/// names of their own.
+fn unique_time() -> u64 {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = now_unix();
+    let prev = LAST
+        .fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |last| Some(now.max(last + 1)),
+        )
+        .unwrap_or(0);
+    now.max(prev + 1)
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -174,7 +190,7 @@ pub fn run(
     mut on_run: impl FnMut(&[StormReport]),
 ) -> Result<Vec<StormReport>, String> {
     become_subreaper();
-    let stamp = format!("{}-{}", now_unix(), std::process::id());
+    let stamp = format!("{}-{}", unique_time(), std::process::id());
     let run_name = format!("loadgen-storm-{stamp}");
     let run_on_share = cfg.share.join(&run_name);
     std::fs::create_dir(&run_on_share)
@@ -293,6 +309,13 @@ fn sleep_until(t: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storms_of_one_process_never_share_a_name() {
+        let a = unique_time();
+        let b = unique_time();
+        assert!(b > a, "{a} then {b}");
+    }
 
     #[test]
     fn the_schedule_alternates_the_order_and_meters_last() {
