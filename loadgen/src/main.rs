@@ -84,6 +84,9 @@ enum Cmd {
     /// A class logging in at once: N homes on the share, every user's login burst, session
     /// and logout together, straight on the share or through ccfs (or both, --compare).
     LoginStorm(StormArgs),
+    /// A host's part of a class across hosts (started by `login-storm --hosts` over SSH).
+    #[command(hide = true)]
+    StormAgent(StormAgentArgs),
     /// Write man pages and shell completions into DIR (for packaging).
     #[command(hide = true)]
     GenerateDocs { dir: PathBuf },
@@ -216,6 +219,22 @@ struct StormArgs {
     /// each phase of each run).
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Run the class across these hosts (comma-separated), one `loadgen storm-agent` each
+    /// over SSH, each with its own share client (--share is the path on the hosts) and,
+    /// with ccfs, its own ccfs mounts; every host held at the login, the logout and the
+    /// end together. --users is then the whole class, shared out over the hosts.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<String>,
+    /// Users on each host (with --hosts): a class of this many times the hosts.
+    #[arg(long, requires = "hosts", conflicts_with = "users")]
+    users_per_host: Option<usize>,
+    /// How to reach a host (with --hosts): the command and its options; the host name and
+    /// the agent's command follow.
+    #[arg(long, default_value = "ssh -o BatchMode=yes", requires = "hosts")]
+    ssh_command: String,
+    /// loadgen's path on the hosts (default: this binary's path).
+    #[arg(long, requires = "hosts")]
+    remote_loadgen: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -533,6 +552,7 @@ fn dispatch(command: Cmd) -> Result<(), Error> {
             run_group,
         } => agent(&dir, &opts, clients, run_group.as_deref()),
         Cmd::LoginStorm(a) => login_storm(&a),
+        Cmd::StormAgent(a) => storm_agent(&a),
         Cmd::Stream(a) => stream(&a),
         Cmd::Access {
             dir,

@@ -61,3 +61,54 @@ fn a_host_that_could_not_drop_its_caches_is_recorded_as_such() {
     );
     common::validate(&v);
 }
+
+/// A class across hosts writes JSON that follows the schema, each host's part in it.
+#[test]
+fn a_storm_across_hosts_records_each_host_s_part_as_the_schema_says() {
+    let share = tempfile::tempdir().expect("share");
+    let work = tempfile::tempdir().expect("work");
+    let out = tempfile::tempdir().expect("out");
+    let json = out.path().join("s.json");
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    let o = loadgen(&[
+        "login-storm",
+        "--share",
+        share.path().to_str().expect("utf8"),
+        "--work",
+        work.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2,h3",
+        "--users",
+        "4",
+        "--ssh-command",
+        fake.to_str().expect("utf8"),
+        "--session",
+        "0",
+        "--no-meter",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let all = read_json(&json);
+    common::validate_against("login-storm-v2.schema.json", &all);
+    let hosts: Vec<(String, u64)> = all[0]["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .map(|h| {
+            (
+                h["host"].as_str().unwrap_or("").to_string(),
+                h["users"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("h1".to_string(), 2),
+            ("h2".to_string(), 1),
+            ("h3".to_string(), 1)
+        ],
+        "four users over three hosts"
+    );
+}

@@ -6,6 +6,7 @@ pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod rundir;
 pub(crate) mod storm;
+pub(crate) mod storm_hosts;
 pub(crate) mod stream;
 
 pub(crate) use progress::*;
@@ -13,4 +14,5 @@ pub(crate) use report::*;
 pub(crate) use run::*;
 pub(crate) use rundir::*;
 pub(crate) use storm::*;
+pub(crate) use storm_hosts::*;
 pub(crate) use stream::*;

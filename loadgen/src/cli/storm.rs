@@ -5,6 +5,9 @@ use crate::*;
 /// Checks the login-storm arguments and builds its configuration.
 pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
     check_numbers(a)?;
+    if !a.hosts.is_empty() {
+        return across_config(a);
+    }
     let share = checked_share(a)?;
     let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
     let work_abs = std::env::current_dir()
@@ -64,7 +67,78 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         server_pids: pids,
         keep: a.keep,
         label: a.label.clone(),
+        user_base: 0,
     })
+}
+
+/// The configuration of a class across hosts: `--share`, `--work`, ccfs and its
+/// configuration are the hosts' (each agent checks its own); the class fits the hosts,
+/// which are asked first whether loadgen runs there.
+fn across_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
+    let hosts = a.hosts.len();
+    if class_sizes(a).iter().any(|&c| c < hosts) {
+        return Err(user(format!(
+            "--users: a class across {hosts} hosts needs at least {hosts} users (one a host)"
+        )));
+    }
+    let (profile, profile_name) = profile(a)?;
+    let (pids, _) = measured_processes(a)?;
+    check_json(a)?;
+    if let Some(cmd) = &a.server_counts {
+        loadgen::storm::read_server_counts(cmd).map_err(user)?;
+    }
+    let check = loadgen::remote::Hosts {
+        names: a.hosts.clone(),
+        ssh: a
+            .ssh_command
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        remote_loadgen: storm_hosts(a).map(|h| h.remote_loadgen).unwrap_or_default(),
+        clients_per_host: 1,
+    };
+    loadgen::remote::check_hosts(&check).map_err(|e| {
+        user(format!(
+            "--hosts: loadgen does not run on {e}; check the host names, --ssh-command and \
+             --remote-loadgen"
+        ))
+    })?;
+    Ok(loadgen::storm::StormConfig {
+        share: a.share.clone(),
+        users: class_sizes(a).first().copied().unwrap_or(hosts),
+        session: Duration::from_secs(a.session),
+        profile: Arc::new(profile),
+        profile_name,
+        ccfs: ccfs_at(a.ccfs.as_deref()),
+        work: a.work.clone(),
+        meter: !a.no_meter,
+        ccfs_config: a.ccfs_config.clone(),
+        returning_users: a.returning_users,
+        baseline: match a.baseline {
+            None | Some(BaselineArg::Fair) => loadgen::storm::Baseline::Fair,
+            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
+        },
+        repeat: a.repeat,
+        remount: a.remount.clone(),
+        server_counts: a.server_counts.clone(),
+        client_pids_file: a.client_pids_file.clone(),
+        cpu_window: a
+            .cpu_window
+            .map(Duration::from_secs)
+            .or_else(|| (!pids.is_empty()).then(|| Duration::from_secs(a.session + 60))),
+        server_pids: pids,
+        keep: a.keep,
+        label: a.label.clone(),
+        user_base: 0,
+    })
+}
+
+/// The class sizes to run: `--users`, or `--users-per-host` times the hosts.
+pub(crate) fn class_sizes(a: &StormArgs) -> Vec<usize> {
+    match a.users_per_host {
+        Some(n) => vec![n * a.hosts.len()],
+        None => a.users.clone(),
+    }
 }
 
 /// Checks the numbers and the `--remount` command against their limits.
@@ -180,8 +254,13 @@ fn ccfs_config(a: &StormArgs, ccfs: &Path) -> Result<Option<PathBuf>, Error> {
 /// The home profile, and the name it is reported under: the shipped one, or
 /// `--profile`'s.
 fn profile(a: &StormArgs) -> Result<(loadgen::login::Profile, String), Error> {
+    profile_at(a.profile.as_deref())
+}
+
+/// The profile at `p` (the shipped one without), and the name it is reported under.
+pub(crate) fn profile_at(p: Option<&Path>) -> Result<(loadgen::login::Profile, String), Error> {
     use loadgen::login::Profile;
-    Ok(match &a.profile {
+    Ok(match p {
         None => (Profile::embedded(), "gnome-firefox (shipped)".to_string()),
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -193,17 +272,22 @@ fn profile(a: &StormArgs) -> Result<(loadgen::login::Profile, String), Error> {
     })
 }
 
-/// The ccfs binary (`--ccfs`, else the one beside loadgen, else from PATH), checked to
-/// run when the storm needs it.
-fn ccfs(a: &StormArgs) -> Result<PathBuf, Error> {
-    let ccfs = match &a.ccfs {
-        Some(c) => c.clone(),
+/// The ccfs binary: `given`, else the one beside loadgen, else from PATH.
+pub(crate) fn ccfs_at(given: Option<&Path>) -> PathBuf {
+    match given {
+        Some(c) => c.to_path_buf(),
         None => std::env::current_exe()
             .ok()
             .and_then(|e| e.parent().map(|d| d.join("ccfs")))
             .filter(|c| c.is_file())
             .unwrap_or_else(|| PathBuf::from("ccfs")),
-    };
+    }
+}
+
+/// The ccfs binary (`--ccfs`, else the one beside loadgen, else from PATH), checked to
+/// run when the storm needs it.
+fn ccfs(a: &StormArgs) -> Result<PathBuf, Error> {
+    let ccfs = ccfs_at(a.ccfs.as_deref());
     let needs_ccfs = a.with_ccfs || a.compare || !a.no_meter;
     if needs_ccfs
         && Command::new(&ccfs)
@@ -293,9 +377,13 @@ fn made_work(a: &StormArgs) -> Result<PathBuf, Error> {
 
 pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let cfg = storm_config(a)?;
-    for line in loadgen::storm::clear_leftovers(&cfg) {
-        eprintln!("loadgen login-storm: {line}");
+    let hosts = storm_hosts(a);
+    if hosts.is_none() {
+        for line in loadgen::storm::clear_leftovers(&cfg) {
+            eprintln!("loadgen login-storm: {line}");
+        }
     }
+    let sizes = class_sizes(a);
     loadgen::stop::stop_on_signals();
     let modes: Vec<bool> = if a.compare {
         vec![false, true]
@@ -306,8 +394,8 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let display = StormDisplay::start(a.quiet);
     display.line(&format!(
         "{} run(s) of {} users: {} timed a mode{}{}",
-        schedule.len() * a.users.len(),
-        a.users
+        schedule.len() * sizes.len(),
+        sizes
             .iter()
             .map(usize::to_string)
             .collect::<Vec<_>>()
@@ -329,12 +417,12 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     let mut write_error = None;
     let mut all: Vec<loadgen::storm::StormReport> = Vec::new();
     let mut failed = None;
-    for &users in &a.users {
+    for &users in &sizes {
         let cfg = loadgen::storm::StormConfig {
             users,
             ..cfg.clone()
         };
-        let ran = loadgen::storm::run(&cfg, &schedule, |runs| {
+        let on_run = |runs: &[loadgen::storm::StormReport]| {
             if let Some(r) = runs.last() {
                 display.line(&run_done(r, runs.len(), schedule.len()));
             }
@@ -344,7 +432,11 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
                     write_error = Some(format!("cannot write {}: {e}", j.display()));
                 }
             }
-        });
+        };
+        let ran = match &hosts {
+            Some(h) => runs_across(&cfg, h, &schedule, on_run),
+            None => loadgen::storm::run(&cfg, &schedule, on_run),
+        };
         match ran {
             Ok(runs) => all.extend(runs),
             Err(e) => failed = Some(e),
@@ -362,7 +454,7 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
             return Err(Error::Failed(e));
         }
     }
-    for &users in &a.users {
+    for &users in &sizes {
         let of_size: Vec<_> = all.iter().filter(|r| r.users == users).cloned().collect();
         print!("{}", loadgen::storm::table(&of_size));
     }

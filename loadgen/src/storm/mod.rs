@@ -19,6 +19,7 @@
 //! counts of what reached the share from one more run a mode with the meter in front of
 //! the share (a ccfs mount that caches nothing and counts every request it serves).
 
+mod hosts;
 mod leftovers;
 mod mount;
 mod prepare;
@@ -37,18 +38,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::login::Profile;
 
+pub use hosts::{gate_word, run_across, share_of_class, AgentLine, AgentResult, Hosts};
 pub use leftovers::{clear_leftovers, KEPT_MARK};
 pub use procs::{cpu_seconds, read_pids_file, read_server_counts};
 pub use progress::{Change, Now, Phase, PROGRESS};
 pub use report::{
-    FopCount, ServerCounts, Settled, ShareCounts, StormReport, Summary, UserResult, PATH_DEPTH,
+    FopCount, HostPart, ServerCounts, Settled, ShareCounts, StormReport, Summary, UserResult,
+    PATH_DEPTH,
 };
+pub use run::{one_run, Gate, Hook};
 pub use sweep::{knee, points, sweep_table, Point};
 pub use table::{median_spread, ratio, sig3, table};
 
 use leftovers::keep_evidence;
 use procs::become_subreaper;
-use run::one_run;
 
 pub const SCHEMA: &str = "loadgen-login-storm/2";
 
@@ -112,6 +115,9 @@ pub struct StormConfig {
     pub cpu_window: Option<Duration>,
     pub keep: bool,
     pub label: Option<String>,
+    /// The number of this machine's first user (users `user_base..user_base + users`): a
+    /// host of a multi-host storm plays its part of the class.
+    pub user_base: usize,
 }
 
 /// One run of the schedule.
@@ -148,7 +154,7 @@ pub fn schedule(modes: &[bool], repeat: usize, meter: bool) -> Vec<RunSpec> {
 /// The time in a storm's names (`loadgen-storm-TIME-PID`): now, or one past the last one
 /// this process used, so that the storms of a sweep started in the same second have
 /// names of their own.
-fn unique_time() -> u64 {
+pub fn unique_time() -> u64 {
     static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let now = now_unix();
     let prev = LAST
@@ -161,7 +167,7 @@ fn unique_time() -> u64 {
     now.max(prev + 1)
 }
 
-fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -220,7 +226,7 @@ pub fn run(
         PROGRESS.start_run(i + 1, runs.len(), spec, cfg.users);
         let outcome = std::fs::create_dir_all(&work)
             .map_err(|e| format!("mkdir {}: {e}", work.display()))
-            .and_then(|()| one_run(cfg, spec, i, &homes, &work));
+            .and_then(|()| one_run(cfg, spec, i, &homes, &work, &run::NoHook));
         match outcome {
             Ok(mut r) => {
                 if !spec.metered {

@@ -38,7 +38,7 @@ fn map_minus(by: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTre
 }
 
 impl ShareCounts {
-    pub(super) fn add(&mut self, other: &ShareCounts) {
+    pub fn add(&mut self, other: &ShareCounts) {
         self.total += other.total;
         self.mutating += other.mutating;
         self.read_bytes += other.read_bytes;
@@ -319,6 +319,32 @@ pub struct StormReport {
     pub ccfs_cpu_s: Option<f64>,
     pub cpu_window_s: Option<f64>,
     pub complete: bool,
+    pub error: Option<String>,
+    /// A class across hosts (`--hosts`): each host's part, in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostPart>,
+    /// The login's and the session's latency histograms, whole (not written out: a
+    /// multi-host storm merges its hosts' from them).
+    #[serde(skip)]
+    pub latencies_raw: Option<(crate::engine::Latencies, crate::engine::Latencies)>,
+}
+
+/// One host's part of a class across hosts: its users (numbered from `first_user`), their
+/// times, what its meter counted and its share client's CPU.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostPart {
+    pub host: String,
+    pub first_user: usize,
+    pub users: usize,
+    pub time_to_login: Summary,
+    pub logout: Summary,
+    /// What reached the share from this host over the whole run (metered runs).
+    pub share_whole: Option<ShareCounts>,
+    /// CPU seconds of this host's share client over the window (`--client-pids-file`).
+    pub client_cpu_s: Option<f64>,
+    /// How far this host's start was from the first host's, in milliseconds (its clock
+    /// put on the coordinator's).
+    pub start_offset_ms: f64,
     pub error: Option<String>,
 }
 

@@ -19,14 +19,42 @@ use crate::engine::Latencies;
 use crate::login::Actor;
 use crate::report::{latency_report, Environment};
 
+/// A gate of a run where the users wait for every machine of the class: a host of a
+/// multi-host storm tells its coordinator and waits for the word to go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// The users prepared, before the meter and the CPU are read and they go.
+    Start,
+    /// Every session over, before any logout.
+    SessionsDone,
+    /// Every user logged out.
+    LogoutsDone,
+}
+
+/// What a run does at each [`Gate`] besides its own users' barriers.
+pub trait Hook: Sync {
+    /// Returns once the class may go on; false: stop (the run ends as interrupted).
+    fn at(&self, gate: Gate) -> bool;
+}
+
+/// A class on one machine: nothing to wait for.
+pub(super) struct NoHook;
+
+impl Hook for NoHook {
+    fn at(&self, _: Gate) -> bool {
+        true
+    }
+}
+
 /// One run of the class on homes of its own (`homes`, below the share's root), its
-/// scratch space in `work`.
-pub(super) fn one_run(
+/// scratch space in `work`; `hook` at each gate.
+pub fn one_run(
     cfg: &StormConfig,
     spec: RunSpec,
     index: usize,
     homes: &str,
     work: &Path,
+    hook: &dyn Hook,
 ) -> Result<StormReport, String> {
     let homes_on_share = cfg.share.join(homes);
     std::fs::create_dir(&homes_on_share)
@@ -64,6 +92,7 @@ pub(super) fn one_run(
             client_pids: &client_pids,
             measure_cpu,
         },
+        hook,
     );
     drop(relay);
     Ok(report(cfg, spec, index, homes, settled, played))
@@ -95,7 +124,7 @@ fn prepare_users(
     work: &Path,
 ) -> Result<(), String> {
     let prep: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..cfg.users)
+        let hs: Vec<_> = (cfg.user_base..cfg.user_base + cfg.users)
             .map(|u| {
                 let home = share_view.join(format!("user{u:03}"));
                 s.spawn(move || {
@@ -183,13 +212,20 @@ impl Barriers {
 
 /// Plays the class: a thread a user, while this one reads the meter and the CPU at each
 /// gate.
-fn play(cfg: &StormConfig, spec: RunSpec, share_view: &Path, work: &Path, meter: &Meter) -> Played {
+fn play(
+    cfg: &StormConfig,
+    spec: RunSpec,
+    share_view: &Path,
+    work: &Path,
+    meter: &Meter,
+    hook: &dyn Hook,
+) -> Played {
     let n = cfg.users;
     let barriers = Barriers::new(n);
     let results: Mutex<Vec<UserPlayed>> = Mutex::new(Vec::new());
     crate::login::NOT_STARTED.store(n, Ordering::Relaxed);
     let mut played = std::thread::scope(|s| {
-        for u in 0..n {
+        for u in cfg.user_base..cfg.user_base + n {
             let gates = barriers.gates(spec.metered);
             let results = &results;
             let share_home = share_view.join(format!("user{u:03}"));
@@ -201,7 +237,7 @@ fn play(cfg: &StormConfig, spec: RunSpec, share_view: &Path, work: &Path, meter:
                 }
             });
         }
-        conduct(cfg, spec, &barriers, meter)
+        conduct(cfg, spec, &barriers, meter, hook)
     });
     played.users = results.into_inner().unwrap_or_default();
     played
@@ -210,7 +246,13 @@ fn play(cfg: &StormConfig, spec: RunSpec, share_view: &Path, work: &Path, meter:
 /// The conducting thread's part: the meter's counts and the CPU before the start, every
 /// user released at once, the counts at each later gate, and the CPU at the end of the
 /// window.
-fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Played {
+fn conduct(
+    cfg: &StormConfig,
+    spec: RunSpec,
+    b: &Barriers,
+    meter: &Meter,
+    hook: &dyn Hook,
+) -> Played {
     let n = cfg.users;
     let mut played = Played {
         users: Vec::new(),
@@ -239,6 +281,13 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
             }
         }
     };
+    let stopped = |go_on: bool| {
+        if !go_on {
+            crate::stop::INTERRUPTED.store(true, Ordering::Relaxed);
+        }
+    };
+    // Every machine of the class ready (the users wait at the start barrier meanwhile).
+    stopped(hook.at(Gate::Start));
     let mut cpu = [(0.0, 0.0); 2];
     snap(&mut played, 0);
     server_snap(&mut played, 0);
@@ -259,11 +308,13 @@ fn conduct(cfg: &StormConfig, spec: RunSpec, b: &Barriers, meter: &Meter) -> Pla
     // The counts of the sessions' end read before any logout starts.
     snap(&mut played, 2);
     server_snap(&mut played, 1);
+    stopped(hook.at(Gate::SessionsDone));
     PROGRESS.set_phase(Phase::Logout);
     b.logout_go.wait();
     b.logouts_done.wait();
     snap(&mut played, 3);
     server_snap(&mut played, 2);
+    stopped(hook.at(Gate::LogoutsDone));
     if meter.measure_cpu {
         if let Some(w) = cfg.cpu_window {
             PROGRESS.set_phase(Phase::CpuWindow);
@@ -374,6 +425,8 @@ fn report(
         error,
         latency_login: latency_report(&lat_login),
         latency_session: latency_report(&lat_session),
+        latencies_raw: Some((lat_login, lat_session)),
+        hosts: Vec::new(),
         share_login: delta(&snaps[0], &snaps[1]),
         share_session: delta(&snaps[1], &snaps[2]),
         share_logout: delta(&snaps[2], &snaps[3]),

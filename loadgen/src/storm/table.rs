@@ -337,6 +337,7 @@ pub fn table(runs: &[StormReport]) -> String {
     }
     out.push_str(&login_requests_by_path(&cols));
     out.push_str(&latencies(&cols));
+    out.push_str(&host_parts(&cols));
     for r in runs {
         if let Some(e) = &r.error {
             out.push_str(&format!("\n{}: stopped: {e}\n", r.name()));
@@ -495,6 +496,41 @@ fn login_requests_by_path(cols: &Columns) -> String {
         ));
         for (k, v) in top.into_iter().take(10) {
             out.push_str(&format!("  {v:>9}  {k}\n"));
+        }
+    }
+    out
+}
+
+/// A class across hosts: each host's part of the first timed run of each mode.
+fn host_parts(cols: &Columns) -> String {
+    let mut out = String::new();
+    for r in cols.modes.iter().filter_map(|&m| cols.timed(m).next()) {
+        if r.hosts.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n{:<30}{:<12}{:>6}{:>12}{:>13}{:>11}\n",
+            format!("hosts, {}", r.run_name()),
+            "host",
+            "users",
+            "login p50 s",
+            "logout p50 s",
+            "start ms"
+        ));
+        for h in &r.hosts {
+            out.push_str(&format!(
+                "  {:<28}{:<12}{:>6}{:>12}{:>13}{:>11}{}\n",
+                "",
+                h.host,
+                h.users,
+                sig3(h.time_to_login.p50_s),
+                sig3(h.logout.p50_s),
+                format!("{:.1}", h.start_offset_ms),
+                h.error
+                    .as_deref()
+                    .map(|e| format!("  {e}"))
+                    .unwrap_or_default()
+            ));
         }
     }
     out
@@ -709,6 +745,8 @@ mod tests {
                 complete: true,
                 error: None,
                 per_user,
+                hosts: Vec::new(),
+                latencies_raw: None,
             }
         };
         let mut runs = vec![

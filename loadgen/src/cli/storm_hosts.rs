@@ -1,0 +1,291 @@
+//! `login-storm --hosts`: the coordinator's runs across the hosts, and `loadgen
+//! storm-agent`, a host's part of one run (started by the coordinator over SSH; see
+//! `loadgen::storm::hosts` for the protocol).
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use crate::*;
+
+use loadgen::storm::{AgentLine, AgentResult, Gate, Hook, RunSpec, StormConfig, StormReport};
+
+/// A host's part of one run of a class across hosts (hidden: the coordinator starts it).
+#[derive(Debug, Args, Clone)]
+pub(crate) struct StormAgentArgs {
+    /// The share as this host mounts it.
+    #[arg(long)]
+    share: PathBuf,
+    /// This host's homes, below the share (made by the agent).
+    #[arg(long)]
+    homes: String,
+    #[arg(long)]
+    users: usize,
+    #[arg(long)]
+    user_base: usize,
+    #[arg(long)]
+    host_name: String,
+    #[arg(long)]
+    session: u64,
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    #[arg(long)]
+    ccfs: Option<PathBuf>,
+    #[arg(long)]
+    ccfs_config: Option<PathBuf>,
+    #[arg(long)]
+    with_ccfs: bool,
+    #[arg(long)]
+    metered: bool,
+    #[arg(long)]
+    returning_users: bool,
+    #[arg(long, value_enum)]
+    baseline: Option<BaselineArg>,
+    #[arg(long)]
+    work: PathBuf,
+    #[arg(long)]
+    remount: Option<String>,
+    #[arg(long)]
+    client_pids_file: Option<PathBuf>,
+    #[arg(long)]
+    cpu_window: Option<u64>,
+    #[arg(long)]
+    run_index: usize,
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The agent's clock: nanoseconds since it started.
+fn agent_ns(origin: std::time::Instant) -> u64 {
+    origin.elapsed().as_nanos() as u64
+}
+
+/// One protocol line to the coordinator.
+fn say(line: &AgentLine) {
+    if let Ok(text) = serde_json::to_string(line) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{text}").and_then(|()| out.flush());
+    }
+}
+
+/// The agent's gates: each said to the coordinator, then its word awaited (`go`).
+struct StdioHook {
+    stdin: Mutex<std::io::BufReader<std::io::Stdin>>,
+    origin: std::time::Instant,
+    go_ns: AtomicU64,
+}
+
+impl Hook for StdioHook {
+    fn at(&self, gate: Gate) -> bool {
+        say(&AgentLine::Gate(
+            loadgen::storm::gate_word(gate).to_string(),
+        ));
+        let mut line = String::new();
+        let Ok(mut input) = self.stdin.lock() else {
+            return false;
+        };
+        let go = matches!(input.read_line(&mut line), Ok(n) if n > 0) && line.trim() == "go";
+        if go && gate == Gate::Start {
+            self.go_ns.store(agent_ns(self.origin), Ordering::Relaxed);
+        }
+        go
+    }
+}
+
+/// `loadgen storm-agent`: answers the coordinator's pings, plays this host's users
+/// through one run held at the coordinator's gates, and sends its results.
+pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
+    let origin = std::time::Instant::now();
+    let (profile, profile_name) = profile_at(a.profile.as_deref())?;
+    let share = a
+        .share
+        .canonicalize()
+        .map_err(|e| user(format!("--share {}: {e}", a.share.display())))?;
+    let work = a.work.join(format!("storm-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| user(format!("--work: {e}")))?;
+    let cfg = StormConfig {
+        share,
+        users: a.users,
+        session: Duration::from_secs(a.session),
+        profile: Arc::new(profile),
+        profile_name,
+        ccfs: ccfs_at(a.ccfs.as_deref()),
+        work: work.clone(),
+        meter: a.metered,
+        ccfs_config: a.ccfs_config.clone(),
+        returning_users: a.returning_users,
+        baseline: match a.baseline {
+            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
+            _ => loadgen::storm::Baseline::Fair,
+        },
+        repeat: 1,
+        remount: a.remount.clone(),
+        server_counts: None,
+        server_pids: Vec::new(),
+        client_pids_file: a.client_pids_file.clone(),
+        cpu_window: a.cpu_window.map(Duration::from_secs),
+        keep: a.keep,
+        label: None,
+        user_base: a.user_base,
+    };
+    let hook = StdioHook {
+        stdin: Mutex::new(std::io::BufReader::new(std::io::stdin())),
+        origin,
+        go_ns: AtomicU64::new(0),
+    };
+    // The clocks compared, then the word to run.
+    loop {
+        let mut line = String::new();
+        let read = hook.stdin.lock().map(|mut i| i.read_line(&mut line));
+        match (read, line.trim()) {
+            (Ok(Ok(n)), "ping") if n > 0 => say(&AgentLine::Pong(agent_ns(origin))),
+            (Ok(Ok(n)), "run") if n > 0 => break,
+            _ => return Ok(()),
+        }
+    }
+    // This host's homes: the coordinator's name with the host's in place of HOST.
+    let host: String = a
+        .host_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || ".-_".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let homes = a.homes.replace("HOST", &host);
+    let homes_at = cfg.share.join(&homes);
+    if let Some(parent) = homes_at.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::Failed(format!("cannot make {}: {e}", parent.display())))?;
+    }
+    loadgen::stop::stop_on_signals();
+    let spec = RunSpec {
+        with_ccfs: a.with_ccfs,
+        metered: a.metered,
+    };
+    let mut report = loadgen::storm::one_run(&cfg, spec, a.run_index, &homes, &work, &hook)
+        .map_err(Error::Failed)?;
+    if !a.keep && report.error.is_none() {
+        let _ = std::fs::remove_dir_all(&work);
+        let _ = std::fs::remove_dir_all(&homes_at);
+        // The run's directories, once the last host's homes are gone.
+        for up in homes_at.ancestors().skip(1).take(2) {
+            let _ = std::fs::remove_dir(up);
+        }
+    }
+    let (login, session) = report.latencies_raw.take().unwrap_or_default();
+    say(&AgentLine::Result(Box::new(AgentResult {
+        report,
+        go_ns: hook.go_ns.load(Ordering::Relaxed),
+        login_latencies: login.to_wire(),
+        session_latencies: session.to_wire(),
+    })));
+    Ok(())
+}
+
+/// The agents' options that are the same in every run: what `a` asks of every host.
+fn agent_args(a: &StormArgs) -> Vec<String> {
+    let mut v = vec![
+        "--share".to_string(),
+        a.share.display().to_string(),
+        "--work".into(),
+        a.work.display().to_string(),
+        "--session".into(),
+        a.session.to_string(),
+    ];
+    let mut opt = |flag: &str, value: Option<String>| {
+        if let Some(x) = value {
+            v.push(flag.to_string());
+            v.push(x);
+        }
+    };
+    opt(
+        "--profile",
+        a.profile.as_ref().map(|p| p.display().to_string()),
+    );
+    opt("--ccfs", a.ccfs.as_ref().map(|p| p.display().to_string()));
+    opt(
+        "--ccfs-config",
+        a.ccfs_config.as_ref().map(|p| p.display().to_string()),
+    );
+    opt("--remount", a.remount.clone());
+    opt(
+        "--client-pids-file",
+        a.client_pids_file.as_ref().map(|p| p.display().to_string()),
+    );
+    opt("--cpu-window", a.cpu_window.map(|w| w.to_string()));
+    if let Some(BaselineArg::ShareCache) = a.baseline {
+        v.extend(["--baseline".into(), "share-cache".into()]);
+    }
+    if a.returning_users {
+        v.push("--returning-users".into());
+    }
+    if a.keep {
+        v.push("--keep".into());
+    }
+    v
+}
+
+/// The hosts of `a` and how to reach them.
+pub(crate) fn storm_hosts(a: &StormArgs) -> Option<loadgen::storm::Hosts> {
+    (!a.hosts.is_empty()).then(|| loadgen::storm::Hosts {
+        names: a.hosts.clone(),
+        ssh: a
+            .ssh_command
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        remote_loadgen: a.remote_loadgen.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "loadgen".into())
+        }),
+        agent_args: agent_args(a),
+    })
+}
+
+/// The runs of `schedule` for a class of `cfg.users` across `hosts`, each on homes of its
+/// own; `on_run` gets the reports so far after each.
+pub(crate) fn runs_across(
+    cfg: &StormConfig,
+    hosts: &loadgen::storm::Hosts,
+    schedule: &[RunSpec],
+    mut on_run: impl FnMut(&[StormReport]),
+) -> Result<Vec<StormReport>, String> {
+    let stamp = format!("{}-{}", loadgen::storm::unique_time(), std::process::id());
+    let mut reports: Vec<StormReport> = Vec::new();
+    for (i, &spec) in schedule.iter().enumerate() {
+        if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
+        let mut args = vec![
+            "--run-index".to_string(),
+            i.to_string(),
+            "--homes".into(),
+            format!("loadgen-storm-{stamp}/run-{i}/HOST"),
+        ];
+        if spec.with_ccfs {
+            args.push("--with-ccfs".into());
+        }
+        if spec.metered {
+            args.push("--metered".into());
+        }
+        let mut r = loadgen::storm::run_across(cfg, hosts, spec, i, &args)?;
+        if !spec.metered {
+            r.mode_run = 1 + schedule[..i]
+                .iter()
+                .filter(|s| s.with_ccfs == spec.with_ccfs && !s.metered)
+                .count();
+        }
+        let failed = r.error.is_some();
+        reports.push(r);
+        on_run(&reports);
+        if failed {
+            break;
+        }
+    }
+    Ok(reports)
+}

@@ -1,0 +1,139 @@
+//! A class across hosts (`login-storm --hosts`), each host's agent started through a
+//! stand-in for ssh that runs it here: every host's users play their part behind the
+//! same gates, the coordinator reads the server at those gates, and the class's report
+//! merges the hosts' parts with each host's beside it.
+
+use e2e::text;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn loadgen_bin() -> PathBuf {
+    e2e::ccfs_bin().with_file_name("loadgen")
+}
+
+fn fake_ssh() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadgen/tests/fake-ssh")
+}
+
+fn storm(share: &Path, work: &Path, extra: &[&str]) -> Output {
+    Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share)
+        .arg("--work")
+        .arg(work)
+        .arg("--ssh-command")
+        .arg(fake_ssh())
+        .args(extra)
+        .output()
+        .expect("run loadgen")
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_class_across_hosts_plays_every_host_s_part_behind_the_same_gates() {
+    let share = e2e::share_dir();
+    let work = tempfile::tempdir().expect("work");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let profile = scratch.path().join("profile.txt");
+    std::fs::write(
+        &profile,
+        "[home]\nfile .config/app.conf 10\nfile Documents/a.txt 50\n[login]\n\
+         replace .config/app.conf 123\n[session 1]\nappend .history 3\n[logout]\n",
+    )
+    .expect("profile");
+    // Each reading of the server adds 5 calls: every part of a run sees exactly 5.
+    let state = scratch.path().join("n");
+    let counts = format!(
+        "n=$(cat {s} 2>/dev/null || echo 0); n=$((n+5)); echo $n > {s}; \
+         printf '{{\"fops\":{{\"WRITE\":{{\"calls\":%d,\"latency_us\":%d}}}},\"bytes_read\":0,\"bytes_written\":%d}}' $n $((n*10)) $((n*100))",
+        s = state.display()
+    );
+    let json = scratch.path().join("storm.json");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--hosts",
+            "h1,h2",
+            "--users-per-host",
+            "2",
+            "--compare",
+            "--session",
+            "1",
+            "--profile",
+            profile.to_str().expect("utf8"),
+            "--server-counts",
+            &counts,
+            "--json",
+            json.to_str().expect("utf8"),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = e2e::read_json(&json);
+    let runs = runs.as_array().expect("runs");
+    assert_eq!(runs.len(), 4, "a timed and a metered run a mode");
+    for r in runs {
+        assert_eq!(r["users"], 4, "{r}");
+        let users: Vec<u64> = r["per_user"]
+            .as_array()
+            .expect("per user")
+            .iter()
+            .map(|u| u["user"].as_u64().unwrap_or(99))
+            .collect();
+        assert_eq!(users, [0, 1, 2, 3], "every user of the class, once");
+        let hosts = r["hosts"].as_array().expect("hosts");
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(
+            (&hosts[0]["host"], &hosts[0]["first_user"]),
+            (&"h1".into(), &0.into())
+        );
+        assert_eq!(
+            (&hosts[1]["host"], &hosts[1]["first_user"]),
+            (&"h2".into(), &2.into())
+        );
+        for part in ["server_login_session", "server_logout"] {
+            assert_eq!(r[part]["fops"]["WRITE"]["calls"], 5, "{part}: {r}");
+        }
+        if r["metered"] == true {
+            // The class's counts are the sum of its hosts'.
+            let sum: u64 = hosts
+                .iter()
+                .map(|h| h["share_whole"]["total"].as_u64().unwrap_or(0))
+                .sum();
+            let whole: u64 = ["share_login", "share_session", "share_logout"]
+                .iter()
+                .map(|p| r[p]["total"].as_u64().unwrap_or(0))
+                .sum();
+            assert!(sum > 0 && sum == whole, "{sum} vs {whole}: {r}");
+        }
+    }
+    // One reading before the first run (the check), three a run.
+    let readings: u64 = std::fs::read_to_string(&state)
+        .expect("n")
+        .trim()
+        .parse()
+        .expect("n");
+    assert_eq!(readings, 5 * (1 + 3 * 4));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("hosts, with ccfs #1"), "{table}");
+    assert_eq!(entries(share.path()), 0, "the hosts' homes removed");
+    assert_eq!(entries(work.path()), 0, "the hosts' scratch space removed");
+}
+
+#[test]
+fn a_class_smaller_than_its_hosts_is_refused() {
+    let share = e2e::share_dir();
+    let work = tempfile::tempdir().expect("work");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &["--hosts", "h1,h2,h3", "--users", "2"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at least 3 users"));
+}
