@@ -5,6 +5,7 @@
 
 use e2e::text;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -136,4 +137,95 @@ fn a_class_smaller_than_its_hosts_is_refused() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("at least 3 users"));
+}
+
+/// Ctrl-C at the coordinator in the middle of a class across hosts: every host is told
+/// to stop, its users log out (ccfs syncs what they wrote), nothing stays mounted, and
+/// loadgen exits 130.
+#[test]
+fn an_interrupted_class_across_hosts_logs_everyone_out() {
+    let share = e2e::share_dir();
+    let work = tempfile::tempdir().expect("work");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let profile = scratch.path().join("profile.txt");
+    std::fs::write(
+        &profile,
+        "[home]\nfile .config/app.conf 10\n[login]\nreplace .config/app.conf 123\n\
+         [session 1]\nappend .history 3\n[logout]\n",
+    )
+    .expect("profile");
+    let mut child = Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(share.path())
+        .arg("--work")
+        .arg(work.path())
+        .arg("--ssh-command")
+        .arg(fake_ssh())
+        .args(["--hosts", "h1,h2", "--users-per-host", "1", "--with-ccfs"])
+        .args(["--session", "120", "--no-meter", "--keep", "--profile"])
+        .arg(&profile)
+        // Its own process group: the signal goes to the coordinator alone, as at a
+        // terminal whose agents run on other hosts.
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Both users in their session: each has appended to .history through its mount.
+    let appended = |u: usize| {
+        walk(work.path())
+            .iter()
+            .any(|p| p.ends_with(format!("home/user{u:03}/.history")))
+    };
+    e2e::wait_until(
+        "both hosts' users in their session",
+        std::time::Duration::from_secs(60),
+        || appended(0) && appended(1),
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "loadgen did not stop after SIGINT"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(130), "{}", text(&out));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(&work.path().display().to_string()),
+        "nothing left mounted"
+    );
+    // The kept homes got what the users wrote before their forced logout.
+    let homes = walk(share.path());
+    for u in 0..2 {
+        let conf = homes
+            .iter()
+            .find(|p| p.ends_with(format!("user{u:03}/.config/app.conf")))
+            .unwrap_or_else(|| panic!("user{u:03}'s home: {homes:?}"));
+        assert_eq!(std::fs::metadata(conf).expect("conf").len(), 123);
+    }
+}
+
+/// Every path below `dir` (not following links).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
 }

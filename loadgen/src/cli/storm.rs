@@ -451,6 +451,11 @@ pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {
     display.stop();
     if all.is_empty() {
         if let Some(e) = failed {
+            if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted(format!(
+                    "interrupted by a signal before a run ended: {e}"
+                )));
+            }
             return Err(Error::Failed(e));
         }
     }

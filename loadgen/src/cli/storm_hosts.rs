@@ -70,9 +70,30 @@ fn say(line: &AgentLine) {
 
 /// The agent's gates: each said to the coordinator, then its word awaited (`go`).
 struct StdioHook {
-    stdin: Mutex<std::io::BufReader<std::io::Stdin>>,
+    /// The coordinator's words at the gates, from [`listen_to_coordinator`].
+    words: Mutex<std::sync::mpsc::Receiver<bool>>,
     origin: std::time::Instant,
     go_ns: AtomicU64,
+}
+
+/// Reads the coordinator's words once the run starts, on a thread of its own: `go` is
+/// passed to the next gate; `stop`, anything else or the coordinator going away stops the
+/// run at once (the users' sessions end, they log out).
+fn listen_to_coordinator(
+    mut stdin: std::io::BufReader<std::io::Stdin>,
+) -> std::sync::mpsc::Receiver<bool> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || loop {
+        let mut line = String::new();
+        let go = matches!(stdin.read_line(&mut line), Ok(n) if n > 0) && line.trim() == "go";
+        if !go {
+            loadgen::stop::INTERRUPTED.store(true, Ordering::Relaxed);
+        }
+        if tx.send(go).is_err() || !go {
+            return;
+        }
+    });
+    rx
 }
 
 impl Hook for StdioHook {
@@ -80,11 +101,15 @@ impl Hook for StdioHook {
         say(&AgentLine::Gate(
             loadgen::storm::gate_word(gate).to_string(),
         ));
-        let mut line = String::new();
-        let Ok(mut input) = self.stdin.lock() else {
+        // Stopping: the coordinator answers no more gates.
+        if loadgen::stop::INTERRUPTED.load(Ordering::Relaxed) {
             return false;
-        };
-        let go = matches!(input.read_line(&mut line), Ok(n) if n > 0) && line.trim() == "go";
+        }
+        let go = self
+            .words
+            .lock()
+            .map(|w| w.recv().unwrap_or(false))
+            .unwrap_or(false);
         if go && gate == Gate::Start {
             self.go_ns.store(agent_ns(self.origin), Ordering::Relaxed);
         }
@@ -128,21 +153,22 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         label: None,
         user_base: a.user_base,
     };
-    let hook = StdioHook {
-        stdin: Mutex::new(std::io::BufReader::new(std::io::stdin())),
-        origin,
-        go_ns: AtomicU64::new(0),
-    };
+    let mut stdin = std::io::BufReader::new(std::io::stdin());
     // The clocks compared, then the word to run.
     loop {
         let mut line = String::new();
-        let read = hook.stdin.lock().map(|mut i| i.read_line(&mut line));
+        let read = stdin.read_line(&mut line);
         match (read, line.trim()) {
-            (Ok(Ok(n)), "ping") if n > 0 => say(&AgentLine::Pong(agent_ns(origin))),
-            (Ok(Ok(n)), "run") if n > 0 => break,
+            (Ok(n), "ping") if n > 0 => say(&AgentLine::Pong(agent_ns(origin))),
+            (Ok(n), "run") if n > 0 => break,
             _ => return Ok(()),
         }
     }
+    let hook = StdioHook {
+        words: Mutex::new(listen_to_coordinator(stdin)),
+        origin,
+        go_ns: AtomicU64::new(0),
+    };
     // This host's homes: the coordinator's name with the host's in place of HOST.
     let host: String = a
         .host_name

@@ -92,6 +92,9 @@ impl Agent {
 struct Crew {
     agents: Vec<Agent>,
     rx: Receiver<(usize, Result<AgentLine, String>)>,
+    /// Interrupted: every agent was told to stop, and is not answered at its gates any
+    /// more (it goes through them on its own, logging its users out).
+    stopping: bool,
 }
 
 /// The longest a gate waits for every host (a login, a session, a logout of a class).
@@ -134,7 +137,11 @@ impl Crew {
                 stdin,
             });
         }
-        Ok(Crew { agents, rx })
+        Ok(Crew {
+            agents,
+            rx,
+            stopping: false,
+        })
     }
 
     fn say_all(&mut self, word: &str) {
@@ -143,19 +150,40 @@ impl Crew {
         }
     }
 
+    /// Lets every agent through its gate, unless the class is stopping.
+    fn go_on(&mut self) {
+        if !self.stopping {
+            self.say_all("go");
+        }
+    }
+
+    /// On an interrupt, tells every agent once to stop.
+    fn heed_interrupt(&mut self) {
+        if super::interrupted() && !self.stopping {
+            self.say_all("stop");
+            self.stopping = true;
+        }
+    }
+
     /// Waits for a line of every agent that `want` takes (`Some`), in any order.
     fn hear_all<T>(
-        &self,
+        &mut self,
         what: &str,
         mut want: impl FnMut(AgentLine) -> Result<T, AgentLine>,
     ) -> Result<Vec<T>, String> {
         let mut got: Vec<Option<T>> = (0..self.agents.len()).map(|_| None).collect();
         let deadline = Instant::now() + GATE_WAIT;
         while got.iter().any(Option::is_none) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (k, line) = self.rx.recv_timeout(left).map_err(|_| {
-                format!("the hosts did not {what} within {} s", GATE_WAIT.as_secs())
-            })?;
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the hosts did not {what} within {} s",
+                    GATE_WAIT.as_secs()
+                ));
+            }
+            self.heed_interrupt();
+            let Ok((k, line)) = self.rx.recv_timeout(Duration::from_millis(200)) else {
+                continue;
+            };
             let host = &self.agents[k].host;
             // An agent that said what was wanted may end before the others have.
             if line.is_err() && got[k].is_some() {
@@ -276,7 +304,7 @@ fn conduct_across(
 ) -> Result<Across, String> {
     let offsets = clock_offsets(crew, origin)?;
     crew.say_all("run");
-    let gate = |crew: &Crew, word: &str| {
+    let gate = |crew: &mut Crew, word: &str| {
         crew.hear_all(&format!("reach the {word} gate"), |l| match l {
             AgentLine::Gate(g) if g == word => Ok(()),
             other => Err(other),
@@ -292,14 +320,14 @@ fn conduct_across(
     gate(crew, "start")?;
     server(0, &mut reads)?;
     let cpu0 = cpu_seconds(&cfg.server_pids);
-    crew.say_all("go");
+    crew.go_on();
     let t0 = Instant::now();
     gate(crew, "sessions")?;
     server(1, &mut reads)?;
-    crew.say_all("go");
+    crew.go_on();
     gate(crew, "logouts")?;
     server(2, &mut reads)?;
-    crew.say_all("go");
+    crew.go_on();
     let measure = !spec.metered && !cfg.server_pids.is_empty();
     let cpu = if measure {
         if let Some(w) = cfg.cpu_window {
