@@ -222,7 +222,9 @@ struct StormArgs {
     /// Run the class across these hosts (comma-separated), one `loadgen storm-agent` each
     /// over SSH, each with its own share client (--share is the path on the hosts) and,
     /// with ccfs, its own ccfs mounts; every host held at the login, the logout and the
-    /// end together. --users is then the whole class, shared out over the hosts.
+    /// end together. --users is then the whole class, shared out over the hosts; `{host}`
+    /// in --share is each host's name (hosts whose share clients are mounted at paths of
+    /// their own).
     #[arg(long, value_delimiter = ',')]
     hosts: Vec<String>,
     /// Users on each host (with --hosts): a class of this many times the hosts.

@@ -112,3 +112,51 @@ fn a_storm_across_hosts_records_each_host_s_part_as_the_schema_says() {
         "four users over three hosts"
     );
 }
+
+/// `{host}` in `--share`: each host's users on that host's own mount of the share.
+#[test]
+fn each_host_plays_on_its_own_mount_of_the_share() {
+    let shares = tempfile::tempdir().expect("shares");
+    for h in ["h1", "h2"] {
+        std::fs::create_dir(shares.path().join(h)).expect("mkdir");
+    }
+    let work = tempfile::tempdir().expect("work");
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-ssh");
+    let template = format!("{}/{{host}}", shares.path().display());
+    let o = loadgen(&[
+        "login-storm",
+        "--share",
+        &template,
+        "--work",
+        work.path().to_str().expect("utf8"),
+        "--hosts",
+        "h1,h2",
+        "--users-per-host",
+        "1",
+        "--ssh-command",
+        fake.to_str().expect("utf8"),
+        "--session",
+        "0",
+        "--no-meter",
+        "--keep",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Kept: user000's home is on h1's share, user001's on h2's.
+    let homes = |h: &str| -> Vec<String> {
+        let mut out = Vec::new();
+        let mut todo = vec![shares.path().join(h)];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("user") {
+                    out.push(name);
+                } else if e.path().is_dir() {
+                    todo.push(e.path());
+                }
+            }
+        }
+        out
+    };
+    assert_eq!(homes("h1"), ["user000"]);
+    assert_eq!(homes("h2"), ["user001"]);
+}

@@ -122,10 +122,16 @@ impl Hook for StdioHook {
 pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
     let origin = std::time::Instant::now();
     let (profile, profile_name) = profile_at(a.profile.as_deref())?;
-    let share = a
-        .share
+    // `{host}` in the share's path: each host's own client mount of the share.
+    let share_path = PathBuf::from(
+        a.share
+            .display()
+            .to_string()
+            .replace("{host}", &a.host_name),
+    );
+    let share = share_path
         .canonicalize()
-        .map_err(|e| user(format!("--share {}: {e}", a.share.display())))?;
+        .map_err(|e| user(format!("--share {}: {e}", share_path.display())))?;
     let work = a.work.join(format!("storm-agent-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| user(format!("--work: {e}")))?;
     let cfg = StormConfig {
