@@ -229,3 +229,31 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A host's agent checks its share as the one-machine storm does: a share directory any
+/// user can change (swap a home for a link to steer where root mounts) is refused there,
+/// naming it, and nothing is made in it.
+#[test]
+fn a_host_refuses_a_share_another_user_could_change() {
+    use std::os::unix::fs::PermissionsExt;
+    let share = e2e::share_dir();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let work = tempfile::tempdir().expect("work");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--hosts",
+            "h1,h2",
+            "--users",
+            "2",
+            "--no-meter",
+            "--session",
+            "0",
+        ],
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--share: "), "{err}");
+    assert_eq!(entries(share.path()), 0, "nothing made in it");
+}

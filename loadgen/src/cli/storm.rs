@@ -9,21 +9,8 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         return across_config(a);
     }
     let share = checked_share(a)?;
-    let outside = |w: &Path| !(w.starts_with(&share) || share.starts_with(w));
-    let work_abs = std::env::current_dir()
-        .map(|d| d.join(&a.work))
-        .unwrap_or_else(|_| a.work.clone());
     // Checked before anything is made, and again once the path is resolved.
-    if !outside(&work_abs) {
-        return Err(user(WORK_OUTSIDE));
-    }
-    if let Some(why) = work_abs
-        .ancestors()
-        .find(|p| p.exists())
-        .and_then(unsafe_for_root)
-    {
-        return Err(user(format!("--work: {why}")));
-    }
+    check_work(&a.work, &share)?;
     let (profile, profile_name) = profile(a)?;
     let ccfs = ccfs(a)?;
     let ccfs_config = ccfs_config(a, &ccfs)?;
@@ -40,10 +27,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         loadgen::storm::read_server_counts(cmd).map_err(user)?;
     }
     // Made last: bad input changes nothing.
-    let work = made_work(a)?;
-    if !outside(&work) {
-        return Err(user(WORK_OUTSIDE));
-    }
+    let work = made_work(a, &share)?;
     Ok(loadgen::storm::StormConfig {
         share,
         users: a.users.first().copied().unwrap_or(1),
@@ -195,10 +179,16 @@ fn check_numbers(a: &StormArgs) -> Result<(), Error> {
 
 /// The share, resolved: an existing directory that no other user can swap.
 fn checked_share(a: &StormArgs) -> Result<PathBuf, Error> {
-    let share = a.share.canonicalize().map_err(|e| {
+    share_for_root(&a.share)
+}
+
+/// `given` as a storm's share, resolved: an existing directory that no other user can
+/// swap and that this user can write in (a host's agent checks its own the same way).
+pub(crate) fn share_for_root(given: &Path) -> Result<PathBuf, Error> {
+    let share = given.canonicalize().map_err(|e| {
         user(format!(
             "--share {} is not usable: {e}; give an existing directory on the share",
-            a.share.display()
+            given.display()
         ))
     })?;
     if !share.is_dir() {
@@ -209,7 +199,7 @@ fn checked_share(a: &StormArgs) -> Result<PathBuf, Error> {
     }
     // Root makes the homes and the mount points there (fusermount3 mounts where a path
     // leads): no other user may be able to swap them.
-    if let Some(why) = unsafe_for_root(&a.share) {
+    if let Some(why) = unsafe_for_root(given) {
         return Err(user(format!("--share: {why}")));
     }
     if !loadgen::sys::may_write(&share) {
@@ -359,20 +349,53 @@ fn check_json(a: &StormArgs) -> Result<(), Error> {
 
 /// Makes the scratch space `--work` and checks it again once it exists (someone may have
 /// made it first); returns it resolved.
-fn made_work(a: &StormArgs) -> Result<PathBuf, Error> {
-    let existed = a.work.exists();
-    std::fs::create_dir_all(&a.work)
-        .map_err(|e| user(format!("--work {} cannot be made: {e}", a.work.display())))?;
+fn made_work(a: &StormArgs, share: &Path) -> Result<PathBuf, Error> {
+    let made = work_made(&a.work)?;
+    check_work(&made, share)?;
+    Ok(made)
+}
+
+/// `work` made (when missing) and checked again once it exists, resolved.
+fn work_made(work: &Path) -> Result<PathBuf, Error> {
+    let existed = work.exists();
+    std::fs::create_dir_all(work)
+        .map_err(|e| user(format!("--work {} cannot be made: {e}", work.display())))?;
     // Again now that it exists: someone may have made it first.
-    if let Some(why) = unsafe_for_root(&a.work) {
+    if let Some(why) = unsafe_for_root(work) {
         if !existed {
-            let _ = std::fs::remove_dir(&a.work);
+            let _ = std::fs::remove_dir(work);
         }
         return Err(user(format!("--work: {why}")));
     }
-    a.work
-        .canonicalize()
+    work.canonicalize()
         .map_err(|e| user(format!("--work: {e}")))
+}
+
+/// `work` as a storm's scratch space beside `share` (resolved): outside the share, and no
+/// other user able to swap it or a directory above it.
+fn check_work(work: &Path, share: &Path) -> Result<(), Error> {
+    let work_abs = std::env::current_dir()
+        .map(|d| d.join(work))
+        .unwrap_or_else(|_| work.to_path_buf());
+    if work_abs.starts_with(share) || share.starts_with(&work_abs) {
+        return Err(user(WORK_OUTSIDE));
+    }
+    if let Some(why) = work_abs
+        .ancestors()
+        .find(|p| p.exists())
+        .and_then(unsafe_for_root)
+    {
+        return Err(user(format!("--work: {why}")));
+    }
+    Ok(())
+}
+
+/// [`check_work`], then `work` made and checked again, resolved (a host's agent).
+pub(crate) fn work_for_root(work: &Path, share: &Path) -> Result<PathBuf, Error> {
+    check_work(work, share)?;
+    let made = work_made(work)?;
+    check_work(&made, share)?;
+    Ok(made)
 }
 
 pub(crate) fn login_storm(a: &StormArgs) -> Result<(), Error> {

@@ -129,11 +129,10 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
             .to_string()
             .replace("{host}", &a.host_name),
     );
-    let share = share_path
-        .canonicalize()
-        .map_err(|e| user(format!("--share {}: {e}", share_path.display())))?;
-    let work = a.work.join(format!("storm-agent-{}", std::process::id()));
-    std::fs::create_dir_all(&work).map_err(|e| user(format!("--work: {e}")))?;
+    // Checked here as on one machine: root makes homes, mount points and caches there.
+    let share = share_for_root(&share_path)?;
+    let work = work_for_root(&a.work, &share)?.join(format!("storm-agent-{}", std::process::id()));
+    std::fs::create_dir(&work).map_err(|e| user(format!("--work: {e}")))?;
     let cfg = StormConfig {
         share,
         users: a.users,
