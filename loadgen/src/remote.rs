@@ -398,6 +398,17 @@ pub fn run(
     }
 }
 
+/// The command a launcher runs on a host, as one word of the remote shell's: each part
+/// quoted (ssh hands its command to the host's shell, which would otherwise split a
+/// `--remount` of several words, or run what follows a `;` or a `>` in it).
+pub fn remote_command<S: AsRef<str>>(parts: &[S]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("'{}'", p.as_ref().replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Seconds a host has to answer the check before the run.
 const HOST_CHECK_SECS: u64 = 30;
 
@@ -415,10 +426,10 @@ pub fn check_hosts(hosts: &Hosts) -> Result<(), String> {
             .map(|host| {
                 s.spawn(move || {
                     let mut cmd = Command::new(prog);
-                    cmd.args(pre)
-                        .arg(host)
-                        .arg(&hosts.remote_loadgen)
-                        .arg("--version");
+                    cmd.args(pre).arg(host).arg(remote_command(&[
+                        hosts.remote_loadgen.as_str(),
+                        "--version",
+                    ]));
                     answer_within(cmd, Duration::from_secs(HOST_CHECK_SECS))
                         .err()
                         .map(|why| format!("{host}: {why}"))
@@ -497,16 +508,18 @@ fn start_agents(
             .ssh
             .split_first()
             .ok_or_else(|| "--ssh-command is empty".to_string())?;
+        let mut parts = vec![hosts.remote_loadgen.clone(), "agent".to_string()];
+        parts.extend(agent_args.iter().cloned());
+        parts.extend([
+            "--clients".to_string(),
+            hosts.clients_per_host.to_string(),
+            "--client-base".to_string(),
+            (k * hosts.clients_per_host).to_string(),
+        ]);
         let mut cmd = Command::new(prog);
         cmd.args(pre)
             .arg(host)
-            .arg(&hosts.remote_loadgen)
-            .arg("agent")
-            .args(agent_args)
-            .arg("--clients")
-            .arg(hosts.clients_per_host.to_string())
-            .arg("--client-base")
-            .arg((k * hosts.clients_per_host).to_string())
+            .arg(remote_command(&parts))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -614,5 +627,24 @@ fn stop_agents(mut crew: Crew) {
                 Ok(None) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_command_reaches_the_host_s_shell_word_for_word() {
+        let parts = ["printf", "%s|", "two words", "it's", "a;b >c", "$HOME"];
+        let line = remote_command(&parts);
+        let o = std::process::Command::new("sh")
+            .args(["-c", &line])
+            .output()
+            .expect("sh");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "two words|it's|a;b >c|$HOME|"
+        );
     }
 }

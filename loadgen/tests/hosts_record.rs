@@ -27,7 +27,7 @@ fn a_host_that_could_not_drop_its_caches_is_recorded_as_such() {
     // Stands in for ssh: h2's agent runs as nobody, as on a host where loadgen is not root.
     std::fs::write(
         &launcher,
-        "#!/bin/sh\nhost=$1\nshift\n[ \"$host\" = h2 ] && exec runuser -u nobody -- \"$@\"\nexec \"$@\"\n",
+        "#!/bin/sh\nhost=$1\nshift\n[ \"$host\" = h2 ] && exec runuser -u nobody -- sh -c \"$*\"\nexec sh -c \"$*\"\n",
     )
     .expect("launcher");
     std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).expect("chmod");

@@ -111,7 +111,7 @@ fn an_unreachable_host_is_named_before_anything_runs() {
     std::fs::write(
         &launcher,
         "#!/bin/sh\nhost=$1\nshift\nif [ \"$host\" = nowhere ]; then\n  \
-         echo \"ssh: Could not resolve hostname nowhere\" >&2\n  exit 255\nfi\nexec \"$@\"\n",
+         echo \"ssh: Could not resolve hostname nowhere\" >&2\n  exit 255\nfi\nexec sh -c \"$*\"\n",
     )
     .expect("launcher");
     Command::new("chmod")

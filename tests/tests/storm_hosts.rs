@@ -70,6 +70,9 @@ fn a_class_across_hosts_plays_every_host_s_part_behind_the_same_gates() {
             profile.to_str().expect("utf8"),
             "--server-counts",
             &counts,
+            // Several words and a redirection, passed to each host's shell as one word.
+            "--remount",
+            "true >/dev/null",
             "--json",
             json.to_str().expect("utf8"),
         ],

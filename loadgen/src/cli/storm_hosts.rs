@@ -122,6 +122,18 @@ impl Hook for StdioHook {
 pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
     let origin = std::time::Instant::now();
     let (profile, profile_name) = profile_at(a.profile.as_deref())?;
+    // Below the share, never above it.
+    let homes_rel = Path::new(&a.homes);
+    if homes_rel.is_absolute()
+        || homes_rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(user(format!(
+            "--homes {}: give a path below the share, without `..`",
+            a.homes
+        )));
+    }
     // `{host}` in the share's path: each host's own client mount of the share.
     let share_path = PathBuf::from(
         a.share
@@ -166,9 +178,15 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         match (read, line.trim()) {
             (Ok(n), "ping") if n > 0 => say(&AgentLine::Pong(agent_ns(origin))),
             (Ok(n), "run") if n > 0 => break,
-            _ => return Ok(()),
+            _ => {
+                // The coordinator went away before the run: nothing of it is left.
+                let _ = std::fs::remove_dir(&work);
+                return Ok(());
+            }
         }
     }
+    // The users' ccfs daemons are reaped here, with the CPU they used.
+    loadgen::sys::become_subreaper();
     let hook = StdioHook {
         words: Mutex::new(listen_to_coordinator(stdin)),
         origin,

@@ -110,16 +110,21 @@ impl Crew {
         let mut agents = Vec::new();
         for (k, host) in hosts.names.iter().enumerate() {
             let (first_user, users) = share_of_class(class, hosts.names.len(), k);
+            let mut parts = vec![hosts.remote_loadgen.clone(), "storm-agent".to_string()];
+            parts.extend(hosts.agent_args.iter().cloned());
+            parts.extend(run_args.iter().cloned());
+            parts.extend([
+                "--host-name".to_string(),
+                host.clone(),
+                "--users".to_string(),
+                users.to_string(),
+                "--user-base".to_string(),
+                first_user.to_string(),
+            ]);
             let mut child = Command::new(prog)
                 .args(pre)
                 .arg(host)
-                .arg(&hosts.remote_loadgen)
-                .arg("storm-agent")
-                .args(&hosts.agent_args)
-                .args(run_args)
-                .args(["--host-name", host])
-                .args(["--users", &users.to_string()])
-                .args(["--user-base", &first_user.to_string()])
+                .arg(crate::remote::remote_command(&parts))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
