@@ -457,6 +457,14 @@ fn answer_within(mut cmd: Command, limit: Duration) -> Result<(), String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start the launcher: {e}"))?;
+    // Read as it comes: a launcher saying much would otherwise wait on a full pipe.
+    let said = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut e, &mut text);
+            text
+        })
+    });
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -473,11 +481,8 @@ fn answer_within(mut cmd: Command, limit: Duration) -> Result<(), String> {
     if status.success() {
         return Ok(());
     }
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-    }
-    let said = err
+    let err = said.and_then(|t| t.join().ok()).unwrap_or_default();
+    let last = err
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
@@ -485,10 +490,10 @@ fn answer_within(mut cmd: Command, limit: Duration) -> Result<(), String> {
     Err(match status.code() {
         Some(c) => format!(
             "{} (exit {c})",
-            if said.is_empty() {
+            if last.is_empty() {
                 "failed"
             } else {
-                said.trim()
+                last.trim()
             }
         ),
         None => "killed by a signal".to_string(),

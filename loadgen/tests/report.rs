@@ -55,9 +55,18 @@ fn every_run_is_drawn_at_its_own_client_count_and_old_charts_go() {
     ];
     let charts = out.path().join("charts");
     std::fs::create_dir(&charts).expect("mkdir");
-    // What an earlier report drew, and a file of the user's.
+    // What an earlier report drew (its page shows it), and files of the user's, one named
+    // as a chart could be.
     std::fs::write(charts.join("throughput-9-clients.svg"), "<svg/>").expect("w");
+    std::fs::write(charts.join("throughput-9-clients.png"), "png").expect("w");
+    std::fs::write(
+        charts.join("index.html"),
+        "<html><head><title>loadgen report</title></head><body>\
+         <p><img src=\"throughput-9-clients.svg\" alt=\"x\"></p></body></html>",
+    )
+    .expect("w");
     std::fs::write(charts.join("notes.txt"), "mine").expect("w");
+    std::fs::write(charts.join("class-photo.png"), "mine").expect("w");
     report(&files, &charts);
     let one = svg(&charts, "latency-create-1-clients");
     assert!(one.contains("alpha") && one.contains("beta"), "{one}");
@@ -72,7 +81,15 @@ fn every_run_is_drawn_at_its_own_client_count_and_old_charts_go() {
         !charts.join("throughput-9-clients.svg").exists(),
         "the old chart removed"
     );
+    assert!(
+        !charts.join("throughput-9-clients.png").exists(),
+        "its PNG too"
+    );
     assert!(charts.join("notes.txt").exists(), "the user's file kept");
+    assert!(
+        charts.join("class-photo.png").exists(),
+        "a file no report drew is kept, whatever its name"
+    );
 }
 
 #[test]

@@ -179,45 +179,19 @@ pub(crate) fn when(unix: u64) -> String {
     format!("{} ({ago})", ccfs::sync::readable(t))
 }
 
-/// The bytes the files under `dir` take on its disk (symbolic links not followed), and
-/// whether every entry was counted (a walk stops at a million entries).
-pub(crate) fn disk_usage(dir: &Path) -> (u64, bool) {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut seen = 0usize;
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            seen += 1;
-            if seen > 1_000_000 {
-                return (total, false);
-            }
-            let Ok(m) = e.path().symlink_metadata() else {
-                continue;
-            };
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                todo.push(e.path());
-            }
-        }
-    }
-    (total, true)
-}
-
 /// What `ccfs status --verbose` adds for a mount: the cache's size, the unsynced paths
 /// and the pending deletions.
 fn say_pending(m: &control::MountRef, st: &Status) {
-    let (bytes, whole) = disk_usage(&st.cache_dir);
-    say!(
-        "  cache: {}{} on its disk",
-        if whole { "" } else { "at least " },
-        human_bytes(bytes)
-    );
     match control::pending(m, STATUS_TIMEOUT) {
         Ok(p) => {
+            // Counted by the daemon, as the cache's owner: root walks no user's directory.
+            if let Some((bytes, whole)) = p.cache_bytes {
+                say!(
+                    "  cache: {}{} on its disk",
+                    if whole { "" } else { "at least " },
+                    human_bytes(bytes)
+                );
+            }
             for (what, list, of) in [
                 ("unsynced", &p.dirty, st.dirty_files),
                 ("to delete on the share", &p.deletions, st.pending_deletions),

@@ -10,7 +10,7 @@
 //! - a sync first asks the probe, and does not start rsync (which would hang in the
 //!   kernel) when the share does not answer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -175,6 +175,43 @@ pub struct Status {
 pub struct Pending {
     pub dirty: Vec<PathBuf>,
     pub deletions: Vec<PathBuf>,
+    /// What the cache takes on its disk, counted by the daemon (as the cache's owner).
+    #[serde(default)]
+    pub cache_bytes: Option<(u64, bool)>,
+}
+
+/// How long `ccfs status --verbose` waits for the daemon's listing.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bytes the files under `dir` take on its disk, and whether every entry was counted:
+/// links not followed, other filesystems not entered, at most a million entries.
+pub fn disk_usage(dir: &Path) -> (u64, bool) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return (0, false);
+    };
+    let mut total = 0u64;
+    let mut seen = 0usize;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > 1_000_000 {
+                return (total, false);
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            total += m.blocks() * 512;
+            if m.is_dir() && m.dev() == top.dev() {
+                todo.push(e.path());
+            }
+        }
+    }
+    (total, true)
 }
 
 /// How many paths of each kind [`Pending`] lists.

@@ -35,6 +35,8 @@ pub struct Daemon {
     final_cv: Condvar,
     /// `ccfs umount` clients waiting for the final answer.
     waiters: AtomicUsize,
+    /// A listing for `ccfs status --verbose` under way (one at a time).
+    listing: Arc<std::sync::atomic::AtomicBool>,
     /// The kernel's names, once the session is up (see [`Daemon::set_kernel_view`]).
     kernel: std::sync::OnceLock<crate::fuse::KernelView>,
 }
@@ -62,6 +64,7 @@ impl Daemon {
             final_sync: Mutex::new(None),
             final_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            listing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             kernel: std::sync::OnceLock::new(),
         })
     }
@@ -203,16 +206,32 @@ impl Daemon {
     /// lock may be held by a request waiting on a hung share); none when they do not come
     /// in time.
     fn pending_paths(&self) -> Option<super::Pending> {
+        // One listing at a time: a request while one waits on the filesystem's lock gets
+        // none rather than a thread of its own.
+        if self.listing.swap(true, Ordering::AcqRel) {
+            return None;
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let overlay = self.overlay.clone();
-        std::thread::Builder::new()
+        let cache = self.cache_dir.clone();
+        let listing = self.listing.clone();
+        let spawned = std::thread::Builder::new()
             .name("ccfs-list".into())
             .spawn(move || {
                 let (dirty, deletions) = overlay.pending_paths(super::PENDING_LISTED);
-                let _ = tx.send(super::Pending { dirty, deletions });
-            })
-            .ok()?;
-        rx.recv_timeout(super::COUNT_TIMEOUT).ok()
+                let cache_bytes = Some(super::disk_usage(&cache));
+                listing.store(false, Ordering::Release);
+                let _ = tx.send(super::Pending {
+                    dirty,
+                    deletions,
+                    cache_bytes,
+                });
+            });
+        if spawned.is_err() {
+            self.listing.store(false, Ordering::Release);
+            return None;
+        }
+        rx.recv_timeout(super::LIST_TIMEOUT).ok()
     }
 
     /// Publishes the final sync's outcome to `ccfs umount` waiting on the socket.

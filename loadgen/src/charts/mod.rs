@@ -8,7 +8,8 @@
 //!   and the clients x phase table per system (the NERSC study's table);
 //! - the login storms' charts and tables (`storm`).
 //!
-//! Charts an earlier report left in the directory and this one does not draw are removed.
+//! Charts an earlier report drew in the directory (those its page shows) and this one does
+//! not draw are removed; no other file is touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -558,43 +559,33 @@ pub(crate) fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The stems of the charts a report draws (and only those).
-fn is_chart_stem(stem: &str) -> bool {
-    const PREFIXES: [&str; 6] = [
-        "throughput-",
-        "files-",
-        "seconds-",
-        "latency-",
-        "scaling-",
-        "class-",
-    ];
-    const STORM: [&str; 5] = [
-        "login-distribution",
-        "login-percentiles",
-        "logout-percentiles",
-        "login-plus-logout",
-        "share-writes",
-    ];
-    PREFIXES.iter().any(|p| stem.starts_with(p)) || STORM.contains(&stem)
+/// The charts an earlier report drew in `dir`: the images its page (`index.html`, with
+/// loadgen's title) shows.
+fn charts_of_earlier_report(dir: &Path) -> Vec<String> {
+    let Ok(page) = std::fs::read_to_string(dir.join("index.html")) else {
+        return Vec::new();
+    };
+    if !page.contains("<title>loadgen report</title>") {
+        return Vec::new();
+    }
+    page.split("<img src=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split(".svg\"").next())
+        .filter(|stem| !stem.contains(['/', '"', '<']) && !stem.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
-/// Removes the charts an earlier report left in `dir` that `now` does not draw again, so
-/// that the page and the directory show the same runs.
+/// Removes the charts an earlier report drew in `dir` (those its page shows) that `now`
+/// does not draw again, so that the page and the directory show the same runs; no other
+/// file is touched.
 fn remove_old_charts(dir: &Path, now: &[(String, Bars)]) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        let (Some(stem), Some(ext)) = (
-            path.file_stem().and_then(|s| s.to_str()),
-            path.extension().and_then(|s| s.to_str()),
-        ) else {
+    for stem in charts_of_earlier_report(dir) {
+        if now.iter().any(|(s, _)| *s == stem) {
             continue;
-        };
-        let drawn = now.iter().any(|(s, _)| s == stem);
-        if (ext == "svg" || ext == "png") && is_chart_stem(stem) && !drawn {
-            let _ = std::fs::remove_file(&path);
+        }
+        for ext in ["svg", "png"] {
+            let _ = std::fs::remove_file(dir.join(format!("{stem}.{ext}")));
         }
     }
 }
