@@ -133,6 +133,46 @@ pub fn owned_by_me(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == crate::sys::geteuid())
 }
 
+/// Makes the directories of `rel` below `base` one at a time, never through a symbolic
+/// link: a name already there must be a directory of this user's that nobody else may
+/// write in (as several hosts' agents of one storm make the same run directory on a
+/// shared share); anything else is refused. Returns `base/rel`.
+pub fn make_dirs_below(base: &Path, rel: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut at = base.to_path_buf();
+    for c in rel.components() {
+        let std::path::Component::Normal(name) = c else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: not a plain path below {}",
+                    rel.display(),
+                    base.display()
+                ),
+            ));
+        };
+        at.push(name);
+        match std::fs::create_dir(&at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let m = std::fs::symlink_metadata(&at)?;
+        let shared = m.permissions().mode() & 0o022 != 0;
+        if !m.file_type().is_dir() || !owned_by_me(&at) || shared {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} is there already and is not a directory of this user's that only it \
+                     can change (someone else made it first?)",
+                    at.display()
+                ),
+            ));
+        }
+    }
+    Ok(at)
+}
+
 /// `dir` resolved (no symbolic link left in it): the path to work with once
 /// [`unsafe_for_root`] has passed it.
 pub fn resolved(dir: &Path) -> std::io::Result<PathBuf> {
@@ -185,6 +225,31 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn directories_are_made_one_name_at_a_time_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().expect("base");
+        let made = make_dirs_below(base.path(), Path::new("a/b")).expect("made");
+        assert!(made.is_dir() && made == base.path().join("a/b"));
+        // Again: the names there are this user's own directories.
+        make_dirs_below(base.path(), Path::new("a/b/c")).expect("again");
+        // A link planted on the way is refused, and nothing is made through it.
+        let elsewhere = tempfile::tempdir().expect("elsewhere");
+        std::os::unix::fs::symlink(elsewhere.path(), base.path().join("l")).expect("link");
+        assert!(make_dirs_below(base.path(), Path::new("l/x")).is_err());
+        assert!(!elsewhere.path().join("x").exists());
+        // A directory others may write in is refused.
+        std::fs::create_dir(base.path().join("open")).expect("mkdir");
+        std::fs::set_permissions(
+            base.path().join("open"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .expect("chmod");
+        assert!(make_dirs_below(base.path(), Path::new("open/y")).is_err());
+        assert!(make_dirs_below(base.path(), Path::new("../up")).is_err());
+    }
+
     use super::*;
 
     /// A path on a FUSE filesystem another user mounted is refused, whatever owners and

@@ -57,6 +57,14 @@ fn mistakes_are_one_line_and_exit_2_everywhere() {
         &["login-storm", "--share", d, "--cpu-window", "10"],
         "--server-pids",
     );
+    refused(
+        &["compilebench", d, "--hosts", "h1,-oProxyCommand=x"],
+        "is not a host name",
+    );
+    refused(
+        &["login-storm", "--share", d, "--hosts", "a/b"],
+        "is not a host name",
+    );
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
 }
 

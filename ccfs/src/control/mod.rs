@@ -180,16 +180,21 @@ pub struct Pending {
     pub cache_bytes: Option<(u64, bool)>,
 }
 
+/// The longest the daemon counts its cache's size (then says "at least").
+const DISK_USAGE_TIME: Duration = Duration::from_secs(5);
+
 /// How long `ccfs status --verbose` waits for the daemon's listing.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The bytes the files under `dir` take on its disk, and whether every entry was counted:
-/// links not followed, other filesystems not entered, at most a million entries.
+/// links not followed, other filesystems not entered, at most a million entries and
+/// [`DISK_USAGE_TIME`].
 pub fn disk_usage(dir: &Path) -> (u64, bool) {
     use std::os::unix::fs::MetadataExt;
-    let Ok(top) = std::fs::symlink_metadata(dir) else {
+    let Ok(top) = std::fs::metadata(dir) else {
         return (0, false);
     };
+    let deadline = std::time::Instant::now() + DISK_USAGE_TIME;
     let mut total = 0u64;
     let mut seen = 0usize;
     let mut todo = vec![dir.to_path_buf()];
@@ -199,7 +204,7 @@ pub fn disk_usage(dir: &Path) -> (u64, bool) {
         };
         for e in entries.flatten() {
             seen += 1;
-            if seen > 1_000_000 {
+            if seen > 1_000_000 || std::time::Instant::now() > deadline {
                 return (total, false);
             }
             let Ok(m) = e.path().symlink_metadata() else {

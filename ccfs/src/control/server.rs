@@ -231,7 +231,12 @@ impl Daemon {
             self.listing.store(false, Ordering::Release);
             return None;
         }
-        rx.recv_timeout(super::LIST_TIMEOUT).ok()
+        let got = rx.recv_timeout(super::LIST_TIMEOUT).ok();
+        if got.is_none() {
+            // Still waiting on the filesystem: the next request may try again.
+            self.listing.store(false, Ordering::Release);
+        }
+        got
     }
 
     /// Publishes the final sync's outcome to `ccfs umount` waiting on the socket.

@@ -151,6 +151,7 @@ pub(crate) fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> 
     if opts.limits.io_timeout == 0 || opts.limits.io_timeout > 86_400 {
         return Err(user("--io-timeout is in seconds, between 1 and 86400"));
     }
+    check_host_names(&opts.net.hosts)?;
     if let Some(h) = hosts(opts) {
         remote::check_hosts(&h).map_err(|e| {
             user(format!(
@@ -158,6 +159,24 @@ pub(crate) fn check_common(clients: usize, opts: &RunOpts) -> Result<(), Error> 
                  --ssh-command and --remote-loadgen"
             ))
         })?;
+    }
+    Ok(())
+}
+
+/// Refuses host names that are no host's: empty, `.` or `..`, with a `/` or a space, or
+/// starting with `-` (ssh would take it for an option).
+pub(crate) fn check_host_names(hosts: &[String]) -> Result<(), Error> {
+    for h in hosts {
+        let bad = h.is_empty()
+            || h == "."
+            || h == ".."
+            || h.starts_with('-')
+            || h.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control());
+        if bad {
+            return Err(user(format!(
+                "--hosts: {h:?} is not a host name; give the names ssh reaches, comma-separated"
+            )));
+        }
     }
     Ok(())
 }

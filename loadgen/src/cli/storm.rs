@@ -59,6 +59,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
 /// configuration are the hosts' (each agent checks its own); the class fits the hosts,
 /// which are asked first whether loadgen runs there.
 fn across_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
+    check_host_names(&a.hosts)?;
     let hosts = a.hosts.len();
     if class_sizes(a).iter().any(|&c| c < hosts) {
         return Err(user(format!(
@@ -199,7 +200,7 @@ pub(crate) fn share_for_root(given: &Path) -> Result<PathBuf, Error> {
     }
     // Root makes the homes and the mount points there (fusermount3 mounts where a path
     // leads): no other user may be able to swap them.
-    if let Some(why) = unsafe_for_root(given) {
+    if let Some(why) = unsafe_for_root(given).or_else(|| unsafe_for_root(&share)) {
         return Err(user(format!("--share: {why}")));
     }
     if !loadgen::sys::may_write(&share) {
@@ -358,8 +359,22 @@ fn made_work(a: &StormArgs, share: &Path) -> Result<PathBuf, Error> {
 /// `work` made (when missing) and checked again once it exists, resolved.
 fn work_made(work: &Path) -> Result<PathBuf, Error> {
     let existed = work.exists();
-    std::fs::create_dir_all(work)
-        .map_err(|e| user(format!("--work {} cannot be made: {e}", work.display())))?;
+    let work_abs = std::env::current_dir()
+        .map(|d| d.join(work))
+        .unwrap_or_else(|_| work.to_path_buf());
+    // The names missing below the nearest one there, made one at a time and never
+    // through a link someone put there meanwhile.
+    let base = work_abs
+        .ancestors()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    if let Ok(rel) = work_abs.strip_prefix(&base) {
+        if rel.components().next().is_some() {
+            loadgen::safety::make_dirs_below(&base, rel)
+                .map_err(|e| user(format!("--work {} cannot be made: {e}", work.display())))?;
+        }
+    }
     // Again now that it exists: someone may have made it first.
     if let Some(why) = unsafe_for_root(work) {
         if !existed {

@@ -206,9 +206,11 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         .collect();
     let homes = a.homes.replace("HOST", &host);
     let homes_at = cfg.share.join(&homes);
-    if let Some(parent) = homes_at.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| Error::Failed(format!("cannot make {}: {e}", parent.display())))?;
+    // The run's directories, shared by the hosts: made a name at a time, never through a
+    // link (the share may be one other users can write in, if sticky).
+    if let Some(parent) = Path::new(&homes).parent() {
+        loadgen::safety::make_dirs_below(&cfg.share, parent)
+            .map_err(|e| Error::Failed(format!("cannot make the run's directories: {e}")))?;
     }
     loadgen::stop::stop_on_signals();
     let spec = RunSpec {

@@ -23,6 +23,26 @@ fn remove_dir_settled(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// A storm's marker, read only when it is a small regular file (not a link, nor a FIFO
+/// someone left to hold root's read forever).
+fn marker_text(p: &Path) -> String {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(p)
+    else {
+        return String::new();
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return String::new();
+    }
+    let mut text = String::new();
+    let _ = f.take(64 * 1024).read_to_string(&mut text);
+    text
+}
+
 /// What a storm killed earlier left, found and removed: in the scratch space, its run
 /// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
 /// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
@@ -106,7 +126,7 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
         if !dead(&name, "loadgen-storm-", 2) {
             continue;
         }
-        let marker = std::fs::read_to_string(e.path().join(".loadgen-run")).unwrap_or_default();
+        let marker = marker_text(&e.path().join(".loadgen-run"));
         let m = serde_json::from_str::<serde_json::Value>(&marker).unwrap_or_default();
         let ours = m["tool"] == "loadgen" && m["host"] == host.trim();
         if ours && m["kept"] == true {
@@ -154,5 +174,26 @@ pub(super) fn keep_evidence(work: &Path, error: &str) {
             "loadgen login-storm: cannot mark {} as kept ({e}); a later storm may remove it",
             work.display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_that_is_a_fifo_or_a_link_is_not_read() {
+        let d = tempfile::tempdir().expect("dir");
+        let fifo = d.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        assert_eq!(marker_text(&fifo), "", "no writer: read nothing, at once");
+        std::fs::write(d.path().join("real"), "{}").expect("w");
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).expect("l");
+        assert_eq!(marker_text(&d.path().join("link")), "");
+        assert_eq!(marker_text(&d.path().join("real")), "{}");
     }
 }

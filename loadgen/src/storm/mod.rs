@@ -224,7 +224,8 @@ pub fn run(
         let work = cfg.work.join(format!("storm-{stamp}-{i}"));
         let homes = format!("{run_name}/run-{i}");
         PROGRESS.start_run(i + 1, runs.len(), spec, cfg.users);
-        let outcome = std::fs::create_dir_all(&work)
+        // Made afresh, never through a name someone else left (--work may be sticky).
+        let outcome = std::fs::create_dir(&work)
             .map_err(|e| format!("mkdir {}: {e}", work.display()))
             .and_then(|()| one_run(cfg, spec, i, &homes, &work, &run::NoHook));
         match outcome {
