@@ -409,6 +409,31 @@ pub fn remote_command<S: AsRef<str>>(parts: &[S]) -> String {
         .join(" ")
 }
 
+/// Starts `parts` on `host` through the launcher `ssh` (its program and options), with
+/// pipes to its standard input and output; its standard error is ours.
+pub fn spawn_on(
+    ssh: &[String],
+    host: &str,
+    parts: &[String],
+) -> Result<(Child, ChildStdin, ChildStdout), String> {
+    let (prog, pre) = ssh
+        .split_first()
+        .ok_or_else(|| "--ssh-command is empty".to_string())?;
+    let mut child = Command::new(prog)
+        .args(pre)
+        .arg(host)
+        .arg(remote_command(parts))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {prog} for {host}: {e}"))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(format!("{host}: no pipes to the agent"));
+    };
+    Ok((child, stdin, stdout))
+}
+
 /// Seconds a host has to answer the check before the run.
 const HOST_CHECK_SECS: u64 = 30;
 
@@ -509,10 +534,6 @@ fn start_agents(
 ) -> Result<Vec<Agent>, String> {
     let mut agents = Vec::new();
     for (k, host) in hosts.names.iter().enumerate() {
-        let (prog, pre) = hosts
-            .ssh
-            .split_first()
-            .ok_or_else(|| "--ssh-command is empty".to_string())?;
         let mut parts = vec![hosts.remote_loadgen.clone(), "agent".to_string()];
         parts.extend(agent_args.iter().cloned());
         parts.extend([
@@ -521,19 +542,7 @@ fn start_agents(
             "--client-base".to_string(),
             (k * hosts.clients_per_host).to_string(),
         ]);
-        let mut cmd = Command::new(prog);
-        cmd.args(pre)
-            .arg(host)
-            .arg(remote_command(&parts))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {prog} for {host}: {e}"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(format!("{host}: no pipes to the agent"));
-        };
+        let (child, stdin, stdout) = spawn_on(&hosts.ssh, host, &parts)?;
         read_agent(k, host.clone(), stdout, tx.clone());
         agents.push(Agent {
             host: host.clone(),

@@ -39,10 +39,7 @@ pub(crate) fn storm_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig,
         meter: !a.no_meter,
         ccfs_config,
         returning_users: a.returning_users,
-        baseline: match a.baseline {
-            None | Some(BaselineArg::Fair) => loadgen::storm::Baseline::Fair,
-            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
-        },
+        baseline: baseline(a.baseline),
         repeat: a.repeat,
         remount: a.remount.clone(),
         server_counts: a.server_counts.clone(),
@@ -99,10 +96,7 @@ fn across_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         meter: !a.no_meter,
         ccfs_config: a.ccfs_config.clone(),
         returning_users: a.returning_users,
-        baseline: match a.baseline {
-            None | Some(BaselineArg::Fair) => loadgen::storm::Baseline::Fair,
-            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
-        },
+        baseline: baseline(a.baseline),
         repeat: a.repeat,
         remount: a.remount.clone(),
         server_counts: a.server_counts.clone(),
@@ -116,6 +110,14 @@ fn across_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         label: a.label.clone(),
         user_base: 0,
     })
+}
+
+/// The run without ccfs's `.cache`: `--baseline`, fair when not given.
+pub(crate) fn baseline(b: Option<BaselineArg>) -> loadgen::storm::Baseline {
+    match b {
+        None | Some(BaselineArg::Fair) => loadgen::storm::Baseline::Fair,
+        Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
+    }
 }
 
 /// The class sizes to run: `--users`, or `--users-per-host` times the hosts.

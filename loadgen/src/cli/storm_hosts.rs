@@ -156,10 +156,7 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         meter: a.metered,
         ccfs_config: a.ccfs_config.clone(),
         returning_users: a.returning_users,
-        baseline: match a.baseline {
-            Some(BaselineArg::ShareCache) => loadgen::storm::Baseline::ShareCache,
-            _ => loadgen::storm::Baseline::Fair,
-        },
+        baseline: baseline(a.baseline),
         repeat: 1,
         remount: a.remount.clone(),
         server_counts: None,

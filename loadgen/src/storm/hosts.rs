@@ -11,7 +11,7 @@
 //! `stop`); at the end `{"result": ...}` ([`AgentResult`]).
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -103,10 +103,6 @@ const GATE_WAIT: Duration = Duration::from_secs(3600);
 impl Crew {
     fn start(hosts: &Hosts, class: usize, run_args: &[String]) -> Result<Crew, String> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let (prog, pre) = hosts
-            .ssh
-            .split_first()
-            .ok_or_else(|| "--ssh-command is empty".to_string())?;
         let mut agents = Vec::new();
         for (k, host) in hosts.names.iter().enumerate() {
             let (first_user, users) = share_of_class(class, hosts.names.len(), k);
@@ -121,18 +117,7 @@ impl Crew {
                 "--user-base".to_string(),
                 first_user.to_string(),
             ]);
-            let mut child = Command::new(prog)
-                .args(pre)
-                .arg(host)
-                .arg(crate::remote::remote_command(&parts))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start {prog} for {host}: {e}"))?;
-            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                return Err(format!("{host}: no pipes to the agent"));
-            };
+            let (child, stdin, stdout) = crate::remote::spawn_on(&hosts.ssh, host, &parts)?;
             listen(k, host.clone(), stdout, tx.clone());
             agents.push(Agent {
                 host: host.clone(),
