@@ -191,8 +191,14 @@ struct Agent {
 
 impl Agent {
     fn send(&mut self, word: &str) {
-        let _ = writeln!(self.stdin, "{word}").and_then(|()| self.stdin.flush());
+        tell(&mut self.stdin, word);
     }
+}
+
+/// One word of the protocol to an agent, a line of its own, sent at once (an agent gone
+/// is found by its output's end, not here).
+pub fn tell(stdin: &mut ChildStdin, word: &str) {
+    let _ = writeln!(stdin, "{word}").and_then(|()| stdin.flush());
 }
 
 /// Reads an agent's stdout on a thread of its own: each protocol line (anything else, a

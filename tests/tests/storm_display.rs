@@ -177,7 +177,8 @@ fn on_a_terminal_a_status_line_names_the_run_and_its_phase() {
     let work = tempfile::tempdir().expect("work");
     let profile = profile(scratch.path());
     let mut cmd = vec![loadgen_bin().display().to_string()];
-    cmd.extend(storm_args(share.path(), work.path(), &profile, "2"));
+    // A session long enough to be drawn on a busy machine too.
+    cmd.extend(storm_args(share.path(), work.path(), &profile, "5"));
     cmd.push("--no-meter".into());
     let line = cmd
         .iter()
@@ -187,7 +188,7 @@ fn on_a_terminal_a_status_line_names_the_run_and_its_phase() {
     let o = e2e::on_a_terminal(&line);
     assert!(o.status.success(), "{}", text(&o));
     let shown = String::from_utf8_lossy(&o.stdout);
-    // The two-second session is drawn at least once (ten times a second).
+    // The five-second session is drawn at least once (ten times a second).
     assert!(shown.contains("run 1/1, without ccfs: session"), "{shown}");
     assert!(shown.contains("run 1/1, without ccfs #1: done"), "{shown}");
     assert!(shown.contains("time to login p50"), "{shown}");

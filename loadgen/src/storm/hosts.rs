@@ -10,7 +10,7 @@
 //! times, then `run`; at each gate `{"gate": "start"|"sessions"|"logouts"}` -> `go` (or
 //! `stop`); at the end `{"result": ...}` ([`AgentResult`]).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ struct Agent {
 
 impl Agent {
     fn say(&mut self, word: &str) {
-        let _ = writeln!(self.stdin, "{word}").and_then(|()| self.stdin.flush());
+        crate::remote::tell(&mut self.stdin, word);
     }
 }
 
