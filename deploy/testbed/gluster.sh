@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GlusterFS 10: a replica-3 volume of three bricks on this host, glusterd kept private
-# (working, run and log directories under the state dir, bound to 127.0.0.2: the CLI
-# refuses 127.0.0.1/localhost in brick names), and a FUSE client mount. The bricks live on
+# (working, run and log directories under the state dir), and a FUSE client mount. The
+# server's address is 10.251.0.1 on this host's loopback device: the CLI refuses
+# 127.0.0.1/localhost in brick names, and the test hosts (hosts.sh, network namespaces
+# joined by veth pairs) reach it through their link, so each can mount the volume with a
+# client of its own (`mount-on HOST`). The bricks live on
 # the server's disk (lib.sh, server_disk: one disk for the three, as one server's array);
 # on `hdd` the bricks' delay-gen translator delays every fsync and fsyncdir HDD_FSYNC_MS.
 # The volume's profile (the bricks' own per-call counts) is on from the start: `counts`
@@ -10,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 STATE=$(state_dir gluster)
-ADDR=127.0.0.2
+ADDR=10.251.0.1
 VOL=ccfsvol
 MNT=$STATE/mnt
 G=(gluster --glusterd-sock=/var/run/glusterd.socket --mode=script)
@@ -23,6 +26,7 @@ up() {
     return 0
   fi
   mkdir -p "$STATE"/{wd,run,log,mnt}
+  ip addr show dev lo | grep -q " $ADDR/" || ip addr add "$ADDR/32" dev lo
   mount_server_disk "$STATE/bricks" 8G
   mkdir -p "$STATE"/bricks/{b1,b2,b3}
   if [ ! -f "$STATE/glusterd.pid" ] || ! kill -0 "$(cat "$STATE/glusterd.pid")" 2>/dev/null; then
@@ -72,6 +76,43 @@ remount() {
   echo "$MNT"
 }
 
+# mount-on HOST: the volume mounted by a client of HOST's own (test host HOST of hosts.sh:
+# the client runs in that host's network namespace and reaches the server over its link),
+# at STATE/hosts/HOST/mnt, its pid in STATE/hosts/HOST/client.pid; prints the mount point.
+# Mounted already, it is left as it is. remount-on HOST: the same afresh (a cold client).
+mount-on() {
+  local host=${1:?give a test host, for instance h1}
+  local ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
+  case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
+  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  mountpoint -q "$MNT" || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
+  mkdir -p "$dir/mnt"
+  if ! mountpoint -q "$dir/mnt"; then
+    nsenter --net="$ns" glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" \
+      --log-file="$dir/client.log" -p "$dir/client.pid" "$dir/mnt"
+    wait_for 30 mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
+    record "$(cat "$dir/client.pid")"
+  fi
+  echo "$dir/mnt"
+}
+
+remount-on() {
+  local host=${1:?give a test host, for instance h1}
+  local dir=$STATE/hosts/$host
+  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
+  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
+  mount-on "$host"
+}
+
+# The server's processes (glusterd, the bricks, the self-heal daemon), one pid a line:
+# what a study measures the server's CPU by (no client, this host's or a test host's).
+server-pids() {
+  [ -f "$STATE/glusterd.pid" ] || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
+  { cat "$STATE/glusterd.pid"
+    for f in "$STATE"/run/vols/*/*.pid "$STATE"/run/shd/*/*.pid; do [ -f "$f" ] && cat "$f"; done
+  } | sort -u
+}
+
 # What the bricks served since the volume started, summed over the three bricks, as one
 # JSON object: {"fops": {"LOOKUP": {"calls": N, "latency_us": TOTAL}, ...},
 # "bytes_read": N, "bytes_written": N} (`gluster volume profile VOL info cumulative`; a
@@ -106,11 +147,13 @@ print(json.dumps({"fops": fops, "bytes_read": read, "bytes_written": written}, s
 down() {
   [ -d "$STATE" ] || return 0
   unmount_dir "$MNT"
+  for d in "$STATE"/hosts/*/mnt; do [ -d "$d" ] && unmount_dir "$d"; done
   # Processes glusterd started after `up` recorded (self-heal) are still listed in pid files.
   for f in "$STATE"/run/shd/*/*.pid "$STATE"/run/vols/*/*.pid; do [ -f "$f" ] && record "$(cat "$f")"; done
   stop_recorded
   unmount_server_disk "$STATE/bricks"
   rm -rf "$STATE"
+  ip addr del "$ADDR/32" dev lo 2>/dev/null || true
 }
 
 "$@"

@@ -30,6 +30,9 @@ up() {
       ip netns exec "$ns" ip link set "ccfs-h${i}b" up
       ip netns exec "$ns" ip link set lo up
     fi
+    # The testbed's servers on this host's loopback device (gluster.sh) through the link.
+    ip netns exec "$ns" ip route replace 10.251.0.0/24 via "10.251.$i.1"
+
     cat > "$STATE/sshd_$i.conf" <<CFG
 ListenAddress 10.251.$i.2
 Port 22

@@ -156,7 +156,8 @@ struct StormArgs {
     #[arg(long, value_enum)]
     baseline: Option<BaselineArg>,
     /// A shell command that mounts the share's client afresh, run before every run (after
-    /// the sync and the dropped caches); e.g. `deploy/testbed/gluster.sh remount`.
+    /// the sync and the dropped caches); e.g. `deploy/testbed/gluster.sh remount`. With
+    /// --hosts each host runs it, `{host}` in it standing for the host's name.
     #[arg(long)]
     remount: Option<String>,
     /// A shell command that prints the file server's own counters as one JSON object
@@ -197,7 +198,8 @@ struct StormArgs {
     #[arg(long)]
     server_pids_file: Option<PathBuf>,
     /// A file listing the client side's process ids (the share's FUSE client), read again
-    /// before every run (a remount starts a new client).
+    /// before every run (a remount starts a new client). With --hosts each host reads its
+    /// own, `{host}` in the path standing for the host's name.
     #[arg(long)]
     client_pids_file: Option<PathBuf>,
     /// Seconds from the start of each timed run over which server and client CPU are

@@ -55,6 +55,8 @@ fn a_class_across_hosts_plays_every_host_s_part_behind_the_same_gates() {
         s = state.display()
     );
     let json = scratch.path().join("storm.json");
+    let remounts = scratch.path().join("remounts");
+    let remount = format!("echo {{host}} >> {}", remounts.display());
     let o = storm(
         share.path(),
         work.path(),
@@ -70,9 +72,10 @@ fn a_class_across_hosts_plays_every_host_s_part_behind_the_same_gates() {
             profile.to_str().expect("utf8"),
             "--server-counts",
             &counts,
-            // Several words and a redirection, passed to each host's shell as one word.
+            // Several words and a redirection, passed to each host's shell as one word;
+            // `{host}` is the host's name.
             "--remount",
-            "true >/dev/null",
+            &remount,
             "--json",
             json.to_str().expect("utf8"),
         ],
@@ -123,6 +126,17 @@ fn a_class_across_hosts_plays_every_host_s_part_behind_the_same_gates() {
         .parse()
         .expect("n");
     assert_eq!(readings, 5 * (1 + 3 * 4));
+    let mut said: Vec<String> = std::fs::read_to_string(&remounts)
+        .expect("remounts")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    said.sort();
+    assert_eq!(
+        said,
+        ["h1", "h1", "h1", "h1", "h2", "h2", "h2", "h2"],
+        "each host remounts its own client before every run"
+    );
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("hosts, with ccfs #1"), "{table}");
     assert_eq!(entries(share.path()), 0, "the hosts' homes removed");
@@ -259,4 +273,129 @@ fn a_host_refuses_a_share_another_user_could_change() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--share: "), "{err}");
     assert_eq!(entries(share.path()), 0, "nothing made in it");
+}
+
+/// A class of 30 across the test hosts (`deploy/testbed/up hosts`: three network
+/// namespaces reached over real SSH), on the GlusterFS testbed, each host with its own
+/// client of the volume (`gluster.sh mount-on`): with `CCFS_TEST_STORM_SSH` (the ssh
+/// command reaching h1..h3) and `CCFS_TEST_GLUSTER_STATE` (the testbed's state dir); skipped
+/// without them. Every host plays its ten users through its own client (its client's CPU
+/// counted, its client living in the host's network namespace); without ccfs the bricks
+/// take the logins' writes, with ccfs none until the logout.
+#[test]
+fn a_class_of_thirty_on_three_test_hosts_each_with_its_own_gluster_client() {
+    let (Some(ssh), Some(state)) = (
+        std::env::var_os("CCFS_TEST_STORM_SSH"),
+        std::env::var_os("CCFS_TEST_GLUSTER_STATE"),
+    ) else {
+        eprintln!("skipped: CCFS_TEST_STORM_SSH and CCFS_TEST_GLUSTER_STATE not set");
+        return;
+    };
+    let state = PathBuf::from(state);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/testbed/gluster.sh");
+    let hosts = ["h1", "h2", "h3"];
+    for h in hosts {
+        let o = Command::new(&script)
+            .args(["mount-on", h])
+            .output()
+            .expect("mount-on");
+        assert!(o.status.success(), "mount-on {h}: {}", text(&o));
+    }
+    let scratch = tempfile::tempdir().expect("scratch");
+    let pids = scratch.path().join("server.pids");
+    let o = Command::new(&script)
+        .arg("server-pids")
+        .output()
+        .expect("server-pids");
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(&pids, &o.stdout).expect("pids");
+    let work = tempfile::tempdir().expect("work");
+    let json = scratch.path().join("storm.json");
+    let per_host = |leaf: &str| state.join("hosts/{host}").join(leaf);
+    let o = Command::new(loadgen_bin())
+        .arg("login-storm")
+        .arg("--share")
+        .arg(per_host("mnt"))
+        .arg("--work")
+        .arg(work.path())
+        .arg("--ssh-command")
+        .arg(&ssh)
+        .args([
+            "--hosts",
+            "h1,h2,h3",
+            "--users",
+            "30",
+            "--compare",
+            "--no-meter",
+        ])
+        .args(["--session", "2", "--cpu-window", "10"])
+        .arg("--remount")
+        .arg(format!("{} remount-on {{host}}", script.display()))
+        .arg("--client-pids-file")
+        .arg(per_host("client.pid"))
+        .arg("--server-pids-file")
+        .arg(&pids)
+        .arg("--server-counts")
+        .arg(format!("{} counts", script.display()))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run loadgen");
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = e2e::read_json(&json);
+    let runs = runs.as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "a timed run a mode");
+    for r in runs {
+        assert_eq!(r["complete"], true, "{r}");
+        let users: Vec<u64> = r["per_user"]
+            .as_array()
+            .expect("per user")
+            .iter()
+            .filter_map(|u| u["user"].as_u64())
+            .collect();
+        assert_eq!(users, (0..30).collect::<Vec<u64>>(), "every user, once");
+        let parts = r["hosts"].as_array().expect("hosts");
+        for (k, h) in hosts.iter().enumerate() {
+            let p = &parts[k];
+            assert_eq!((&p["host"], &p["users"]), (&(*h).into(), &10.into()), "{p}");
+            assert_eq!(p["first_user"], 10 * k, "{p}");
+            assert!(p["error"].is_null(), "{p}");
+            // The host's users went through its own client.
+            assert!(p["client_cpu_s"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
+        }
+        let writes = |part: &str| r[part]["fops"]["WRITE"]["calls"].as_u64().unwrap_or(0);
+        assert!(
+            writes("server_logout") > 0 || r["with_ccfs"] == false,
+            "the logout syncs: {r}"
+        );
+        if r["with_ccfs"] == true {
+            assert_eq!(
+                writes("server_login_session"),
+                0,
+                "ccfs keeps the login's writes: {r}"
+            );
+        } else {
+            assert!(
+                writes("server_login_session") > 0,
+                "without ccfs the login writes: {r}"
+            );
+        }
+    }
+    // Each host's client lives in that host's network namespace, not this one's.
+    let ns = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let ours = ns(Path::new("/proc/self/ns/net")).expect("our netns");
+    for h in hosts {
+        let pid =
+            std::fs::read_to_string(state.join(format!("hosts/{h}/client.pid"))).expect("pid");
+        let theirs = ns(&PathBuf::from(format!("/proc/{}/ns/net", pid.trim()))).expect("its netns");
+        let host_ns = ns(&PathBuf::from(format!("/run/netns/ccfs-{h}"))).expect("host netns");
+        assert_eq!(theirs, host_ns, "{h}'s client in {h}'s namespace");
+        assert_ne!(theirs, ours);
+        assert_eq!(
+            entries(&state.join(format!("hosts/{h}/mnt"))),
+            0,
+            "{h}: the homes removed"
+        );
+    }
+    assert_eq!(entries(work.path()), 0, "the hosts' scratch space removed");
 }

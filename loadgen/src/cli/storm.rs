@@ -64,7 +64,8 @@ fn across_config(a: &StormArgs) -> Result<loadgen::storm::StormConfig, Error> {
         )));
     }
     let (profile, profile_name) = profile(a)?;
-    let (pids, _) = measured_processes(a)?;
+    // The client's pid file is each host's (`{host}` in it), checked by its agent.
+    let pids = server_processes(a)?;
     check_json(a)?;
     if let Some(cmd) = &a.server_counts {
         loadgen::storm::read_server_counts(cmd).map_err(user)?;
@@ -300,6 +301,23 @@ fn ccfs(a: &StormArgs) -> Result<PathBuf, Error> {
 /// The server processes whose CPU is measured, and the file listing the client's
 /// (checked readable now, read again before every run).
 fn measured_processes(a: &StormArgs) -> Result<(Vec<u32>, Option<PathBuf>), Error> {
+    let pids = server_processes(a)?;
+    let client_pids_file = match &a.client_pids_file {
+        None => None,
+        Some(f) => {
+            loadgen::storm::read_pids_file(f)
+                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
+            Some(
+                f.canonicalize()
+                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
+            )
+        }
+    };
+    Ok((pids, client_pids_file))
+}
+
+/// The server processes whose CPU is measured, each running now.
+fn server_processes(a: &StormArgs) -> Result<Vec<u32>, Error> {
     let mut pids = a.server_pids.clone();
     if let Some(f) = &a.server_pids_file {
         pids.extend(
@@ -322,18 +340,7 @@ fn measured_processes(a: &StormArgs) -> Result<(Vec<u32>, Option<PathBuf>), Erro
             }
         )));
     }
-    let client_pids_file = match &a.client_pids_file {
-        None => None,
-        Some(f) => {
-            loadgen::storm::read_pids_file(f)
-                .map_err(|e| user(format!("--client-pids-file: {e}")))?;
-            Some(
-                f.canonicalize()
-                    .map_err(|e| user(format!("--client-pids-file: {e}")))?,
-            )
-        }
-    };
-    Ok((pids, client_pids_file))
+    Ok(pids)
 }
 
 /// Checks that `--json`'s directory is safe for root to write in.

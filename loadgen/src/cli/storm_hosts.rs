@@ -51,6 +51,9 @@ pub(crate) struct StormAgentArgs {
     cpu_window: Option<u64>,
     #[arg(long)]
     run_index: usize,
+    /// The storm's last run: its directory on the share goes too once its runs' are gone.
+    #[arg(long)]
+    last_run: bool,
     #[arg(long)]
     keep: bool,
 }
@@ -117,10 +120,9 @@ impl Hook for StdioHook {
     }
 }
 
-/// `loadgen storm-agent`: answers the coordinator's pings, plays this host's users
-/// through one run held at the coordinator's gates, and sends its results.
-pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
-    let origin = std::time::Instant::now();
+/// This host's part of the storm's configuration, checked as on one machine, with its
+/// scratch directory (made) as the work.
+fn agent_config(a: &StormAgentArgs) -> Result<StormConfig, Error> {
     let (profile, profile_name) = profile_at(a.profile.as_deref())?;
     // Below the share, never above it.
     let homes_rel = Path::new(&a.homes);
@@ -134,18 +136,27 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
             a.homes
         )));
     }
-    // `{host}` in the share's path: each host's own client mount of the share.
-    let share_path = PathBuf::from(
-        a.share
-            .display()
-            .to_string()
-            .replace("{host}", &a.host_name),
-    );
+    // `{host}` in the share's path, the remount command and the client's pid file: each
+    // host's own client mount of the share (in the command, quoted for its shell).
+    let for_host =
+        |p: &Path| PathBuf::from(p.display().to_string().replace("{host}", &a.host_name));
+    let share_path = for_host(&a.share);
+    let remount = a.remount.as_ref().map(|c| {
+        c.replace(
+            "{host}",
+            &loadgen::remote::remote_command(&[a.host_name.as_str()]),
+        )
+    });
+    let client_pids_file = a.client_pids_file.as_deref().map(for_host);
+    if let Some(f) = &client_pids_file {
+        loadgen::storm::read_pids_file(f)
+            .map_err(|e| user(format!("--client-pids-file on {}: {e}", a.host_name)))?;
+    }
     // Checked here as on one machine: root makes homes, mount points and caches there.
     let share = share_for_root(&share_path)?;
     let work = work_for_root(&a.work, &share)?.join(format!("storm-agent-{}", std::process::id()));
     std::fs::create_dir(&work).map_err(|e| user(format!("--work: {e}")))?;
-    let cfg = StormConfig {
+    Ok(StormConfig {
         share,
         users: a.users,
         session: Duration::from_secs(a.session),
@@ -158,15 +169,23 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         returning_users: a.returning_users,
         baseline: baseline(a.baseline),
         repeat: 1,
-        remount: a.remount.clone(),
+        remount,
         server_counts: None,
         server_pids: Vec::new(),
-        client_pids_file: a.client_pids_file.clone(),
+        client_pids_file,
         cpu_window: a.cpu_window.map(Duration::from_secs),
         keep: a.keep,
         label: None,
         user_base: a.user_base,
-    };
+    })
+}
+
+/// `loadgen storm-agent`: answers the coordinator's pings, plays this host's users
+/// through one run held at the coordinator's gates, and sends its results.
+pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
+    let origin = std::time::Instant::now();
+    let cfg = agent_config(a)?;
+    let work = cfg.work.clone();
     let mut stdin = std::io::BufReader::new(std::io::stdin());
     // The clocks compared, then the word to run.
     loop {
@@ -216,11 +235,28 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
     };
     let mut report = loadgen::storm::one_run(&cfg, spec, a.run_index, &homes, &work, &hook)
         .map_err(Error::Failed)?;
-    if !a.keep && report.error.is_none() {
+    // A failed run's mount points, caches and homes stay as its evidence, where its error
+    // says; a run stopped (by the coordinator, or a signal) leaves nothing.
+    let stopped = loadgen::stop::INTERRUPTED.load(Ordering::Relaxed);
+    if let Some(e) = report.error.as_mut().filter(|_| !stopped) {
+        e.push_str(&format!(
+            " (kept on {}: its mount points and caches in {}, its homes in {})",
+            a.host_name,
+            work.display(),
+            homes_at.display()
+        ));
+    }
+    if !a.keep && (report.error.is_none() || stopped) {
         let _ = std::fs::remove_dir_all(&work);
         let _ = std::fs::remove_dir_all(&homes_at);
-        // The run's directories, once the last host's homes are gone.
-        for up in homes_at.ancestors().skip(1).take(2) {
+        // The run's directory, once the last host's homes are gone; the storm's only after
+        // its last run (made again for a next run, another host's client could still hold
+        // the one removed, stale).
+        for up in homes_at
+            .ancestors()
+            .skip(1)
+            .take(1 + usize::from(a.last_run))
+        {
             let _ = std::fs::remove_dir(up);
         }
     }
@@ -320,6 +356,9 @@ pub(crate) fn runs_across(
         }
         if spec.metered {
             args.push("--metered".into());
+        }
+        if i + 1 == schedule.len() {
+            args.push("--last-run".into());
         }
         let mut r = loadgen::storm::run_across(cfg, hosts, spec, i, &args)?;
         if !spec.metered {
