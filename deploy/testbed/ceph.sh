@@ -136,6 +136,39 @@ CFG
   echo "$MNT"
 }
 
+# What the servers served since they started, as one JSON object in the shape of
+# gluster.sh counts: the MDS's requests by kind with their latencies (perf dump,
+# mds_server.req_*_latency: LOOKUP, GETATTR, CREATE, ...), the OSD's object reads and
+# writes as READ and WRITE (the MDS's journal included) with theirs, and the OSD's bytes
+# in and out as bytes written and read.
+counts() {
+  [ -S "$STATE/run/ceph-mds.a.asok" ] || { echo "testbed: ceph is not up (deploy/testbed/up ceph)" >&2; exit 1; }
+  python3 - "$STATE/run" <<'PY'
+import json, subprocess, sys
+run = sys.argv[1]
+def dump(name):
+    out = subprocess.run(["ceph", "--admin-daemon", f"{run}/ceph-{name}.asok", "perf", "dump"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+fops = {}
+def add(op, lat):
+    if lat.get("avgcount"):
+        f = fops.setdefault(op, {"calls": 0, "latency_us": 0.0})
+        f["calls"] += lat["avgcount"]
+        f["latency_us"] += lat["sum"] * 1e6
+for key, lat in dump("mds.a")["mds_server"].items():
+    if key.startswith("req_") and key.endswith("_latency") and isinstance(lat, dict):
+        op = key[4:-8].upper()
+        add({"RMXATTR": "REMOVEXATTR"}.get(op, op), lat)
+osd = dump("osd.0")["osd"]
+add("READ", osd["op_r_latency"])
+add("WRITE", osd["op_w_latency"])
+add("READ_WRITE", osd.get("op_rw_latency", {}))
+print(json.dumps({"fops": fops, "bytes_read": osd["op_out_bytes"],
+                  "bytes_written": osd["op_in_bytes"]}, sort_keys=True))
+PY
+}
+
 down() {
   [ -d "$STATE" ] || return 0
   unmount_dir "$MNT"

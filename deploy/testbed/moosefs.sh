@@ -12,7 +12,7 @@ HOST=10.250.0.2
 MNT=$STATE/mnt
 
 up() {
-  need_packages moosefs-master moosefs-chunkserver moosefs-client iproute2
+  need_packages moosefs-master moosefs-chunkserver moosefs-client moosefs-cli iproute2
   check_server_disk
   if mountpoint -q "$MNT" 2>/dev/null; then
     echo "$MNT"
@@ -72,6 +72,21 @@ CFG
   wait_for 60 sh -c "[ \$(stat -f -c %b '$MNT') -gt 0 ] && dd if=/dev/zero of='$MNT/.probe' bs=4k count=1 status=none && rm -f '$MNT/.probe'" ||
     { echo "testbed: chunkservers did not come up; see $STATE/log" >&2; exit 1; }
   echo "$MNT"
+}
+
+# What the master served since the testbed came up, as one JSON object in the shape of
+# gluster.sh counts: {"fops": {"LOOKUP": {"calls": N}, ...}}, the metadata operations of
+# every client mount (mfscli -SMO: its counters of the current hour, carried over the hour
+# and a client's remount in STATE/counts.json by mfs-counts.py). READ and WRITE are the
+# clients' asking the master where a chunk is, not each read or write. MooseFS tells no
+# latencies here, and its chunkservers' bytes only as charts by the minute: both are left
+# out (unknown).
+counts() {
+  command -v mfscli >/dev/null || need_packages moosefs-cli
+  mountpoint -q "$MNT" || { echo "testbed: moosefs is not up (deploy/testbed/up moosefs)" >&2; exit 1; }
+  exec 9>"$STATE/counts.lock"
+  flock 9
+  python3 "$here/mfs-counts.py" "$SRV" "$STATE/counts.json"
 }
 
 down() {

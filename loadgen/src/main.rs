@@ -163,8 +163,10 @@ struct StormArgs {
     /// A shell command that prints the file server's own counters as one JSON object
     /// ({"fops": {"OP": {"calls": N, "latency_us": T}}, "bytes_read": N, "bytes_written": N}),
     /// run at the start, at the end of the sessions and at the end of the logouts of every
-    /// run; the table shows what the server served beside the meter's counts. E.g.
-    /// `deploy/testbed/gluster.sh counts` (the bricks' profile).
+    /// run; the table shows what the server served beside the meter's counts. A server
+    /// that does not tell latencies or bytes leaves them out. E.g.
+    /// `deploy/testbed/gluster.sh counts` (the bricks' profile), `moosefs.sh counts`,
+    /// `ceph.sh counts`.
     #[arg(long)]
     server_counts: Option<String>,
     /// Seconds of session after the login (the profile's periodic actions run meanwhile).

@@ -288,7 +288,9 @@ fn a_class_of_thirty_on_three_test_hosts_each_with_its_own_gluster_client() {
         std::env::var_os("CCFS_TEST_STORM_SSH"),
         std::env::var_os("CCFS_TEST_GLUSTER_STATE"),
     ) else {
-        eprintln!("skipped: CCFS_TEST_STORM_SSH and CCFS_TEST_GLUSTER_STATE not set");
+        e2e::skip(
+            "CCFS_TEST_STORM_SSH and CCFS_TEST_GLUSTER_STATE not set (scripts/test sets them)",
+        );
         return;
     };
     let state = PathBuf::from(state);

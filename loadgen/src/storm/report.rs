@@ -90,18 +90,22 @@ impl ShareCounts {
 
 /// What the server itself served, as its own counters tell (`--server-counts`; on the
 /// GlusterFS testbed the bricks' profile, summed over the bricks): calls and their total
-/// latency by operation, and the data read and written.
+/// latency by operation, and the data read and written. A server that does not tell its
+/// latencies (MooseFS's master) or its bytes leaves them out: they are unknown, not zero.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerCounts {
     pub fops: BTreeMap<String, FopCount>,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
+    #[serde(default)]
+    pub bytes_read: Option<u64>,
+    #[serde(default)]
+    pub bytes_written: Option<u64>,
 }
 
 /// One operation's calls and their summed latency in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct FopCount {
     pub calls: u64,
+    #[serde(default)]
     pub latency_us: f64,
 }
 
@@ -158,7 +162,10 @@ impl ServerCounts {
                 (calls > 0).then(|| (k.clone(), FopCount { calls, latency_us }))
             })
             .collect();
-        let sub = |a: u64, b: u64| if a >= b { a - b } else { a };
+        let sub = |a: Option<u64>, b: Option<u64>| {
+            let (a, b) = (a?, b.unwrap_or(0));
+            Some(if a >= b { a - b } else { a })
+        };
         ServerCounts {
             fops,
             bytes_read: sub(self.bytes_read, before.bytes_read),
@@ -172,8 +179,9 @@ impl ServerCounts {
             e.calls += v.calls;
             e.latency_us += v.latency_us;
         }
-        self.bytes_read += other.bytes_read;
-        self.bytes_written += other.bytes_written;
+        let add = |a: Option<u64>, b: Option<u64>| Some(a.unwrap_or(0) + b?);
+        self.bytes_read = add(self.bytes_read, other.bytes_read);
+        self.bytes_written = add(self.bytes_written, other.bytes_written);
     }
 
     /// Every call the server served.
@@ -194,9 +202,11 @@ impl ServerCounts {
             .sum()
     }
 
-    /// The server's time in every call, in seconds.
-    pub fn busy_s(&self) -> f64 {
-        self.fops.values().map(|f| f.latency_us).sum::<f64>() / 1e6
+    /// The server's time in every call, in seconds; None from a server that does not tell
+    /// its latencies.
+    pub fn busy_s(&self) -> Option<f64> {
+        let us = self.fops.values().map(|f| f.latency_us).sum::<f64>();
+        (us > 0.0 || self.calls() == 0).then_some(us / 1e6)
     }
 }
 
@@ -443,16 +453,33 @@ mod tests {
         )
         .expect("before");
         let d = after.minus(&before);
-        assert_eq!((d.calls(), d.writes(), d.bytes_written), (6, 6, 8000));
+        assert_eq!((d.calls(), d.writes(), d.bytes_written), (6, 6, Some(8000)));
         assert!(
             !d.fops.contains_key("LOOKUP"),
             "an operation with no new call is left out"
         );
-        assert!((d.busy_s() - 300e-6).abs() < 1e-12);
+        assert!((d.busy_s().unwrap_or(0.0) - 300e-6).abs() < 1e-12);
         // A server restarted between the two counts from zero again.
         assert_eq!(before.minus(&after).calls_of(&["WRITE"]), 4);
         let err = ServerCounts::parse("calls: 5").expect_err("not JSON");
         assert!(err.contains("not the JSON object expected"), "{err}");
+    }
+
+    #[test]
+    fn a_server_that_tells_no_bytes_or_latencies_has_them_unknown_not_zero() {
+        let before = ServerCounts::parse(r#"{"fops": {"LOOKUP": {"calls": 3}}}"#).expect("before");
+        let after =
+            ServerCounts::parse(r#"{"fops": {"LOOKUP": {"calls": 9}, "WRITE": {"calls": 2}}}"#)
+                .expect("after");
+        let d = after.minus(&before);
+        assert_eq!((d.calls(), d.writes()), (8, 2));
+        assert_eq!(
+            (d.bytes_read, d.bytes_written, d.busy_s()),
+            (None, None, None)
+        );
+        let mut sum = d.clone();
+        sum.add(&d);
+        assert_eq!((sum.calls(), sum.bytes_written), (16, None));
     }
 
     #[test]

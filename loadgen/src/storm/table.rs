@@ -243,17 +243,17 @@ const ROWS: &[Row] = &[
     ),
     timed(
         "server bytes written, whole run",
-        |r| Some(r.server_whole()?.bytes_written as f64),
+        |r| Some(r.server_whole()?.bytes_written? as f64),
         Unit::Bytes,
     ),
     timed(
         "server bytes read, whole run",
-        |r| Some(r.server_whole()?.bytes_read as f64),
+        |r| Some(r.server_whole()?.bytes_read? as f64),
         Unit::Bytes,
     ),
     timed(
         "server time in calls, whole run (s)",
-        |r| Some(r.server_whole()?.busy_s()),
+        |r| r.server_whole()?.busy_s(),
         Unit::Seconds,
     ),
     timed(
@@ -688,8 +688,8 @@ mod tests {
                 ),
             ]
             .into(),
-            bytes_read: 4096,
-            bytes_written: writes as u64 * 8192,
+            bytes_read: Some(4096),
+            bytes_written: Some(writes as u64 * 8192),
         };
         let run = |with_ccfs: bool, metered: bool, run_index: usize, mode_run: usize, k: f64| {
             let per_user = vec![user(0, 1.0 * k, with_ccfs), user(1, 2.0 * k, with_ccfs)];
