@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # CephFS (Ceph 16): one monitor, one manager, one OSD on memstore (RAM, 2 GiB), one MDS,
-# cephx off, pools of size 1, and the ceph-fuse client; all on 127.0.0.1, all state,
+# cephx off, pools of size 1, and the ceph-fuse client; all on 10.251.0.3, an address on
+# this host's loopback device that the test hosts (hosts.sh) reach through their links
+# (`mount-on HOST` mounts the file system for one with a client of its own); all state,
 # sockets, logs and pid files in the state directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -8,6 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 STATE=$(state_dir ceph)
 MNT=$STATE/mnt
 CONF=$STATE/ceph.conf
+ADDR=10.251.0.3
 
 # The ceph tool, tried again (up to 5 times) when the monitor refused a command for a zero
 # fsid ("Error EPERM: problem getting command descriptions", "wrong fsid"; see the
@@ -25,7 +28,7 @@ ceph_() {
   return 1
 }
 
-port_free() { ! ss -ltn | grep -q '127.0.0.1:6789 '; }
+port_free() { ! ss -ltn | grep -q "$ADDR:6789 "; }
 
 up() {
   "$0" up_once || {
@@ -47,14 +50,15 @@ up_once() {
   [ -f "$STATE/pids" ] && stop_recorded
   rm -rf "$STATE"
   mkdir -p "$STATE"/{run,log,mon/a,mgr/x,mds/a,osd,mnt}
+  ip addr show dev lo | grep -q " $ADDR/" || ip addr add "$ADDR/32" dev lo
   local fsid osd_uuid id
   fsid=$(cat /proc/sys/kernel/random/uuid)
   cat > "$CONF" <<CFG
 [global]
 fsid = $fsid
-mon host = v1:127.0.0.1:6789
-public network = 127.0.0.0/8
-cluster network = 127.0.0.0/8
+mon host = v1:$ADDR:6789
+public network = $ADDR/32
+cluster network = $ADDR/32
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -92,8 +96,8 @@ admin socket = $STATE/run/\$cluster-\$name.\$pid.asok
 CFG
   # A monitor of an earlier instance may still be going away: its port must be free.
   wait_for 30 port_free ||
-    { echo "testbed: something still listens on 127.0.0.1:6789 (an earlier ceph-mon?); stop it first" >&2; exit 1; }
-  monmaptool --create --add a 127.0.0.1:6789 --fsid "$fsid" "$STATE/monmap" >/dev/null
+    { echo "testbed: something still listens on $ADDR:6789 (an earlier ceph-mon?); stop it first" >&2; exit 1; }
+  monmaptool --create --add a $ADDR:6789 --fsid "$fsid" "$STATE/monmap" >/dev/null
   ceph-authtool --create-keyring "$STATE/mon.keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-mon -c "$CONF" --mkfs -i a --monmap "$STATE/monmap" --keyring "$STATE/mon.keyring"
   ceph-mon -c "$CONF" -i a
@@ -136,6 +140,43 @@ CFG
   echo "$MNT"
 }
 
+# mount-on HOST: the file system mounted by a client of HOST's own (test host HOST of
+# hosts.sh: ceph-fuse runs in that host's network namespace), at STATE/hosts/HOST/mnt,
+# its pid in STATE/hosts/HOST/client.pid; prints the mount point. remount-on HOST: afresh.
+mount-on() {
+  local host=${1:?give a test host, for instance h1}
+  case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
+  local ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
+  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  mountpoint -q "$MNT" || { echo "testbed: ceph is not up (deploy/testbed/up ceph)" >&2; exit 1; }
+  if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
+    # A client that died left its mount point dead ("not connected"): detached first, and
+    # a client left without a mount stopped.
+    unmount_dir "$dir/mnt"
+    stop_client "$dir/client.pid" "$dir/mnt"
+    mkdir -p "$dir/mnt"
+    local try
+    for try in 1 2 3; do
+      nsenter --net="$ns" ceph-fuse -c "$CONF" --pid-file "$dir/client.pid" \
+        --log-file "$dir/client.log" "$dir/mnt" >/dev/null 2>&1 || true
+      wait_for 20 mountpoint -q "$dir/mnt" && break
+    done
+    mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
+    wait_for 10 test -s "$dir/client.pid" && record "$(cat "$dir/client.pid")"
+  fi
+  echo "$dir/mnt"
+}
+
+remount-on() {
+  local host=${1:?give a test host, for instance h1}
+  local dir=$STATE/hosts/$host
+  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
+  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
+  # The old client, gone with its mount or not (it would hold its pid file locked).
+  stop_client "$dir/client.pid" "$dir/mnt"
+  mount-on "$host"
+}
+
 # What the servers served since they started, as one JSON object in the shape of
 # gluster.sh counts: the MDS's requests by kind with their latencies (perf dump,
 # mds_server.req_*_latency: LOOKUP, GETATTR, CREATE, ...), the OSD's object reads and
@@ -172,10 +213,12 @@ PY
 down() {
   [ -d "$STATE" ] || return 0
   unmount_dir "$MNT"
+  for d in "$STATE"/hosts/*/mnt; do [ -d "$d" ] && unmount_dir "$d"; done
   # The MDS may hang on shutdown: stop_recorded escalates to SIGKILL after 5 s.
   stop_recorded
   wait_for 30 port_free || true
   rm -rf "$STATE"
+  ip addr del "$ADDR/32" dev lo 2>/dev/null || true
 }
 
 "$@"

@@ -69,6 +69,8 @@ up() {
 remount() {
   mountpoint -q "$MNT" || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
   umount "$MNT" 2>/dev/null || { echo "testbed: $MNT is busy; cannot remount" >&2; exit 1; }
+  # The old client, gone with its mount or not (it would hold its pid file locked).
+  stop_client "$STATE/client.pid" "$MNT"
   glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" --log-file="$STATE/log/client.log" \
     -p "$STATE/client.pid" "$MNT"
   wait_for 30 mountpoint -q "$MNT" || { echo "testbed: the client did not mount again; see $STATE/log/client.log" >&2; exit 1; }
@@ -86,8 +88,12 @@ mount-on() {
   case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
   [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
   mountpoint -q "$MNT" || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
-  mkdir -p "$dir/mnt"
-  if ! mountpoint -q "$dir/mnt"; then
+  if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
+    # A client that died left its mount point dead ("not connected"): detached first, and
+    # a client left without a mount stopped.
+    unmount_dir "$dir/mnt"
+    stop_client "$dir/client.pid" "$dir/mnt"
+    mkdir -p "$dir/mnt"
     nsenter --net="$ns" glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" \
       --log-file="$dir/client.log" -p "$dir/client.pid" "$dir/mnt"
     wait_for 30 mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
@@ -101,6 +107,8 @@ remount-on() {
   local dir=$STATE/hosts/$host
   mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
   umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
+  # The old client, gone with its mount or not (it would hold its pid file locked).
+  stop_client "$dir/client.pid" "$dir/mnt"
   mount-on "$host"
 }
 

@@ -63,6 +63,18 @@ unmount_dir() {
   done
 }
 
+# stop_client PIDFILE MNT: stops the share client PIDFILE names if it is still running for
+# MNT (a client unmounted can linger, holding its pid file locked, and a client whose mount
+# died leaves it dead); nothing else.
+stop_client() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null || true)
+  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "$2" || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  wait_for 5 sh -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null || true
+  wait_for 5 sh -c "! kill -0 $pid" || true
+}
+
 # The server's disk, CCFS_SERVER_DISK (deploy/testbed/up NAME --server-disk KIND sets it):
 #   memory  a tmpfs: a server fsync costs nothing (the cheapest server there is);
 #   ssd     a journaled ext4 of its own, a loop image on this machine's disk (the default):

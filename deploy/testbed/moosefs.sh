@@ -32,6 +32,8 @@ up() {
     ip netns exec "$NS" ip link set ccfs-mfs1 up
     ip netns exec "$NS" ip link set lo up
   fi
+  # The test hosts (hosts.sh, 10.251.N.2) reach the master through this host (mount-on).
+  ip netns exec "$NS" ip route replace 10.251.0.0/16 via "$HOST"
   echo "* / rw,alldirs,maproot=0" > "$STATE/mfsexports.cfg"
   cat > "$STATE/mfsmaster.cfg" <<CFG
 WORKING_USER = root
@@ -74,6 +76,42 @@ CFG
   echo "$MNT"
 }
 
+# mount-on HOST: the volume mounted by a client of HOST's own (test host HOST of hosts.sh:
+# mfsmount runs in that host's network namespace and reaches the master through this host,
+# which forwards between the two links, and only those), at STATE/hosts/HOST/mnt, its pid
+# in STATE/hosts/HOST/client.pid; prints the mount point. remount-on HOST: afresh.
+mount-on() {
+  local host=${1:?give a test host, for instance h1}
+  case "$host" in h[0-9]|h[0-9][0-9]) ;; *) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
+  local i=${host#h} ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
+  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  mountpoint -q "$MNT" || { echo "testbed: moosefs is not up (deploy/testbed/up moosefs)" >&2; exit 1; }
+  sysctl -q -w "net.ipv4.conf.ccfs-h${i}a.forwarding=1" "net.ipv4.conf.ccfs-mfs0.forwarding=1"
+  nsenter --net="$ns" ip route replace "$SRV/32" via "10.251.$i.1"
+  if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
+    # A client that died left its mount point dead ("not connected"): detached first, and
+    # a client left without a mount stopped.
+    unmount_dir "$dir/mnt"
+    stop_client "$dir/client.pid" "$dir/mnt"
+    mkdir -p "$dir/mnt"
+    nsenter --net="$ns" mfsmount -f -H "$SRV" -P 9421 "$dir/mnt" > "$dir/client.log" 2>&1 &
+    echo $! > "$dir/client.pid"
+    record "$(cat "$dir/client.pid")"
+    wait_for 30 mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
+  fi
+  echo "$dir/mnt"
+}
+
+remount-on() {
+  local host=${1:?give a test host, for instance h1}
+  local dir=$STATE/hosts/$host
+  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
+  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
+  # The old client, gone with its mount or not (it would hold its pid file locked).
+  stop_client "$dir/client.pid" "$dir/mnt"
+  mount-on "$host"
+}
+
 # What the master served since the testbed came up, as one JSON object in the shape of
 # gluster.sh counts: {"fops": {"LOOKUP": {"calls": N}, ...}}, the metadata operations of
 # every client mount (mfscli -SMO: its counters of the current hour, carried over the hour
@@ -92,6 +130,7 @@ counts() {
 down() {
   if [ -d "$STATE" ]; then
     unmount_dir "$MNT"
+    for d in "$STATE"/hosts/*/mnt; do [ -d "$d" ] && unmount_dir "$d"; done
     stop_recorded
     unmount_server_disk "$STATE/disk"
   fi

@@ -401,3 +401,75 @@ fn a_class_of_thirty_on_three_test_hosts_each_with_its_own_gluster_client() {
     }
     assert_eq!(entries(work.path()), 0, "the hosts' scratch space removed");
 }
+
+/// The testbed's `mount-on HOST` for the server named by `CCFS_TEST_HOSTS_SERVER`
+/// (gluster, moosefs or ceph; its state dir in `CCFS_TEST_SERVER_STATE`), with the test
+/// hosts up: each host gets a client of its own, living in that host's network namespace,
+/// and all of them see one file system (what one host writes the others read; a remount
+/// starts a new client). Skipped without those variables.
+#[test]
+fn each_test_host_mounts_the_share_with_a_client_of_its_own() {
+    let (Some(server), Some(state)) = (
+        std::env::var_os("CCFS_TEST_HOSTS_SERVER"),
+        std::env::var_os("CCFS_TEST_SERVER_STATE"),
+    ) else {
+        e2e::skip(
+            "CCFS_TEST_HOSTS_SERVER and CCFS_TEST_SERVER_STATE not set (scripts/test sets them)",
+        );
+        return;
+    };
+    let server = server.to_string_lossy().into_owned();
+    let state = PathBuf::from(state);
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../deploy/testbed/{server}.sh"));
+    let on = |what: &str, h: &str| -> PathBuf {
+        let o = Command::new(&script)
+            .args([what, h])
+            .output()
+            .expect("testbed");
+        assert!(o.status.success(), "{what} {h}: {}", text(&o));
+        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    };
+    let netns = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let client = |h: &str| -> String {
+        std::fs::read_to_string(state.join(format!("hosts/{h}/client.pid")))
+            .expect("client.pid")
+            .trim()
+            .to_string()
+    };
+    let ours = netns(Path::new("/proc/self/ns/net")).expect("our netns");
+    let mut mounts = Vec::new();
+    for h in ["h1", "h2", "h3"] {
+        let m = on("mount-on", h);
+        assert_eq!(m, state.join(format!("hosts/{h}/mnt")));
+        let theirs = netns(&PathBuf::from(format!("/proc/{}/ns/net", client(h)))).expect("netns");
+        let host = netns(&PathBuf::from(format!("/run/netns/ccfs-{h}"))).expect("host netns");
+        assert_eq!(theirs, host, "{h}'s client runs in {h}'s namespace");
+        assert_ne!(theirs, ours);
+        mounts.push(m);
+    }
+    let pids: Vec<String> = ["h1", "h2", "h3"].iter().map(|h| client(h)).collect();
+    assert!(
+        pids[0] != pids[1] && pids[1] != pids[2],
+        "a client a host: {pids:?}"
+    );
+    let name = format!("written-on-h1-{}", std::process::id());
+    std::fs::write(mounts[0].join(&name), "through h1's client\n").expect("write on h1");
+    for m in &mounts[1..] {
+        let got = std::fs::read_to_string(m.join(&name)).expect("read on another host");
+        assert_eq!(got, "through h1's client\n");
+    }
+    let before = client("h2");
+    assert_eq!(on("remount-on", "h2"), mounts[1]);
+    assert_ne!(client("h2"), before, "a remount is a new client");
+    assert!(
+        mounts[1].join(&name).is_file(),
+        "the new client sees the file"
+    );
+    std::fs::remove_file(mounts[2].join(&name)).expect("remove on h3");
+    e2e::wait_until(
+        "h1 to see the file gone",
+        std::time::Duration::from_secs(15),
+        || !mounts[0].join(&name).exists(),
+    );
+}
