@@ -69,7 +69,7 @@ unmount_dir() {
 stop_client() {
   local pid
   pid=$(cat "$1" 2>/dev/null || true)
-  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "$2" || return 0
+  [ -n "$pid" ] && { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -qF "$2" || return 0
   kill -TERM "$pid" 2>/dev/null || true
   wait_for 5 sh -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null || true
   wait_for 5 sh -c "! kill -0 $pid" || true

@@ -86,7 +86,10 @@ mount-on() {
   local i=${host#h} ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
   [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
   mountpoint -q "$MNT" || { echo "testbed: moosefs is not up (deploy/testbed/up moosefs)" >&2; exit 1; }
-  sysctl -q -w "net.ipv4.conf.ccfs-h${i}a.forwarding=1" "net.ipv4.conf.ccfs-mfs0.forwarding=1"
+  # From this host's own namespace (a remount from the test host finds it done already).
+  if [ -e /proc/sys/net/ipv4/conf/ccfs-mfs0 ]; then
+    sysctl -q -w "net.ipv4.conf.ccfs-h${i}a.forwarding=1" "net.ipv4.conf.ccfs-mfs0.forwarding=1"
+  fi
   nsenter --net="$ns" ip route replace "$SRV/32" via "10.251.$i.1"
   if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
     # A client that died left its mount point dead ("not connected"): detached first, and
@@ -110,6 +113,18 @@ remount-on() {
   # The old client, gone with its mount or not (it would hold its pid file locked).
   stop_client "$dir/client.pid" "$dir/mnt"
   mount-on "$host"
+}
+
+# The server's processes (the master and the chunkservers), one pid a line: what a study
+# measures the server's CPU by (no client, this host's or a test host's).
+server-pids() {
+  [ -f "$STATE/pids" ] || { echo "testbed: moosefs is not up (deploy/testbed/up moosefs)" >&2; exit 1; }
+  local pid
+  for pid in $(live_recorded); do
+    case "$({ tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null)" in
+      mfsmaster*|mfschunkserver*) echo "$pid" ;;
+    esac
+  done
 }
 
 # What the master served since the testbed came up, as one JSON object in the shape of

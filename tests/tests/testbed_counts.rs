@@ -1,8 +1,9 @@
 //! The testbed's server counters for MooseFS (`deploy/testbed/mfs-counts.py`, behind
 //! `moosefs.sh counts`): the master tells each client mount's operations of the current
-//! hour only, so the script keeps a running total across calls. Played here with a
-//! stand-in `mfscli` that prints given counters: a remount's counters (which start again
-//! from zero) and the turn of an hour must neither lose nor count twice what was served.
+//! hour only, by rows that name no session, so the script keeps a running total across
+//! calls. Played here with a stand-in `mfscli` that prints given counters: a remount (a new
+//! session from zero, listed beside the old one at the same place) and the turn of an hour
+//! must neither lose nor count twice what was served.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,17 +76,24 @@ fn moosefs_counts_run_on_across_a_remount_and_the_turn_of_an_hour() {
     let start = m.lookups(100);
     m.show(&[], &[("a", 25)]);
     assert_eq!(m.lookups(100) - start, 15, "the same mount, the same hour");
-    // Remounted: a new mount whose counters start from zero.
-    m.show(&[], &[("a", 4)]);
+    // Remounted: a new session at the same place, its counters from zero, listed beside
+    // the old one for a while.
+    m.show(&[], &[("a", 25), ("a", 4)]);
     assert_eq!(m.lookups(100) - start, 19, "a remount's calls all count");
-    // The hour turns: the 4 became 9 before it ended, then 2 in the new hour.
-    m.show(&[("a", 9)], &[("a", 2)]);
+    // The new session passes the old one's frozen counts.
+    m.show(&[], &[("a", 25), ("a", 30)]);
+    assert_eq!(m.lookups(100) - start, 45);
+    // The old session goes.
+    m.show(&[], &[("a", 33)]);
+    assert_eq!(m.lookups(100) - start, 48);
+    // The hour turns: the 33 became 40 before it ended, then 2 in the new hour.
+    m.show(&[("a", 40)], &[("a", 2)]);
     assert_eq!(
         m.lookups(101) - start,
-        19 + 5 + 2,
+        48 + 7 + 2,
         "the rest of the hour that ended"
     );
     // A second mount (a test host's client) adds its own.
-    m.show(&[("a", 9)], &[("a", 3), ("b", 7)]);
-    assert_eq!(m.lookups(101) - start, 26 + 1 + 7);
+    m.show(&[("a", 40)], &[("a", 3), ("b", 7)]);
+    assert_eq!(m.lookups(101) - start, 57 + 1 + 7);
 }

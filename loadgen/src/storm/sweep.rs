@@ -39,14 +39,19 @@ pub fn points(runs: &[StormReport], with_ccfs: bool) -> Vec<Point> {
         .collect()
 }
 
+/// How much faster than the class the login time must grow to make a knee: a shared
+/// machine's run-to-run noise (a few percent) is no knee.
+pub const KNEE_MARGIN: f64 = 1.1;
+
 /// The knee: the first size past which the login time (p50) grows faster than the class
-/// (from it to the next size, the time's ratio above the users'), with those two ratios.
+/// (from it to the next size, the time's ratio above the users' by more than
+/// [`KNEE_MARGIN`]), with those two ratios.
 pub fn knee(points: &[Point]) -> Option<(usize, usize, f64, f64)> {
     points.windows(2).find_map(|w| {
         let (a, b) = (w[0], w[1]);
         let users = b.users as f64 / a.users as f64;
         let time = b.login_p50_s / a.login_p50_s.max(1e-9);
-        (time > users).then_some((a.users, b.users, users, time))
+        (time > users * KNEE_MARGIN).then_some((a.users, b.users, users, time))
     })
 }
 
@@ -59,7 +64,7 @@ fn knee_line(mode: &str, points: &[Point]) -> String {
             users, time
         ),
         (None, Some(last)) => format!(
-            "knee {mode}: none up to {} users (the login time grows no faster than the class)\n",
+            "knee {mode}: none up to {} users (the login time grows no more than 10% faster than the class)\n",
             last.users
         ),
         (None, None) => String::new(),
@@ -122,8 +127,10 @@ mod tests {
         let (a, b, users, time) = knee(&pts).expect("a knee");
         assert_eq!((a, b), (10, 20));
         assert!((users - 2.0).abs() < 1e-9 && (time - 3.0).abs() < 1e-9);
-        // Growing as fast as the class is no knee.
+        // Growing as fast as the class is no knee, nor 10% faster (noise).
         assert_eq!(knee(&[p(10, 1.0), p(20, 2.0), p(40, 4.0)]), None);
+        assert_eq!(knee(&[p(3, 1.0), p(6, 2.1), p(12, 4.6)]), None);
+        assert_eq!(knee(&[p(3, 1.0), p(6, 2.3)]).map(|k| k.0), Some(3));
         assert!(knee_line("with ccfs", &[p(10, 1.0), p(20, 2.0)]).contains("none up to 20"));
     }
 }
