@@ -145,16 +145,11 @@ CFG
 # its pid in STATE/hosts/HOST/client.pid; prints the mount point. remount-on HOST: afresh.
 mount-on() {
   local host=${1:?give a test host, for instance h1}
-  case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
-  local ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
-  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  local ns dir=$STATE/hosts/$host
+  ns=$(test_host_ns "$host")
   mountpoint -q "$MNT" || { echo "testbed: ceph is not up (deploy/testbed/up ceph)" >&2; exit 1; }
   if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
-    # A client that died left its mount point dead ("not connected"): detached first, and
-    # a client left without a mount stopped.
-    unmount_dir "$dir/mnt"
-    stop_client "$dir/client.pid" "$dir/mnt"
-    mkdir -p "$dir/mnt"
+    ready_mount_point "$dir"
     local try
     for try in 1 2 3; do
       nsenter --net="$ns" ceph-fuse -c "$CONF" --pid-file "$dir/client.pid" \
@@ -165,16 +160,6 @@ mount-on() {
     wait_for 10 test -s "$dir/client.pid" && record "$(cat "$dir/client.pid")"
   fi
   echo "$dir/mnt"
-}
-
-remount-on() {
-  local host=${1:?give a test host, for instance h1}
-  local dir=$STATE/hosts/$host
-  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
-  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
-  # The old client, gone with its mount or not (it would hold its pid file locked).
-  stop_client "$dir/client.pid" "$dir/mnt"
-  mount-on "$host"
 }
 
 # What the servers served since they started, as one JSON object in the shape of

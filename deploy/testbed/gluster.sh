@@ -84,32 +84,17 @@ remount() {
 # Mounted already, it is left as it is. remount-on HOST: the same afresh (a cold client).
 mount-on() {
   local host=${1:?give a test host, for instance h1}
-  local ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
-  case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
-  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  local ns dir=$STATE/hosts/$host
+  ns=$(test_host_ns "$host")
   mountpoint -q "$MNT" || { echo "testbed: gluster is not up (deploy/testbed/up gluster)" >&2; exit 1; }
   if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
-    # A client that died left its mount point dead ("not connected"): detached first, and
-    # a client left without a mount stopped.
-    unmount_dir "$dir/mnt"
-    stop_client "$dir/client.pid" "$dir/mnt"
-    mkdir -p "$dir/mnt"
+    ready_mount_point "$dir"
     nsenter --net="$ns" glusterfs --volfile-server="$ADDR" --volfile-id="$VOL" \
       --log-file="$dir/client.log" -p "$dir/client.pid" "$dir/mnt"
     wait_for 30 mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
     record "$(cat "$dir/client.pid")"
   fi
   echo "$dir/mnt"
-}
-
-remount-on() {
-  local host=${1:?give a test host, for instance h1}
-  local dir=$STATE/hosts/$host
-  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
-  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
-  # The old client, gone with its mount or not (it would hold its pid file locked).
-  stop_client "$dir/client.pid" "$dir/mnt"
-  mount-on "$host"
 }
 
 # The server's processes (glusterd, the bricks, the self-heal daemon), one pid a line:

@@ -1,6 +1,25 @@
 # Shared helpers for the testbed scripts (sourced).
 
-state_dir() { echo "${CCFS_TESTBED_DIR:-/var/tmp/ccfs-testbed}/$1"; }
+# The state directory of testbed $1, below ${CCFS_TESTBED_DIR:-/var/tmp/ccfs-testbed}. Both
+# must be root's own real directories that nobody else can write in (the default sits in
+# world-writable /var/tmp, where anyone could make the name first and plant keys, pid
+# files or links for root to use): anything else is refused, and nothing is done.
+state_dir() {
+  local base=${CCFS_TESTBED_DIR:-/var/tmp/ccfs-testbed} d
+  [ -e "$base" ] || [ -L "$base" ] || mkdir -m 755 "$base" 2>/dev/null || true
+  for d in "$base" "$base/$1"; do
+    [ -e "$d" ] || [ -L "$d" ] || continue
+    if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u "$d")" != "$(id -u)" ] ||
+      [ $(( 0$(stat -c %a "$d") & 022 )) -ne 0 ]; then
+      echo "testbed: $d is not a directory of $(id -un)'s that only it can write in (made by someone else?); remove it, or set CCFS_TESTBED_DIR to one that is" >&2
+      exit 2
+    fi
+  done
+  echo "$base/$1"
+}
+
+# Whether $1 is a process id (a number): pid files are read, never run.
+is_pid() { case "$1" in ''|*[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 
 need_packages() {
   local missing=()
@@ -19,7 +38,7 @@ start_time() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/nul
 # record PID: remember a process we started.
 record() {
   local pid=$1
-  [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 0
+  is_pid "$pid" && [ -r "/proc/$pid/stat" ] || return 0
   grep -q "^$pid " "$STATE/pids" 2>/dev/null && return 0
   echo "$pid $(start_time "$pid") $(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-120)" >> "$STATE/pids"
 }
@@ -29,7 +48,7 @@ live_recorded() {
   [ -f "$STATE/pids" ] || return 0
   local pid st rest
   while read -r pid st rest; do
-    if [ -n "$st" ] && [ "$(start_time "$pid")" = "$st" ]; then echo "$pid"; fi
+    if is_pid "$pid" && [ -n "$st" ] && [ "$(start_time "$pid")" = "$st" ]; then echo "$pid"; fi
   done < "$STATE/pids"
   return 0
 }
@@ -69,10 +88,38 @@ unmount_dir() {
 stop_client() {
   local pid
   pid=$(cat "$1" 2>/dev/null || true)
-  [ -n "$pid" ] && { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -qF "$2" || return 0
+  is_pid "$pid" && { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -qF "$2" || return 0
   kill -TERM "$pid" 2>/dev/null || true
   wait_for 5 sh -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null || true
   wait_for 5 sh -c "! kill -0 $pid" || true
+}
+
+# test_host_ns HOST: the network namespace of test host HOST (hosts.sh: h1, h2, ...),
+# which must be up.
+test_host_ns() {
+  case "$1" in h[0-9]|h[0-9][0-9]) ;; *) echo "testbed: no test host '$1' (h1, h2, h3)" >&2; exit 2 ;; esac
+  [ -e "/run/netns/ccfs-$1" ] || { echo "testbed: no test host $1 (deploy/testbed/up hosts)" >&2; exit 2; }
+  echo "/run/netns/ccfs-$1"
+}
+
+# ready_mount_point DIR: DIR/mnt made ready for a test host's client: a client that died
+# left it dead ("not connected"): detached; a client left without a mount: stopped.
+ready_mount_point() {
+  unmount_dir "$1/mnt"
+  stop_client "$1/client.pid" "$1/mnt"
+  mkdir -p "$1/mnt"
+}
+
+# remount-on HOST, for the servers' scripts that define `mount-on HOST`: the test host's
+# client mounted afresh (a cold client), as loadgen login-storm --remount asks.
+remount-on() {
+  local host=${1:?give a test host, for instance h1}
+  local dir=$STATE/hosts/$host
+  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
+  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
+  # The old client, gone with its mount or not (it would hold its pid file locked).
+  stop_client "$dir/client.pid" "$dir/mnt"
+  mount-on "$host"
 }
 
 # The server's disk, CCFS_SERVER_DISK (deploy/testbed/up NAME --server-disk KIND sets it):

@@ -82,9 +82,8 @@ CFG
 # in STATE/hosts/HOST/client.pid; prints the mount point. remount-on HOST: afresh.
 mount-on() {
   local host=${1:?give a test host, for instance h1}
-  case "$host" in h[0-9]|h[0-9][0-9]) ;; *) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
-  local i=${host#h} ns=/run/netns/ccfs-$host dir=$STATE/hosts/$host
-  [ -e "$ns" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
+  local i=${host#h} ns dir=$STATE/hosts/$host
+  ns=$(test_host_ns "$host")
   mountpoint -q "$MNT" || { echo "testbed: moosefs is not up (deploy/testbed/up moosefs)" >&2; exit 1; }
   # From this host's own namespace (a remount from the test host finds it done already).
   if [ -e /proc/sys/net/ipv4/conf/ccfs-mfs0 ]; then
@@ -92,27 +91,13 @@ mount-on() {
   fi
   nsenter --net="$ns" ip route replace "$SRV/32" via "10.251.$i.1"
   if ! mountpoint -q "$dir/mnt" 2>/dev/null; then
-    # A client that died left its mount point dead ("not connected"): detached first, and
-    # a client left without a mount stopped.
-    unmount_dir "$dir/mnt"
-    stop_client "$dir/client.pid" "$dir/mnt"
-    mkdir -p "$dir/mnt"
+    ready_mount_point "$dir"
     nsenter --net="$ns" mfsmount -f -H "$SRV" -P 9421 "$dir/mnt" > "$dir/client.log" 2>&1 &
     echo $! > "$dir/client.pid"
     record "$(cat "$dir/client.pid")"
     wait_for 30 mountpoint -q "$dir/mnt" || { echo "testbed: $host's client did not mount; see $dir/client.log" >&2; exit 1; }
   fi
   echo "$dir/mnt"
-}
-
-remount-on() {
-  local host=${1:?give a test host, for instance h1}
-  local dir=$STATE/hosts/$host
-  mountpoint -q "$dir/mnt" || { echo "testbed: $host has no client mount (mount-on $host)" >&2; exit 1; }
-  umount "$dir/mnt" 2>/dev/null || { echo "testbed: $dir/mnt is busy; cannot remount" >&2; exit 1; }
-  # The old client, gone with its mount or not (it would hold its pid file locked).
-  stop_client "$dir/client.pid" "$dir/mnt"
-  mount-on "$host"
 }
 
 # The server's processes (the master and the chunkservers), one pid a line: what a study

@@ -65,10 +65,9 @@ CFG
 # url-for HOST: the export's URL for test host HOST (hosts.sh), once HOST reached its
 # server (NFS v3 over TCP).
 url-for() {
-  local host=${1:?give a test host, for instance h1}
-  case "$host" in *[!a-z0-9]*) echo "testbed: no test host '$host' (h1, h2, h3)" >&2; exit 2 ;; esac
-  [ -e "/run/netns/ccfs-$host" ] || { echo "testbed: no test host $host (deploy/testbed/up hosts)" >&2; exit 2; }
-  nsenter --net="/run/netns/ccfs-$host" rpcinfo -t "$ADDR" nfs 3 >/dev/null ||
+  local host=${1:?give a test host, for instance h1} ns
+  ns=$(test_host_ns "$host")
+  nsenter --net="$ns" rpcinfo -t "$ADDR" nfs 3 >/dev/null ||
     { echo "testbed: $host does not reach the NFS server at $ADDR (deploy/testbed/up nfs)" >&2; exit 1; }
   echo "$URL"
 }

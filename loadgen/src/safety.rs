@@ -133,6 +133,14 @@ pub fn owned_by_me(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == crate::sys::geteuid())
 }
 
+/// Makes directory `dir` afresh (an existing name, a link among them, is an error), mode
+/// 0700: root's scratch space, whose mounts no other user may enter.
+pub fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    // (The umask can only take bits away.)
+    std::fs::DirBuilder::new().mode(0o700).create(dir)
+}
+
 /// Makes the directories of `rel` below `base` one at a time, never through a symbolic
 /// link: a name already there must be a directory of this user's that nobody else may
 /// write in (as several hosts' agents of one storm make the same run directory on a

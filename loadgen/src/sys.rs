@@ -107,3 +107,13 @@ pub fn on_stop_signals(handler: extern "C" fn(libc::c_int)) {
         }
     }
 }
+
+/// Detaches the mount at `p` at once, busy or not (`umount2(MNT_DETACH)`: needs root);
+/// whether it did.
+pub fn detach_mount(p: &Path) -> bool {
+    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) == 0 }
+}

@@ -154,8 +154,18 @@ fn agent_config(a: &StormAgentArgs) -> Result<StormConfig, Error> {
     }
     // Checked here as on one machine: root makes homes, mount points and caches there.
     let share = share_for_root(&share_path)?;
-    let work = work_for_root(&a.work, &share)?.join(format!("storm-agent-{}", std::process::id()));
-    std::fs::create_dir(&work).map_err(|e| user(format!("--work: {e}")))?;
+    let work_base = work_for_root(&a.work, &share)?;
+    // What an agent killed earlier left here (its run directory and mounts) goes first.
+    for line in loadgen::storm::clear_work_leftovers(&work_base) {
+        eprintln!("loadgen storm-agent on {}: {line}", a.host_name);
+    }
+    // Private: no other user enters the mounts below it (see storm::run).
+    let work = work_base.join(format!(
+        "storm-{}-{}-0",
+        loadgen::storm::unique_time(),
+        std::process::id()
+    ));
+    loadgen::safety::make_private_dir(&work).map_err(|e| user(format!("--work: {e}")))?;
     Ok(StormConfig {
         share,
         users: a.users,
@@ -247,7 +257,7 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
         ));
     }
     if !a.keep && (report.error.is_none() || stopped) {
-        let _ = std::fs::remove_dir_all(&work);
+        let _ = loadgen::storm::remove_run_dir(&work);
         let _ = std::fs::remove_dir_all(&homes_at);
         // The run's directory, once the last host's homes are gone; the storm's only after
         // its last run (made again for a next run, another host's client could still hold

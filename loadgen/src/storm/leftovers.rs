@@ -23,6 +23,38 @@ fn remove_dir_settled(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Removes a run's scratch directory `dir` (its caches, mount points, logs), never through
+/// a mount: whatever is still mounted below it (a mount someone kept busy, a daemon that
+/// died) is detached first, deepest first, so that the removal cannot reach into the share
+/// a mount shows.
+pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
+    let mut below: Vec<std::path::PathBuf> = fsinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for m in &below {
+        // Any kind of mount (root's lazy unmount), else as FUSE's own tool does it.
+        if !crate::sys::detach_mount(m) {
+            detach(m);
+        }
+    }
+    let still: Vec<_> = fsinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(dir))
+        .collect();
+    if let Some(m) = still.first() {
+        return Err(std::io::Error::other(format!(
+            "{} is still mounted; not removed",
+            m.mount_point.display()
+        )));
+    }
+    remove_dir_settled(dir)
+}
+
 /// A storm's marker, read only when it is a small regular file (not a link, nor a FIFO
 /// someone left to hold root's read forever).
 fn marker_text(p: &Path) -> String {
@@ -43,30 +75,13 @@ fn marker_text(p: &Path) -> String {
     text
 }
 
-/// What a storm killed earlier left, found and removed: in the scratch space, its run
-/// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
-/// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
-/// marker of this host). Returns what it did, a line each.
-pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
+/// The scratch space's part of [`clear_leftovers`]: the run directories of storms killed
+/// earlier in `work` (`storm-TIME-PID-I`, whose process is gone), with every mount below
+/// them detached. Returns what it did, a line each.
+pub fn clear_work_leftovers(work: &Path) -> Vec<String> {
     let mut said = Vec::new();
-    let dead = |name: &str, prefix: &str, parts: usize| -> bool {
-        let Some(rest) = name.strip_prefix(prefix) else {
-            return false;
-        };
-        let fields: Vec<&str> = rest.split('-').collect();
-        fields.len() == parts
-            && fields.iter().all(|f| f.parse::<u64>().is_ok())
-            && !Path::new(&format!("/proc/{}", fields[1])).exists()
-    };
-    let not_mine = |p: &Path| {
-        format!(
-            "{} looks left by a storm that was killed, but is not this user's own \
-             directory; left alone (remove it by hand if it is a leftover)",
-            p.display()
-        )
-    };
     let mounts = fsinfo::mounts().unwrap_or_default();
-    for e in std::fs::read_dir(&cfg.work).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(work).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !dead(&name, "storm-", 3) {
             continue;
@@ -116,6 +131,35 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
             )),
         }
     }
+    said
+}
+
+/// A name `PREFIX` then `parts` numbers joined by `-`, the second a pid no longer running.
+fn dead(name: &str, prefix: &str, parts: usize) -> bool {
+    let Some(rest) = name.strip_prefix(prefix) else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split('-').collect();
+    fields.len() == parts
+        && fields.iter().all(|f| f.parse::<u64>().is_ok())
+        && !Path::new(&format!("/proc/{}", fields[1])).exists()
+}
+
+/// What is said of a leftover that is not this user's own directory.
+fn not_mine(p: &Path) -> String {
+    format!(
+        "{} looks left by a storm that was killed, but is not this user's own \
+         directory; left alone (remove it by hand if it is a leftover)",
+        p.display()
+    )
+}
+
+/// What a storm killed earlier left, found and removed: in the scratch space, its run
+/// directories (`storm-TIME-PID-I`, whose process is gone) with every mount below them
+/// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
+/// marker of this host). Returns what it did, a line each.
+pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
+    let mut said = clear_work_leftovers(&cfg.work);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     for e in std::fs::read_dir(&cfg.share)
         .into_iter()

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::login::Profile;
 
 pub use hosts::{gate_word, run_across, share_of_class, AgentLine, AgentResult, Hosts};
-pub use leftovers::{clear_leftovers, KEPT_MARK};
+pub use leftovers::{clear_leftovers, clear_work_leftovers, remove_run_dir, KEPT_MARK};
 pub use procs::{cpu_seconds, read_pids_file, read_server_counts};
 pub use progress::{Change, Now, Phase, PROGRESS};
 pub use report::{
@@ -224,9 +224,13 @@ pub fn run(
         let work = cfg.work.join(format!("storm-{stamp}-{i}"));
         let homes = format!("{run_name}/run-{i}");
         PROGRESS.start_run(i + 1, runs.len(), spec, cfg.users);
-        // Made afresh, never through a name someone else left (--work may be sticky).
-        let outcome = std::fs::create_dir(&work)
-            .map_err(|e| format!("mkdir {}: {e}", work.display()))
+        // Made afresh, never through a name someone else left (--work may be sticky), and
+        // private: no other user enters the mounts below it (root's are `allow_other`),
+        // where one could keep a mount busy under the run's cleanup.
+        let made = crate::safety::make_private_dir(&work)
+            .map_err(|e| format!("mkdir {}: {e}", work.display()));
+        let outcome = made
+            .clone()
             .and_then(|()| one_run(cfg, spec, i, &homes, &work, &run::NoHook));
         match outcome {
             Ok(mut r) => {
@@ -254,7 +258,7 @@ pub fn run(
                     // sync's time went.
                     _ if cfg.keep && !interrupted() => {}
                     _ => {
-                        let _ = std::fs::remove_dir_all(&work);
+                        let _ = leftovers::remove_run_dir(&work);
                     }
                 }
                 let failed = r.error.is_some();
@@ -269,8 +273,10 @@ pub fn run(
                 // where the error says.
                 // (A run that failed before it made anything, a --remount that failed
                 // say, leaves nothing to keep.)
-                let made = std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some());
-                let e = if made {
+                // (Only a directory this run made: a name someone else left is not read.)
+                let filled =
+                    made.is_ok() && std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some());
+                let e = if filled {
                     let e = format!(
                         "{e} (the run's mount points and caches are kept in {}, its homes in {})",
                         work.display(),
@@ -280,7 +286,9 @@ pub fn run(
                     failed_kept = true;
                     e
                 } else {
-                    let _ = std::fs::remove_dir(&work);
+                    if made.is_ok() {
+                        let _ = std::fs::remove_dir(&work);
+                    }
                     e
                 };
                 result = Err(e);

@@ -17,15 +17,19 @@ pub(super) fn gone(pid: u32) -> bool {
     }
 }
 
-/// Pids of the live processes with an argument naming `dir` or a path below it.
+/// Pids of the live processes of this user with an argument naming `dir` or a path below
+/// it (another user's process can name any path: it is no daemon of ours to wait for).
 fn processes_naming(dir: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
     let me = std::process::id();
+    let uid = crate::sys::geteuid();
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me && !gone(pid))
+        .filter(|pid| std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid))
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 c.split(|&b| b == 0)

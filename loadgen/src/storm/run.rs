@@ -94,8 +94,18 @@ pub fn one_run(
         },
         hook,
     );
-    drop(relay);
-    Ok(report(cfg, spec, index, homes, settled, played))
+    // The meter's unmount failing (a process kept it busy) is the run's error: its
+    // scratch space then stays, and nothing removes it through the mount.
+    let meter_left = relay.map(|mut r| r.umount()).transpose().err();
+    let mut r = report(cfg, spec, index, homes, settled, played);
+    if let Some(e) = meter_left {
+        let e = format!("the share meter could not be unmounted: {e}");
+        r.error = Some(match r.error.take() {
+            Some(first) => format!("{first}; {e}"),
+            None => e,
+        });
+    }
+    Ok(r)
 }
 
 /// Settles the machine (the share's client mounted afresh) and mounts the meter in front
