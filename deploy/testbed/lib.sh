@@ -146,17 +146,21 @@ mount_server_disk() {
   kind=$(server_disk)
   check_server_disk
   mkdir -p "$dir"
+  # The server's data is the server's: no other local user reads or changes it there, and
+  # nothing on it runs setuid or as a device (the servers trust the uid their clients
+  # state: a client could leave a setuid-root file in it).
   if ! mountpoint -q "$dir"; then
     case "$kind" in
-      memory) mount -t tmpfs -o "size=$size,mode=0755" tmpfs "$dir" ;;
+      memory) mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" tmpfs "$dir" ;;
       ssd|hdd)
         # A fresh image each time (the server's data lives and dies with the testbed).
         rm -f "$STATE/disk.img"
         truncate -s "$size" "$STATE/disk.img"
         mkfs.ext4 -q -F -j "$STATE/disk.img"
-        mount -o loop "$STATE/disk.img" "$dir" ;;
+        mount -o loop,nosuid,nodev "$STATE/disk.img" "$dir" ;;
     esac
   fi
+  chmod 700 "$dir"
   echo "$kind" > "$STATE/server-disk"
 }
 

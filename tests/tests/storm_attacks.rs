@@ -6,6 +6,7 @@
 
 use e2e::{as_user, text};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -186,8 +187,28 @@ fn a_student_s_process_naming_a_leftover_does_not_hold_the_next_storm() {
         ])
         .args(["sh", "-c", "sleep 60; :"])
         .arg(leftover.join("x"))
+        .process_group(0)
         .spawn()
         .expect("holder");
+    // A setuid-root program she started, waiting at its password prompt: its process is
+    // root's, its real user hers.
+    let mut setuid_holder = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "ccfs-alice",
+            "--regid",
+            "ccfs-alice",
+            "--init-groups",
+        ])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "sleep 60 | su ccfs-alice -c true -- '{}'",
+            leftover.join("y").display()
+        ))
+        .process_group(0)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("setuid holder");
     let scratch = tempfile::tempdir().expect("scratch");
     let p = profile(scratch.path());
     let out = storm(
@@ -198,8 +219,61 @@ fn a_student_s_process_naming_a_leftover_does_not_hold_the_next_storm() {
     )
     .wait_with_output()
     .expect("storm");
-    let _ = holder.kill();
-    let _ = holder.wait();
+    for h in [&mut holder, &mut setuid_holder] {
+        // SAFETY: signalling the process group of our own child.
+        unsafe { libc::kill(-(h.id() as i32), libc::SIGKILL) };
+        let _ = h.wait();
+    }
     assert!(out.status.success(), "{}", text(&out));
     assert!(!leftover.exists(), "the leftover removed: {}", text(&out));
+}
+
+/// A killed storm's run directory whose daemon still runs (a logout sync still sending)
+/// is left, and so are its homes on the share: they are not removed under the daemon.
+#[test]
+fn the_homes_of_a_storm_whose_daemons_still_run_are_left() {
+    let share = e2e::share_dir();
+    let work = open_dir();
+    let pid = (3_000_000u32..)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid");
+    let stamp = format!("1700000000-{pid}");
+    let leftover = work.path().join(format!("storm-{stamp}-0"));
+    std::fs::create_dir(&leftover).expect("leftover");
+    let homes = share.path().join(format!("loadgen-storm-{stamp}"));
+    std::fs::create_dir_all(homes.join("run-0/user000")).expect("homes");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    std::fs::write(
+        homes.join(".loadgen-run"),
+        format!(
+            "{{\"tool\":\"loadgen\",\"pid\":{pid},\"host\":\"{}\",\"kept\":false}}\n",
+            host.trim()
+        ),
+    )
+    .expect("marker");
+    // Root's daemon of that storm, still at work (for 40 s: past the cleaner's wait).
+    let mut daemon = Command::new("sh")
+        .args(["-c", "sleep 40; :"])
+        .arg(leftover.join("cache"))
+        .spawn()
+        .expect("daemon");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let p = profile(scratch.path());
+    let out = storm(
+        share.path(),
+        work.path(),
+        &p,
+        &["--session", "0", "--no-meter"],
+    )
+    .wait_with_output()
+    .expect("storm");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(leftover.exists(), "its run directory left");
+    assert!(
+        homes.join("run-0/user000").is_dir(),
+        "its homes left: {}",
+        text(&out)
+    );
 }

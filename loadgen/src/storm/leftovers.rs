@@ -79,7 +79,14 @@ fn marker_text(p: &Path) -> String {
 /// earlier in `work` (`storm-TIME-PID-I`, whose process is gone), with every mount below
 /// them detached. Returns what it did, a line each.
 pub fn clear_work_leftovers(work: &Path) -> Vec<String> {
+    clear_work(work).0
+}
+
+/// [`clear_work_leftovers`], with the storms (`TIME-PID`) whose daemons still run: their
+/// homes on the share are not removed under them.
+fn clear_work(work: &Path) -> (Vec<String>, Vec<String>) {
     let mut said = Vec::new();
+    let mut busy = Vec::new();
     let mounts = fsinfo::mounts().unwrap_or_default();
     for e in std::fs::read_dir(work).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -116,6 +123,9 @@ pub fn clear_work_leftovers(work: &Path) -> Vec<String> {
                 "{} still has daemons running after 30 s (pids {left:?}); stop them, then remove it",
                 dir.display()
             ));
+            if let Some((stamp, _)) = name.trim_start_matches("storm-").rsplit_once('-') {
+                busy.push(stamp.to_string());
+            }
             continue;
         }
         match remove_dir_settled(&dir) {
@@ -131,7 +141,7 @@ pub fn clear_work_leftovers(work: &Path) -> Vec<String> {
             )),
         }
     }
-    said
+    (said, busy)
 }
 
 /// A name `PREFIX` then `parts` numbers joined by `-`, the second a pid no longer running.
@@ -159,7 +169,7 @@ fn not_mine(p: &Path) -> String {
 /// (detached, deepest first); on the share, its homes (`loadgen-storm-TIME-PID` with the
 /// marker of this host). Returns what it did, a line each.
 pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
-    let mut said = clear_work_leftovers(&cfg.work);
+    let (mut said, busy) = clear_work(&cfg.work);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     for e in std::fs::read_dir(&cfg.share)
         .into_iter()
@@ -168,6 +178,13 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
     {
         let name = e.file_name().to_string_lossy().into_owned();
         if !dead(&name, "loadgen-storm-", 2) {
+            continue;
+        }
+        if busy.iter().any(|b| name == format!("loadgen-storm-{b}")) {
+            said.push(format!(
+                "{} holds the homes of a storm whose daemons still run; left until they end",
+                e.path().display()
+            ));
             continue;
         }
         let marker = marker_text(&e.path().join(".loadgen-run"));

@@ -17,10 +17,20 @@ pub(super) fn gone(pid: u32) -> bool {
     }
 }
 
+/// Whether every user id of process `pid` (real, effective, saved, filesystem) is `uid`:
+/// a process another user started is not, a setuid program among them (its real id is
+/// the user's).
+fn all_ids_are(pid: u32, uid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .is_some_and(|ids| ids.split_whitespace().all(|id| id == uid.to_string()))
+    })
+}
+
 /// Pids of the live processes of this user with an argument naming `dir` or a path below
 /// it (another user's process can name any path: it is no daemon of ours to wait for).
 fn processes_naming(dir: &Path) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
     let me = std::process::id();
     let uid = crate::sys::geteuid();
     std::fs::read_dir("/proc")
@@ -29,7 +39,7 @@ fn processes_naming(dir: &Path) -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me && !gone(pid))
-        .filter(|pid| std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid))
+        .filter(|&pid| all_ids_are(pid, uid))
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 c.split(|&b| b == 0)
