@@ -314,10 +314,13 @@ fn a_class_of_thirty_on_three_test_hosts_each_with_its_own_gluster_client() {
     let work = tempfile::tempdir().expect("work");
     let json = scratch.path().join("storm.json");
     let per_host = |leaf: &str| state.join("hosts/{host}").join(leaf);
+    // A directory of the class's own on the volume (which other tests use too).
+    let class = format!("class-{}", std::process::id());
+    std::fs::create_dir(state.join("hosts/h1/mnt").join(&class)).expect("the class's directory");
     let o = Command::new(loadgen_bin())
         .arg("login-storm")
         .arg("--share")
-        .arg(per_host("mnt"))
+        .arg(per_host("mnt").join(&class))
         .arg("--work")
         .arg(work.path())
         .arg("--ssh-command")
@@ -394,11 +397,12 @@ fn a_class_of_thirty_on_three_test_hosts_each_with_its_own_gluster_client() {
         assert_eq!(theirs, host_ns, "{h}'s client in {h}'s namespace");
         assert_ne!(theirs, ours);
         assert_eq!(
-            entries(&state.join(format!("hosts/{h}/mnt"))),
+            entries(&state.join(format!("hosts/{h}/mnt")).join(&class)),
             0,
             "{h}: the homes removed"
         );
     }
+    std::fs::remove_dir(state.join("hosts/h1/mnt").join(&class)).expect("the class's directory");
     assert_eq!(entries(work.path()), 0, "the hosts' scratch space removed");
 }
 
