@@ -37,6 +37,26 @@ fn storm(share: &Path, work: &Path, profile: &Path, extra: &[&str]) -> Child {
         .expect("loadgen")
 }
 
+/// A pid no process has: a killed storm's.
+fn free_pid() -> u32 {
+    (3_000_000u32..)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid")
+}
+
+/// A command run as the student (`setpriv`), its program and arguments to follow.
+fn as_alice() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid",
+        "ccfs-alice",
+        "--regid",
+        "ccfs-alice",
+        "--init-groups",
+    ]);
+    c
+}
+
 /// A directory any user may pass through (tempdirs are 0700).
 fn open_dir() -> tempfile::TempDir {
     let d = tempfile::tempdir().expect("dir");
@@ -172,19 +192,10 @@ fn a_student_s_process_naming_a_leftover_does_not_hold_the_next_storm() {
     let share = e2e::share_dir();
     let work = open_dir();
     // A killed storm's run directory: its pid no longer runs.
-    let pid = (3_000_000u32..)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .expect("a free pid");
+    let pid = free_pid();
     let leftover = work.path().join(format!("storm-1700000000-{pid}-0"));
     std::fs::create_dir(&leftover).expect("leftover");
-    let mut holder = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "ccfs-alice",
-            "--regid",
-            "ccfs-alice",
-            "--init-groups",
-        ])
+    let mut holder = as_alice()
         .args(["sh", "-c", "sleep 60; :"])
         .arg(leftover.join("x"))
         .process_group(0)
@@ -192,14 +203,7 @@ fn a_student_s_process_naming_a_leftover_does_not_hold_the_next_storm() {
         .expect("holder");
     // A setuid-root program she started, waiting at its password prompt: its process is
     // root's, its real user hers.
-    let mut setuid_holder = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "ccfs-alice",
-            "--regid",
-            "ccfs-alice",
-            "--init-groups",
-        ])
+    let mut setuid_holder = as_alice()
         .args(["sh", "-c"])
         .arg(format!(
             "sleep 60 | su ccfs-alice -c true -- '{}'",
@@ -234,9 +238,7 @@ fn a_student_s_process_naming_a_leftover_does_not_hold_the_next_storm() {
 fn the_homes_of_a_storm_whose_daemons_still_run_are_left() {
     let share = e2e::share_dir();
     let work = open_dir();
-    let pid = (3_000_000u32..)
-        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
-        .expect("a free pid");
+    let pid = free_pid();
     let stamp = format!("1700000000-{pid}");
     let leftover = work.path().join(format!("storm-{stamp}-0"));
     std::fs::create_dir(&leftover).expect("leftover");

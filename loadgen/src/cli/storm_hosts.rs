@@ -255,6 +255,8 @@ pub(crate) fn storm_agent(a: &StormAgentArgs) -> Result<(), Error> {
             work.display(),
             homes_at.display()
         ));
+        // Kept as a failed storm's on one machine is: a later agent leaves it.
+        loadgen::storm::keep_evidence(&work, e);
     }
     if !a.keep && (report.error.is_none() || stopped) {
         let _ = loadgen::storm::remove_run_dir(&work);

@@ -28,6 +28,23 @@ fn remove_dir_settled(dir: &Path) -> std::io::Result<()> {
 /// died) is detached first, deepest first, so that the removal cannot reach into the share
 /// a mount shows.
 pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
+    detach_below(dir);
+    let still: Vec<_> = fsinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(dir))
+        .collect();
+    if let Some(m) = still.first() {
+        return Err(std::io::Error::other(format!(
+            "{} is still mounted; not removed",
+            m.mount_point.display()
+        )));
+    }
+    remove_dir_settled(dir)
+}
+
+/// Detaches every mount at or below `dir`, deepest first; how many there were.
+fn detach_below(dir: &Path) -> usize {
     let mut below: Vec<std::path::PathBuf> = fsinfo::mounts()
         .unwrap_or_default()
         .into_iter()
@@ -41,18 +58,7 @@ pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
             detach(m);
         }
     }
-    let still: Vec<_> = fsinfo::mounts()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|m| m.mount_point.starts_with(dir))
-        .collect();
-    if let Some(m) = still.first() {
-        return Err(std::io::Error::other(format!(
-            "{} is still mounted; not removed",
-            m.mount_point.display()
-        )));
-    }
-    remove_dir_settled(dir)
+    below.len()
 }
 
 /// A storm's marker, read only when it is a small regular file (not a link, nor a FIFO
@@ -87,7 +93,6 @@ pub fn clear_work_leftovers(work: &Path) -> Vec<String> {
 fn clear_work(work: &Path) -> (Vec<String>, Vec<String>) {
     let mut said = Vec::new();
     let mut busy = Vec::new();
-    let mounts = fsinfo::mounts().unwrap_or_default();
     for e in std::fs::read_dir(work).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !dead(&name, "storm-", 3) {
@@ -106,15 +111,7 @@ fn clear_work(work: &Path) -> (Vec<String>, Vec<String>) {
             said.push(not_mine(&dir));
             continue;
         }
-        let mut below: Vec<&Path> = mounts
-            .iter()
-            .map(|m| m.mount_point.as_path())
-            .filter(|p| p.starts_with(&dir))
-            .collect();
-        below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        for m in &below {
-            detach(m);
-        }
+        let detached = detach_below(&dir);
         // A detached user's daemon still ends its session (its logout sync writes its
         // cache and the share's home): removing under it would race it.
         let left = await_processes_naming(&dir, Duration::from_secs(30));
@@ -128,11 +125,10 @@ fn clear_work(work: &Path) -> (Vec<String>, Vec<String>) {
             }
             continue;
         }
-        match remove_dir_settled(&dir) {
+        match remove_run_dir(&dir) {
             Ok(()) => said.push(format!(
-                "removed {} ({} mounts detached), left by a storm that was killed",
+                "removed {} ({detached} mounts detached), left by a storm that was killed",
                 dir.display(),
-                below.len()
             )),
             Err(e) => said.push(format!(
                 "{} was left by a storm that was killed and cannot be removed ({e}); \
@@ -227,7 +223,7 @@ pub fn clear_leftovers(cfg: &StormConfig) -> Vec<String> {
 pub const KEPT_MARK: &str = ".loadgen-kept";
 
 /// Marks the run directory `work` as kept, with the error that kept it.
-pub(super) fn keep_evidence(work: &Path, error: &str) {
+pub fn keep_evidence(work: &Path, error: &str) {
     if let Err(e) =
         crate::safety::write_atomic(&work.join(KEPT_MARK), format!("{error}\n").as_bytes())
     {

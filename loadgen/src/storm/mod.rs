@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 use crate::login::Profile;
 
 pub use hosts::{gate_word, run_across, share_of_class, AgentLine, AgentResult, Hosts};
-pub use leftovers::{clear_leftovers, clear_work_leftovers, remove_run_dir, KEPT_MARK};
+pub use leftovers::{
+    clear_leftovers, clear_work_leftovers, keep_evidence, remove_run_dir, KEPT_MARK,
+};
 pub use procs::{cpu_seconds, read_pids_file, read_server_counts};
 pub use progress::{Change, Now, Phase, PROGRESS};
 pub use report::{
@@ -50,7 +52,6 @@ pub use run::{one_run, Gate, Hook};
 pub use sweep::{knee, points, sweep_table, Point};
 pub use table::{median_spread, ratio, sig3, table};
 
-use leftovers::keep_evidence;
 use procs::become_subreaper;
 
 pub const SCHEMA: &str = "loadgen-login-storm/2";
