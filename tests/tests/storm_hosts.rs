@@ -477,3 +477,40 @@ fn each_test_host_mounts_the_share_with_a_client_of_its_own() {
         || !mounts[0].join(&name).exists(),
     );
 }
+
+/// What a killed agent left in a host's `--work` (its run directory, its process gone) is
+/// cleared by the next agent there, as the next storm on one machine clears its own.
+#[test]
+fn a_killed_agent_s_scratch_space_is_cleared_by_the_next_agent() {
+    let share = e2e::share_dir();
+    let work = tempfile::tempdir().expect("work");
+    let pid = (3_000_000u32..)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid");
+    let left = work.path().join(format!("storm-1700000000-{pid}-0"));
+    std::fs::create_dir_all(left.join("home/user000")).expect("leftover");
+    let o = storm(
+        share.path(),
+        work.path(),
+        &[
+            "--hosts",
+            "h1,h2",
+            "--users",
+            "2",
+            "--no-meter",
+            "--session",
+            "0",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !left.exists(),
+        "the killed agent's run directory: {}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("left by a storm that was killed"),
+        "{}",
+        text(&o)
+    );
+}
