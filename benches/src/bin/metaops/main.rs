@@ -12,11 +12,15 @@
 //! metaops loadgen JSON --target T --repeat R           loadgen's create and read-compiled
 //! metaops saves DIR --threads T --files N [--same yes] --target T --repeat R
 //!                                                      saves by rename from T threads
+//! metaops dirs DIR --dirs D --per-dir N [--cold no] --target T --repeat R
+//!                                                      many small directories listed (cold,
+//!                                                      warm), renames within and across
+//! metaops walk DIR --files N [--cold no] --target T --repeat R
+//!                                                      find and git status over a home tree
 //! metaops report RAW --out DIR [--bare T] [--peers T,T] [--subject PREFIX] [--meta K=V]...
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,23 +29,13 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+mod report;
+mod tree;
+
 /// Bytes each created file gets.
 const FILE_SIZE: usize = 4096;
 /// Bytes per call of the sequential write and read.
 const BLOCK: usize = 1 << 20;
-
-/// The operations in the order of the table, with their units.
-const OPS: [(&str, &str, &str); 9] = [
-    ("create", "ops/s", "create 4 KiB"),
-    ("stat", "ops/s", "stat"),
-    ("readdir", "entries/s", "readdir"),
-    ("readdir-again", "entries/s", "readdir again"),
-    ("unlink", "ops/s", "unlink"),
-    ("seq-write", "MB/s", "seq write"),
-    ("seq-read", "MB/s", "seq read"),
-    ("lg-create", "MB/s", "loadgen create"),
-    ("lg-read-compiled", "MB/s", "loadgen read-compiled"),
-];
 
 /// A failure of a loop or of the report: one line for the caller, exit 1.
 #[derive(Debug)]
@@ -299,282 +293,6 @@ fn loadgen_lines(result: &Value, tag: &Tag) -> Result<Vec<String>, Failure> {
     Ok(lines)
 }
 
-/// The median of the values (the mean of the middle two for an even count).
-fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
-/// Who is compared with whom.
-struct Roles {
-    bare: String,
-    peers: Vec<String>,
-    subject: String,
-}
-
-/// What one target gave: its measurements per operation, or why it has none.
-#[derive(Default)]
-struct Row {
-    status: Option<String>,
-    runs: BTreeMap<String, Vec<f64>>,
-}
-
-/// Folds the raw lines into rows, in the order the targets first appear.
-fn collect(raw: &str) -> Result<Vec<(String, Row)>, Failure> {
-    let mut rows: Vec<(String, Row)> = Vec::new();
-    for (i, line) in raw.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value = at(serde_json::from_str(line), || format!("raw line {}", i + 1))?;
-        let Some(target) = v["target"].as_str() else {
-            return Err(Failure(format!("raw line {}: no target", i + 1)));
-        };
-        let idx = match rows.iter().position(|(t, _)| t == target) {
-            Some(idx) => idx,
-            None => {
-                rows.push((target.to_string(), Row::default()));
-                rows.len() - 1
-            }
-        };
-        let row = &mut rows[idx].1;
-        if let Some(status) = v["status"].as_str() {
-            // "not installed" stays; a failure is kept unless one was already noted.
-            if row.status.is_none() {
-                row.status = Some(status.to_string());
-            }
-            continue;
-        }
-        let (Some(op), Some(value)) = (v["op"].as_str(), v["value"].as_f64()) else {
-            return Err(Failure(format!("raw line {}: no op or value", i + 1)));
-        };
-        row.runs.entry(op.to_string()).or_default().push(value);
-    }
-    Ok(rows)
-}
-
-/// One measured cell: the median and its ratios.
-struct Cell {
-    median: f64,
-    runs: Vec<f64>,
-    vs_bare: Option<f64>,
-    vs_peer: Option<f64>,
-}
-
-fn cells(rows: &[(String, Row)], roles: &Roles) -> Vec<BTreeMap<&'static str, Cell>> {
-    let med = |target: &str, op: &str| {
-        rows.iter()
-            .find(|(t, _)| t == target)
-            .and_then(|(_, r)| r.runs.get(op))
-            .and_then(|v| median(v))
-    };
-    rows.iter()
-        .map(|(target, row)| {
-            let mut out = BTreeMap::new();
-            for (op, _, _) in OPS {
-                let Some(runs) = row.runs.get(op) else {
-                    continue;
-                };
-                let Some(m) = median(runs) else { continue };
-                let vs_bare = med(&roles.bare, op).map(|b| m / b);
-                let best_peer = roles
-                    .peers
-                    .iter()
-                    .filter_map(|p| med(p, op))
-                    .max_by(|a, b| a.total_cmp(b));
-                let vs_peer = if target.starts_with(&roles.subject) {
-                    best_peer.map(|p| m / p)
-                } else {
-                    None
-                };
-                out.insert(
-                    op,
-                    Cell {
-                        median: m,
-                        runs: runs.clone(),
-                        vs_bare,
-                        vs_peer,
-                    },
-                );
-            }
-            out
-        })
-        .collect()
-}
-
-/// A number with three significant digits at least, thousands grouped.
-fn human(v: f64) -> String {
-    if v >= 100.0 {
-        let s = format!("{:.0}", v);
-        let mut out = String::new();
-        for (i, c) in s.chars().enumerate() {
-            if i > 0 && (s.len() - i) % 3 == 0 {
-                out.push(',');
-            }
-            out.push(c);
-        }
-        out
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// The Markdown report: what was measured where, and the table.
-fn markdown(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles) -> String {
-    let table = cells(rows, roles);
-    let mut s = String::from("# bench-ccfs results\n\n");
-    for (k, v) in meta {
-        let _ = writeln!(s, "- {k}: {v}");
-    }
-    let _ = writeln!(
-        s,
-        "\nMedians of the repeats; higher is better everywhere. In each cell: the value, \
-         its ratio to {} (`x bare`) and, in the {}* rows, to the best FUSE peer for that \
-         operation (the higher of {}: `x peer`). Only ratios from one run count.\n",
-        roles.bare,
-        roles.subject,
-        roles.peers.join(", ")
-    );
-    s.push_str("| target |");
-    for (_, unit, title) in OPS {
-        let _ = write!(s, " {title} ({unit}) |");
-    }
-    s.push_str("\n|---|");
-    for _ in OPS {
-        s.push_str("---:|");
-    }
-    s.push('\n');
-    for ((target, row), cells) in rows.iter().zip(&table) {
-        let _ = write!(s, "| {target} |");
-        if let Some(status) = &row.status {
-            if cells.is_empty() {
-                for _ in OPS {
-                    let _ = write!(s, " {status} |");
-                }
-                s.push('\n');
-                continue;
-            }
-        }
-        for (op, _, _) in OPS {
-            match cells.get(op) {
-                None => s.push_str(" - |"),
-                Some(c) => {
-                    let _ = write!(s, " {}", human(c.median));
-                    if target != &roles.bare {
-                        if let Some(r) = c.vs_bare {
-                            let _ = write!(s, " ({r:.2}x bare");
-                            match c.vs_peer {
-                                Some(p) => {
-                                    let _ = write!(s, ", {p:.2}x peer)");
-                                }
-                                None => s.push(')'),
-                            }
-                        }
-                    }
-                    s.push_str(" |");
-                }
-            }
-        }
-        s.push('\n');
-    }
-    let notes: Vec<String> = rows
-        .iter()
-        .filter_map(|(t, r)| r.status.as_ref().map(|st| format!("- {t}: {st}")))
-        .collect();
-    if !notes.is_empty() {
-        s.push_str("\nTargets with problems:\n\n");
-        s.push_str(&notes.join("\n"));
-        s.push('\n');
-    }
-    s
-}
-
-/// The JSON report: the same numbers with every repeat.
-fn report_json(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles) -> Value {
-    let table = cells(rows, roles);
-    let targets: Vec<Value> = rows
-        .iter()
-        .zip(&table)
-        .map(|((target, row), cells)| {
-            let ops: serde_json::Map<String, Value> = cells
-                .iter()
-                .map(|(op, c)| {
-                    (
-                        op.to_string(),
-                        json!({
-                            "median": c.median,
-                            "runs": c.runs,
-                            "ratio_to_bare": c.vs_bare,
-                            "ratio_to_best_fuse_peer": c.vs_peer,
-                        }),
-                    )
-                })
-                .collect();
-            json!({ "name": target, "status": row.status, "ops": ops })
-        })
-        .collect();
-    let meta: serde_json::Map<String, Value> = meta
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect();
-    json!({
-        "schema": "bench-ccfs/1",
-        "meta": meta,
-        "bare": roles.bare,
-        "fuse_peers": roles.peers,
-        "ops": OPS.iter().map(|(op, unit, _)| json!({"name": op, "unit": unit})).collect::<Vec<_>>(),
-        "targets": targets,
-    })
-}
-
-fn report(raw_path: &Path, flags: &Flags) -> Result<(), Failure> {
-    let out = PathBuf::from(flags.required("out")?);
-    let roles = Roles {
-        bare: flags.get("bare").unwrap_or("tmpfs").to_string(),
-        peers: flags
-            .get("peers")
-            .unwrap_or("bindfs,fuse-overlayfs")
-            .split(',')
-            .map(str::to_string)
-            .collect(),
-        subject: flags.get("subject").unwrap_or("ccfs").to_string(),
-    };
-    let mut meta = Vec::new();
-    for kv in flags.all("meta") {
-        let Some((k, v)) = kv.split_once('=') else {
-            return Err(Failure(format!("--meta {kv}: expected KEY=VALUE")));
-        };
-        meta.push((k.to_string(), v.to_string()));
-    }
-    let raw = at(fs::read_to_string(raw_path), || {
-        format!("read {}", raw_path.display())
-    })?;
-    let rows = collect(&raw)?;
-    let md = markdown(&meta, &rows, &roles);
-    let js = report_json(&meta, &rows, &roles);
-    let md_path = out.join("results.md");
-    at(fs::write(&md_path, &md), || {
-        format!("write {}", md_path.display())
-    })?;
-    let js_path = out.join("results.json");
-    let text = at(serde_json::to_string_pretty(&js), || {
-        "encode JSON".to_string()
-    })?;
-    at(fs::write(&js_path, text + "\n"), || {
-        format!("write {}", js_path.display())
-    })?;
-    print!("{md}");
-    Ok(())
-}
-
 /// Saves by rename from `threads` threads at once, each in a directory of its own below
 /// `dir`: `files` times a temporary file of 4 KiB made and renamed over its name (a new
 /// name each time, or with `same` always the same one, as a program saving its settings
@@ -634,10 +352,20 @@ fn saves(dir: &Path, threads: usize, files: usize, same: bool, tag: &Tag) -> Res
     Ok(())
 }
 
+/// `--cold yes|no` (default yes): whether the cold passes run (they drop the caches).
+fn cold(flags: &Flags) -> Result<bool, Failure> {
+    match flags.get("cold") {
+        None | Some("yes") => Ok(true),
+        Some("no") => Ok(false),
+        Some(other) => Err(Failure(format!("--cold {other}: say yes or no"))),
+    }
+}
+
 fn run(args: &[String]) -> Result<(), Failure> {
     let (Some(cmd), Some(path)) = (args.first(), args.get(1)) else {
         return Err(Failure(
-            "usage: metaops files|write|read|loadgen|saves|report PATH [--flag value]...".into(),
+            "usage: metaops files|write|read|loadgen|saves|dirs|walk|report PATH [--flag value]..."
+                .into(),
         ));
     };
     let path = Path::new(path);
@@ -661,7 +389,20 @@ fn run(args: &[String]) -> Result<(), Failure> {
             }
             Ok(())
         }
-        "report" => report(path, &flags),
+        "report" => report::report(path, &flags),
+        "dirs" => tree::dirs(
+            path,
+            flags.number("dirs")? as usize,
+            flags.number("per-dir")? as usize,
+            cold(&flags)?,
+            &Tag::from(&flags)?,
+        ),
+        "walk" => tree::walk(
+            path,
+            flags.number("files")? as usize,
+            cold(&flags)?,
+            &Tag::from(&flags)?,
+        ),
         "saves" => {
             let same = match flags.get("same") {
                 None | Some("no") => false,
@@ -679,7 +420,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
             )
         }
         other => Err(Failure(format!(
-            "unknown command {other} (files, write, read, loadgen, saves, report)"
+            "unknown command {other} (files, write, read, loadgen, saves, dirs, walk, report)"
         ))),
     }
 }
@@ -699,79 +440,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn roles() -> Roles {
-        Roles {
-            bare: "tmpfs".into(),
-            peers: vec!["bindfs".into(), "fuse-overlayfs".into()],
-            subject: "ccfs".into(),
-        }
-    }
-
-    fn line(target: &str, repeat: u64, op: &str, value: f64) -> String {
-        Tag {
-            target: target.into(),
-            repeat,
-        }
-        .line(op, value, "ops/s")
-    }
-
-    #[test]
-    fn median_takes_the_middle() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
-        assert_eq!(median(&[]), None);
-    }
-
-    #[test]
-    fn ccfs_rows_compare_with_the_best_peer_per_operation() {
-        let raw = [
-            line("tmpfs", 1, "create", 1000.0),
-            line("bindfs", 1, "create", 200.0),
-            line("fuse-overlayfs", 1, "create", 400.0),
-            line("ccfs-cached", 1, "create", 100.0),
-            line("ccfs-cached", 2, "create", 300.0),
-            line("ccfs-cached", 3, "create", 200.0),
-            line("tmpfs", 1, "stat", 1000.0),
-            line("bindfs", 1, "stat", 500.0),
-            line("fuse-overlayfs", 1, "stat", 250.0),
-            line("ccfs-cached", 1, "stat", 250.0),
-        ]
-        .join("\n");
-        let rows = collect(&raw).expect("collect");
-        let table = cells(&rows, &roles());
-        let ccfs = &table[3];
-        assert_eq!(ccfs["create"].median, 200.0);
-        assert_eq!(ccfs["create"].vs_bare, Some(0.2));
-        assert_eq!(ccfs["create"].vs_peer, Some(0.5), "against fuse-overlayfs");
-        assert_eq!(ccfs["stat"].vs_peer, Some(0.5), "against bindfs");
-        assert_eq!(table[1]["create"].vs_peer, None, "peers get no peer ratio");
-    }
-
-    #[test]
-    fn a_missing_tool_is_a_row_that_says_so() {
-        let raw = [
-            line("tmpfs", 1, "create", 1000.0),
-            r#"{"target":"bindfs","status":"not installed"}"#.to_string(),
-            line("ccfs-cached", 1, "create", 500.0),
-        ]
-        .join("\n");
-        let rows = collect(&raw).expect("collect");
-        let md = markdown(&[], &rows, &roles());
-        let bindfs = md
-            .lines()
-            .find(|l| l.starts_with("| bindfs |"))
-            .expect("bindfs row");
-        assert_eq!(bindfs.matches("not installed").count(), OPS.len());
-        let ccfs = md
-            .lines()
-            .find(|l| l.starts_with("| ccfs-cached |"))
-            .expect("ccfs row");
-        assert!(ccfs.contains("500 (0.50x bare)"), "{ccfs}");
-        let js = report_json(&[], &rows, &roles());
-        assert_eq!(js["targets"][1]["status"], "not installed");
-        assert_eq!(js["targets"][2]["ops"]["create"]["ratio_to_bare"], 0.5);
-    }
 
     #[test]
     fn loadgen_phases_become_lines_and_errors_fail() {
@@ -818,13 +486,5 @@ mod tests {
         fs::write(dir.path().join("stray"), b"x").expect("stray");
         let err = files(dir.path(), 5, &tag).expect_err("refused");
         assert!(err.0.contains("not empty"), "{}", err.0);
-    }
-
-    #[test]
-    fn human_groups_thousands() {
-        assert_eq!(human(1234567.4), "1,234,567");
-        assert_eq!(human(123.4), "123");
-        assert_eq!(human(12.34), "12.3");
-        assert_eq!(human(1.234), "1.23");
     }
 }
