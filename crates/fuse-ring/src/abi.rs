@@ -145,7 +145,6 @@ impl<'a> Reader<'a> {
         self.take(1)?;
         Some(s)
     }
-
 }
 
 /// Little-endian appends to a byte vector.

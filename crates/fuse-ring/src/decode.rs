@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, INodeNo, LockOwner, OpenFlags,
-    RenameFlags, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, INodeNo, LockOwner, OpenFlags, RenameFlags,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::abi::{self, Reader};
@@ -66,19 +66,55 @@ pub struct SetAttr {
 /// One decoded operation, with the parameters fuser passes for it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Op<'a> {
-    Lookup { name: &'a OsStr },
-    GetAttr { fh: Option<FileHandle> },
+    Lookup {
+        name: &'a OsStr,
+    },
+    GetAttr {
+        fh: Option<FileHandle>,
+    },
     SetAttr(SetAttr),
     ReadLink,
-    SymLink { name: &'a OsStr, target: &'a Path },
-    MkNod { name: &'a OsStr, mode: u32, umask: u32, rdev: u32 },
-    MkDir { name: &'a OsStr, mode: u32, umask: u32 },
-    Unlink { name: &'a OsStr },
-    RmDir { name: &'a OsStr },
-    Rename { name: &'a OsStr, newparent: INodeNo, newname: &'a OsStr, flags: RenameFlags },
-    Link { ino: INodeNo, newname: &'a OsStr },
-    Open { flags: OpenFlags },
-    Read { fh: FileHandle, offset: u64, size: u32, flags: OpenFlags, lock_owner: Option<LockOwner> },
+    SymLink {
+        name: &'a OsStr,
+        target: &'a Path,
+    },
+    MkNod {
+        name: &'a OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    },
+    MkDir {
+        name: &'a OsStr,
+        mode: u32,
+        umask: u32,
+    },
+    Unlink {
+        name: &'a OsStr,
+    },
+    RmDir {
+        name: &'a OsStr,
+    },
+    Rename {
+        name: &'a OsStr,
+        newparent: INodeNo,
+        newname: &'a OsStr,
+        flags: RenameFlags,
+    },
+    Link {
+        ino: INodeNo,
+        newname: &'a OsStr,
+    },
+    Open {
+        flags: OpenFlags,
+    },
+    Read {
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+    },
     Write {
         fh: FileHandle,
         offset: u64,
@@ -88,22 +124,77 @@ pub enum Op<'a> {
         lock_owner: Option<LockOwner>,
     },
     StatFs,
-    Release { fh: FileHandle, flags: OpenFlags, lock_owner: Option<LockOwner>, flush: bool },
-    FSync { fh: FileHandle, datasync: bool },
-    SetXAttr { name: &'a OsStr, value: &'a [u8], flags: i32, position: u32 },
-    GetXAttr { name: &'a OsStr, size: u32 },
-    ListXAttr { size: u32 },
-    RemoveXAttr { name: &'a OsStr },
-    Flush { fh: FileHandle, lock_owner: LockOwner },
-    OpenDir { flags: OpenFlags },
-    ReadDir { fh: FileHandle, offset: u64, size: u32 },
-    ReadDirPlus { fh: FileHandle, offset: u64, size: u32 },
-    ReleaseDir { fh: FileHandle, flags: OpenFlags },
-    FSyncDir { fh: FileHandle, datasync: bool },
-    Access { mask: AccessFlags },
-    Create { name: &'a OsStr, mode: u32, umask: u32, flags: i32 },
-    FAllocate { fh: FileHandle, offset: u64, length: u64, mode: i32 },
-    Lseek { fh: FileHandle, offset: i64, whence: i32 },
+    Release {
+        fh: FileHandle,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        flush: bool,
+    },
+    FSync {
+        fh: FileHandle,
+        datasync: bool,
+    },
+    SetXAttr {
+        name: &'a OsStr,
+        value: &'a [u8],
+        flags: i32,
+        position: u32,
+    },
+    GetXAttr {
+        name: &'a OsStr,
+        size: u32,
+    },
+    ListXAttr {
+        size: u32,
+    },
+    RemoveXAttr {
+        name: &'a OsStr,
+    },
+    Flush {
+        fh: FileHandle,
+        lock_owner: LockOwner,
+    },
+    OpenDir {
+        flags: OpenFlags,
+    },
+    ReadDir {
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    },
+    ReadDirPlus {
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    },
+    ReleaseDir {
+        fh: FileHandle,
+        flags: OpenFlags,
+    },
+    FSyncDir {
+        fh: FileHandle,
+        datasync: bool,
+    },
+    Access {
+        mask: AccessFlags,
+    },
+    Create {
+        name: &'a OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    },
+    FAllocate {
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    },
+    Lseek {
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+    },
     CopyFileRange {
         fh_in: FileHandle,
         offset_in: u64,
@@ -155,7 +246,11 @@ fn time(secs: u64, nsecs: u32) -> SystemTime {
 
 /// Decodes one request. `op_in` holds exactly the per-opcode header the kernel copied,
 /// `payload` exactly the `payload_sz` bytes after it.
-pub fn decode<'a>(header: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Result<Request<'a>, Errno> {
+pub fn decode<'a>(
+    header: InHeader,
+    op_in: &'a [u8],
+    payload: &'a [u8],
+) -> Result<Request<'a>, Errno> {
     let op = decode_op(header, op_in, payload).ok_or(Errno::EINVAL)??;
     Ok(Request { header, op })
 }
@@ -163,7 +258,9 @@ pub fn decode<'a>(header: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Resul
 /// Splits the kernel's `len` into the per-opcode header length, given the payload size.
 pub fn op_in_len(header: &InHeader, payload_sz: usize) -> Option<usize> {
     let total = usize::try_from(header.len).ok()?;
-    let rest = total.checked_sub(abi::IN_HEADER_LEN)?.checked_sub(payload_sz)?;
+    let rest = total
+        .checked_sub(abi::IN_HEADER_LEN)?
+        .checked_sub(payload_sz)?;
     (rest <= abi::RING_OP_IN_LEN).then_some(rest)
 }
 
@@ -172,37 +269,69 @@ fn decode_op<'a>(h: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Option<Resu
     let mut a = Reader::new(op_in);
     let mut p = Reader::new(payload);
     let op = match h.opcode {
-        FUSE_LOOKUP => Op::Lookup { name: name(p.cstr()?) },
+        FUSE_LOOKUP => Op::Lookup {
+            name: name(p.cstr()?),
+        },
         FUSE_GETATTR => {
             let flags = a.u32()?;
             a.u32()?;
             let fh = a.u64()?;
-            Op::GetAttr { fh: (flags & GETATTR_FH != 0).then_some(FileHandle(fh)) }
+            Op::GetAttr {
+                fh: (flags & GETATTR_FH != 0).then_some(FileHandle(fh)),
+            }
         }
         FUSE_SETATTR => Op::SetAttr(setattr(&mut a)?),
         FUSE_READLINK => Op::ReadLink,
         FUSE_SYMLINK => {
             let n = name(p.cstr()?);
-            Op::SymLink { name: n, target: Path::new(name(p.cstr()?)) }
+            Op::SymLink {
+                name: n,
+                target: Path::new(name(p.cstr()?)),
+            }
         }
         FUSE_MKNOD => {
             let (mode, rdev, umask) = (a.u32()?, a.u32()?, a.u32()?);
-            Op::MkNod { name: name(p.cstr()?), mode, umask, rdev }
+            Op::MkNod {
+                name: name(p.cstr()?),
+                mode,
+                umask,
+                rdev,
+            }
         }
         FUSE_MKDIR => {
             let (mode, umask) = (a.u32()?, a.u32()?);
-            Op::MkDir { name: name(p.cstr()?), mode, umask }
+            Op::MkDir {
+                name: name(p.cstr()?),
+                mode,
+                umask,
+            }
         }
-        FUSE_UNLINK => Op::Unlink { name: name(p.cstr()?) },
-        FUSE_RMDIR => Op::RmDir { name: name(p.cstr()?) },
+        FUSE_UNLINK => Op::Unlink {
+            name: name(p.cstr()?),
+        },
+        FUSE_RMDIR => Op::RmDir {
+            name: name(p.cstr()?),
+        },
         FUSE_RENAME | FUSE_RENAME2 => {
             let newparent = INodeNo(a.u64()?);
-            let flags = if h.opcode == FUSE_RENAME2 { a.u32()? } else { 0 };
+            let flags = if h.opcode == FUSE_RENAME2 {
+                a.u32()?
+            } else {
+                0
+            };
             let (old, new) = (name(p.cstr()?), name(p.cstr()?));
             let flags = RenameFlags::from_bits_retain(flags);
-            Op::Rename { name: old, newparent, newname: new, flags }
+            Op::Rename {
+                name: old,
+                newparent,
+                newname: new,
+                flags,
+            }
         }
-        FUSE_LINK => Op::Link { ino: INodeNo(a.u64()?), newname: name(p.cstr()?) },
+        FUSE_LINK => Op::Link {
+            ino: INodeNo(a.u64()?),
+            newname: name(p.cstr()?),
+        },
         FUSE_OPEN | FUSE_OPENDIR => {
             let flags = OpenFlags(a.i32()?);
             if h.opcode == FUSE_OPEN {
@@ -215,12 +344,22 @@ fn decode_op<'a>(h: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Option<Resu
         FUSE_WRITE => return write(&mut a, payload),
         FUSE_STATFS => Op::StatFs,
         FUSE_RELEASE | FUSE_RELEASEDIR => {
-            let (fh, flags, rflags, owner) = (FileHandle(a.u64()?), OpenFlags(a.i32()?), a.u32()?, a.u64()?);
+            let (fh, flags, rflags, owner) = (
+                FileHandle(a.u64()?),
+                OpenFlags(a.i32()?),
+                a.u32()?,
+                a.u64()?,
+            );
             if h.opcode == FUSE_RELEASEDIR {
                 Op::ReleaseDir { fh, flags }
             } else {
                 let lock_owner = (rflags & RELEASE_FLOCK_UNLOCK != 0).then_some(LockOwner(owner));
-                Op::Release { fh, flags, lock_owner, flush: rflags & RELEASE_FLUSH != 0 }
+                Op::Release {
+                    fh,
+                    flags,
+                    lock_owner,
+                    flush: rflags & RELEASE_FLUSH != 0,
+                }
             }
         }
         FUSE_FSYNC | FUSE_FSYNCDIR => {
@@ -236,29 +375,54 @@ fn decode_op<'a>(h: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Option<Resu
             let (size, flags) = (a.u32()?, a.i32()?);
             let n = name(p.cstr()?);
             let value = p.take(usize::try_from(size).ok()?)?;
-            Op::SetXAttr { name: n, value, flags, position: 0 }
+            Op::SetXAttr {
+                name: n,
+                value,
+                flags,
+                position: 0,
+            }
         }
         FUSE_GETXATTR => {
             let size = a.u32()?;
-            Op::GetXAttr { name: name(p.cstr()?), size }
+            Op::GetXAttr {
+                name: name(p.cstr()?),
+                size,
+            }
         }
         FUSE_LISTXATTR => Op::ListXAttr { size: a.u32()? },
-        FUSE_REMOVEXATTR => Op::RemoveXAttr { name: name(p.cstr()?) },
+        FUSE_REMOVEXATTR => Op::RemoveXAttr {
+            name: name(p.cstr()?),
+        },
         FUSE_FLUSH => {
             let fh = FileHandle(a.u64()?);
             a.u64()?;
-            Op::Flush { fh, lock_owner: LockOwner(a.u64()?) }
+            Op::Flush {
+                fh,
+                lock_owner: LockOwner(a.u64()?),
+            }
         }
-        FUSE_ACCESS => Op::Access { mask: AccessFlags::from_bits_retain(a.i32()?) },
+        FUSE_ACCESS => Op::Access {
+            mask: AccessFlags::from_bits_retain(a.i32()?),
+        },
         FUSE_CREATE => {
             let (flags, mode, umask) = (a.i32()?, a.u32()?, a.u32()?);
-            Op::Create { name: name(p.cstr()?), mode, umask, flags }
+            Op::Create {
+                name: name(p.cstr()?),
+                mode,
+                umask,
+                flags,
+            }
         }
         FUSE_FALLOCATE => {
             let fh = FileHandle(a.u64()?);
             let (offset, length, mode) = (a.u64()?, a.u64()?, a.i32()?);
             return Some(match (off_t(offset), off_t(length)) {
-                (Ok(offset), Ok(length)) => Ok(Op::FAllocate { fh, offset, length, mode }),
+                (Ok(offset), Ok(length)) => Ok(Op::FAllocate {
+                    fh,
+                    offset,
+                    length,
+                    mode,
+                }),
                 _ => Err(Errno::EINVAL),
             });
         }
@@ -319,7 +483,13 @@ fn read_like<'a>(opcode: u32, a: &mut Reader<'_>) -> Option<Result<Op<'a>, Errno
         abi::FUSE_READDIRPLUS => Ok(Op::ReadDirPlus { fh, offset, size }),
         _ => off_t(offset).map(|offset| {
             let lock_owner = (read_flags & abi::READ_LOCKOWNER != 0).then_some(LockOwner(owner));
-            Op::Read { fh, offset, size, flags, lock_owner }
+            Op::Read {
+                fh,
+                offset,
+                size,
+                flags,
+                lock_owner,
+            }
         }),
     })
 }

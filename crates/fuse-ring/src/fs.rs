@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, INodeNo, LockOwner, OpenFlags, RenameFlags,
-    TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, INodeNo, LockOwner,
+    OpenFlags, RenameFlags, TimeOrNow, WriteFlags,
 };
 
 use crate::decode::{Op, Request};
@@ -49,10 +49,27 @@ pub trait RingFilesystem: Send + Sync + 'static {
     fn readlink(&self, req: &Caller, ino: INodeNo, reply: RingReply) {
         reply.error(Errno::ENOSYS);
     }
-    fn mknod(&self, req: &Caller, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: RingReply) {
+    fn mknod(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
-    fn mkdir(&self, req: &Caller, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: RingReply) {
+    fn mkdir(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn unlink(&self, req: &Caller, parent: INodeNo, name: &OsStr, reply: RingReply) {
@@ -61,7 +78,14 @@ pub trait RingFilesystem: Send + Sync + 'static {
     fn rmdir(&self, req: &Caller, parent: INodeNo, name: &OsStr, reply: RingReply) {
         reply.error(Errno::ENOSYS);
     }
-    fn symlink(&self, req: &Caller, parent: INodeNo, link_name: &OsStr, target: &Path, reply: RingReply) {
+    fn symlink(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn rename(
@@ -76,7 +100,14 @@ pub trait RingFilesystem: Send + Sync + 'static {
     ) {
         reply.error(Errno::ENOSYS);
     }
-    fn link(&self, req: &Caller, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: RingReply) {
+    fn link(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn open(&self, req: &Caller, ino: INodeNo, flags: OpenFlags, reply: RingReply) {
@@ -109,7 +140,14 @@ pub trait RingFilesystem: Send + Sync + 'static {
     ) {
         reply.error(Errno::ENOSYS);
     }
-    fn flush(&self, req: &Caller, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: RingReply) {
+    fn flush(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn release(
@@ -133,13 +171,34 @@ pub trait RingFilesystem: Send + Sync + 'static {
     fn readdir(&self, req: &Caller, ino: INodeNo, fh: FileHandle, offset: u64, reply: RingReply) {
         reply.error(Errno::ENOSYS);
     }
-    fn readdirplus(&self, req: &Caller, ino: INodeNo, fh: FileHandle, offset: u64, reply: RingReply) {
+    fn readdirplus(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
-    fn releasedir(&self, req: &Caller, ino: INodeNo, fh: FileHandle, flags: OpenFlags, reply: RingReply) {
+    fn releasedir(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        flags: OpenFlags,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
-    fn fsyncdir(&self, req: &Caller, ino: INodeNo, fh: FileHandle, datasync: bool, reply: RingReply) {
+    fn fsyncdir(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn statfs(&self, req: &Caller, ino: INodeNo, reply: RingReply) {
@@ -169,7 +228,16 @@ pub trait RingFilesystem: Send + Sync + 'static {
     fn access(&self, req: &Caller, ino: INodeNo, mask: AccessFlags, reply: RingReply) {
         reply.error(Errno::ENOSYS);
     }
-    fn create(&self, req: &Caller, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: RingReply) {
+    fn create(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn fallocate(
@@ -184,7 +252,15 @@ pub trait RingFilesystem: Send + Sync + 'static {
     ) {
         reply.error(Errno::ENOSYS);
     }
-    fn lseek(&self, req: &Caller, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: RingReply) {
+    fn lseek(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: RingReply,
+    ) {
         reply.error(Errno::ENOSYS);
     }
     fn copy_file_range(
@@ -207,32 +283,79 @@ pub trait RingFilesystem: Send + Sync + 'static {
 /// Calls the method of `fs` for one decoded request.
 pub(crate) fn dispatch<FS: RingFilesystem + ?Sized>(fs: &FS, req: Request<'_>, reply: RingReply) {
     let h = req.header;
-    let c = Caller { unique: h.unique, uid: h.uid, gid: h.gid, pid: h.pid };
+    let c = Caller {
+        unique: h.unique,
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
+    };
     let c = &c;
     let ino = INodeNo(h.nodeid);
     match req.op {
         Op::Lookup { name } => fs.lookup(c, ino, name, reply),
         Op::GetAttr { fh } => fs.getattr(c, ino, fh, reply),
         Op::SetAttr(s) => fs.setattr(
-            c, ino, s.mode, s.uid, s.gid, s.size, s.atime, s.mtime, s.ctime, s.fh, None, None, None, None, reply,
+            c, ino, s.mode, s.uid, s.gid, s.size, s.atime, s.mtime, s.ctime, s.fh, None, None,
+            None, None, reply,
         ),
         Op::ReadLink => fs.readlink(c, ino, reply),
         Op::SymLink { name, target } => fs.symlink(c, ino, name, target, reply),
-        Op::MkNod { name, mode, umask, rdev } => fs.mknod(c, ino, name, mode, umask, rdev, reply),
+        Op::MkNod {
+            name,
+            mode,
+            umask,
+            rdev,
+        } => fs.mknod(c, ino, name, mode, umask, rdev, reply),
         Op::MkDir { name, mode, umask } => fs.mkdir(c, ino, name, mode, umask, reply),
         Op::Unlink { name } => fs.unlink(c, ino, name, reply),
         Op::RmDir { name } => fs.rmdir(c, ino, name, reply),
-        Op::Rename { name, newparent, newname, flags } => fs.rename(c, ino, name, newparent, newname, flags, reply),
+        Op::Rename {
+            name,
+            newparent,
+            newname,
+            flags,
+        } => fs.rename(c, ino, name, newparent, newname, flags, reply),
         Op::Link { ino: old, newname } => fs.link(c, old, ino, newname, reply),
         Op::Open { flags } => fs.open(c, ino, flags, reply),
-        Op::Read { fh, offset, size, flags, lock_owner } => fs.read(c, ino, fh, offset, size, flags, lock_owner, reply),
-        Op::Write { fh, offset, data, write_flags, flags, lock_owner } => {
-            fs.write(c, ino, fh, offset, data, write_flags, flags, lock_owner, reply)
-        }
+        Op::Read {
+            fh,
+            offset,
+            size,
+            flags,
+            lock_owner,
+        } => fs.read(c, ino, fh, offset, size, flags, lock_owner, reply),
+        Op::Write {
+            fh,
+            offset,
+            data,
+            write_flags,
+            flags,
+            lock_owner,
+        } => fs.write(
+            c,
+            ino,
+            fh,
+            offset,
+            data,
+            write_flags,
+            flags,
+            lock_owner,
+            reply,
+        ),
         Op::StatFs => fs.statfs(c, ino, reply),
-        Op::Release { fh, flags, lock_owner, flush } => fs.release(c, ino, fh, flags, lock_owner, flush, reply),
+        Op::Release {
+            fh,
+            flags,
+            lock_owner,
+            flush,
+        } => fs.release(c, ino, fh, flags, lock_owner, flush, reply),
         Op::FSync { fh, datasync } => fs.fsync(c, ino, fh, datasync, reply),
-        Op::SetXAttr { name, value, flags, position } => fs.setxattr(c, ino, name, value, flags, position, reply),
+        Op::SetXAttr {
+            name,
+            value,
+            flags,
+            position,
+        } => fs.setxattr(c, ino, name, value, flags, position, reply),
         Op::GetXAttr { name, size } => fs.getxattr(c, ino, name, size, reply),
         Op::ListXAttr { size } => fs.listxattr(c, ino, size, reply),
         Op::RemoveXAttr { name } => fs.removexattr(c, ino, name, reply),
@@ -243,12 +366,30 @@ pub(crate) fn dispatch<FS: RingFilesystem + ?Sized>(fs: &FS, req: Request<'_>, r
         Op::ReleaseDir { fh, flags } => fs.releasedir(c, ino, fh, flags, reply),
         Op::FSyncDir { fh, datasync } => fs.fsyncdir(c, ino, fh, datasync, reply),
         Op::Access { mask } => fs.access(c, ino, mask, reply),
-        Op::Create { name, mode, umask, flags } => fs.create(c, ino, name, mode, umask, flags, reply),
-        Op::FAllocate { fh, offset, length, mode } => fs.fallocate(c, ino, fh, offset, length, mode, reply),
+        Op::Create {
+            name,
+            mode,
+            umask,
+            flags,
+        } => fs.create(c, ino, name, mode, umask, flags, reply),
+        Op::FAllocate {
+            fh,
+            offset,
+            length,
+            mode,
+        } => fs.fallocate(c, ino, fh, offset, length, mode, reply),
         Op::Lseek { fh, offset, whence } => fs.lseek(c, ino, fh, offset, whence, reply),
-        Op::CopyFileRange { fh_in, offset_in, ino_out, fh_out, offset_out, len, flags } => {
-            fs.copy_file_range(c, ino, fh_in, offset_in, ino_out, fh_out, offset_out, len, flags, reply)
-        }
+        Op::CopyFileRange {
+            fh_in,
+            offset_in,
+            ino_out,
+            fh_out,
+            offset_out,
+            len,
+            flags,
+        } => fs.copy_file_range(
+            c, ino, fh_in, offset_in, ino_out, fh_out, offset_out, len, flags, reply,
+        ),
         Op::Destroy => crate::reply::Empty::ok(reply),
         Op::Unsupported(_) => reply.error(Errno::ENOSYS),
     }

@@ -44,7 +44,12 @@ pub struct Caller {
 
 impl From<&fuser::Request> for Caller {
     fn from(r: &fuser::Request) -> Self {
-        Caller { unique: r.unique().0, uid: r.uid(), gid: r.gid(), pid: r.pid() }
+        Caller {
+            unique: r.unique().0,
+            uid: r.uid(),
+            gid: r.gid(),
+            pid: r.pid(),
+        }
     }
 }
 
@@ -64,7 +69,12 @@ pub struct RingOptions {
 
 impl Default for RingOptions {
     fn default() -> Self {
-        RingOptions { threads_per_queue: 2, max_write: 1 << 20, max_pages: 256, register_timeout: Duration::from_secs(5) }
+        RingOptions {
+            threads_per_queue: 2,
+            max_write: 1 << 20,
+            max_pages: 256,
+            register_timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -72,8 +82,14 @@ impl RingOptions {
     /// The payload buffer size of each entry: the kernel's ring max payload,
     /// max(FUSE_MIN_READ_BUFFER, max_write, max_pages * page size).
     pub fn payload_len(&self) -> usize {
-        let pages = if self.max_pages == 0 { 32 } else { self.max_pages as usize };
-        abi::MIN_READ_BUFFER.max(self.max_write as usize).max(pages.saturating_mul(sys::page_size()))
+        let pages = if self.max_pages == 0 {
+            32
+        } else {
+            self.max_pages as usize
+        };
+        abi::MIN_READ_BUFFER
+            .max(self.max_write as usize)
+            .max(pages.saturating_mul(sys::page_size()))
     }
 }
 
@@ -128,7 +144,8 @@ fn module_enabled() -> Option<bool> {
 
 /// The number of possible CPUs, which is the kernel's number of ring queues.
 pub fn possible_cpus() -> Result<usize, Refused> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").map_err(|e| Refused::Queues(e.to_string()))?;
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .map_err(|e| Refused::Queues(e.to_string()))?;
     parse_cpu_list(s.trim()).ok_or_else(|| Refused::Queues(format!("cannot parse {s:?}")))
 }
 
@@ -154,7 +171,10 @@ pub fn probe() -> Result<(), Refused> {
     if module_enabled() == Some(false) {
         return Err(Refused::ModuleDisabled);
     }
-    sys::Uring::builder().build(2).map(drop).map_err(Refused::from_setup)
+    sys::Uring::builder()
+        .build(2)
+        .map(drop)
+        .map_err(Refused::from_setup)
 }
 
 struct Pending {
@@ -165,7 +185,11 @@ struct Pending {
 
 /// Registers ring entries on every queue of the connection behind `dev` (a dup of the
 /// session's `/dev/fuse` fd) and serves them with `fs` on threads of its own.
-pub fn start<FS: RingFilesystem>(dev: OwnedFd, fs: Arc<FS>, opts: RingOptions) -> Result<Ring, Refused> {
+pub fn start<FS: RingFilesystem>(
+    dev: OwnedFd,
+    fs: Arc<FS>,
+    opts: RingOptions,
+) -> Result<Ring, Refused> {
     if module_enabled() == Some(false) {
         return Err(Refused::ModuleDisabled);
     }
@@ -192,7 +216,14 @@ pub fn start<FS: RingFilesystem>(dev: OwnedFd, fs: Arc<FS>, opts: RingOptions) -
                 .name(format!("fuse-ring-{qid}.{t}"))
                 .spawn(move || worker.run(go_rx, rep_tx));
             match spawned {
-                Ok(handle) => pending.push((qid, Pending { go: go_tx, report: rep_rx, handle })),
+                Ok(handle) => pending.push((
+                    qid,
+                    Pending {
+                        go: go_tx,
+                        report: rep_rx,
+                        handle,
+                    },
+                )),
                 Err(e) => return Err(abort(pending, &stop, &dev, Refused::Resources(e))),
             }
         }
@@ -202,7 +233,10 @@ pub fn start<FS: RingFilesystem>(dev: OwnedFd, fs: Arc<FS>, opts: RingOptions) -
     // queue first, then one entry of the last queue, so any failure before that point
     // leaves the ring not ready and the connection on /dev/fuse.
     let last = qmax - 1;
-    let keystone = pending.iter().position(|(q, _)| *q == last).unwrap_or(pending.len());
+    let keystone = pending
+        .iter()
+        .position(|(q, _)| *q == last)
+        .unwrap_or(pending.len());
     let mut serving = Vec::new();
     let mut rest = pending.split_off(keystone);
     let tail = rest.split_off(rest.len().min(1));
@@ -226,14 +260,21 @@ pub fn start<FS: RingFilesystem>(dev: OwnedFd, fs: Arc<FS>, opts: RingOptions) -
             }
         }
     }
-    Ok(Ring { threads: serving, queues, served })
+    Ok(Ring {
+        threads: serving,
+        queues,
+        served,
+    })
 }
 
 type PhaseErr = (Refused, Vec<(u16, Pending)>);
 
 /// Lets the threads of one phase register; returns the handles of those serving.
 /// On failure the successful ones are returned inside the error list too.
-fn run_phase(phase: Vec<(u16, Pending)>, deadline: Instant) -> Result<Vec<JoinHandle<()>>, PhaseErr> {
+fn run_phase(
+    phase: Vec<(u16, Pending)>,
+    deadline: Instant,
+) -> Result<Vec<JoinHandle<()>>, PhaseErr> {
     for (_, p) in &phase {
         let _ = p.go.send(deadline);
     }
@@ -248,7 +289,9 @@ fn run_phase(phase: Vec<(u16, Pending)>, deadline: Instant) -> Result<Vec<JoinHa
                 failed.push((q, p));
             }
             Err(_) => {
-                first_err.get_or_insert(Refused::Resources(std::io::Error::other("serving thread ended")));
+                first_err.get_or_insert(Refused::Resources(std::io::Error::other(
+                    "serving thread ended",
+                )));
                 failed.push((q, p));
             }
         }
@@ -283,7 +326,10 @@ fn abort(rest: Vec<(u16, Pending)>, stop: &OwnedFd, dev: &OwnedFd, err: Refused)
         drop(p.go);
         let _ = p.handle.join();
     }
-    if !matches!(err, Refused::Rejected { .. } | Refused::ModuleDisabled | Refused::NotConnected { .. }) {
+    if !matches!(
+        err,
+        Refused::Rejected { .. } | Refused::ModuleDisabled | Refused::NotConnected { .. }
+    ) {
         worker::release_waiters(dev);
     }
     err
@@ -311,11 +357,23 @@ mod tests {
 
     #[test]
     fn payload_len_is_the_kernel_max() {
-        let o = RingOptions { max_write: 4096, max_pages: 1, ..RingOptions::default() };
+        let o = RingOptions {
+            max_write: 4096,
+            max_pages: 1,
+            ..RingOptions::default()
+        };
         assert_eq!(o.payload_len(), 8192);
-        let o = RingOptions { max_write: 1 << 20, max_pages: 32, ..RingOptions::default() };
+        let o = RingOptions {
+            max_write: 1 << 20,
+            max_pages: 32,
+            ..RingOptions::default()
+        };
         assert_eq!(o.payload_len(), 1 << 20);
-        let o = RingOptions { max_write: 4096, max_pages: 0, ..RingOptions::default() };
+        let o = RingOptions {
+            max_write: 4096,
+            max_pages: 0,
+            ..RingOptions::default()
+        };
         assert_eq!(o.payload_len(), 32 * sys::page_size());
     }
 }

@@ -116,8 +116,14 @@ mod tests {
         assert!(s.contains("enable_uring"), "{s}");
         let s = Refused::from_register(libc::EINVAL, 4096).to_string();
         assert!(s.contains("4096") && s.contains("max_write"), "{s}");
-        let s = Refused::IoUringDisabled { sysctl: Some("2".into()) }.to_string();
+        let s = Refused::IoUringDisabled {
+            sysctl: Some("2".into()),
+        }
+        .to_string();
         assert!(s.contains("io_uring_disabled = 2"), "{s}");
-        assert!(matches!(Refused::from_register(libc::ENOTCONN, 0), Refused::NotConnected { .. }));
+        assert!(matches!(
+            Refused::from_register(libc::ENOTCONN, 0),
+            Refused::NotConnected { .. }
+        ));
     }
 }

@@ -19,7 +19,13 @@ pub trait Error {
 /// LOOKUP, MKNOD, MKDIR, SYMLINK, LINK.
 pub trait Entry: Error {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation);
-    fn entry_with_ttls(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr, generation: Generation);
+    fn entry_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    );
 }
 
 /// GETATTR, SETATTR.
@@ -36,7 +42,14 @@ pub trait Open: Error {
 
 /// CREATE.
 pub trait Create: Error {
-    fn created(self, ttl: &Duration, attr: &FileAttr, generation: Generation, fh: FileHandle, flags: FopenFlags);
+    fn created(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+    );
     /// FOPEN_PASSTHROUGH with a backing id the caller registered and keeps alive.
     #[allow(clippy::too_many_arguments)]
     fn created_passthrough_raw(
@@ -68,7 +81,17 @@ pub trait Empty: Error {
 /// STATFS.
 pub trait Statfs: Error {
     #[allow(clippy::too_many_arguments)]
-    fn statfs(self, blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, bsize: u32, namelen: u32, frsize: u32);
+    fn statfs(
+        self,
+        blocks: u64,
+        bfree: u64,
+        bavail: u64,
+        files: u64,
+        ffree: u64,
+        bsize: u32,
+        namelen: u32,
+        frsize: u32,
+    );
 }
 
 /// GETXATTR, LISTXATTR.
@@ -140,7 +163,12 @@ pub struct RingReply {
 
 impl RingReply {
     pub(crate) fn new(slot: Rc<RefCell<Slot>>, limit: usize, max: usize) -> Self {
-        Self { slot, limit: limit.min(max), max, answered: false }
+        Self {
+            slot,
+            limit: limit.min(max),
+            max,
+            answered: false,
+        }
     }
 
     fn finish(&mut self, error: i32, body: impl FnOnce(&mut Vec<u8>)) {
@@ -216,7 +244,7 @@ fn time_parts(t: &SystemTime) -> (u64, u32) {
 }
 
 fn kind_bits(kind: FileType) -> u32 {
-    (match kind {
+    match kind {
         FileType::NamedPipe => libc::S_IFIFO,
         FileType::CharDevice => libc::S_IFCHR,
         FileType::BlockDevice => libc::S_IFBLK,
@@ -224,7 +252,7 @@ fn kind_bits(kind: FileType) -> u32 {
         FileType::RegularFile => libc::S_IFREG,
         FileType::Symlink => libc::S_IFLNK,
         FileType::Socket => libc::S_IFSOCK,
-    }) as u32
+    }
 }
 
 /// `struct fuse_attr`.
@@ -236,13 +264,30 @@ pub(crate) fn put_attr(out: &mut Vec<u8>, attr: &FileAttr) {
         out.put_u64(v);
     }
     let mode = kind_bits(attr.kind) | u32::from(attr.perm);
-    for v in [atn, mtn, ctn, mode, attr.nlink, attr.uid, attr.gid, attr.rdev, attr.blksize, 0] {
+    for v in [
+        atn,
+        mtn,
+        ctn,
+        mode,
+        attr.nlink,
+        attr.uid,
+        attr.gid,
+        attr.rdev,
+        attr.blksize,
+        0,
+    ] {
         out.put_u32(v);
     }
 }
 
 /// `struct fuse_entry_out`.
-pub(crate) fn put_entry(out: &mut Vec<u8>, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr, generation: Generation) {
+pub(crate) fn put_entry(
+    out: &mut Vec<u8>,
+    attr_ttl: &Duration,
+    entry_ttl: &Duration,
+    attr: &FileAttr,
+    generation: Generation,
+) {
     out.put_u64(attr.ino.0);
     out.put_u64(generation.0);
     out.put_u64(entry_ttl.as_secs());
@@ -268,7 +313,13 @@ impl Entry for RingReply {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
         self.send(|out| put_entry(out, ttl, ttl, attr, generation));
     }
-    fn entry_with_ttls(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr, generation: Generation) {
+    fn entry_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) {
         self.send(|out| put_entry(out, attr_ttl, entry_ttl, attr, generation));
     }
 }
@@ -294,7 +345,14 @@ impl Open for RingReply {
 }
 
 impl Create for RingReply {
-    fn created(self, ttl: &Duration, attr: &FileAttr, generation: Generation, fh: FileHandle, flags: FopenFlags) {
+    fn created(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+    ) {
         self.send(|out| {
             put_entry(out, ttl, ttl, attr, generation);
             put_open(out, fh, flags, 0);
@@ -338,7 +396,17 @@ impl Empty for RingReply {
 }
 
 impl Statfs for RingReply {
-    fn statfs(self, blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, bsize: u32, namelen: u32, frsize: u32) {
+    fn statfs(
+        self,
+        blocks: u64,
+        bfree: u64,
+        bavail: u64,
+        files: u64,
+        ffree: u64,
+        bsize: u32,
+        namelen: u32,
+        frsize: u32,
+    ) {
         self.send(|out| {
             for v in [blocks, bfree, bavail, files, ffree] {
                 out.put_u64(v);
@@ -379,7 +447,10 @@ fn dirent_head(out: &mut Vec<u8>, ino: u64, offset: u64, name: &[u8], typ: u32) 
 impl Directory for RingReply {
     fn add<T: AsRef<OsStr>>(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: T) -> bool {
         let name = name.as_ref().as_bytes();
-        self.push_entry(|out| dirent_head(out, ino.0, offset, name, kind_bits(kind) >> 12), name)
+        self.push_entry(
+            |out| dirent_head(out, ino.0, offset, name, kind_bits(kind) >> 12),
+            name,
+        )
     }
     fn ok(self) {
         self.send(|_| {});

@@ -4,9 +4,9 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 
 use super::*;
@@ -40,7 +40,13 @@ impl Entry for ReplyEntry {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
         ReplyEntry::entry(self, ttl, attr, generation);
     }
-    fn entry_with_ttls(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr, generation: Generation) {
+    fn entry_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) {
         ReplyEntry::entry_with_ttls(self, attr_ttl, entry_ttl, attr, generation);
     }
 }
@@ -61,7 +67,14 @@ impl Open for ReplyOpen {
 }
 
 impl Create for ReplyCreate {
-    fn created(self, ttl: &Duration, attr: &FileAttr, generation: Generation, fh: FileHandle, flags: FopenFlags) {
+    fn created(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+    ) {
         ReplyCreate::created(self, ttl, attr, generation, fh, flags);
     }
     fn created_passthrough_raw(
@@ -96,8 +109,20 @@ impl Empty for ReplyEmpty {
 }
 
 impl Statfs for ReplyStatfs {
-    fn statfs(self, blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, bsize: u32, namelen: u32, frsize: u32) {
-        ReplyStatfs::statfs(self, blocks, bfree, bavail, files, ffree, bsize, namelen, frsize);
+    fn statfs(
+        self,
+        blocks: u64,
+        bfree: u64,
+        bavail: u64,
+        files: u64,
+        ffree: u64,
+        bsize: u32,
+        namelen: u32,
+        frsize: u32,
+    ) {
+        ReplyStatfs::statfs(
+            self, blocks, bfree, bavail, files, ffree, bsize, namelen, frsize,
+        );
     }
 }
 

@@ -41,10 +41,13 @@ fn entry_attr_open_sizes() {
     r.entry(&Duration::new(1, 5), &attr(9), Generation(3));
     let out = s.borrow().out.clone();
     assert_eq!(out.len(), abi::ENTRY_OUT_LEN);
-    assert_eq!((u64_at(&out, 0), u64_at(&out, 8), u64_at(&out, 16)), (9, 3, 1));
+    assert_eq!(
+        (u64_at(&out, 0), u64_at(&out, 8), u64_at(&out, 16)),
+        (9, 3, 1)
+    );
     assert_eq!(u32_at(&out, 32), 5);
     // attr.mode at 40 + 48 + 12
-    assert_eq!(u32_at(&out, 40 + 60), libc::S_IFREG as u32 | 0o644);
+    assert_eq!(u32_at(&out, 40 + 60), libc::S_IFREG | 0o644);
     // ctime before the epoch: -2 s + 999_999_500 ns
     assert_eq!(u64_at(&out, 40 + 40) as i64, -2);
     assert_eq!(u32_at(&out, 40 + 56), 999_999_500);
@@ -57,30 +60,56 @@ fn entry_attr_open_sizes() {
     r.opened_passthrough_raw(FileHandle(7), FopenFlags::empty(), 12);
     let out = s.borrow().out.clone();
     assert_eq!(out.len(), abi::OPEN_OUT_LEN);
-    assert_eq!((u64_at(&out, 0), u32_at(&out, 8) & FopenFlags::FOPEN_PASSTHROUGH.bits(), u32_at(&out, 12)),
-        (7, FopenFlags::FOPEN_PASSTHROUGH.bits(), 12));
+    assert_eq!(
+        (
+            u64_at(&out, 0),
+            u32_at(&out, 8) & FopenFlags::FOPEN_PASSTHROUGH.bits(),
+            u32_at(&out, 12)
+        ),
+        (7, FopenFlags::FOPEN_PASSTHROUGH.bits(), 12)
+    );
 
     let (s, r) = reply(1 << 20, 1 << 20);
-    r.created(&Duration::ZERO, &attr(9), Generation(0), FileHandle(1), FopenFlags::empty());
+    r.created(
+        &Duration::ZERO,
+        &attr(9),
+        Generation(0),
+        FileHandle(1),
+        FopenFlags::empty(),
+    );
     assert_eq!(s.borrow().out.len(), abi::ENTRY_OUT_LEN + abi::OPEN_OUT_LEN);
 
     let (s, r) = reply(1 << 20, 1 << 20);
     r.statfs(1, 2, 3, 4, 5, 6, 7, 8);
     assert_eq!(s.borrow().out.len(), abi::STATFS_OUT_LEN);
-    assert_eq!((u32_at(&s.borrow().out, 44), u32_at(&s.borrow().out, 48)), (7, 8));
+    assert_eq!(
+        (u32_at(&s.borrow().out, 44), u32_at(&s.borrow().out, 48)),
+        (7, 8)
+    );
 }
 
 #[test]
 fn error_drop_and_double_answers() {
     let (s, r) = reply(10, 10);
     r.error(Errno::ENOENT);
-    assert_eq!((s.borrow().error, s.borrow().answered), (-libc::ENOENT, true));
+    assert_eq!(
+        (s.borrow().error, s.borrow().answered),
+        (-libc::ENOENT, true)
+    );
     let (s, r) = reply(10, 10);
     drop(r);
-    assert_eq!(s.borrow().error, -libc::EIO, "dropped without reply answers EIO");
+    assert_eq!(
+        s.borrow().error,
+        -libc::EIO,
+        "dropped without reply answers EIO"
+    );
     let (s, r) = reply(4, 100);
     Data::data(r, b"12345");
-    assert_eq!(s.borrow().error, -libc::EIO, "more data than READ asked for");
+    assert_eq!(
+        s.borrow().error,
+        -libc::EIO,
+        "more data than READ asked for"
+    );
     let (s, r) = reply(4, 100);
     Xattr::data(r, b"12345");
     assert_eq!(s.borrow().error, -libc::ERANGE);
@@ -92,22 +121,65 @@ fn error_drop_and_double_answers() {
 #[test]
 fn dirents_are_aligned_and_add_reports_full() {
     let (s, mut r) = reply(64, 1 << 20);
-    assert!(!Directory::add(&mut r, INodeNo(2), 1, FileType::Directory, "a"));
+    assert!(!Directory::add(
+        &mut r,
+        INodeNo(2),
+        1,
+        FileType::Directory,
+        "a"
+    ));
     assert_eq!(s.borrow().out.len(), 32, "24 + 1 rounded up to 8");
-    assert!(!Directory::add(&mut r, INodeNo(3), 2, FileType::RegularFile, "bbbbbbbb"));
+    assert!(!Directory::add(
+        &mut r,
+        INodeNo(3),
+        2,
+        FileType::RegularFile,
+        "bbbbbbbb"
+    ));
     assert_eq!(s.borrow().out.len(), 64);
-    assert!(Directory::add(&mut r, INodeNo(4), 3, FileType::RegularFile, "c"), "full");
-    assert_eq!(s.borrow().out.len(), 64, "a refused entry leaves nothing behind");
+    assert!(
+        Directory::add(&mut r, INodeNo(4), 3, FileType::RegularFile, "c"),
+        "full"
+    );
+    assert_eq!(
+        s.borrow().out.len(),
+        64,
+        "a refused entry leaves nothing behind"
+    );
     Directory::ok(r);
     let out = s.borrow().out.clone();
-    assert_eq!((u64_at(&out, 0), u64_at(&out, 8), u32_at(&out, 16), u32_at(&out, 20)), (2, 1, 1, libc::DT_DIR as u32));
+    assert_eq!(
+        (
+            u64_at(&out, 0),
+            u64_at(&out, 8),
+            u32_at(&out, 16),
+            u32_at(&out, 20)
+        ),
+        (2, 1, 1, libc::DT_DIR as u32)
+    );
     assert_eq!(out[24], b'a');
     assert_eq!(&out[25..32], &[0; 7]);
 
     let (s, mut r) = reply(200, 1 << 20);
-    assert!(!DirectoryPlus::add(&mut r, INodeNo(5), 1, "xy", &Duration::ZERO, &attr(5), Generation(0)));
+    assert!(!DirectoryPlus::add(
+        &mut r,
+        INodeNo(5),
+        1,
+        "xy",
+        &Duration::ZERO,
+        &attr(5),
+        Generation(0)
+    ));
     assert_eq!(s.borrow().out.len(), abi::align8(abi::DIRENTPLUS_LEN + 2));
-    assert!(DirectoryPlus::add(&mut r, INodeNo(6), 2, "xy", &Duration::ZERO, &attr(6), Generation(0)));
+    assert!(DirectoryPlus::add(
+        &mut r,
+        INodeNo(6),
+        2,
+        "xy",
+        &Duration::ZERO,
+        &attr(6),
+        Generation(0)
+    ));
     DirectoryPlus::ok(r);
     assert_eq!(s.borrow().out.len(), 160);
 }

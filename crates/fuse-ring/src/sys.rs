@@ -26,7 +26,12 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
 }
 
 /// FUSE_IO_URING_CMD_REGISTER for one entry whose two iovecs (header, payload) are `iov`.
-pub(crate) fn register_sqe(fd: RawFd, qid: u16, iov: *const libc::iovec, user_data: u64) -> Entry128 {
+pub(crate) fn register_sqe(
+    fd: RawFd,
+    qid: u16,
+    iov: *const libc::iovec,
+    user_data: u64,
+) -> Entry128 {
     let sqe = opcode::UringCmd80::new(types::Fd(fd), abi::CMD_REGISTER)
         .cmd(cmd_req(0, qid))
         .addr(Some(iov as u64))
@@ -51,7 +56,11 @@ pub(crate) fn commit_sqe(fd: RawFd, qid: u16, commit_id: u64, user_data: u64) ->
 
 /// A poll for readability of `fd` (the stop signal).
 pub(crate) fn poll_sqe(fd: RawFd, user_data: u64) -> Entry128 {
-    Entry128::from(opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(user_data))
+    Entry128::from(
+        opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(user_data),
+    )
 }
 
 /// Queues one SQE.
@@ -91,7 +100,12 @@ pub(crate) fn page_size() -> usize {
 }
 
 /// `ReplyOpen::opened_passthrough` with a raw backing id the caller keeps open.
-pub(crate) fn opened_passthrough_raw(reply: ReplyOpen, fh: FileHandle, flags: FopenFlags, backing_id: u32) {
+pub(crate) fn opened_passthrough_raw(
+    reply: ReplyOpen,
+    fh: FileHandle,
+    flags: FopenFlags,
+    backing_id: u32,
+) {
     // SAFETY: the caller registered `backing_id` on this session and keeps it open;
     // `into_raw` takes it back from the wrapper so it is never closed here.
     let backing = unsafe { reply.wrap_backing(backing_id) };
@@ -129,7 +143,10 @@ mod tests {
         assert_eq!(i32::from_ne_bytes([b[4], b[5], b[6], b[7]]), 7);
         assert_eq!(u64::from_ne_bytes(b[16..24].try_into().expect("8")), 0x1000);
         assert_eq!(u32::from_ne_bytes(b[24..28].try_into().expect("4")), 2);
-        assert_eq!(u32::from_ne_bytes(b[8..12].try_into().expect("4")), abi::CMD_REGISTER);
+        assert_eq!(
+            u32::from_ne_bytes(b[8..12].try_into().expect("4")),
+            abi::CMD_REGISTER
+        );
         // cmd area starts at 48: flags, commit_id, qid
         assert_eq!(u16::from_le_bytes([b[64], b[65]]), 3);
     }

@@ -42,10 +42,20 @@ impl Buffers {
         let mut header = vec![0u8; abi::RING_HEADER_LEN].into_boxed_slice();
         let mut payload = vec![0u8; payload_len].into_boxed_slice();
         let iov = Box::new([
-            libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: header.len() },
-            libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() },
+            libc::iovec {
+                iov_base: header.as_mut_ptr().cast(),
+                iov_len: header.len(),
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
         ]);
-        Buffers { header, payload, iov }
+        Buffers {
+            header,
+            payload,
+            iov,
+        }
     }
 }
 
@@ -69,7 +79,11 @@ fn new_ring() -> Result<Uring, Refused> {
 impl<FS: RingFilesystem> Worker<FS> {
     /// Registers the entry (once `go` delivers the deadline), reports, then serves until the
     /// kernel ends the command.
-    pub fn run(self, go: std::sync::mpsc::Receiver<Instant>, report: std::sync::mpsc::Sender<Result<(), Refused>>) {
+    pub fn run(
+        self,
+        go: std::sync::mpsc::Receiver<Instant>,
+        report: std::sync::mpsc::Sender<Result<(), Refused>>,
+    ) {
         let Ok(deadline) = go.recv() else { return };
         let mut bufs = Buffers::new(self.payload_len);
         let mut ring = match new_ring() {
@@ -102,7 +116,12 @@ impl<FS: RingFilesystem> Worker<FS> {
 
     /// Sends REGISTER, retrying EAGAIN (INIT not answered yet) until `deadline`.
     /// `Ok(true)` means a request already arrived.
-    fn register(&self, ring: &mut Uring, bufs: &Buffers, deadline: Instant) -> Result<bool, Refused> {
+    fn register(
+        &self,
+        ring: &mut Uring,
+        bufs: &Buffers,
+        deadline: Instant,
+    ) -> Result<bool, Refused> {
         let started = Instant::now();
         let plen = bufs.payload.len();
         let res = |e: std::io::Error| Refused::Resources(e);
@@ -119,7 +138,11 @@ impl<FS: RingFilesystem> Worker<FS> {
             for cqe in ring.completion() {
                 match cqe.user_data() {
                     CMD => outcome = Some(cqe.result()),
-                    _ => return Err(Refused::NotConnected { errno: libc::ECANCELED }),
+                    _ => {
+                        return Err(Refused::NotConnected {
+                            errno: libc::ECANCELED,
+                        })
+                    }
                 }
             }
             match outcome {
@@ -128,7 +151,11 @@ impl<FS: RingFilesystem> Worker<FS> {
                 Some(r) if -r == libc::EAGAIN && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                Some(r) if -r == libc::EAGAIN => return Err(Refused::NotInitialized { waited: started.elapsed() }),
+                Some(r) if -r == libc::EAGAIN => {
+                    return Err(Refused::NotInitialized {
+                        waited: started.elapsed(),
+                    })
+                }
                 Some(r) => return Err(Refused::from_register(-r, plen)),
             }
         }
@@ -153,7 +180,10 @@ impl<FS: RingFilesystem> Worker<FS> {
     }
 
     fn serve(&self, ring: &mut Uring, bufs: &mut Buffers, mut ready: bool) -> End {
-        let mut slot = Rc::new(RefCell::new(Slot { out: Vec::with_capacity(bufs.payload.len()), ..Slot::default() }));
+        let mut slot = Rc::new(RefCell::new(Slot {
+            out: Vec::with_capacity(bufs.payload.len()),
+            ..Slot::default()
+        }));
         loop {
             if !ready {
                 match self.wait(ring) {
@@ -180,7 +210,10 @@ impl<FS: RingFilesystem> Worker<FS> {
         let mut ent = Reader::new(bufs.header.get(ENT_IN_OUT..).unwrap_or_default());
         let _flags = ent.u64();
         let commit_id = ent.u64().unwrap_or(0);
-        let payload_sz = ent.u32().and_then(|v| usize::try_from(v).ok()).unwrap_or(usize::MAX);
+        let payload_sz = ent
+            .u32()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(usize::MAX);
         let header = InHeader::parse(&bufs.header).unwrap_or(InHeader {
             len: 0,
             opcode: 0,
@@ -193,11 +226,16 @@ impl<FS: RingFilesystem> Worker<FS> {
         });
         slot.borrow_mut().reset();
         let max = bufs.payload.len();
-        let decoded = match (op_in_len_checked(&header, payload_sz, max), bufs.header.get(abi::RING_IN_OUT_LEN..)) {
-            (Some(op_len), Some(op_area)) => match (op_area.get(..op_len), bufs.payload.get(..payload_sz)) {
-                (Some(op_in), Some(payload)) => decode::decode(header, op_in, payload),
-                _ => Err(fuser::Errno::EIO),
-            },
+        let decoded = match (
+            op_in_len_checked(&header, payload_sz, max),
+            bufs.header.get(abi::RING_IN_OUT_LEN..),
+        ) {
+            (Some(op_len), Some(op_area)) => {
+                match (op_area.get(..op_len), bufs.payload.get(..payload_sz)) {
+                    (Some(op_in), Some(payload)) => decode::decode(header, op_in, payload),
+                    _ => Err(fuser::Errno::EIO),
+                }
+            }
             _ => Err(fuser::Errno::EIO),
         };
         match decoded {
@@ -216,7 +254,10 @@ impl<FS: RingFilesystem> Worker<FS> {
         }
         if Rc::strong_count(slot) > 1 {
             // The handler kept its reply: answer EIO now, let the late reply write elsewhere.
-            *slot = Rc::new(RefCell::new(Slot { out: Vec::with_capacity(max), ..Slot::default() }));
+            *slot = Rc::new(RefCell::new(Slot {
+                out: Vec::with_capacity(max),
+                ..Slot::default()
+            }));
             slot.borrow_mut().error = -libc::EIO;
         }
         write_reply(bufs, &slot.borrow(), header.unique);

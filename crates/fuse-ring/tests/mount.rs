@@ -9,7 +9,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fuse_ring::reply as r;
 use fuse_ring::{Caller, RingFilesystem, RingOptions, RingReply};
-use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, OpenFlags};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenFlags,
+};
 
 const TTL: Duration = Duration::ZERO;
 
@@ -39,7 +42,11 @@ fn attr(ino: u64, size: u64) -> FileAttr {
         mtime: SystemTime::UNIX_EPOCH,
         ctime: SystemTime::UNIX_EPOCH,
         crtime: SystemTime::UNIX_EPOCH,
-        kind: if dir { FileType::Directory } else { FileType::RegularFile },
+        kind: if dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
         perm: if dir { 0o755 } else { 0o644 },
         nlink: if dir { 2 } else { 1 },
         uid: 0,
@@ -53,7 +60,9 @@ fn attr(ino: u64, size: u64) -> FileAttr {
 impl Mem {
     fn find(&self, name: &OsStr) -> Option<(u64, u64)> {
         let f = self.files.lock().expect("lock");
-        f.iter().find(|(_, n)| n.name == name).map(|(i, n)| (*i, n.data.len() as u64))
+        f.iter()
+            .find(|(_, n)| n.name == name)
+            .map(|(i, n)| (*i, n.data.len() as u64))
     }
     fn lookup(&self, parent: INodeNo, name: &OsStr, reply: impl r::Entry) {
         match (parent.0, self.find(name)) {
@@ -78,8 +87,20 @@ impl Mem {
     }
     fn create(&self, name: &OsStr, reply: impl r::Create) {
         let ino = self.next.fetch_add(1, Ordering::Relaxed) + 2;
-        self.files.lock().expect("lock").insert(ino, Node { name: name.into(), ..Node::default() });
-        reply.created(&TTL, &attr(ino, 0), Generation(0), FileHandle(ino), FopenFlags::empty());
+        self.files.lock().expect("lock").insert(
+            ino,
+            Node {
+                name: name.into(),
+                ..Node::default()
+            },
+        );
+        reply.created(
+            &TTL,
+            &attr(ino, 0),
+            Generation(0),
+            FileHandle(ino),
+            FopenFlags::empty(),
+        );
     }
     fn open(&self, ino: INodeNo, reply: impl r::Open) {
         reply.opened(FileHandle(ino.0), FopenFlags::empty())
@@ -93,7 +114,9 @@ impl Mem {
     }
     fn write(&self, ino: INodeNo, offset: u64, data: &[u8], reply: impl r::Write) {
         let mut f = self.files.lock().expect("lock");
-        let Some(n) = f.get_mut(&ino.0) else { return reply.error(Errno::ENOENT) };
+        let Some(n) = f.get_mut(&ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
         let end = offset as usize + data.len();
         if n.data.len() < end {
             n.data.resize(end, 0);
@@ -129,8 +152,14 @@ impl Mem {
     }
     fn readdir<R: r::Directory>(&self, offset: u64, mut reply: R) {
         let f = self.files.lock().expect("lock");
-        let mut all = vec![(1u64, FileType::Directory, OsString::from(".")), (1, FileType::Directory, "..".into())];
-        all.extend(f.iter().map(|(i, n)| (*i, FileType::RegularFile, n.name.clone())));
+        let mut all = vec![
+            (1u64, FileType::Directory, OsString::from(".")),
+            (1, FileType::Directory, "..".into()),
+        ];
+        all.extend(
+            f.iter()
+                .map(|(i, n)| (*i, FileType::RegularFile, n.name.clone())),
+        );
         for (k, (ino, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), k as u64 + 1, kind, &name) {
                 break;
@@ -162,7 +191,11 @@ impl Mem {
     fn listxattr(&self, ino: INodeNo, size: u32, reply: impl r::Xattr) {
         let f = self.files.lock().expect("lock");
         let mut list = Vec::new();
-        for k in f.get(&ino.0).map(|n| n.xattrs.keys().collect::<Vec<_>>()).unwrap_or_default() {
+        for k in f
+            .get(&ino.0)
+            .map(|n| n.xattrs.keys().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
             list.extend_from_slice(k.as_encoded_bytes());
             list.push(0);
         }
@@ -176,5 +209,5 @@ impl Mem {
     }
 }
 
-#[path = "mount_glue.rs"]
+#[path = "support/glue.rs"]
 mod glue;

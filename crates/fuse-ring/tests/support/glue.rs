@@ -2,8 +2,8 @@
 
 use super::*;
 use fuser::{
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request,
 };
 use std::path::Path;
 
@@ -20,7 +20,11 @@ impl Classic {
 impl fuser::Filesystem for Classic {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
-        if self.1 && config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+        if self.1
+            && config
+                .capabilities()
+                .contains(InitFlags::FUSE_OVER_IO_URING)
+        {
             let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
         }
         Ok(())
@@ -51,7 +55,16 @@ impl fuser::Filesystem for Classic {
     ) {
         self.n().setattr(ino, size, reply)
     }
-    fn create(&self, _: &Request, _: INodeNo, name: &OsStr, _: u32, _: u32, _: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        name: &OsStr,
+        _: u32,
+        _: u32,
+        _: i32,
+        reply: ReplyCreate,
+    ) {
         self.n().create(name, reply)
     }
     fn open(&self, _: &Request, ino: INodeNo, _: OpenFlags, reply: ReplyOpen) {
@@ -60,16 +73,53 @@ impl fuser::Filesystem for Classic {
     fn opendir(&self, _: &Request, ino: INodeNo, _: OpenFlags, reply: ReplyOpen) {
         self.n().open(ino, reply)
     }
-    fn read(&self, _: &Request, ino: INodeNo, _: FileHandle, off: u64, size: u32, _: OpenFlags, _: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _: &Request,
+        ino: INodeNo,
+        _: FileHandle,
+        off: u64,
+        size: u32,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
         self.n().read(ino, off, size, reply)
     }
-    fn write(&self, _: &Request, ino: INodeNo, _: FileHandle, off: u64, data: &[u8], _: fuser::WriteFlags, _: OpenFlags, _: Option<fuser::LockOwner>, reply: ReplyWrite) {
+    fn write(
+        &self,
+        _: &Request,
+        ino: INodeNo,
+        _: FileHandle,
+        off: u64,
+        data: &[u8],
+        _: fuser::WriteFlags,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
         self.n().write(ino, off, data, reply)
     }
-    fn flush(&self, _: &Request, _: INodeNo, _: FileHandle, _: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        _: FileHandle,
+        _: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
         self.n().empty(reply)
     }
-    fn release(&self, _: &Request, _: INodeNo, _: FileHandle, _: OpenFlags, _: Option<fuser::LockOwner>, _: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        _: FileHandle,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        _: bool,
+        reply: ReplyEmpty,
+    ) {
         self.n().empty(reply)
     }
     fn releasedir(&self, _: &Request, _: INodeNo, _: FileHandle, _: OpenFlags, reply: ReplyEmpty) {
@@ -78,7 +128,16 @@ impl fuser::Filesystem for Classic {
     fn unlink(&self, _: &Request, _: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.n().unlink(name, reply)
     }
-    fn rename(&self, _: &Request, _: INodeNo, name: &OsStr, _: INodeNo, newname: &OsStr, _: fuser::RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        name: &OsStr,
+        _: INodeNo,
+        newname: &OsStr,
+        _: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         self.n().rename(name, newname, reply)
     }
     fn readdir(&self, _: &Request, _: INodeNo, _: FileHandle, off: u64, reply: ReplyDirectory) {
@@ -87,7 +146,16 @@ impl fuser::Filesystem for Classic {
     fn statfs(&self, _: &Request, _: INodeNo, reply: ReplyStatfs) {
         self.n().statfs(reply)
     }
-    fn setxattr(&self, _: &Request, ino: INodeNo, name: &OsStr, value: &[u8], _: i32, _: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _: i32,
+        _: u32,
+        reply: ReplyEmpty,
+    ) {
         self.n().setxattr(ino, name, value, reply)
     }
     fn getxattr(&self, _: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -133,7 +201,16 @@ impl RingFilesystem for Mem {
     ) {
         self.n().setattr(ino, size, reply)
     }
-    fn create(&self, _: &Caller, _: INodeNo, name: &OsStr, _: u32, _: u32, _: i32, reply: RingReply) {
+    fn create(
+        &self,
+        _: &Caller,
+        _: INodeNo,
+        name: &OsStr,
+        _: u32,
+        _: u32,
+        _: i32,
+        reply: RingReply,
+    ) {
         self.n().create(name, reply)
     }
     fn open(&self, _: &Caller, ino: INodeNo, _: OpenFlags, reply: RingReply) {
@@ -142,16 +219,46 @@ impl RingFilesystem for Mem {
     fn opendir(&self, _: &Caller, ino: INodeNo, _: OpenFlags, reply: RingReply) {
         self.n().open(ino, reply)
     }
-    fn read(&self, _: &Caller, ino: INodeNo, _: FileHandle, off: u64, size: u32, _: OpenFlags, _: Option<fuser::LockOwner>, reply: RingReply) {
+    fn read(
+        &self,
+        _: &Caller,
+        ino: INodeNo,
+        _: FileHandle,
+        off: u64,
+        size: u32,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        reply: RingReply,
+    ) {
         self.n().read(ino, off, size, reply)
     }
-    fn write(&self, _: &Caller, ino: INodeNo, _: FileHandle, off: u64, data: &[u8], _: fuser::WriteFlags, _: OpenFlags, _: Option<fuser::LockOwner>, reply: RingReply) {
+    fn write(
+        &self,
+        _: &Caller,
+        ino: INodeNo,
+        _: FileHandle,
+        off: u64,
+        data: &[u8],
+        _: fuser::WriteFlags,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        reply: RingReply,
+    ) {
         self.n().write(ino, off, data, reply)
     }
     fn flush(&self, _: &Caller, _: INodeNo, _: FileHandle, _: fuser::LockOwner, reply: RingReply) {
         self.n().empty(reply)
     }
-    fn release(&self, _: &Caller, _: INodeNo, _: FileHandle, _: OpenFlags, _: Option<fuser::LockOwner>, _: bool, reply: RingReply) {
+    fn release(
+        &self,
+        _: &Caller,
+        _: INodeNo,
+        _: FileHandle,
+        _: OpenFlags,
+        _: Option<fuser::LockOwner>,
+        _: bool,
+        reply: RingReply,
+    ) {
         self.n().empty(reply)
     }
     fn releasedir(&self, _: &Caller, _: INodeNo, _: FileHandle, _: OpenFlags, reply: RingReply) {
@@ -160,7 +267,16 @@ impl RingFilesystem for Mem {
     fn unlink(&self, _: &Caller, _: INodeNo, name: &OsStr, reply: RingReply) {
         self.n().unlink(name, reply)
     }
-    fn rename(&self, _: &Caller, _: INodeNo, name: &OsStr, _: INodeNo, newname: &OsStr, _: fuser::RenameFlags, reply: RingReply) {
+    fn rename(
+        &self,
+        _: &Caller,
+        _: INodeNo,
+        name: &OsStr,
+        _: INodeNo,
+        newname: &OsStr,
+        _: fuser::RenameFlags,
+        reply: RingReply,
+    ) {
         self.n().rename(name, newname, reply)
     }
     fn readdir(&self, _: &Caller, _: INodeNo, _: FileHandle, off: u64, reply: RingReply) {
@@ -169,7 +285,16 @@ impl RingFilesystem for Mem {
     fn statfs(&self, _: &Caller, _: INodeNo, reply: RingReply) {
         self.n().statfs(reply)
     }
-    fn setxattr(&self, _: &Caller, ino: INodeNo, name: &OsStr, value: &[u8], _: i32, _: u32, reply: RingReply) {
+    fn setxattr(
+        &self,
+        _: &Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _: i32,
+        _: u32,
+        reply: RingReply,
+    ) {
         self.n().setxattr(ino, name, value, reply)
     }
     fn getxattr(&self, _: &Caller, ino: INodeNo, name: &OsStr, size: u32, reply: RingReply) {
@@ -217,16 +342,26 @@ pub fn mount(use_ring: bool) -> Mounted {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![fuser::MountOption::FSName("ringtest".into())];
-    let session = fuser::Session::new(Classic(Arc::clone(&fs), use_ring), dir.path(), &cfg).expect("mount");
+    let session =
+        fuser::Session::new(Classic(Arc::clone(&fs), use_ring), dir.path(), &cfg).expect("mount");
     let dev = session.as_fd().try_clone_to_owned().expect("dup");
     let bg = session.spawn().expect("spawn");
     let ring = if use_ring {
-        let opts = RingOptions { max_write: 1 << 20, max_pages: 257, ..RingOptions::default() };
+        let opts = RingOptions {
+            max_write: 1 << 20,
+            max_pages: 257,
+            ..RingOptions::default()
+        };
         fuse_ring::start(dev, Arc::clone(&fs), opts)
     } else {
         Err(fuse_ring::Refused::ModuleDisabled)
     };
-    Mounted { fs, dir, bg: Some(bg), ring }
+    Mounted {
+        fs,
+        dir,
+        bg: Some(bg),
+        ring,
+    }
 }
 
 pub fn exercise(root: &Path) {
@@ -235,14 +370,22 @@ pub fn exercise(root: &Path) {
     assert_eq!(std::fs::read(&f).expect("read"), b"hello ring");
     assert_eq!(std::fs::metadata(&f).expect("stat").len(), 10);
     for i in 0..300 {
-        std::fs::write(root.join(format!("file-with-a-longish-name-{i:04}")), b"x").expect("create many");
+        std::fs::write(root.join(format!("file-with-a-longish-name-{i:04}")), b"x")
+            .expect("create many");
     }
-    let names: Vec<_> = std::fs::read_dir(root).expect("readdir").map(|e| e.expect("entry").file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(root)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
     assert_eq!(names.len(), 301, "every entry across several READDIR calls");
     std::fs::rename(&f, root.join("b.txt")).expect("rename");
     assert!(!f.exists());
-    assert_eq!(std::fs::read(root.join("b.txt")).expect("read renamed"), b"hello ring");
-    let b = std::ffi::CString::new(root.join("b.txt").as_os_str().as_encoded_bytes()).expect("cstr");
+    assert_eq!(
+        std::fs::read(root.join("b.txt")).expect("read renamed"),
+        b"hello ring"
+    );
+    let b =
+        std::ffi::CString::new(root.join("b.txt").as_os_str().as_encoded_bytes()).expect("cstr");
     xattr_roundtrip(&b);
     std::fs::remove_file(root.join("b.txt")).expect("unlink");
     assert!(!root.join("b.txt").exists());
@@ -257,7 +400,14 @@ fn xattr_roundtrip(path: &std::ffi::CStr) {
     assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
     let mut buf = [0u8; 16];
     // SAFETY (test): as above.
-    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
     assert_eq!(&buf[..n as usize], b"v1");
     // SAFETY (test): as above.
     let n = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -281,7 +431,8 @@ pub fn unmount_and_join(mut m: Mounted) {
             ring.join();
             let _ = tx.send(());
         });
-        rx.recv_timeout(Duration::from_secs(5)).expect("ring threads end within 5 s of unmount");
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("ring threads end within 5 s of unmount");
     }
 }
 
@@ -323,15 +474,24 @@ fn unmount_ends_the_threads() {
     let m = mount(true);
     assert!(m.ring.is_ok());
     let before = thread_names();
-    assert!(before.iter().any(|n| n.starts_with("fuse-ring-")), "{before:?}");
+    assert!(
+        before.iter().any(|n| n.starts_with("fuse-ring-")),
+        "{before:?}"
+    );
     unmount_and_join(m);
     let after = thread_names();
-    assert!(!after.iter().any(|n| n.starts_with("fuse-ring-")), "{after:?}");
+    assert!(
+        !after.iter().any(|n| n.starts_with("fuse-ring-")),
+        "{after:?}"
+    );
 }
 
 fn thread_names() -> Vec<String> {
     let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+    for e in std::fs::read_dir("/proc/self/task")
+        .expect("tasks")
+        .flatten()
+    {
         if let Ok(s) = std::fs::read_to_string(e.path().join("comm")) {
             v.push(s.trim().to_string());
         }
@@ -363,7 +523,10 @@ fn per_request_cost() {
             std::fs::remove_file(&p).expect("unlink");
         }
         let cu = t.elapsed().as_secs_f64() * 1e6 / (n / 4) as f64;
-        println!("{}: stat {stat:.2} us, create+unlink {cu:.2} us", if use_ring { "ring" } else { "classic" });
+        println!(
+            "{}: stat {stat:.2} us, create+unlink {cu:.2} us",
+            if use_ring { "ring" } else { "classic" }
+        );
         results.push((stat, cu));
         unmount_and_join(m);
     }
