@@ -96,6 +96,14 @@ fn long_functions(lines: &[String], max: usize) -> Vec<(String, usize)> {
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect();
+        // A declaration without a body (a trait's) ends its signature with `;`.
+        let sig_end = lines[i..]
+            .iter()
+            .map(|l| l.trim_end())
+            .find(|l| l.ends_with('{') || l.ends_with(';'));
+        if sig_end.is_some_and(|l| l.ends_with(';')) {
+            continue;
+        }
         let close = format!("{}}}", " ".repeat(indent));
         let Some(len) = lines[i..].iter().position(|l| *l == close) else {
             continue; // a declaration without a body

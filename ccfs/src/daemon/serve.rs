@@ -256,11 +256,12 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         cache: plan.settings.cache_timeout,
         readdirplus: plan.settings.readdirplus,
     };
-    let fs = CcfsFs::new(overlay.clone(), timeouts, io.clone());
+    let fs = Arc::new(CcfsFs::new(overlay.clone(), timeouts, io.clone()));
     let node_table = fs.node_table();
+    let served = crate::fuse::Served(fs.clone());
     let mut session = match user_mount.as_mut() {
-        Some(m) => fuser::Session::from_fd(fs, m.take_channel()?, config.acl, config.clone())?,
-        None => fuser::Session::new(fs, &plan.mountpoint, &config)?,
+        Some(m) => fuser::Session::from_fd(served, m.take_channel()?, config.acl, config.clone())?,
+        None => fuser::Session::new(served, &plan.mountpoint, &config)?,
     };
     daemon.set_kernel_view(crate::fuse::KernelView::new(node_table, session.notifier()));
     if user_mount.is_none() && plan.settings.kernel_passthrough {

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, ReplyXattr, Request, TimeOrNow};
+use fuse_ring::reply as rep;
+use fuse_ring::Caller;
+use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, TimeOrNow};
 
 use crate::backing::IoMode;
 use crate::error::FsError;
@@ -43,7 +45,7 @@ pub(super) fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {
 }
 
 /// An xattr value or list: its size when asked with size 0, ERANGE when it does not fit.
-pub(super) fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+pub(super) fn reply_xattr(reply: impl rep::Xattr, size: u32, data: &[u8]) {
     if size == 0 {
         reply.size(data.len() as u32);
     } else if data.len() > size as usize {
@@ -137,10 +139,10 @@ pub(super) fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-pub(super) fn ctx(req: &Request, umask: u32) -> Ctx {
+pub(super) fn ctx(req: &Caller, umask: u32) -> Ctx {
     Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
+        uid: req.uid,
+        gid: req.gid,
         umask,
     }
 }

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::Duration;
 
-use fuser::{Errno, FileHandle, FileType, INodeNo, Request};
+use fuse_ring::Caller;
+use fuser::{Errno, FileHandle, FileType, INodeNo};
 
 use crate::backing::{IoMode, OpenKind};
 use crate::locks::Locked;
@@ -175,7 +176,7 @@ impl CcfsFs {
     /// (see [`Overlay::file_to_write`]).
     pub(super) fn writable<'a>(
         &self,
-        req: &Request,
+        req: &Caller,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
         self.file_ready(req, h, true)
@@ -184,7 +185,7 @@ impl CcfsFs {
     /// The file of a handle for reading (see [`Overlay::file_to_read`]).
     pub(super) fn readable<'a>(
         &self,
-        req: &Request,
+        req: &Caller,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
         self.file_ready(req, h, false)
@@ -192,7 +193,7 @@ impl CcfsFs {
 
     fn file_ready<'a>(
         &self,
-        req: &Request,
+        req: &Caller,
         h: &'a Handle,
         write: bool,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {

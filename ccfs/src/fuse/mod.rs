@@ -12,11 +12,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use fuse_ring::reply as rep;
+use fuse_ring::Caller;
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, TimeOrNow, WriteFlags,
 };
 
 use crate::backing::{IoMode, Passthrough};
@@ -24,7 +24,6 @@ use crate::counters::Req;
 use crate::error::FsError;
 use crate::nodes::Nodes;
 use crate::overlay::{Layer, Overlay, SetAttr};
-use crate::sys;
 
 /// How long the kernel may keep what ccfs answered, by where the answer came from.
 #[derive(Debug, Clone, Copy)]
@@ -69,11 +68,13 @@ macro_rules! try_reply {
     };
 }
 
+mod adapter;
 mod convert;
 mod handles;
 mod kernel_view;
 mod names;
 
+pub use adapter::Served;
 use convert::*;
 use handles::*;
 pub use kernel_view::KernelView;
@@ -98,8 +99,9 @@ impl CcfsFs {
     }
 }
 
-impl Filesystem for CcfsFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+impl CcfsFs {
+    /// What ccfs asks of the kernel at INIT.
+    fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {
         use fuser::InitFlags as F;
         // Lookups and listings of one directory may run at once; symlink targets are
         // kept by the kernel (a target never changes in place). Not FUSE_ATOMIC_O_TRUNC:
@@ -125,7 +127,7 @@ impl Filesystem for CcfsFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, _req: &Caller, parent: INodeNo, name: &OsStr, reply: impl rep::Entry) {
         self.count(Req::Lookup, parent, Some(name));
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
@@ -145,14 +147,14 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+    fn forget(&self, _req: &Caller, ino: INodeNo, nlookup: u64) {
         self.nodes().forget(ino.0, nlookup);
         // The kernel dropped the inode, and its pages and listing with it.
         self.io.forget(ino.0);
         self.listed().remove(&ino.0);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr<R: rep::Attr>(&self, _req: &Caller, ino: INodeNo, fh: Option<FileHandle>, reply: R) {
         self.count(Req::Getattr, ino, None);
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
@@ -166,7 +168,7 @@ impl Filesystem for CcfsFs {
         }
         // fstat of a file unlinked while open comes without a handle: use any handle
         // still open on the node.
-        let fallback = |e: Errno, reply: ReplyAttr| match self.open_node_stat(ino.0) {
+        let fallback = |e: Errno, reply: R| match self.open_node_stat(ino.0) {
             Some(m) => reply.attr(&self.ttl.share, &attr(ino.0, &m)),
             None => reply.error(e),
         };
@@ -182,7 +184,7 @@ impl Filesystem for CcfsFs {
 
     fn setattr(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -196,7 +198,7 @@ impl Filesystem for CcfsFs {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
+        reply: impl rep::Attr,
     ) {
         self.count(Req::Setattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
@@ -223,7 +225,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, _req: &Caller, ino: INodeNo, reply: impl rep::Data) {
         self.count(Req::Readlink, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.readlink(&path) {
@@ -234,13 +236,13 @@ impl Filesystem for CcfsFs {
 
     fn mknod(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
+        reply: impl rep::Entry,
     ) {
         self.count(Req::Mknod, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
@@ -260,12 +262,12 @@ impl Filesystem for CcfsFs {
 
     fn mkdir(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
+        reply: impl rep::Entry,
     ) {
         self.count(Req::Mkdir, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
@@ -280,23 +282,23 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, _req: &Caller, parent: INodeNo, name: &OsStr, reply: impl rep::Empty) {
         self.count(Req::Unlink, parent, Some(name));
         self.remove(parent, name, false, reply);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, _req: &Caller, parent: INodeNo, name: &OsStr, reply: impl rep::Empty) {
         self.count(Req::Rmdir, parent, Some(name));
         self.remove(parent, name, true, reply);
     }
 
     fn symlink(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
-        reply: ReplyEntry,
+        reply: impl rep::Entry,
     ) {
         self.count(Req::Symlink, parent, Some(link_name));
         let dir = try_reply!(reply, self.path(parent));
@@ -313,13 +315,13 @@ impl Filesystem for CcfsFs {
 
     fn rename(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
         flags: RenameFlags,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Rename, parent, Some(name));
         let from_dir = try_reply!(reply, self.path(parent));
@@ -351,11 +353,11 @@ impl Filesystem for CcfsFs {
 
     fn link(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
-        reply: ReplyEntry,
+        reply: impl rep::Entry,
     ) {
         self.count(Req::Link, newparent, Some(newname));
         let src = try_reply!(reply, self.path(ino));
@@ -381,7 +383,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Caller, ino: INodeNo, flags: OpenFlags, reply: impl rep::Open) {
         self.count(Req::Open, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.open_file(&ctx(req, 0), &path, flags.0) {
@@ -405,7 +407,7 @@ impl Filesystem for CcfsFs {
                     // `id` is registered with this session and stays so while a handle
                     // uses it (closed in `released` after the last one).
                     IoMode::Passthrough(id) => {
-                        sys::reply_opened_passthrough(reply, fh, fopen_flags(mode), id)
+                        reply.opened_passthrough_raw(fh, fopen_flags(mode), id)
                     }
                     _ => reply.opened(fh, fopen_flags(mode)),
                 }
@@ -416,14 +418,14 @@ impl Filesystem for CcfsFs {
 
     fn read(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
+        reply: impl rep::Data,
     ) {
         self.count(Req::Read, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
@@ -440,7 +442,7 @@ impl Filesystem for CcfsFs {
 
     fn write(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -448,7 +450,7 @@ impl Filesystem for CcfsFs {
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
+        reply: impl rep::Write,
     ) {
         self.count(Req::Write, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
@@ -464,11 +466,11 @@ impl Filesystem for CcfsFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Flush, ino, None);
         reply.ok();
@@ -476,13 +478,13 @@ impl Filesystem for CcfsFs {
 
     fn release(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Release, ino, None);
         let removed = self.handles().remove(&fh.0);
@@ -498,7 +500,7 @@ impl Filesystem for CcfsFs {
     /// so the logout sync that follows sees no writer the session no longer has (a file
     /// counted as written still was never marked synced: "not everything reached the
     /// share") and the kernel's backing files are given back.
-    fn destroy(&mut self) {
+    fn destroy(&self) {
         let left: Vec<Arc<Handle>> = self.handles().drain().map(|(_, h)| h).collect();
         if !left.is_empty() {
             tracing::debug!(
@@ -513,11 +515,11 @@ impl Filesystem for CcfsFs {
 
     fn fsync(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Fsync, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
@@ -542,7 +544,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Caller, ino: INodeNo, _flags: OpenFlags, reply: impl rep::Open) {
         self.count(Req::Opendir, ino, None);
         let path = try_reply!(reply, self.path(ino));
         // The kernel keeps the listing it reads through this handle (FOPEN_CACHE_DIR),
@@ -577,11 +579,11 @@ impl Filesystem for CcfsFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        mut reply: impl rep::Directory,
     ) {
         self.count(Req::Readdir, ino, None);
         let h = try_reply!(reply, self.handle(fh));
@@ -600,11 +602,11 @@ impl Filesystem for CcfsFs {
     /// gone since the listing was made is left out. Counted with the listings.
     fn readdirplus(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        mut reply: impl rep::DirectoryPlus,
     ) {
         self.count(Req::Readdir, ino, None);
         let h = try_reply!(reply, self.handle(fh));
@@ -646,11 +648,11 @@ impl Filesystem for CcfsFs {
 
     fn releasedir(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Releasedir, ino, None);
         self.handles().remove(&fh.0);
@@ -659,17 +661,17 @@ impl Filesystem for CcfsFs {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        _req: &Caller,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Fsyncdir, ino, None);
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _req: &Caller, ino: INodeNo, reply: impl rep::Statfs) {
         self.count(Req::Statfs, ino, None);
         match self.overlay.statfs() {
             Ok(s) => reply.statfs(
@@ -688,13 +690,13 @@ impl Filesystem for CcfsFs {
 
     fn setxattr(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
         flags: i32,
         _position: u32,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Setxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
@@ -707,7 +709,14 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+        reply: impl rep::Xattr,
+    ) {
         self.count(Req::Getxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         let value = self
@@ -720,7 +729,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, _req: &Caller, ino: INodeNo, size: u32, reply: impl rep::Xattr) {
         self.count(Req::Listxattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.listxattr(&path) {
@@ -736,7 +745,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Caller, ino: INodeNo, name: &OsStr, reply: impl rep::Empty) {
         self.count(Req::Removexattr, ino, None);
         let path = try_reply!(reply, self.path(ino));
         match self.overlay.removexattr(&ctx(req, 0), &path, name) {
@@ -745,7 +754,7 @@ impl Filesystem for CcfsFs {
         }
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, _req: &Caller, ino: INodeNo, _mask: AccessFlags, reply: impl rep::Empty) {
         self.count(Req::Access, ino, None);
         // Permission bits are checked by the kernel (default_permissions); this only
         // answers whether the object still exists.
@@ -758,13 +767,13 @@ impl Filesystem for CcfsFs {
 
     fn create(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         flags: i32,
-        reply: ReplyCreate,
+        reply: impl rep::Create,
     ) {
         self.count(Req::Create, parent, Some(name));
         let dir = try_reply!(reply, self.path(parent));
@@ -802,9 +811,14 @@ impl Filesystem for CcfsFs {
                 let fh = self.add_handle(Handle::file(a.ino.0, opened, mode));
                 let ttl = self.ttl(found.layer);
                 match mode {
-                    IoMode::Passthrough(id) => {
-                        sys::reply_created_passthrough(reply, (&ttl, &a), fh, fopen_flags(mode), id)
-                    }
+                    IoMode::Passthrough(id) => reply.created_passthrough_raw(
+                        &ttl,
+                        &a,
+                        Generation(0),
+                        fh,
+                        fopen_flags(mode),
+                        id,
+                    ),
                     _ => reply.created(&ttl, &a, Generation(0), fh, fopen_flags(mode)),
                 }
             }
@@ -814,13 +828,13 @@ impl Filesystem for CcfsFs {
 
     fn fallocate(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
+        reply: impl rep::Empty,
     ) {
         self.count(Req::Fallocate, ino, None);
         let h = try_reply!(reply, self.file_of(fh));

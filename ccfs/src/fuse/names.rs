@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::MutexGuard;
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, INodeNo, ReplyEmpty};
+use fuse_ring::reply as rep;
+use fuser::{Errno, FileAttr, INodeNo};
 
 use crate::counters::Req;
 use crate::locks::Locked;
@@ -106,7 +107,7 @@ impl CcfsFs {
 
     /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
     /// that nothing made meanwhile at that name can get it, and put back if the change fails.
-    pub(super) fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+    pub(super) fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: impl rep::Empty) {
         let parent_path = try_reply!(reply, self.path(parent));
         let path = parent_path.join(name);
         let detached = self.nodes().detach(parent.0, name);

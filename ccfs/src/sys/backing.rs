@@ -307,36 +307,3 @@ pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
         Ok(v as u32)
     }
 }
-
-/// Answers an open with file handle `fh`, whose reads and writes the kernel does itself on
-/// the backing file `id` (registered with this session by [`fuse_backing_open`]).
-///
-/// Safe for any `id`: fuser's wrapper of it is given back unclosed, so no backing file is
-/// closed here whatever `id` is; an id this session has not registered makes the kernel
-/// fail the open.
-pub fn reply_opened_passthrough(
-    reply: fuser::ReplyOpen,
-    fh: fuser::FileHandle,
-    flags: fuser::FopenFlags,
-    id: u32,
-) {
-    // SAFETY: the wrapper lives only for the reply below and is given back without
-    // closing `id` (`into_raw`), so nothing is closed that a handle still uses.
-    let backing = unsafe { reply.wrap_backing(id) };
-    reply.opened_passthrough(fh, flags, &backing);
-    backing.into_raw();
-}
-
-/// As [`reply_opened_passthrough`], for a create: the new file's entry and handle.
-pub fn reply_created_passthrough(
-    reply: fuser::ReplyCreate,
-    entry: (&std::time::Duration, &fuser::FileAttr),
-    fh: fuser::FileHandle,
-    flags: fuser::FopenFlags,
-    id: u32,
-) {
-    // SAFETY: as in `reply_opened_passthrough`.
-    let backing = unsafe { reply.wrap_backing(id) };
-    reply.created_passthrough(entry.0, entry.1, fuser::Generation(0), fh, flags, &backing);
-    backing.into_raw();
-}
