@@ -74,6 +74,30 @@ pub struct MountSection {
     pub readdirplus: bool,
     pub allow_other: bool,
     pub count_paths: usize,
+    pub transport: Transport,
+}
+
+/// How requests travel between the kernel and the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// A read and a write of /dev/fuse per request.
+    DevFuse,
+    /// FUSE over io_uring (Linux 6.14 or later, the fuse module's `enable_uring` on): one
+    /// ring entry per serving thread; /dev/fuse when the kernel refuses.
+    IoUring,
+}
+
+impl Default for Transport {
+    /// /dev/fuse; a build with the `ring-default` feature (the test suite's second run)
+    /// takes FUSE over io_uring instead.
+    fn default() -> Self {
+        if cfg!(feature = "ring-default") {
+            Transport::IoUring
+        } else {
+            Transport::DevFuse
+        }
+    }
 }
 
 impl Default for MountSection {
@@ -86,6 +110,7 @@ impl Default for MountSection {
             readdirplus: true,
             allow_other: false,
             count_paths: 0,
+            transport: Transport::default(),
         }
     }
 }
@@ -230,6 +255,8 @@ pub struct Settings {
     pub allow_other: bool,
     /// Requests are counted by the first N components of their path too (0: not).
     pub count_paths: usize,
+    /// How requests travel (`[mount] transport`).
+    pub transport: Transport,
     /// Where homes are (`[homes]`), for commands given a user instead of paths.
     pub homes: HomesSection,
     /// The PAM session hook's choices (`[session]`).
@@ -259,6 +286,7 @@ impl Default for Settings {
             readdirplus: true,
             allow_other: false,
             count_paths: 0,
+            transport: Transport::default(),
             homes: HomesSection::default(),
             session: SessionSection::default(),
             recovery: RecoverySection::default(),
@@ -455,6 +483,7 @@ impl Settings {
             readdirplus: raw.mount.readdirplus,
             allow_other: raw.mount.allow_other,
             count_paths: raw.mount.count_paths,
+            transport: raw.mount.transport,
         })
     }
 }

@@ -208,12 +208,27 @@ impl Fixture {
         args.push(mnt.as_os_str());
         let out = ccfs(&args);
         assert!(out.status.success(), "mount failed: {}", text(&out));
-        Mount {
+        let m = Mount {
             _fx: self,
             mnt: mnt.to_path_buf(),
             active: true,
+        };
+        if ring_expected() {
+            let t = &m.status()["transport"];
+            assert_eq!(
+                t["serving"], "io-uring",
+                "this run's mounts must be served over FUSE over io_uring: {t}"
+            );
         }
+        m
     }
+}
+
+/// Whether this run's mounts must be served over FUSE over io_uring
+/// (`CCFS_TEST_TRANSPORT=io-uring`: the suite's run with a ccfs built to take it by
+/// default).
+pub fn ring_expected() -> bool {
+    std::env::var_os("CCFS_TEST_TRANSPORT").is_some_and(|v| v == "io-uring")
 }
 
 /// A live mount; dropping it unmounts (lazily if a test failed mid-way).

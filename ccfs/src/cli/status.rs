@@ -292,6 +292,19 @@ pub(crate) fn status_cmd(
             human_bytes(r.read_bytes),
             human_bytes(r.write_bytes)
         );
+        if let Some(t) = &st.transport {
+            match &t.refused {
+                Some(why) => say!(
+                    "  transport: {} (io-uring asked for, not used: {why})",
+                    t.serving
+                ),
+                None if t.serving == "io-uring" => say!(
+                    "  transport: io-uring ({} requests over the ring)",
+                    t.ring_requests
+                ),
+                None => say!("  transport: {}", t.serving),
+            }
+        }
         for c in &st.conflicts {
             say!("  {}", describe_conflict(c));
         }

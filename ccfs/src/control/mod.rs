@@ -163,6 +163,9 @@ pub struct Status {
     /// The FUSE requests served since the mount, by kind, and the bytes moved.
     #[serde(default)]
     pub requests: crate::counters::RequestCounts,
+    /// How requests travel (None from a daemon that does not say).
+    #[serde(default)]
+    pub transport: Option<crate::fuse::TransportState>,
     /// Files held by block, and the bytes of the blocks they lack (read from the share
     /// until the background fill, if it runs, has copied them).
     #[serde(default)]

@@ -39,6 +39,8 @@ pub struct Daemon {
     listing: Arc<std::sync::atomic::AtomicBool>,
     /// The kernel's names, once the session is up (see [`Daemon::set_kernel_view`]).
     kernel: std::sync::OnceLock<crate::fuse::KernelView>,
+    /// How requests travel, once the session is up.
+    transport: std::sync::OnceLock<Arc<crate::fuse::RingSlot>>,
 }
 
 impl Daemon {
@@ -66,12 +68,18 @@ impl Daemon {
             waiters: AtomicUsize::new(0),
             listing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             kernel: std::sync::OnceLock::new(),
+            transport: std::sync::OnceLock::new(),
         })
     }
 
     /// Lets syncs tell the kernel which names show another file after them.
     pub fn set_kernel_view(&self, view: crate::fuse::KernelView) {
         let _ = self.kernel.set(view);
+    }
+
+    /// Lets `ccfs status` say how requests travel.
+    pub fn set_transport(&self, ring: Arc<crate::fuse::RingSlot>) {
+        let _ = self.transport.set(ring);
     }
 
     /// Whether the share answers now (waits at most [`PROBE_TIMEOUT`]).
@@ -191,6 +199,7 @@ impl Daemon {
             last_sync: self.last_sync.locked().clone(),
             conflicts: self.conflicts.locked().clone(),
             requests: self.overlay.requests.snapshot(),
+            transport: self.transport.get().map(|r| r.transport()),
             held_by_block: {
                 let (files, lacking_bytes, to_fill_bytes) = self.overlay.held_by_block_now();
                 super::HeldByBlock {

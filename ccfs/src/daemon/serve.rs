@@ -258,12 +258,26 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     };
     let fs = Arc::new(CcfsFs::new(overlay.clone(), timeouts, io.clone()));
     let node_table = fs.node_table();
+    if plan.settings.transport == crate::config::Transport::IoUring {
+        // The ring's threads share the request threads' count among the kernel's queues
+        // (one per CPU), two at least on each: a request waiting on a slow share holds up
+        // only its own thread.
+        let queues = fuse_ring::possible_cpus().unwrap_or(1).max(1);
+        fs.ring.want(plan.settings.threads.div_ceil(queues).max(2));
+    }
     let served = crate::fuse::Served(fs.clone());
     let mut session = match user_mount.as_mut() {
         Some(m) => fuser::Session::from_fd(served, m.take_channel()?, config.acl, config.clone())?,
         None => fuser::Session::new(served, &plan.mountpoint, &config)?,
     };
     daemon.set_kernel_view(crate::fuse::KernelView::new(node_table, session.notifier()));
+    daemon.set_transport(fs.ring.clone());
+    // The ring starts now that INIT is answered (fuser answers it before the session
+    // is returned); requests wait for it meanwhile.
+    if plan.settings.transport == crate::config::Transport::IoUring {
+        let dev = std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?;
+        fs.ring.start(&fs, dev);
+    }
     if user_mount.is_none() && plan.settings.kernel_passthrough {
         if sys::geteuid() == 0 {
             let dev = std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?;
@@ -298,6 +312,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         }
         Err(e) => tracing::error!("the FUSE session ended with an error: {e}"),
     }
+    fs.ring.finish();
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
     // Does not start rsync when the share does not answer: the cache keeps everything.

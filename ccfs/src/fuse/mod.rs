@@ -54,6 +54,8 @@ pub struct CcfsFs {
     /// Each directory's last listing: an OPENDIR that finds the directory unchanged lets
     /// the kernel keep that listing (FOPEN_KEEP_CACHE).
     listed: Mutex<HashMap<u64, Listed>>,
+    /// FUSE over io_uring, when the mount asks for it.
+    pub ring: Arc<RingSlot>,
 }
 
 macro_rules! try_reply {
@@ -73,11 +75,13 @@ mod convert;
 mod handles;
 mod kernel_view;
 mod names;
+mod ring;
 
 pub use adapter::Served;
 use convert::*;
 use handles::*;
 pub use kernel_view::KernelView;
+pub use ring::{RingSlot, TransportState};
 
 impl CcfsFs {
     pub fn new(overlay: Arc<Overlay>, ttl: Timeouts, io: Arc<Passthrough>) -> Self {
@@ -90,6 +94,7 @@ impl CcfsFs {
             ttl,
             io,
             listed: Mutex::new(HashMap::new()),
+            ring: Arc::new(RingSlot::off()),
         }
     }
 
@@ -99,6 +104,9 @@ impl CcfsFs {
     }
 }
 
+/// The request handlers, one per FUSE request, with the parameter lists of fuser's
+/// `Filesystem` (every transport calls them: [`Served`]).
+#[allow(clippy::too_many_arguments)]
 impl CcfsFs {
     /// What ccfs asks of the kernel at INIT.
     fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {

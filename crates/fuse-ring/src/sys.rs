@@ -91,6 +91,23 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+/// Runs the calling thread on CPU `cpu` only: the kernel hands queue `cpu` the requests
+/// made on that CPU, so the server runs where the caller sleeps (no wake-up of another
+/// CPU). Fails when the CPU is not one the thread may use.
+pub(crate) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET only writes inside it (it
+    // ignores numbers past CPU_SETSIZE), and sched_setaffinity reads `size_of` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
 
 /// The page size.
 pub(crate) fn page_size() -> usize {

@@ -85,6 +85,8 @@ impl<FS: RingFilesystem> Worker<FS> {
         report: std::sync::mpsc::Sender<Result<(), Refused>>,
     ) {
         let Ok(deadline) = go.recv() else { return };
+        // Best effort: a CPU this thread may not use only costs a wake-up elsewhere.
+        let _ = sys::pin_to_cpu(usize::from(self.qid));
         let mut bufs = Buffers::new(self.payload_len);
         let mut ring = match new_ring() {
             Ok(r) => r,
