@@ -212,6 +212,15 @@ impl CcfsServer {
         std::fs::create_dir(&base).expect("base");
         std::fs::create_dir(&mnt).expect("mnt");
         let config = tmp.path().join("passthrough.toml");
+        // It stands for a network share, whose hung requests a kill ends: it serves
+        // through /dev/fuse (a stopped daemon's ring entries would still be handed
+        // requests, which then wait unkillably) in every run, the ring's too.
+        let transport = "transport = \"dev-fuse\"\n";
+        let more = if more.contains("[mount]\n") {
+            more.replacen("[mount]\n", &format!("[mount]\n{transport}"), 1)
+        } else {
+            format!("{more}[mount]\n{transport}")
+        };
         write(
             &config,
             &format!("[paths]\ndotfiles_cached = false\nlocal_only = []\n{more}"),

@@ -259,11 +259,11 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     let fs = Arc::new(CcfsFs::new(overlay.clone(), timeouts, io.clone()));
     let node_table = fs.node_table();
     if plan.settings.transport == crate::config::Transport::IoUring {
-        // The ring's threads share the request threads' count among the kernel's queues
-        // (one per CPU), two at least on each: a request waiting on a slow share holds up
-        // only its own thread.
-        let queues = fuse_ring::possible_cpus().unwrap_or(1).max(1);
-        fs.ring.want(plan.settings.threads.div_ceil(queues).max(2));
+        // The kernel hands a request to the queue of the CPU it was made on, and a
+        // queue's requests wait for that queue's threads only: each queue gets as many
+        // threads as the mount has (two at least), so requests waiting on a slow share
+        // hold up no more of a CPU's requests than they would hold up through /dev/fuse.
+        fs.ring.want(plan.settings.threads.max(2));
     }
     let served = crate::fuse::Served(fs.clone());
     let mut session = match user_mount.as_mut() {
