@@ -257,7 +257,48 @@ fn full_table(rows: &[(String, Row)], roles: &Roles, table: &[BTreeMap<&str, Cel
     s
 }
 
-/// The Markdown report: what was measured where, and the two tables.
+/// The targets measured over both transports: (over /dev/fuse, over io_uring), the latter
+/// named as the former with `-uring` added.
+pub fn transport_pairs(rows: &[(String, Row)]) -> Vec<(String, String)> {
+    rows.iter()
+        .filter_map(|(t, _)| {
+            let classic = t.strip_suffix("-uring")?;
+            rows.iter()
+                .any(|(c, _)| c == classic)
+                .then(|| (classic.to_string(), t.clone()))
+        })
+        .collect()
+}
+
+/// The third table: each pair's io_uring median over its /dev/fuse median, per operation.
+fn transport_table(rows: &[(String, Row)]) -> Option<String> {
+    let pairs = transport_pairs(rows);
+    if pairs.is_empty() {
+        return None;
+    }
+    let mut s = String::from("| operation |");
+    for (classic, _) in &pairs {
+        let _ = write!(s, " {classic} |");
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---:|".repeat(pairs.len()));
+    s.push('\n');
+    for (op, _, title) in OPS {
+        let _ = write!(s, "| {title} |");
+        for (classic, ring) in &pairs {
+            match (med(rows, classic, op), med(rows, ring, op)) {
+                (Some(c), Some(r)) if c > 0.0 => {
+                    let _ = write!(s, " {:.2}x |", r / c);
+                }
+                _ => s.push_str(" - |"),
+            }
+        }
+        s.push('\n');
+    }
+    Some(s)
+}
+
+/// The Markdown report: what was measured where, and the tables.
 pub fn markdown(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles) -> String {
     let table = cells(rows, roles);
     let mut s = String::from("# bench-ccfs results\n\n");
@@ -278,6 +319,13 @@ pub fn markdown(meta: &[(String, String)], rows: &[(String, Row)], roles: &Roles
     s.push_str(&summary_table(rows, roles, &table));
     s.push_str("\n## Every target (ratio to bare in brackets)\n\n");
     s.push_str(&full_table(rows, roles, &table));
+    if let Some(t) = transport_table(rows) {
+        s.push_str(
+            "\n## FUSE over io_uring against /dev/fuse (the io_uring rate over the /dev/fuse \
+             rate of the same target; above 1: faster over the ring)\n\n",
+        );
+        s.push_str(&t);
+    }
     let notes: Vec<String> = rows
         .iter()
         .filter_map(|(t, r)| r.status.as_ref().map(|st| format!("- {t}: {st}")))
@@ -319,8 +367,22 @@ pub fn report_json(meta: &[(String, String)], rows: &[(String, Row)], roles: &Ro
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
+    let transports: serde_json::Map<String, Value> = transport_pairs(rows)
+        .into_iter()
+        .map(|(classic, ring)| {
+            let ratios: serde_json::Map<String, Value> = OPS
+                .iter()
+                .filter_map(|(op, _, _)| {
+                    let (c, r) = (med(rows, &classic, op)?, med(rows, &ring, op)?);
+                    (c > 0.0).then(|| (op.to_string(), json!(r / c)))
+                })
+                .collect();
+            (classic, Value::Object(ratios))
+        })
+        .collect();
     json!({
         "schema": "bench-ccfs/2",
+        "io_uring_over_dev_fuse": transports,
         "meta": meta,
         "bare": roles.bare,
         "fuse_peers_at_equal_settings": roles.peers,
@@ -459,6 +521,27 @@ mod tests {
         let js = report_json(&[], &rows, &roles());
         assert_eq!(js["targets"][1]["status"], "not installed");
         assert_eq!(js["targets"][2]["ops"]["create"]["ratio_to_bare"], 0.5);
+    }
+
+    #[test]
+    fn each_target_over_the_ring_is_compared_with_itself_over_dev_fuse() {
+        let raw = [
+            line("tmpfs", 1, "stat", 1000.0),
+            line("ccfs-ttl0", 1, "stat", 100.0),
+            line("ccfs-ttl0-uring", 1, "stat", 250.0),
+            line("lonely-uring", 1, "stat", 5.0),
+        ]
+        .join("\n");
+        let rows = collect(&raw).expect("collect");
+        assert_eq!(
+            transport_pairs(&rows),
+            vec![("ccfs-ttl0".to_string(), "ccfs-ttl0-uring".to_string())]
+        );
+        let md = markdown(&[], &rows, &roles());
+        let ring = md.split("## FUSE over io_uring").nth(1).expect("the table");
+        assert!(ring.contains("| stat | 2.50x |"), "{ring}");
+        let js = report_json(&[], &rows, &roles());
+        assert_eq!(js["io_uring_over_dev_fuse"]["ccfs-ttl0"]["stat"], 2.5);
     }
 
     #[test]
