@@ -258,13 +258,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     };
     let fs = Arc::new(CcfsFs::new(overlay.clone(), timeouts, io.clone()));
     let node_table = fs.node_table();
-    if plan.settings.transport == crate::config::Transport::IoUring {
-        // The kernel hands a request to the queue of the CPU it was made on, and a
-        // queue's requests wait for that queue's threads only: each queue gets as many
-        // threads as the mount has (two at least), so requests waiting on a slow share
-        // hold up no more of a CPU's requests than they would hold up through /dev/fuse.
-        fs.ring.want(plan.settings.threads.max(2));
-    }
+    want_ring(plan, &fs);
     let served = crate::fuse::Served(fs.clone());
     let mut session = match user_mount.as_mut() {
         Some(m) => fuser::Session::from_fd(served, m.take_channel()?, config.acl, config.clone())?,
@@ -272,29 +266,19 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     };
     daemon.set_kernel_view(crate::fuse::KernelView::new(node_table, session.notifier()));
     daemon.set_transport(fs.ring.clone());
-    // The ring starts now that INIT is answered (fuser answers it before the session
-    // is returned); requests wait for it meanwhile.
-    if plan.settings.transport == crate::config::Transport::IoUring {
-        let dev = std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?;
-        fs.ring.start(&fs, dev);
-    }
-    if user_mount.is_none() && plan.settings.kernel_passthrough {
-        if sys::geteuid() == 0 {
-            let dev = std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?;
-            io.set_registrar(crate::backing::Registrar::Direct(dev));
-        } else {
-            io.disable("it needs a mount started by root");
-        }
-    }
+    hand_device(
+        plan,
+        user_mount.is_none(),
+        &io,
+        &fs,
+        std::os::fd::AsFd::as_fd(&session),
+    )?;
     let unmounter = session.unmount_callable();
     let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
     spawn_unmount_on_signal(unmounter, user_unmount)?;
-    tracing::info!(
-        share = %LogPath(&plan.share),
-        mountpoint = %LogPath(&plan.mountpoint),
-        cache = %LogPath(&plan.cache_dir),
-        "ccfs is mounted"
-    );
+    let (share, mountpoint) = (LogPath(&plan.share), LogPath(&plan.mountpoint));
+    let cache = LogPath(&plan.cache_dir);
+    tracing::info!(%share, %mountpoint, %cache, "ccfs is mounted");
     *live = true;
     report_ready();
     if earlier_work {
@@ -322,6 +306,55 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     daemon.drain_waiters(Duration::from_secs(5));
     let _ = fs::remove_file(&socket);
     Ok(ok)
+}
+
+/// Hands the session's device to what needs its own: kernel passthrough's registrar (a
+/// mount the daemon made itself, not one made for a user) and the ring (when INIT
+/// offered it).
+fn hand_device(
+    plan: &MountPlan,
+    mounted_itself: bool,
+    io: &crate::backing::Passthrough,
+    fs: &Arc<CcfsFs>,
+    dev: std::os::fd::BorrowedFd<'_>,
+) -> anyhow::Result<()> {
+    if mounted_itself && plan.settings.kernel_passthrough {
+        if sys::geteuid() == 0 {
+            io.set_registrar(crate::backing::Registrar::Direct(dev.try_clone_to_owned()?));
+        } else {
+            io.disable("it needs a mount started by root");
+        }
+    }
+    // The ring starts now that INIT is answered (fuser answers it before the session
+    // is returned); requests wait for it meanwhile.
+    if plan.settings.transport == crate::config::Transport::IoUring {
+        fs.ring.start(fs, dev.try_clone_to_owned()?);
+    }
+    Ok(())
+}
+
+/// Asks for FUSE over io_uring when the plan's `[mount] transport` does, before the
+/// session's INIT (see [`crate::fuse::RingSlot`]).
+fn want_ring(plan: &MountPlan, fs: &CcfsFs) {
+    if plan.settings.transport == crate::config::Transport::IoUring {
+        // The kernel hands a request to the queue of the CPU it was made on, and a
+        // queue's requests wait for that queue's threads only: each queue gets as many
+        // threads as the mount has (two at least), so requests waiting on a slow share
+        // hold up no more of a CPU's requests than they would hold up through /dev/fuse.
+        if plan.user.is_some() && plan.settings.allow_other {
+            // The user may stop her own daemon, and a stopped daemon's ring entries are
+            // still handed requests, which then wait unkillably (over /dev/fuse they wait
+            // killably): other users' and root's programs in her home must not.
+            fs.ring.decline(
+                "a mount for a user with allow_other: her daemon, stopped, would hold \
+                 other users' programs unkillably (use transport = \"dev-fuse\", or \
+                 allow_other = false)"
+                    .into(),
+            );
+        } else {
+            fs.ring.want(plan.settings.threads.max(2));
+        }
+    }
 }
 
 /// Mounts for user `u` as root, starts the passthrough broker where it is used, then

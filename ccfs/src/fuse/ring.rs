@@ -93,6 +93,11 @@ impl RingSlot {
         *self.state.locked() = state;
     }
 
+    /// Not to be used for this mount: said in the log and in `ccfs status`.
+    pub fn decline(&self, why: String) {
+        self.refuse(why);
+    }
+
     fn refuse(&self, why: String) {
         tracing::warn!("FUSE over io_uring is not used: {why}; requests go through /dev/fuse");
         self.set(State::Refused(why));

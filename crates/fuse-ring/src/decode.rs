@@ -342,6 +342,20 @@ fn decode_op<'a>(h: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Option<Resu
         }
         FUSE_READ | FUSE_READDIR | FUSE_READDIRPLUS => return read_like(h.opcode, &mut a),
         FUSE_WRITE => return write(&mut a, payload),
+        _ => return decode_file_op(h, &mut a, &mut p),
+    };
+    Some(Ok(op))
+}
+
+/// The rest of [`decode_op`]: statfs, handles, extended attributes, access, create and
+/// the ranges of open files.
+fn decode_file_op<'a>(
+    h: InHeader,
+    a: &mut Reader<'a>,
+    p: &mut Reader<'a>,
+) -> Option<Result<Op<'a>, Errno>> {
+    use abi::*;
+    let op = match h.opcode {
         FUSE_STATFS => Op::StatFs,
         FUSE_RELEASE | FUSE_RELEASEDIR => {
             let (fh, flags, rflags, owner) = (
@@ -430,7 +444,7 @@ fn decode_op<'a>(h: InHeader, op_in: &'a [u8], payload: &'a [u8]) -> Option<Resu
             let (fh, offset, whence) = (FileHandle(a.u64()?), a.u64()? as i64, a.i32()?);
             Op::Lseek { fh, offset, whence }
         }
-        FUSE_COPY_FILE_RANGE => return copy_file_range(&mut a),
+        FUSE_COPY_FILE_RANGE => return copy_file_range(a),
         FUSE_DESTROY => Op::Destroy,
         other => Op::Unsupported(other),
     };
