@@ -1818,6 +1818,39 @@ fn model_regression_a_change_through_a_hard_link_whose_name_then_goes() {
     }
 }
 
+/// A save that links its temporary file to the final name and unlinks the temporary one
+/// (git's objects): the change stays under the final name, when that name is one the
+/// session made, one a sync made clean since, or one written again after it; and after a
+/// crash and a logout in between.
+#[test]
+fn model_regression_a_save_by_link_then_unlink_of_the_temporary_name() {
+    let plays = [
+        vec![Op::Write(0, 1, 10), Op::Link(0, 1), Op::Unlink(0), Op::Sync],
+        vec![
+            Op::Write(0, 1, 10),
+            Op::Link(0, 1),
+            Op::Sync,
+            Op::Write(0, 2, 20),
+            Op::Unlink(0),
+            Op::Sync,
+        ],
+        vec![
+            Op::Write(0, 1, 10),
+            Op::Link(0, 1),
+            Op::Link(1, 2),
+            Op::Sync,
+            Op::Append(1, 3),
+            Op::Unlink(0),
+            Op::Crash,
+            Op::Unlink(2),
+            Op::Logout,
+        ],
+    ];
+    for ops in plays {
+        run_model(vec![], ops).expect("model");
+    }
+}
+
 /// Regression (from the sessions model with the kept looks on): a failed unlink's own look
 /// keeps "nothing there" for the next change of the name, a rename over it meanwhile.
 #[test]

@@ -223,7 +223,15 @@ pub struct Inner {
     /// When each clean copy was last found to be what the share still holds (see
     /// [`Overlay::revalidate`]).
     validated: HashMap<PathBuf, std::time::Instant>,
+    /// The names this session gave cache files by `link`, by cache inode: when they are
+    /// all of a file's other names, an unlink or a rename over one of its names need not
+    /// look through the whole cache for them (see [`Overlay::other_names_changed`]).
+    linked: HashMap<u64, Vec<PathBuf>>,
 }
+
+/// Cache inodes [`Inner::linked`] remembers at most (past that it starts again: the walk
+/// through the cache finds what it forgot).
+const LINKED_MAX: usize = 65_536;
 
 impl Inner {
     pub fn state(&self) -> &OverlayState {
@@ -571,6 +579,7 @@ impl Overlay {
                 handed: HashSet::new(),
                 draining: 0,
                 validated: HashMap::new(),
+                linked: HashMap::new(),
             }),
             settled: std::sync::Condvar::new(),
             write_access: Mutex::new(()),

@@ -594,6 +594,9 @@ impl Overlay {
                 if let Err(e) = self.cache.link(&up(src), &up(&rel)) {
                     return Err(self.undo_new(&mut inner, &rel, was_whiteout, e));
                 }
+                if let Some(m) = self.upper_stat(&rel)? {
+                    remember_link(&mut inner, m.ino(), &[src, &rel]);
+                }
                 // Both names share the source's share identity.
                 if let Some(o) = inner.state.origin(src) {
                     self.record(&mut inner, &[Record::Origin(rel.clone(), o)])?;
@@ -736,6 +739,9 @@ impl Overlay {
             return Ok(Vec::new());
         }
         let ino = meta.ino();
+        if self.links_all_changed(inner, rel, meta)? {
+            return Ok(Vec::new());
+        }
         let mut names = Vec::new();
         self.walk_upper(|p, i, kind| {
             if kind != libc::S_IFDIR && i == ino && p != rel {
@@ -750,6 +756,30 @@ impl Overlay {
             }
         }
         Ok(out)
+    }
+
+    /// Whether the names this session linked to the cache's file `meta` (other than
+    /// `rel`) are all of its other names, each still that file, and every one a sync sends
+    /// already changed: then none needs taking over. A save that links its temporary file
+    /// to the final name and unlinks it (git's objects) costs no walk through the cache.
+    fn links_all_changed(&self, inner: &Inner, rel: &Path, meta: &Stat) -> FsResult<bool> {
+        let Some(known) = inner.linked.get(&meta.ino()) else {
+            return Ok(false);
+        };
+        let mut others = 0;
+        for name in known.iter().filter(|n| n.as_path() != rel) {
+            let Some(m) = self.upper_stat(name)? else {
+                continue;
+            };
+            if m.ino() != meta.ino() || m.dev() != meta.dev() || !m.is_file() {
+                continue;
+            }
+            if self.policy.classify(name) != PathClass::LocalOnly && !inner.state.is_dirty(name) {
+                return Ok(false);
+            }
+            others += 1;
+        }
+        Ok(others + 1 == meta.nlink())
     }
 
     /// Every path the cache holds strictly below `rel` (nothing for a file).
@@ -767,5 +797,18 @@ impl Overlay {
             }
         }
         Ok(out)
+    }
+}
+
+/// Remembers that `names` are names of cache inode `ino` (see [`Inner::linked`]).
+fn remember_link(inner: &mut Inner, ino: u64, names: &[&Path]) {
+    if inner.linked.len() >= super::LINKED_MAX && !inner.linked.contains_key(&ino) {
+        inner.linked.clear();
+    }
+    let known = inner.linked.entry(ino).or_default();
+    for n in names {
+        if !known.iter().any(|k| k == n) {
+            known.push(n.to_path_buf());
+        }
     }
 }
