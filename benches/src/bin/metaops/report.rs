@@ -263,9 +263,8 @@ pub fn transport_pairs(rows: &[(String, Row)]) -> Vec<(String, String)> {
     rows.iter()
         .filter_map(|(t, _)| {
             let classic = t.strip_suffix("-uring")?;
-            rows.iter()
-                .any(|(c, _)| c == classic)
-                .then(|| (classic.to_string(), t.clone()))
+            let measured = |name: &str| rows.iter().any(|(c, r)| c == name && !r.runs.is_empty());
+            (measured(classic) && measured(t)).then(|| (classic.to_string(), t.clone()))
         })
         .collect()
 }

@@ -236,16 +236,31 @@ pub fn walk(dir: &Path, files: usize, cold: bool, tag: &Tag) -> Result<(), Failu
         let op = format!("git-status-{when}");
         println!("{}", tag.line(&op, rate(made, secs), "files/s"));
     }
-    for e in at(fs::read_dir(dir), || format!("list {}", dir.display()))? {
-        let p = at(e, || format!("list {}", dir.display()))?.path();
-        let r = if p.is_dir() {
-            fs::remove_dir_all(&p)
-        } else {
-            fs::remove_file(&p)
-        };
-        at(r, || format!("remove {}", p.display()))?;
+    empty(dir)
+}
+
+/// Removes what `dir` holds, trying again where a filesystem listed a directory being
+/// emptied short (fuse-overlayfs does: "Directory not empty").
+fn empty(dir: &Path) -> Result<(), Failure> {
+    let mut last = None;
+    for _ in 0..5 {
+        last = None;
+        for e in at(fs::read_dir(dir), || format!("list {}", dir.display()))? {
+            let p = at(e, || format!("list {}", dir.display()))?.path();
+            let r = if p.is_dir() {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+            if let Err(e) = r {
+                last = Some(format!("remove {}: {e}", p.display()));
+            }
+        }
+        if last.is_none() {
+            return Ok(());
+        }
     }
-    Ok(())
+    Err(Failure(last.unwrap_or_default()))
 }
 
 #[cfg(test)]
