@@ -214,11 +214,11 @@ impl Fixture {
             active: true,
         };
         if ring_expected() {
-            // Every mount but a user's open to others (which keeps to /dev/fuse by design).
+            // Every mount but one for a user (which keeps to /dev/fuse by design).
             let t = &m.status()["transport"];
             let declined = t["refused"]
                 .as_str()
-                .is_some_and(|why| why.contains("allow_other"));
+                .is_some_and(|why| why.contains("a mount for a user"));
             assert!(
                 t["serving"] == "io-uring" || declined,
                 "this run's mounts must be served over FUSE over io_uring: {t}"

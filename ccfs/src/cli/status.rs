@@ -211,6 +211,22 @@ fn say_pending(m: &control::MountRef, st: &Status) {
         Err(e) => say!("  paths: not listed: {}", daemon::LogText(&e.to_string())),
     }
 }
+/// The status's transport line.
+fn say_transport(t: &ccfs::fuse::TransportState) {
+    // The daemon's words (a user's daemon): escaped, as every text it sends.
+    let serving = daemon::LogText(&t.serving);
+    match &t.refused {
+        Some(why) => say!(
+            "  transport: {serving} (io-uring asked for, not used: {})",
+            daemon::LogText(why)
+        ),
+        None if t.serving == "io-uring" => say!(
+            "  transport: io-uring ({} requests over the ring)",
+            t.ring_requests
+        ),
+        None => say!("  transport: {serving}"),
+    }
+}
 
 pub(crate) fn status_cmd(
     mountpoint: Option<&Path>,
@@ -293,17 +309,7 @@ pub(crate) fn status_cmd(
             human_bytes(r.write_bytes)
         );
         if let Some(t) = &st.transport {
-            match &t.refused {
-                Some(why) => say!(
-                    "  transport: {} (io-uring asked for, not used: {why})",
-                    t.serving
-                ),
-                None if t.serving == "io-uring" => say!(
-                    "  transport: io-uring ({} requests over the ring)",
-                    t.ring_requests
-                ),
-                None => say!("  transport: {}", t.serving),
-            }
+            say_transport(t);
         }
         for c in &st.conflicts {
             say!("  {}", describe_conflict(c));

@@ -258,7 +258,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     };
     let fs = Arc::new(CcfsFs::new(overlay.clone(), timeouts, io.clone()));
     let node_table = fs.node_table();
-    want_ring(plan, &fs);
+    want_ring(plan, &fs, config.acl);
     let served = crate::fuse::Served(fs.clone());
     let mut session = match user_mount.as_mut() {
         Some(m) => fuser::Session::from_fd(served, m.take_channel()?, config.acl, config.clone())?,
@@ -296,7 +296,8 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         }
         Err(e) => tracing::error!("the FUSE session ended with an error: {e}"),
     }
-    fs.ring.finish();
+    // Once every transport is done: handles whose RELEASE never came are let go.
+    fs.end();
     stop_periodic.store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("unmounted; syncing the cache to the share");
     // Does not start rsync when the share does not answer: the cache keeps everything.
@@ -328,27 +329,31 @@ fn hand_device(
     // The ring starts now that INIT is answered (fuser answers it before the session
     // is returned); requests wait for it meanwhile.
     if plan.settings.transport == crate::config::Transport::IoUring {
-        fs.ring.start(fs, dev.try_clone_to_owned()?);
+        fs.ring.start(fs, dev.try_clone_to_owned()?)?;
     }
     Ok(())
 }
 
 /// Asks for FUSE over io_uring when the plan's `[mount] transport` does, before the
 /// session's INIT (see [`crate::fuse::RingSlot`]).
-fn want_ring(plan: &MountPlan, fs: &CcfsFs) {
+fn want_ring(plan: &MountPlan, fs: &CcfsFs, acl: fuser::SessionACL) {
+    // The ring lets in whom fuser's session lets in: its owner (the uid it runs as now)
+    // alone, unless the mount lets others in.
+    fs.ring
+        .admit_only((acl == fuser::SessionACL::Owner).then(sys::geteuid));
     if plan.settings.transport == crate::config::Transport::IoUring {
         // The kernel hands a request to the queue of the CPU it was made on, and a
         // queue's requests wait for that queue's threads only: each queue gets as many
         // threads as the mount has (two at least), so requests waiting on a slow share
         // hold up no more of a CPU's requests than they would hold up through /dev/fuse.
-        if plan.user.is_some() && plan.settings.allow_other {
+        if plan.user.is_some() {
             // The user may stop her own daemon, and a stopped daemon's ring entries are
             // still handed requests, which then wait unkillably (over /dev/fuse they wait
-            // killably): other users' and root's programs in her home must not.
+            // killably); such a request at the unmount holds root's unmount the same way.
             fs.ring.decline(
-                "a mount for a user with allow_other: her daemon, stopped, would hold \
-                 other users' programs unkillably (use transport = \"dev-fuse\", or \
-                 allow_other = false)"
+                "a mount for a user: her daemon, stopped, would hold root's unmount and \
+                 others' programs unkillably; the ring serves mounts whose daemon runs as \
+                 root"
                     .into(),
             );
         } else {

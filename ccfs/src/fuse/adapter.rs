@@ -75,6 +75,9 @@ macro_rules! ring_methods {
     ($( $name:ident ( $($arg:ident : $ty:ty),* ) -> $reply:ty; )*) => {
         $(
             fn $name(&self, req: &Caller, $($arg: $ty,)* reply: RingReply) {
+                if !self.0.ring.admits(stringify!($name), req.uid) {
+                    return fuse_ring::reply::Error::error(reply, fuser::Errno::EACCES);
+                }
                 self.0.$name(req, $($arg,)* reply)
             }
         )*
@@ -88,9 +91,9 @@ impl Filesystem for Served {
         Ok(())
     }
 
-    fn destroy(&mut self) {
-        self.0.destroy()
-    }
+    /// Nothing here: the ring's threads may still be serving when fuser's session ends, so
+    /// the handles are let go once they are done ([`CcfsFs::end`]).
+    fn destroy(&mut self) {}
 
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
         self.0.forget(&Caller::from(req), ino, nlookup)

@@ -508,7 +508,9 @@ impl CcfsFs {
     /// so the logout sync that follows sees no writer the session no longer has (a file
     /// counted as written still was never marked synced: "not everything reached the
     /// share") and the kernel's backing files are given back.
-    fn destroy(&self) {
+    pub fn end(&self) {
+        // The ring's threads first: none may still be serving a handle let go below.
+        self.ring.finish();
         let left: Vec<Arc<Handle>> = self.handles().drain().map(|(_, h)| h).collect();
         if !left.is_empty() {
             tracing::debug!(

@@ -45,6 +45,10 @@ enum State {
 /// The ring of one mount, from the ask to the end of the session.
 pub struct RingSlot {
     state: Mutex<State>,
+    /// The uid fuser's session lets in alone, when it lets in only its owner: the ring
+    /// refuses the others as fuser does (root, where the fuse module lets CAP_SYS_ADMIN
+    /// into every mount, would otherwise be served).
+    owner_only: std::sync::OnceLock<Option<u32>>,
 }
 
 impl std::fmt::Debug for RingSlot {
@@ -57,6 +61,7 @@ impl RingSlot {
     pub fn off() -> Self {
         RingSlot {
             state: Mutex::new(State::Off),
+            owner_only: std::sync::OnceLock::new(),
         }
     }
 
@@ -66,15 +71,45 @@ impl RingSlot {
         self.set(State::Wanted(threads_per_queue.max(1)));
     }
 
+    /// Lets in only `owner` over the ring (fuser's session with `SessionACL::Owner`), or
+    /// anyone the kernel lets in (None).
+    pub fn admit_only(&self, owner: Option<u32>) {
+        let _ = self.owner_only.set(owner);
+    }
+
+    /// Whether the ring serves request `op` (a handler's name) from `uid`: as fuser's
+    /// session does, a session for its owner alone answers others only the requests the
+    /// kernel makes on its own behalf (reads, writes, syncs and releases of open handles).
+    pub(super) fn admits(&self, op: &str, uid: u32) -> bool {
+        match self.owner_only.get() {
+            Some(Some(owner)) if *owner != uid => matches!(
+                op,
+                "read"
+                    | "readdir"
+                    | "readdirplus"
+                    | "write"
+                    | "fsync"
+                    | "fsyncdir"
+                    | "release"
+                    | "releasedir"
+            ),
+            // Not told who owns the session: nobody is served but through /dev/fuse.
+            None => false,
+            _ => true,
+        }
+    }
+
     /// Once the session is up (its INIT answered): registers the ring's entries on the
     /// connection behind `dev` (a duplicate of the session's /dev/fuse) when INIT offered
     /// it, and serves them with `fs`. The kernel holds requests from INIT until this ends
     /// either way (ready, or a refused registration that sends them to /dev/fuse).
-    pub fn start(&self, fs: &Arc<CcfsFs>, dev: OwnedFd) {
+    /// An error when the ring was refused and the kernel could not be told to stop
+    /// waiting for it: the session must end (the mount would hang).
+    pub fn start(&self, fs: &Arc<CcfsFs>, dev: OwnedFd) -> std::io::Result<()> {
         let state = std::mem::replace(&mut *self.state.locked(), State::Off);
         let State::Offered(opts) = state else {
             self.set(state);
-            return;
+            return Ok(());
         };
         match fuse_ring::start(dev, Arc::new(Served(fs.clone())), opts) {
             Ok(ring) => {
@@ -85,8 +120,13 @@ impl RingSlot {
                 );
                 self.set(State::Serving(ring));
             }
+            Err(e) if e.stranded() => {
+                self.refuse(e.to_string());
+                return Err(std::io::Error::other(format!("FUSE over io_uring: {e}")));
+            }
             Err(e) => self.refuse(e.to_string()),
         }
+        Ok(())
     }
 
     fn set(&self, state: State) {

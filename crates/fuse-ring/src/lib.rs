@@ -11,8 +11,11 @@
 //! up only its own thread. Per request the thread makes one `io_uring_enter` that commits
 //! the reply and waits for the next request.
 //!
-//! If [`start`] returns [`Refused`], nothing is registered and the session's `/dev/fuse`
-//! reads keep serving everything.
+//! If [`start`] returns [`Refused`], the kernel has been told to stop waiting for the ring
+//! (entries registered before the failure stay with their threads' closed rings, their
+//! buffers never reused) and the session's `/dev/fuse` reads serve everything; unless the
+//! refusal is [`Refused::stranded`]: the kernel could not be told, and still holds the
+//! connection's requests, so the caller must end the session.
 
 mod abi;
 mod decode;
@@ -190,14 +193,17 @@ pub fn start<FS: RingFilesystem>(
     fs: Arc<FS>,
     opts: RingOptions,
 ) -> Result<Ring, Refused> {
+    // Failures before any thread registers: the kernel is told to stop waiting.
+    let early = |e: Refused| released(&dev, e);
     if module_enabled() == Some(false) {
-        return Err(Refused::ModuleDisabled);
+        return Err(early(Refused::ModuleDisabled));
     }
-    let queues = possible_cpus()?;
-    let qmax = u16::try_from(queues).map_err(|_| Refused::Queues(format!("{queues} queues")))?;
+    let queues = possible_cpus().map_err(early)?;
+    let qmax =
+        u16::try_from(queues).map_err(|_| early(Refused::Queues(format!("{queues} queues"))))?;
     let per_queue = opts.threads_per_queue.max(1);
+    let stop = Arc::new(sys::eventfd().map_err(|e| early(Refused::Resources(e)))?);
     let dev = Arc::new(dev);
-    let stop = Arc::new(sys::eventfd().map_err(Refused::Resources)?);
     let served = Arc::new(AtomicU64::new(0));
     let mut pending: Vec<(u16, Pending)> = Vec::new();
     for qid in 0..qmax {
@@ -243,18 +249,21 @@ pub fn start<FS: RingFilesystem>(
     for phase in [pending, rest] {
         match run_phase(phase, deadline) {
             Ok(mut ok) => serving.append(&mut ok),
-            Err((err, left)) => {
-                let mut all: Vec<_> = left;
+            Err((err, ok, failed)) => {
+                let mut all: Vec<_> = ok;
+                all.extend(failed);
                 all.extend(tail);
                 return Err(abort_started(serving, all, &stop, &dev, err));
             }
         }
     }
-    // The ring is ready; entries of the last queue that fail now only mean fewer threads.
+    // The ring is ready; entries of the last queue that fail now only mean fewer threads
+    // (those registered serve on; the failed ones have ended).
     match run_phase(tail, deadline) {
         Ok(mut ok) => serving.append(&mut ok),
-        Err((_, left)) => {
-            for (_, p) in left {
+        Err((_, ok, failed)) => {
+            serving.extend(ok.into_iter().map(|(_, p)| p.handle));
+            for (_, p) in failed {
                 drop(p.go);
                 let _ = p.handle.join();
             }
@@ -267,10 +276,10 @@ pub fn start<FS: RingFilesystem>(
     })
 }
 
-type PhaseErr = (Refused, Vec<(u16, Pending)>);
+/// A phase's first failure, its threads that registered, and those that failed.
+type PhaseErr = (Refused, Vec<(u16, Pending)>, Vec<(u16, Pending)>);
 
 /// Lets the threads of one phase register; returns the handles of those serving.
-/// On failure the successful ones are returned inside the error list too.
 fn run_phase(
     phase: Vec<(u16, Pending)>,
     deadline: Instant,
@@ -298,10 +307,7 @@ fn run_phase(
     }
     match first_err {
         None => Ok(ok.into_iter().map(|(_, p)| p.handle).collect()),
-        Some(e) => {
-            ok.extend(failed);
-            Err((e, ok))
-        }
+        Some(e) => Err((e, ok, failed)),
     }
 }
 
@@ -326,13 +332,23 @@ fn abort(rest: Vec<(u16, Pending)>, stop: &OwnedFd, dev: &OwnedFd, err: Refused)
         drop(p.go);
         let _ = p.handle.join();
     }
-    if !matches!(
-        err,
-        Refused::Rejected { .. } | Refused::ModuleDisabled | Refused::NotConnected { .. }
-    ) {
-        worker::release_waiters(dev);
+    match err {
+        // The connection gone holds nothing. A rejected REGISTER may have been refused
+        // before it reached FUSE (a security module), which leaves the kernel waiting: it
+        // is told again, which a kernel that stopped waiting answers the same way.
+        Refused::NotConnected { .. } => err,
+        err => released(dev, err),
     }
-    err
+}
+
+/// `err`, once the kernel was told to stop waiting for the ring; [`Refused::Stranded`] when
+/// it could not be.
+fn released(dev: &OwnedFd, err: Refused) -> Refused {
+    if worker::release_waiters(dev) {
+        err
+    } else {
+        Refused::Stranded(Box::new(err))
+    }
 }
 
 fn signal(stop: &OwnedFd) {

@@ -24,6 +24,17 @@ pub enum Refused {
     Queues(String),
     /// A thread or an eventfd could not be created.
     Resources(io::Error),
+    /// The ring was refused after INIT offered it, and the kernel could not be told to
+    /// give up waiting for it: requests to the connection are held. The caller must end
+    /// the connection (close the session), or the mount hangs.
+    Stranded(Box<Refused>),
+}
+
+impl Refused {
+    /// Whether the kernel still holds the connection's requests for the ring.
+    pub fn stranded(&self) -> bool {
+        matches!(self, Refused::Stranded(_))
+    }
 }
 
 impl fmt::Display for Refused {
@@ -75,6 +86,11 @@ impl fmt::Display for Refused {
                 "cannot tell the number of ring queues from /sys/devices/system/cpu/possible ({why}): is sysfs mounted?"
             ),
             Refused::Resources(e) => write!(f, "cannot create a serving thread or eventfd ({e}): check process limits"),
+            Refused::Stranded(why) => write!(
+                f,
+                "{why}; and the kernel could not be told to give up waiting for the ring, so the \
+                 connection must end"
+            ),
         }
     }
 }

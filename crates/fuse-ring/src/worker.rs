@@ -168,6 +168,16 @@ impl<FS: RingFilesystem> Worker<FS> {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(false),
+            // Passing shortages: the commit stays queued and goes with the next try.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+                ) =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+                return Ok(false);
+            }
             Err(_) => return Err(End::Kernel),
         }
         let mut got = false;
@@ -306,11 +316,23 @@ fn write_reply(bufs: &mut Buffers, slot: &Slot, unique: u64) {
 
 /// After a failure that never reached the kernel as a failed REGISTER: sends a REGISTER the
 /// kernel must reject (queue id out of range), which makes it stop waiting for the ring and
-/// serve the held requests over /dev/fuse. Best effort.
-pub(crate) fn release_waiters(dev: &OwnedFd) {
-    let Ok(mut ring) = new_ring() else { return };
+/// serve the held requests over /dev/fuse. True when the kernel said so (EINVAL from the
+/// queue id's check) or the connection is gone; false when it cannot be known.
+pub(crate) fn release_waiters(dev: &OwnedFd) -> bool {
+    let Ok(mut ring) = new_ring() else {
+        return false;
+    };
     let sqe = sys::register_sqe(dev.as_raw_fd(), u16::MAX, std::ptr::null(), CMD);
-    if sys::push(&mut ring, &sqe).is_ok() {
-        let _ = sys::submit_wait_timeout(&ring, Duration::from_millis(100));
+    if sys::push(&mut ring, &sqe).is_err() {
+        return false;
     }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let _ = sys::submit_wait_timeout(&ring, Duration::from_millis(100));
+        if let Some(cqe) = ring.completion().next() {
+            let errno = -cqe.result();
+            return matches!(errno, libc::EINVAL | libc::ENOTCONN | libc::ECONNABORTED);
+        }
+    }
+    false
 }
