@@ -248,6 +248,19 @@ impl Mount<'_> {
     /// finishes and no longer holds the share (a loop-mounted test share could not go).
     pub fn umount(mut self) -> Output {
         self.active = false;
+        if ring_expected() {
+            // A mount the ring serves must have served requests over it by the logout.
+            let t = ccfs(&["status".as_ref(), "--json".as_ref(), self.mnt.as_os_str()]);
+            if let Ok(st) = serde_json::from_slice::<serde_json::Value>(&t.stdout) {
+                let t = &st["transport"];
+                if t["serving"] == "io-uring" {
+                    assert!(
+                        t["ring_requests"].as_u64().unwrap_or(0) > 0,
+                        "no request went over the ring: {t}"
+                    );
+                }
+            }
+        }
         let out = ccfs(&["umount".as_ref(), self.mnt.as_os_str()]);
         if !out.status.success() && listed_as_mounted(&self.mnt) {
             let _ = Command::new("fusermount3")
