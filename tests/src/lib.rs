@@ -223,6 +223,28 @@ impl Fixture {
                 t["serving"] == "io-uring" || declined,
                 "this run's mounts must be served over FUSE over io_uring: {t}"
             );
+            if !declined {
+                // And a request made now goes over it: a lookup of a name nobody has
+                // (the kernel knows nothing of it, so it asks the daemon).
+                let probe = mnt.join(format!(
+                    "ccfs-test-ring-probe-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or(0)
+                ));
+                assert!(
+                    std::fs::symlink_metadata(&probe).is_err(),
+                    "{} exists",
+                    probe.display()
+                );
+                let t = &m.status()["transport"];
+                assert!(
+                    t["ring_requests"].as_u64().unwrap_or(0) > 0,
+                    "a lookup after the mount did not go over the ring: {t}"
+                );
+            }
         }
         m
     }
@@ -248,19 +270,6 @@ impl Mount<'_> {
     /// finishes and no longer holds the share (a loop-mounted test share could not go).
     pub fn umount(mut self) -> Output {
         self.active = false;
-        if ring_expected() {
-            // A mount the ring serves must have served requests over it by the logout.
-            let t = ccfs(&["status".as_ref(), "--json".as_ref(), self.mnt.as_os_str()]);
-            if let Ok(st) = serde_json::from_slice::<serde_json::Value>(&t.stdout) {
-                let t = &st["transport"];
-                if t["serving"] == "io-uring" {
-                    assert!(
-                        t["ring_requests"].as_u64().unwrap_or(0) > 0,
-                        "no request went over the ring: {t}"
-                    );
-                }
-            }
-        }
         let out = ccfs(&["umount".as_ref(), self.mnt.as_os_str()]);
         if !out.status.success() && listed_as_mounted(&self.mnt) {
             let _ = Command::new("fusermount3")
