@@ -71,10 +71,50 @@ pub struct MountSection {
     pub attr_timeout_ms: u64,
     pub cache_timeout_ms: u64,
     pub kernel_passthrough: bool,
-    pub readdirplus: bool,
+    pub readdirplus: Readdirplus,
     pub allow_other: bool,
     pub count_paths: usize,
     pub transport: Transport,
+}
+
+/// Whether listings carry their entries' attributes (READDIRPLUS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", try_from = "ReaddirplusWord")]
+pub enum Readdirplus {
+    /// The first read of a directory carries them while the mount's programs look at the
+    /// entries of what they list (`ls -l`, a file manager), and not while they want the
+    /// names alone (`find`, a plain `ls`); see `fuse/habit.rs`.
+    Adapt,
+    /// Whenever the kernel asks (`true`).
+    Always,
+    /// Never: each entry a program looks at is a lookup of its own (`false`).
+    Never,
+}
+
+/// `readdirplus` as written: a word, or true (always) or false (never).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ReaddirplusWord {
+    Flag(bool),
+    Word(String),
+}
+
+impl TryFrom<ReaddirplusWord> for Readdirplus {
+    type Error = String;
+    fn try_from(w: ReaddirplusWord) -> Result<Self, String> {
+        match w {
+            ReaddirplusWord::Flag(true) => Ok(Readdirplus::Always),
+            ReaddirplusWord::Flag(false) => Ok(Readdirplus::Never),
+            ReaddirplusWord::Word(w) => match w.as_str() {
+                "adapt" => Ok(Readdirplus::Adapt),
+                "always" => Ok(Readdirplus::Always),
+                "never" => Ok(Readdirplus::Never),
+                other => Err(format!(
+                    "readdirplus = {other:?}: say \"adapt\", \"always\" or \"never\" (or true or false)"
+                )),
+            },
+        }
+    }
 }
 
 /// How requests travel between the kernel and the daemon.
@@ -107,7 +147,7 @@ impl Default for MountSection {
             attr_timeout_ms: 10_000,
             cache_timeout_ms: 10_000,
             kernel_passthrough: true,
-            readdirplus: true,
+            readdirplus: Readdirplus::Adapt,
             allow_other: false,
             count_paths: 0,
             transport: Transport::default(),
@@ -249,8 +289,8 @@ pub struct Settings {
     pub cache_timeout: Duration,
     /// Kernel passthrough of open files (see [`crate::backing`]).
     pub kernel_passthrough: bool,
-    /// Listings carry each entry's attributes (READDIRPLUS, as the kernel finds useful).
-    pub readdirplus: bool,
+    /// Whether listings carry each entry's attributes (READDIRPLUS).
+    pub readdirplus: Readdirplus,
     /// A mount root makes for a user lets other local users in (see the file's doc).
     pub allow_other: bool,
     /// Requests are counted by the first N components of their path too (0: not).
@@ -283,7 +323,7 @@ impl Default for Settings {
             attr_timeout: Duration::from_millis(10_000),
             cache_timeout: Duration::from_millis(10_000),
             kernel_passthrough: true,
-            readdirplus: true,
+            readdirplus: Readdirplus::Adapt,
             allow_other: false,
             count_paths: 0,
             transport: Transport::default(),

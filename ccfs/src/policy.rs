@@ -50,6 +50,18 @@ pub const SQLITE_DATABASES: &[&str] = &[
 /// workstation's.
 pub const LOCAL_ONLY: &[&str] = &[".cache/**", "**/*.sqlite-shm"];
 
+/// What a directory's path says of its children's classes ([`Policy::ancestry`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ancestry {
+    /// The directory is the mount root (a child's own name decides whether it is dotted).
+    top: bool,
+    /// Its first component starts with `.`.
+    dotted: bool,
+    local_only: bool,
+    passthrough: bool,
+    cached: bool,
+}
+
 /// Path classification rules.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -133,6 +145,39 @@ impl Policy {
             .any(|a| set.is_match(a))
     }
 
+    /// What a directory passes on to its children's classes: computed once for a
+    /// listing, so that each entry costs one match per list, not one per ancestor.
+    pub fn ancestry(&self, dir: &Path) -> Ancestry {
+        Ancestry {
+            top: dir.as_os_str().is_empty(),
+            dotted: matches!(dir.components().next(),
+                Some(Component::Normal(first)) if first.as_encoded_bytes().first() == Some(&b'.')),
+            local_only: Self::matches_self_or_ancestor(&self.local_only, dir),
+            passthrough: Self::matches_self_or_ancestor(&self.passthrough, dir),
+            cached: Self::matches_self_or_ancestor(&self.cached, dir),
+        }
+    }
+
+    /// The class of `child`, an entry of the directory `above` was computed for: the
+    /// same as [`Policy::classify`] gives it.
+    pub fn classify_child(&self, above: &Ancestry, child: &Path) -> PathClass {
+        if above.local_only || self.local_only.is_match(child) {
+            return PathClass::LocalOnly;
+        }
+        if above.passthrough || self.passthrough.is_match(child) {
+            return PathClass::Passthrough;
+        }
+        let dotted = if above.top {
+            child.as_os_str().as_encoded_bytes().first() == Some(&b'.')
+        } else {
+            above.dotted
+        };
+        if (self.dotfiles_cached && dotted) || above.cached || self.cached.is_match(child) {
+            return PathClass::Cached;
+        }
+        PathClass::Passthrough
+    }
+
     /// Classifies a path relative to the mount root (`""` is the root itself).
     pub fn classify(&self, rel: &Path) -> PathClass {
         let Some(Component::Normal(first)) = rel.components().next() else {
@@ -188,6 +233,37 @@ mod tests {
             PathClass::Passthrough
         );
         assert_eq!(p.classify(Path::new("notes.txt")), PathClass::Passthrough);
+    }
+
+    proptest::proptest! {
+        /// A listing's entries get the class a lookup of each would give them.
+        #[test]
+        fn a_child_classed_through_its_directory_gets_its_own_class(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    ".cache", ".mozilla", "firefox", "p1", "cache2", ".thunderbird", "a",
+                    "Desktop", "x.desktop", ".local", "share", "Trash", "db.sqlite-shm",
+                    "notes.txt", ".hidden",
+                ]),
+                1..6,
+            ),
+            dotfiles in proptest::bool::ANY,
+        ) {
+            let p = Policy::new(
+                dotfiles,
+                &s(&["Desktop/*.desktop", "a/**"]),
+                &s(&[".thunderbird/**", ".local/share/Trash"]),
+                &s(&[".cache/**", ".mozilla/firefox/*/cache2/**", "**/*.sqlite-shm"]),
+            )
+            .expect("valid policy");
+            let rel: std::path::PathBuf = parts.iter().collect();
+            let dir = rel.parent().unwrap_or(Path::new(""));
+            proptest::prop_assert_eq!(
+                p.classify_child(&p.ancestry(dir), &rel),
+                p.classify(&rel),
+                "{}", rel.display()
+            );
+        }
     }
 
     #[test]

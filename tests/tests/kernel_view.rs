@@ -231,23 +231,26 @@ fn list_and_look(dir: &Path) -> usize {
     seen
 }
 
-/// A listing carries each entry's attributes (READDIRPLUS): a program that lists a
-/// directory and looks at each entry (ls -l, a file manager) costs no lookup per entry, on
-/// both classes, and each entry shows its own file's size. Once the kernel has dropped
-/// what it kept (it forgets the entries the listings gave it), every name still leads to
-/// its own file: an entry counted wrongly would have its node dropped while the kernel
-/// still used it (ESTALE), or another file's.
+/// A listing carries each entry's attributes (READDIRPLUS) once programs look at the
+/// entries of what they list: after the first directory a program lists and looks at
+/// entry by entry (ls -l, a file manager), the next cost no lookup per entry, on both
+/// classes, and each entry shows its own file's size. Once the kernel has dropped what it
+/// kept (it forgets the entries the listings gave it), every name still leads to its own
+/// file: an entry counted wrongly would have its node dropped while the kernel still used
+/// it (ESTALE), or another file's.
 #[test]
 fn a_listing_with_attributes_saves_the_lookups_and_every_name_keeps_its_file() {
     let fx = Fixture::new();
     let n = 300;
-    for dir in ["docs", ".conf"] {
+    for dir in ["first", "docs", ".conf"] {
         fs::create_dir(fx.s(dir)).expect("dir on the share");
         for i in 0..n {
             write(&fx.s(&format!("{dir}/f{i}")), &"x".repeat(i));
         }
     }
     let m = fx.mount();
+    // The first shows the program's habit (its entries are looked up one by one).
+    assert_eq!(list_and_look(&fx.m("first")), n);
     for dir in ["docs", ".conf"] {
         let before = lookups(&m);
         assert_eq!(list_and_look(&fx.m(dir)), n);
@@ -263,5 +266,40 @@ fn a_listing_with_attributes_saves_the_lookups_and_every_name_keeps_its_file() {
             assert_eq!(read(&fx.m(&format!("{dir}/f{i}"))), "x".repeat(i));
         }
         assert_eq!(list_and_look(&fx.m(dir)), n);
+    }
+}
+
+/// A program that lists directories for their names alone (find, a plain ls) gets no
+/// attributes it did not ask for: the entries of what it listed are unknown to the kernel
+/// (a look at one is a lookup), where with `readdirplus = "always"` every entry came with
+/// its attributes (no lookup). Both list every name.
+#[test]
+fn names_alone_are_listed_without_attributes_unless_always_is_set() {
+    let fx = Fixture::new();
+    let n = 50;
+    for dir in ["a", "b", "c"] {
+        fs::create_dir(fx.s(dir)).expect("dir on the share");
+        for i in 0..n {
+            write(&fx.s(&format!("{dir}/f{i}")), &"x".repeat(i));
+        }
+    }
+    let names = |dir: &Path| fs::read_dir(dir).expect("list").count();
+    let always = fx.config("[mount]\nreaddirplus = \"always\"\n");
+    let always = always.to_str().expect("utf-8 path");
+    for (extra, looked_up) in [(vec![], true), (vec!["--config", always], false)] {
+        let m = fx.mount_with(&extra);
+        for dir in ["a", "b", "c"] {
+            assert_eq!(names(&fx.m(dir)), n, "{extra:?}");
+        }
+        let before = lookups(&m);
+        assert_eq!(read(&fx.m("c/f7")), "x".repeat(7));
+        let asked = lookups(&m) - before;
+        assert_eq!(
+            asked > 0,
+            looked_up,
+            "{extra:?}: {asked} lookups for an entry of a listing"
+        );
+        let out = m.umount();
+        assert!(out.status.success(), "{}", text(&out));
     }
 }

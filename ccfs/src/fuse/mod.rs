@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::locks::Locked;
 use fuse_ring::reply as rep;
 use fuse_ring::Caller;
 use fuser::{
@@ -33,8 +34,8 @@ pub struct Timeouts {
     pub share: Duration,
     /// Names and attributes of what the cache holds (only this mount changes it).
     pub cache: Duration,
-    /// Listings carry each entry's attributes (READDIRPLUS).
-    pub readdirplus: bool,
+    /// Whether listings carry each entry's attributes (READDIRPLUS).
+    pub readdirplus: crate::config::Readdirplus,
 }
 
 /// The ccfs filesystem as fuser sees it.
@@ -54,6 +55,8 @@ pub struct CcfsFs {
     /// Each directory's last listing: an OPENDIR that finds the directory unchanged lets
     /// the kernel keep that listing (FOPEN_KEEP_CACHE).
     listed: Mutex<HashMap<u64, Listed>>,
+    /// Whether listings give their entries' attributes at once. A leaf lock.
+    habit: Mutex<habit::ListingHabit>,
     /// FUSE over io_uring, when the mount asks for it.
     pub ring: Arc<RingSlot>,
 }
@@ -72,6 +75,7 @@ macro_rules! try_reply {
 
 mod adapter;
 mod convert;
+mod habit;
 mod handles;
 mod kernel_view;
 mod names;
@@ -94,6 +98,7 @@ impl CcfsFs {
             ttl,
             io,
             listed: Mutex::new(HashMap::new()),
+            habit: Mutex::new(habit::ListingHabit::default()),
             ring: Arc::new(RingSlot::off()),
         }
     }
@@ -116,7 +121,7 @@ impl CcfsFs {
         // with it the daemon truncates at OPEN, before the kernel checks that the file is
         // not a running program (ETXTBSY), which then comes too late.
         let mut wanted = F::FUSE_PARALLEL_DIROPS | F::FUSE_CACHE_SYMLINKS;
-        if self.ttl.readdirplus {
+        if self.ttl.readdirplus != crate::config::Readdirplus::Never {
             // A listing with each entry's attributes when the kernel finds it useful: the
             // first part of a listing, and the rest only while the entries are looked at.
             wanted |= F::FUSE_DO_READDIRPLUS | F::FUSE_READDIRPLUS_AUTO;
@@ -137,6 +142,7 @@ impl CcfsFs {
 
     fn lookup(&self, _req: &Caller, parent: INodeNo, name: &OsStr, reply: impl rep::Entry) {
         self.count(Req::Lookup, parent, Some(name));
+        self.habit.locked().looked_up(parent.0);
         let path = try_reply!(reply, self.child(parent, name));
         match self.overlay.resolve(&path) {
             Ok(found) => reply.entry(
@@ -623,9 +629,21 @@ impl CcfsFs {
         let dir = try_reply!(reply, self.path(ino));
         let g = try_reply!(reply, self.listing(ino, &h, offset));
         let entries = g.as_deref().unwrap_or_default();
+        // The first read: the entries with their attributes, or `.` and `..` alone (the
+        // kernel then reads on without attributes; see `habit`).
+        let adapts = self.ttl.readdirplus == crate::config::Readdirplus::Adapt;
+        let first = (offset == 0 && adapts).then(|| {
+            let n = entries.len().saturating_sub(2);
+            self.habit.locked().first_reply(ino.0, n)
+        });
+        let upto = match first {
+            Some(habit::FirstReply::First(n)) => 2 + n,
+            Some(habit::FirstReply::All) | None => usize::MAX,
+        };
         // `.` and `..` are never looked up by the kernel: any attributes of a directory.
         let mut dots: Option<FileAttr> = None;
-        for (i, (id, _, name)) in entries.iter().enumerate().skip(offset as usize) {
+        let look = self.overlay.entries_of(&dir);
+        for (i, (id, _, name)) in entries.iter().enumerate().skip(offset as usize).take(upto) {
             let next = (i + 1) as u64;
             if name == "." || name == ".." {
                 if dots.is_none() {
@@ -643,7 +661,7 @@ impl CcfsFs {
                 }
                 continue;
             }
-            let Ok(found) = self.overlay.resolve(&dir.join(name)) else {
+            let Ok(found) = look.resolve(name) else {
                 continue;
             };
             let a = self.entry(ino, name, &found);

@@ -46,10 +46,11 @@ impl Overlay {
         } else {
             HashSet::new()
         };
+        let above = self.policy.ancestry(rel);
         let inner = self.lock_for(&[rel]);
         let visible = share_names.into_iter().filter(|(name, _)| {
             let child = rel.join(name);
-            match self.policy.classify(&child) {
+            match self.policy.classify_child(&above, &child) {
                 PathClass::LocalOnly => false,
                 PathClass::Cached => {
                     !(inner.state.hidden(&child)

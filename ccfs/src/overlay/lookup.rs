@@ -348,9 +348,46 @@ impl Overlay {
 
     /// Finds `rel` in the merged view.
     pub fn resolve(&self, rel: &Path) -> FsResult<Found> {
-        match self.policy.classify(rel) {
+        if rel.as_os_str().is_empty() {
+            return self.share_root();
+        }
+        self.resolve_as(
+            rel,
+            self.policy.classify(rel),
+            || self.upper_lookup(rel),
+            || self.share.stat(rel),
+        )
+    }
+
+    /// Finds the entries of one directory, as [`Overlay::resolve`] finds each: for a
+    /// listing that gives each entry's attributes. The directory is opened once on each
+    /// side and each entry looked at within it (one call, not a walk from the root).
+    pub fn entries_of(&self, dir: &Path) -> EntryLook<'_> {
+        EntryLook {
+            overlay: self,
+            ancestry: self.policy.ancestry(dir),
+            dir: dir.to_path_buf(),
+            share: std::cell::OnceCell::new(),
+            upper: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// [`Overlay::resolve`] of `rel` (not the root), of class `class`, with `upper` and
+    /// `share` looking at it in the cache (`stat_through` of its upper path) and on the
+    /// share (`stat`).
+    fn resolve_as(
+        &self,
+        rel: &Path,
+        class: PathClass,
+        upper: impl Fn() -> io::Result<Option<Stat>>,
+        share: impl FnOnce() -> io::Result<Option<Stat>>,
+    ) -> FsResult<Found> {
+        match class {
             // No overlay state is involved: no lock held while the share answers.
-            PathClass::Passthrough => self.resolve_share(rel),
+            PathClass::Passthrough => Ok(Found {
+                layer: Layer::Share,
+                meta: share()?.ok_or_else(FsError::enoent)?,
+            }),
             PathClass::LocalOnly => {
                 let inner = self.lock_for(&[rel]);
                 self.resolve_locked(&inner, rel)
@@ -358,7 +395,7 @@ impl Overlay {
             PathClass::Cached => {
                 // The cache's say: its object, or a deletion (then nothing).
                 let said = |inner: &Inner| -> FsResult<Option<Found>> {
-                    if let Some(meta) = self.upper_lookup(rel)? {
+                    if let Some(meta) = upper()? {
                         return Ok(Some(self.found(rel, Layer::Upper, meta)));
                     }
                     if inner.state.hidden(rel) || is_sync_holding(rel) {
@@ -391,7 +428,7 @@ impl Overlay {
                 let syncs = self.syncs_started.load(Ordering::SeqCst);
                 let keep = !self.sync_running.load(Ordering::SeqCst);
                 let at = std::time::Instant::now();
-                let meta = self.share.stat(rel)?;
+                let meta = share()?;
                 if keep {
                     self.remember_look(rel, at, syncs, &meta);
                 }
@@ -449,5 +486,37 @@ impl Overlay {
             PathClass::Cached if inner.state.hidden(rel) => Ok(None),
             _ => self.share.stat(rel),
         }
+    }
+}
+
+/// The entries of one directory, looked at as [`Overlay::resolve`] would
+/// ([`Overlay::entries_of`]): the directory is opened on the share and in the cache at
+/// the first look that needs it, and kept for the others.
+pub struct EntryLook<'a> {
+    overlay: &'a Overlay,
+    dir: PathBuf,
+    ancestry: crate::policy::Ancestry,
+    share: std::cell::OnceCell<DirAt>,
+    upper: std::cell::OnceCell<DirAt>,
+}
+
+impl EntryLook<'_> {
+    /// [`Overlay::resolve`] of the entry `name`.
+    pub fn resolve(&self, name: &OsStr) -> FsResult<Found> {
+        let o = self.overlay;
+        let rel = self.dir.join(name);
+        let class = o.policy.classify_child(&self.ancestry, &rel);
+        o.resolve_as(
+            &rel,
+            class,
+            || {
+                let dir = self.upper.get_or_init(|| o.cache.dir_at(&up(&self.dir)));
+                o.cache.stat_entry_through(dir, name)
+            },
+            || {
+                let dir = self.share.get_or_init(|| o.share.dir_at(&self.dir));
+                o.share.stat_entry(dir, name)
+            },
+        )
     }
 }

@@ -27,7 +27,7 @@ use crate::journal::{Durability, Journal, Ticket};
 use crate::locks::Locked;
 use crate::policy::{PathClass, Policy};
 use crate::state::{Origin, OverlayState, Record};
-use crate::sys::{self, Root, SetTime, Stat};
+use crate::sys::{self, DirAt, Root, SetTime, Stat};
 
 /// Who is asking: new files belong to this user when ccfs runs as root.
 #[derive(Debug, Clone, Copy)]

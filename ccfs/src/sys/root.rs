@@ -296,6 +296,54 @@ impl Root {
         })
     }
 
+    /// The directory `rel` held open for looks at its entries ([`Root::stat_entry`]).
+    pub fn dir_at(&self, rel: &Path) -> DirAt {
+        DirAt {
+            fd: self.open_fd(rel, libc::O_PATH | libc::O_DIRECTORY, 0),
+            rel: rel.to_path_buf(),
+        }
+    }
+
+    /// [`Root::stat`] of the entry `name` of `dir`.
+    pub fn stat_entry(&self, dir: &DirAt, name: &OsStr) -> io::Result<Option<Stat>> {
+        match self.stat_entry_through(dir, name) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+                Ok(None)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Root::stat_through`] of the entry `name` of `dir`: one call within the directory
+    /// held open. Where it could not be opened, the path is looked at as
+    /// [`Root::stat_through`] does (and fails as it fails).
+    pub fn stat_entry_through(&self, dir: &DirAt, name: &OsStr) -> io::Result<Option<Stat>> {
+        let one_name =
+            !matches!(name.as_bytes(), b"" | b"." | b"..") && !name.as_bytes().contains(&b'/');
+        let (Ok(fd), true) = (&dir.fd, one_name) else {
+            return self.stat_through(&dir.rel.join(name));
+        };
+        self.gated(|| -> io::Result<Option<Stat>> {
+            let name = cname(name)?;
+            // SAFETY: `st` is a valid out-parameter; `fd` and `name` are valid.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let rc = unsafe {
+                libc::fstatat(
+                    fd.as_raw_fd(),
+                    name.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            match check(rc) {
+                Ok(()) => Ok(Some(Stat(st))),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
         self.gated(|| -> io::Result<()> {
             let (dir, name) = self.parent(rel)?;
@@ -578,4 +626,12 @@ impl Root {
             check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
         })
     }
+}
+
+/// A directory below a [`Root`] held open (`O_PATH`) for looks at its entries
+/// ([`Root::dir_at`]), or why it could not be opened.
+#[derive(Debug)]
+pub struct DirAt {
+    fd: io::Result<OwnedFd>,
+    rel: std::path::PathBuf,
 }
