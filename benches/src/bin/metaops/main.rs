@@ -14,7 +14,8 @@
 //!                                                      saves by rename from T threads
 //! metaops dirs DIR --dirs D --per-dir N [--cold no] --target T --repeat R
 //!                                                      many small directories listed (cold,
-//!                                                      warm), renames within and across
+//!                                                      warm; cold with each entry looked
+//!                                                      at), renames within and across
 //! metaops walk DIR --files N [--cold no] --target T --repeat R
 //!                                                      find and git status over a home tree
 //! metaops report RAW --out DIR [--bare T] [--peers T,T] [--subject PREFIX] [--meta K=V]...

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::{at, Failure, Flags};
 
 /// The operations in the order of the tables: name, unit, title.
-pub const OPS: [(&str, &str, &str); 17] = [
+pub const OPS: [(&str, &str, &str); 18] = [
     ("create", "ops/s", "create 4 KiB"),
     ("stat", "ops/s", "stat"),
     ("readdir", "entries/s", "list one big directory"),
@@ -29,6 +29,11 @@ pub const OPS: [(&str, &str, &str); 17] = [
         "list-dirs-warm",
         "entries/s",
         "list many small directories, warm",
+    ),
+    (
+        "list-stat-dirs-cold",
+        "entries/s",
+        "list many small directories, stat each entry, cold",
     ),
     ("rename-within", "ops/s", "rename within a directory"),
     ("rename-across", "ops/s", "rename across directories"),

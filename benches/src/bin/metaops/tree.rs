@@ -23,20 +23,30 @@ pub fn drop_caches() -> Result<(), Failure> {
     })
 }
 
-/// Lists every directory once; returns the entries seen.
-fn list_all(dirs: &[PathBuf]) -> Result<usize, Failure> {
+/// Lists every directory once; returns the entries seen. With `stat_each`, each
+/// directory is listed whole and then each of its entries looked at (lstat), as `ls -l`
+/// and file managers do.
+fn list_all(dirs: &[PathBuf], stat_each: bool) -> Result<usize, Failure> {
     let mut seen = 0;
     for d in dirs {
+        let mut names = Vec::new();
         for e in at(fs::read_dir(d), || format!("list {}", d.display()))? {
-            at(e, || format!("list {}", d.display()))?;
+            let e = at(e, || format!("list {}", d.display()))?;
+            if stat_each {
+                names.push(e.path());
+            }
             seen += 1;
+        }
+        for p in &names {
+            at(fs::symlink_metadata(p), || format!("lstat {}", p.display()))?;
         }
     }
     Ok(seen)
 }
 
 /// `ndirs` directories of `per_dir` files of 4 KiB below `dir` (which must be empty):
-/// each listed once cold and once warm, each file renamed within its directory, then
+/// each listed once cold and once warm, then listed cold with each entry looked at, each
+/// file renamed within its directory, then
 /// moved to the next directory; all removed at the end. With `cold` false the cold
 /// listing is left out (no caches dropped).
 pub fn dirs(
@@ -62,16 +72,18 @@ pub fn dirs(
         }
     }
     let total = ndirs * per_dir;
-    let mut passes = vec![("list-dirs-warm", false)];
+    // Names alone (cold, then warm), then each entry looked at too (cold).
+    let mut passes = vec![("list-dirs-warm", false, false)];
     if cold {
-        passes.insert(0, ("list-dirs-cold", true));
+        passes.insert(0, ("list-dirs-cold", true, false));
+        passes.push(("list-stat-dirs-cold", true, true));
     }
-    for (op, drop_first) in passes {
+    for (op, drop_first, stat_each) in passes {
         if drop_first {
             drop_caches()?;
         }
         let t = Instant::now();
-        let seen = list_all(&dirs)?;
+        let seen = list_all(&dirs, stat_each)?;
         let secs = t.elapsed().as_secs_f64();
         if seen != total {
             return Err(Failure(format!("{op}: {seen} entries, made {total}")));
@@ -115,7 +127,7 @@ pub fn dirs(
             "ops/s"
         )
     );
-    let left = list_all(&dirs)?;
+    let left = list_all(&dirs, false)?;
     if left != total {
         return Err(Failure(format!(
             "after the renames: {left} files, made {total}"
