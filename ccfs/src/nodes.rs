@@ -17,6 +17,7 @@ use std::collections::HashMap;
 /// the daemon's time on a first listing (doc/PERFORMANCE.md).
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// The root directory's node id (FUSE's).
@@ -117,7 +118,16 @@ impl Nodes {
                 return None; // a cycle would be a bug; never loop forever
             }
         }
-        Some(names.iter().rev().collect())
+        // Joined as bytes: collecting into a PathBuf parses each pushed component again.
+        let len = names.iter().map(|n| n.len() + 1).sum::<usize>();
+        let mut path = Vec::with_capacity(len);
+        for (i, n) in names.iter().rev().enumerate() {
+            if i > 0 {
+                path.push(b'/');
+            }
+            path.extend_from_slice(n.as_encoded_bytes());
+        }
+        Some(PathBuf::from(std::ffi::OsString::from_vec(path)))
     }
 
     /// The node for `name` in `parent` found to be of type `kind`; made on first sight, or
