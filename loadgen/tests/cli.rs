@@ -747,6 +747,11 @@ fn report_draws_charts_and_a_page_from_results() {
             "0.01",
             "--clients",
             clients,
+            // The phases the charts below name; the page cache kept (the report is
+            // tested, not the run).
+            "--phases",
+            "create,read-compiled",
+            "--no-drop-caches",
             "--label",
             label,
             "--json",
