@@ -55,7 +55,7 @@ pub struct CcfsFs {
     /// Each directory's last listing: an OPENDIR that finds the directory unchanged lets
     /// the kernel keep that listing (FOPEN_KEEP_CACHE).
     listed: Mutex<HashMap<u64, Listed>>,
-    /// Whether listings give their entries' attributes at once. A leaf lock.
+    /// Whether listings give their entries' attributes at once. Lock order: 11, a leaf.
     habit: Mutex<habit::ListingHabit>,
     /// FUSE over io_uring, when the mount asks for it.
     pub ring: Arc<RingSlot>,
