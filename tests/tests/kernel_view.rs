@@ -303,3 +303,39 @@ fn names_alone_are_listed_without_attributes_unless_always_is_set() {
         assert!(out.status.success(), "{}", text(&out));
     }
 }
+
+/// `ls -l` over many directories (it looks at each part of a listing before it reads
+/// on): after the first directory, listings carry the attributes, and the checks now and
+/// then of whether entries are still looked at cost at most a quarter of a directory's
+/// entries, and never turn the attributes off: fewer lookups over the 23 directories after
+/// the first than entries in one.
+#[test]
+fn ls_l_over_many_directories_pays_the_lookups_of_the_first_alone() {
+    let fx = Fixture::new();
+    let (dirs, n) = (24, 300);
+    for d in 0..dirs {
+        fs::create_dir_all(fx.s(&format!("h/d{d}"))).expect("dir on the share");
+        for i in 0..n {
+            write(&fx.s(&format!("h/d{d}/f{i}")), "x");
+        }
+    }
+    let m = fx.mount();
+    let mut per_dir = Vec::new();
+    for d in 0..dirs {
+        let before = lookups(&m);
+        let out = Command::new("ls")
+            .arg("-l")
+            .arg(fx.m(&format!("h/d{d}")))
+            .output()
+            .expect("run ls");
+        assert!(out.status.success(), "{}", text(&out));
+        let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+        assert_eq!(lines, n + 1, "ls -l d{d}: a line per entry and the total");
+        per_dir.push(lookups(&m) - before);
+    }
+    let after_first: u64 = per_dir[1..].iter().sum();
+    assert!(
+        after_first < n as u64,
+        "lookups per directory listed: {per_dir:?}"
+    );
+}

@@ -9,7 +9,9 @@
 //! daemon answers that first read with every entry's attributes only while the programs
 //! of this mount look at the entries of what they list. Otherwise the first reply holds
 //! `.` and `..` alone: the kernel then reads the rest without attributes, and a program
-//! that looks at the entries after all sends LOOKUPs, which this records. While entries
+//! that looks at the entries after all sends LOOKUPs, which this records (as it records
+//! the kernel reading on with attributes, which it does once entries of the part it read
+//! were looked at: `ls -l` looks at each part before reading on). While entries
 //! are looked at, a listing now and then (less often each time it confirms that) leaves
 //! its last quarter without attributes, to see whether they still are.
 //!
@@ -88,6 +90,16 @@ impl ListingHabit {
         FirstReply::First(with)
     }
 
+    /// The kernel asks for a later part of the listing of `dir` with attributes: it
+    /// does so only once an entry was looked up or found still valid meanwhile (a
+    /// program that reads a part and looks at its entries before reading on, as `ls -l`
+    /// does), so the entries are looked at.
+    pub fn read_on_with_attributes(&mut self, dir: u64) {
+        if let Some(e) = self.bare.iter_mut().rev().find(|(d, ..)| *d == dir) {
+            e.2 = e.1;
+        }
+    }
+
     /// The kernel looked up an entry of `parent`.
     pub fn looked_up(&mut self, parent: u64) {
         if let Some(e) = self.bare.iter_mut().rev().find(|(d, ..)| *d == parent) {
@@ -163,6 +175,28 @@ mod tests {
             look_all(&mut h, dir, 25);
             every = (every * 2).min(PROBE_MOST);
         }
+    }
+
+    #[test]
+    fn a_probe_read_on_with_attributes_is_confirmed() {
+        let mut h = ListingHabit::default();
+        assert_eq!(h.first_reply(1, 100), FirstReply::First(0));
+        look_all(&mut h, 1, 100);
+        let mut dir = 1;
+        let mut every = PROBE_FIRST;
+        for _ in 0..4 {
+            let (with, probe) = to_probe(&mut h, &mut dir);
+            assert_eq!((with, probe), (every - 1, FirstReply::First(75)));
+            // The program looked at the first part's entries before reading on: the
+            // kernel reads the rest with attributes (no lookups come).
+            h.read_on_with_attributes(dir);
+            every = (every * 2).min(PROBE_MOST);
+        }
+        // Another directory's later part says nothing of this one.
+        let (_, probe) = to_probe(&mut h, &mut dir);
+        assert_eq!(probe, FirstReply::First(75));
+        h.read_on_with_attributes(dir + 100);
+        assert_eq!(h.first_reply(dir + 1, 100), FirstReply::First(0));
     }
 
     #[test]

@@ -632,6 +632,9 @@ impl CcfsFs {
         // The first read: the entries with their attributes, or `.` and `..` alone (the
         // kernel then reads on without attributes; see `habit`).
         let adapts = self.ttl.readdirplus == crate::config::Readdirplus::Adapt;
+        if adapts && offset > 0 {
+            self.habit.locked().read_on_with_attributes(ino.0);
+        }
         let first = (offset == 0 && adapts).then(|| {
             let n = entries.len().saturating_sub(2);
             self.habit.locked().first_reply(ino.0, n)
