@@ -893,7 +893,7 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        said.contains("user001") && said.contains("not connected"),
+        said.contains("home/user001") && said.contains("had died"),
         "the run says which user's mount died: {said}"
     );
     assert_eq!(mounts(), 0, "the dead mount is detached too");

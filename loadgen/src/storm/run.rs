@@ -618,7 +618,12 @@ fn log_out(cfg: &StormConfig, actor: &mut Actor, mount: Option<CcfsMount>, r: &m
     PROGRESS.logged_out();
     if let Some(mut m) = mount {
         if let Err(e) = m.umount() {
-            r.error.get_or_insert(e);
+            // An earlier error (a file op the dying mount failed) is kept, and the mount's
+            // own end is said after it: that is what names the cause.
+            r.error = Some(match r.error.take() {
+                Some(first) => format!("{first}; then {e}"),
+                None => e,
+            });
         }
         r.ccfs_cpu_s = m.cpu_s;
         PROGRESS.synced();
