@@ -79,7 +79,7 @@ pub struct RsyncOptions {
     pub timeout: Duration,
     pub caps: ShareCaps,
     /// rsync 3.2.4+ knows `--fsync`.
-    pub fsync: bool,
+    pub fsync: FsyncProbe,
     /// A descriptor rsync (and every process it forks) inherits and keeps open while it
     /// runs: the cache's lock, so that `ccfs recover` cannot start while an rsync of a dead
     /// daemon still writes to the share.
@@ -119,7 +119,7 @@ pub fn rsync_args(opts: &RsyncOptions, upper: &Path, share: &Path) -> Vec<OsStri
         // would otherwise look at each and set its times and ACLs.
         args.push("--no-implied-dirs".into());
     }
-    if opts.fsync {
+    if opts.fsync.known() {
         args.push("--fsync".into());
     }
     args.extend(opts.extra_args.iter().map(OsString::from));
@@ -151,6 +151,44 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| is_exec(p))
+}
+
+/// Whether rsync knows `--fsync`. Finding out runs `rsync --help`, which a mount would
+/// otherwise wait for (a third of its time on an idle machine, more when a class mounts at
+/// once): [`FsyncProbe::start`] runs it on a thread of its own, and the first sync waits
+/// for its answer (or finds out itself).
+#[derive(Debug, Clone)]
+pub struct FsyncProbe(std::sync::Arc<(PathBuf, std::sync::OnceLock<bool>)>);
+
+impl FsyncProbe {
+    /// Starts finding out for `binary`, in the background.
+    pub fn start(binary: &Path) -> Self {
+        let probe = Self(std::sync::Arc::new((
+            binary.to_path_buf(),
+            std::sync::OnceLock::new(),
+        )));
+        let bg = probe.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rsync-probe".into())
+            .spawn(move || {
+                bg.known();
+            });
+        // Without a thread, the first sync finds out.
+        drop(spawned);
+        probe
+    }
+
+    /// An answer already known (tests, and rsync binaries whose answer is given).
+    pub fn answered(fsync: bool) -> Self {
+        let lock = std::sync::OnceLock::new();
+        let _ = lock.set(fsync);
+        Self(std::sync::Arc::new((PathBuf::new(), lock)))
+    }
+
+    /// The answer; waits for a probe under way, or runs it.
+    pub fn known(&self) -> bool {
+        *self.0 .1.get_or_init(|| rsync_has_fsync(&self.0 .0))
+    }
 }
 
 /// True when this rsync knows `--fsync`.
@@ -539,7 +577,7 @@ mod tests {
             extra_args: vec!["--bwlimit=100".into()],
             timeout: Duration::from_secs(30),
             caps,
-            fsync: true,
+            fsync: FsyncProbe::answered(true),
             hold_fd: None,
             implied_dirs: false,
         }
@@ -771,7 +809,7 @@ mod tests {
         let mut o = opts(ShareCaps::default());
         o.binary = binary;
         o.extra_args = vec!["-v".into(), "--info=name0".into(), "--progress".into()];
-        o.fsync = false;
+        o.fsync = FsyncProbe::answered(false);
         let (t, why) = run_rsync(&o, &upper, &share, &files).expect("rsync");
         assert_eq!(t, Transfer::Complete, "{why:?}");
         // A file that vanished: rsync fails (exit 23) and its report settles the rest.

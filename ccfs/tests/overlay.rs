@@ -58,7 +58,7 @@ impl Env {
             extra_args: vec![],
             timeout: Duration::from_secs(60),
             caps: ccfs::sync::probe_share(&self.share),
-            fsync: false,
+            fsync: ccfs::sync::FsyncProbe::answered(false),
             hold_fd: None,
             implied_dirs: false,
         }

@@ -25,7 +25,7 @@ pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncO
         extra_args: settings.rsync_extra_args.clone(),
         timeout: settings.rsync_timeout,
         caps: sync::probe_share(share),
-        fsync: sync::rsync_has_fsync(binary),
+        fsync: sync::FsyncProbe::start(binary),
         hold_fd: None,
         implied_dirs: false,
     }

@@ -21,7 +21,7 @@ pub(super) fn rsync(share: &Path) -> RsyncOptions {
         extra_args: vec![],
         timeout: Duration::from_secs(60),
         caps: crate::rsync::probe_share(share),
-        fsync: false,
+        fsync: crate::rsync::FsyncProbe::answered(false),
         hold_fd: None,
         implied_dirs: false,
     }

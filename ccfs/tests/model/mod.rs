@@ -644,7 +644,7 @@ impl World {
             extra_args: vec![],
             timeout: Duration::from_secs(60),
             caps: ccfs::sync::probe_share(&self.share),
-            fsync: false,
+            fsync: ccfs::sync::FsyncProbe::answered(false),
             hold_fd: None,
             implied_dirs: false,
         }
