@@ -79,6 +79,8 @@ pub struct Nodes {
     by_id: Map<u64, Node>,
     children: Children,
     next: u64,
+    /// Directories moved (renamed) through this mount so far: see [`Nodes::moves`].
+    moves: u64,
 }
 
 impl Default for Nodes {
@@ -102,7 +104,37 @@ impl Nodes {
             by_id,
             children: Children::default(),
             next: ROOT,
+            moves: 0,
         }
+    }
+
+    /// How many directories have moved (been renamed) through this mount. A path taken
+    /// from the table before a move may name another directory after it: a request that
+    /// names nodes from what it found at a path checks that this count did not change
+    /// since it took the path ([`Nodes::child_seen`]), and takes the path again if it did.
+    pub fn moves(&self) -> u64 {
+        self.moves
+    }
+
+    /// Whether node `id` is of type `kind` (true for a node the table does not know).
+    pub fn is_kind(&self, id: u64, kind: u32) -> bool {
+        self.by_id.get(&id).is_none_or(|n| n.kind == kind)
+    }
+
+    /// [`Nodes::child`], unless a directory moved since `seen` (a count of
+    /// [`Nodes::moves`] taken with the path the caller looked at): None then.
+    pub fn child_seen(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        kind: u32,
+        lookup: bool,
+        seen: Option<u64>,
+    ) -> Option<u64> {
+        if seen.is_some_and(|s| s != self.moves) {
+            return None;
+        }
+        Some(self.child(parent, name, kind, lookup))
     }
 
     /// The path of a node below the mount root; None for a node that has no name any more
@@ -251,6 +283,9 @@ impl Nodes {
         let Some(id) = self.children.remove(from.0, from.1) else {
             return;
         };
+        if self.by_id.get(&id).is_some_and(|n| n.kind == libc::S_IFDIR) {
+            self.moves += 1;
+        }
         if let Some(node) = self.by_id.get_mut(&id) {
             for n in node.names.iter_mut() {
                 if (n.0, n.1.as_os_str()) == from {

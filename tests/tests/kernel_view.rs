@@ -339,3 +339,78 @@ fn ls_l_over_many_directories_pays_the_lookups_of_the_first_alone() {
         "lookups per directory listed: {per_dir:?}"
     );
 }
+
+/// Directories swapped through the mount (R to T, S to R, T to S, over and over) while a
+/// program lists R and looks at its entries, and another holds a file of R open: a
+/// listing or look made at R's path just as R moved must not give the open file's node
+/// the attributes of S's directory of the same name. The kernel would take that node
+/// for broken and fail every later use of the open file (EIO); a brief error during the
+/// swaps is allowed, a lasting one is not.
+#[test]
+fn an_open_file_keeps_working_while_its_directory_is_swapped_and_listed() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s("race/R")).expect("R");
+    fs::create_dir_all(fx.s("race/S")).expect("S");
+    for i in 0..200 {
+        write(&fx.s(&format!("race/R/f{i}")), "a");
+        fs::create_dir(fx.s(&format!("race/S/f{i}"))).expect("a directory in S");
+    }
+    let _m = fx.mount();
+    let (r, s, t) = (fx.m("race/R"), fx.m("race/S"), fx.m("race/T"));
+    let editor = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.join("f5"))
+        .expect("the editor's file");
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let swapped = fs::rename(&r, &t)
+                    .and_then(|_| fs::rename(&s, &r))
+                    .and_then(|_| fs::rename(&t, &s));
+                if swapped.is_err() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        let until = std::time::Instant::now() + Duration::from_secs(8);
+        let mut round = 0;
+        while std::time::Instant::now() < until {
+            round += 1;
+            if let Ok(names) = fs::read_dir(&r) {
+                for e in names.flatten().take(50) {
+                    let _ = fs::symlink_metadata(e.path());
+                }
+            }
+            if round % 20 == 0 {
+                let _ = editor.set_len(1);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    editor
+        .set_len(0)
+        .expect("truncate the open file after the swaps");
+    editor
+        .set_permissions(fs::Permissions::from_mode(0o640))
+        .expect("chmod the open file after the swaps");
+    editor
+        .write_all_at(b"saved", 0)
+        .expect("write the open file");
+    editor.sync_all().expect("fsync the open file");
+    let mut back = [0u8; 5];
+    editor
+        .read_exact_at(&mut back, 0)
+        .expect("read the open file");
+    assert_eq!(&back, b"saved");
+    // It is one of the two directories now, with what the editor saved.
+    let on_share = ["race/R/f5", "race/S/f5"]
+        .iter()
+        .filter(|p| fs::read(fx.s(p)).is_ok_and(|b| b == b"saved"))
+        .count();
+    assert_eq!(on_share, 1, "the saved file on the share");
+}

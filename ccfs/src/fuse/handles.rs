@@ -38,6 +38,15 @@ pub(super) enum Handle {
 
 pub(super) type DirListEntry = (u64, FileType, std::ffi::OsString);
 
+/// How adding a listing's entries with their attributes ended.
+pub(super) enum Plus {
+    /// Entries added (none when the reply had no room, or none was left).
+    Added,
+    /// A directory moved through this mount before anything was added: the path the
+    /// entries were looked at may have named another directory.
+    Moved,
+}
+
 impl Handle {
     pub(super) fn file(node: u64, file: OpenFile, mode: IoMode) -> Self {
         Handle::File { file, node, mode }
@@ -80,20 +89,32 @@ impl CcfsFs {
 
     /// The merged listing of directory `ino` at `path`, with `.` and `..`, each entry
     /// with its node (made for names not seen before, uncounted).
-    pub(super) fn list(&self, ino: INodeNo, path: &Path) -> Result<Vec<DirListEntry>, Errno> {
-        let listing = self
-            .overlay
-            .readdir(path)
-            .map_err(|e| reply_err("readdir", path, &e))?;
+    ///
+    /// `path` was taken when directory moves were at `seen`: None when a directory moved
+    /// since (the path may have named another directory: take it again).
+    pub(super) fn list(
+        &self,
+        ino: INodeNo,
+        path: &Path,
+        seen: u64,
+    ) -> Result<Option<Vec<DirListEntry>>, Errno> {
+        let listing = match self.overlay.readdir(path) {
+            Ok(l) => l,
+            Err(_) if self.moved_since(seen) => return Ok(None),
+            Err(e) => return Err(reply_err("readdir", path, &e)),
+        };
         let mut entries = Vec::with_capacity(listing.len() + 2);
         entries.push((ino.0, FileType::Directory, ".".into()));
         entries.push((ino.0, FileType::Directory, "..".into()));
         let mut nodes = self.nodes();
+        if nodes.moves() != seen {
+            return Ok(None);
+        }
         for e in listing {
             let id = nodes.child(ino.0, &e.name, e.file_type, false);
             entries.push((id, file_type(e.file_type), e.name));
         }
-        Ok(entries)
+        Ok(Some(entries))
     }
 
     /// The listing a directory handle serves from `offset`: made at the first read or
@@ -109,14 +130,78 @@ impl CcfsFs {
         };
         let mut g = listing.locked();
         if g.is_none() || offset == 0 {
-            let path = self.path(ino)?;
-            *g = Some(self.list(ino, &path)?);
+            *g = None;
+            for _ in 0..MOVED_TRIES {
+                let (path, seen) = self.path_seen(ino)?;
+                if let Some(entries) = self.list(ino, &path, seen)? {
+                    *g = Some(entries);
+                    break;
+                }
+            }
+            if g.is_none() {
+                // Directories kept moving under the listing: the caller may try again.
+                return Err(Errno::EAGAIN);
+            }
             match sig {
                 Some(sig) => self.listed().insert(ino.0, Listed::new(*sig)),
                 None => self.listed().remove(&ino.0),
             };
         }
         Ok(g)
+    }
+
+    /// Adds `part` of the listing of `ino` (at `dir`, a path that held while directory
+    /// moves were at `seen`) to a READDIRPLUS reply, each entry with its attributes as a
+    /// lookup would give them (and counted as one: the kernel takes every entry of the
+    /// reply as looked up). An entry gone since the listing was made is left out. A
+    /// directory moved midway ends the reply with what it holds (the kernel reads on
+    /// from there, and the next read takes the path again).
+    pub(super) fn plus_entries<'a, R: rep::DirectoryPlus>(
+        &self,
+        ino: INodeNo,
+        dir: &Path,
+        seen: u64,
+        part: impl Iterator<Item = (usize, &'a DirListEntry)>,
+        reply: &mut R,
+    ) -> Result<Plus, Errno> {
+        let mut added = false;
+        let moved = |added: bool| Ok(if added { Plus::Added } else { Plus::Moved });
+        // `.` and `..` are never looked up by the kernel: any attributes of a directory.
+        let mut dots: Option<FileAttr> = None;
+        let look = self.overlay.entries_of(dir);
+        for (i, (id, _, name)) in part {
+            let next = (i + 1) as u64;
+            if name == "." || name == ".." {
+                if dots.is_none() {
+                    match self.overlay.resolve(dir) {
+                        Ok(found) => dots = Some(attr(ino.0, &found.meta)),
+                        Err(_) if self.moved_since(seen) => return moved(added),
+                        Err(e) => return Err(reply_err("readdirplus", dir, &e)),
+                    }
+                }
+                let Some(a) = dots.as_ref() else { break };
+                if reply.add(INodeNo(*id), next, name, &Duration::ZERO, a, Generation(0)) {
+                    break;
+                }
+                added = true;
+                continue;
+            }
+            let found = match look.resolve(name) {
+                Ok(found) => found,
+                Err(_) if self.moved_since(seen) => return moved(added),
+                Err(_) => continue,
+            };
+            let Some(a) = self.entry_seen(ino, name, &found, Some(seen)) else {
+                return moved(added);
+            };
+            if reply.add(a.ino, next, name, &self.ttl(found.layer), &a, Generation(0)) {
+                // Not sent: the kernel does not count it.
+                self.nodes().forget(a.ino.0, 1);
+                break;
+            }
+            added = true;
+        }
+        Ok(Plus::Added)
     }
 
     /// The I/O mode of a new handle on `node`, counted as open (see [`crate::backing`]).

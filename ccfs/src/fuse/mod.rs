@@ -84,6 +84,10 @@ mod ring;
 pub use adapter::Served;
 use convert::*;
 use handles::*;
+
+/// How many times a request that found something at a path takes the path again after a
+/// directory moved under it (see [`Nodes::moves`]) before it gives up with EAGAIN.
+const MOVED_TRIES: usize = 16;
 pub use kernel_view::KernelView;
 pub use ring::{RingSlot, TransportState};
 
@@ -143,22 +147,35 @@ impl CcfsFs {
     fn lookup(&self, _req: &Caller, parent: INodeNo, name: &OsStr, reply: impl rep::Entry) {
         self.count(Req::Lookup, parent, Some(name));
         self.habit.locked().looked_up(parent.0);
-        let path = try_reply!(reply, self.child(parent, name));
-        match self.overlay.resolve(&path) {
-            Ok(found) => reply.entry(
-                &self.ttl(found.layer),
-                &self.entry(parent, name, &found),
-                Generation(0),
-            ),
-            // A name that is nowhere: the kernel may remember that as long as what the
-            // share holds (node 0: a negative entry). Names made through this mount
-            // replace it at once.
-            Err(e) if e.errno() == libc::ENOENT && !self.ttl.share.is_zero() => {
-                let none = negative_attr();
-                reply.entry_with_ttls(&Duration::ZERO, &self.ttl.share, &none, Generation(0))
+        // The parent's path holds until a directory moves through this mount: what was
+        // found at a path taken before a move is looked at again (see `Nodes::moves`).
+        for _ in 0..MOVED_TRIES {
+            let (dir, seen) = try_reply!(reply, self.path_seen(parent));
+            let path = dir.join(name);
+            let found = self.overlay.resolve(&path);
+            if found.is_err() && self.moved_since(seen) {
+                continue;
             }
-            Err(e) => reply.error(reply_err("lookup", &path, &e)),
+            match found {
+                Ok(found) => {
+                    let Some(a) = self.entry_seen(parent, name, &found, Some(seen)) else {
+                        continue;
+                    };
+                    reply.entry(&self.ttl(found.layer), &a, Generation(0));
+                }
+                // A name that is nowhere: the kernel may remember that as long as what
+                // the share holds (node 0: a negative entry). Names made through this
+                // mount replace it at once.
+                Err(e) if e.errno() == libc::ENOENT && !self.ttl.share.is_zero() => {
+                    let none = negative_attr();
+                    reply.entry_with_ttls(&Duration::ZERO, &self.ttl.share, &none, Generation(0))
+                }
+                Err(e) => reply.error(reply_err("lookup", &path, &e)),
+            }
+            return;
         }
+        // Directories kept moving under the lookup: the caller may try again.
+        reply.error(Errno::EAGAIN);
     }
 
     fn forget(&self, _req: &Caller, ino: INodeNo, nlookup: u64) {
@@ -186,14 +203,27 @@ impl CcfsFs {
             Some(m) => reply.attr(&self.ttl.share, &attr(ino.0, &m)),
             None => reply.error(e),
         };
-        let path = match self.path(ino) {
-            Ok(p) => p,
-            Err(e) => return fallback(e, reply),
-        };
-        match self.overlay.resolve(&path) {
-            Ok(found) => reply.attr(&self.ttl(found.layer), &attr(ino.0, &found.meta)),
-            Err(e) => fallback(reply_err("getattr", &path, &e), reply),
+        // What is found at a path taken before a directory moved is looked at again; an
+        // object of another type than the node's is never given as its attributes (the
+        // kernel would take the node for broken, and fail its open files for good).
+        for _ in 0..MOVED_TRIES {
+            let (path, seen) = match self.path_seen(ino) {
+                Ok(p) => p,
+                Err(e) => return fallback(e, reply),
+            };
+            let found = self.overlay.resolve(&path);
+            if self.moved_since(seen) {
+                continue;
+            }
+            return match found {
+                Ok(found) if !self.nodes().is_kind(ino.0, found.meta.file_type()) => {
+                    fallback(Errno::ESTALE, reply)
+                }
+                Ok(found) => reply.attr(&self.ttl(found.layer), &attr(ino.0, &found.meta)),
+                Err(e) => fallback(reply_err("getattr", &path, &e), reply),
+            };
         }
+        reply.error(Errno::EAGAIN)
     }
 
     fn setattr(
@@ -230,10 +260,19 @@ impl CcfsFs {
             mtime: mtime.map(set_time),
         };
         let done = match guard.as_deref() {
-            Some(g) => self.overlay.setattr_handle(&ctx(req, 0), &path, change, g),
+            // The attributes after the change are the handle's own file's: its path may
+            // name another object by now (a directory moved).
+            Some(g) => self
+                .overlay
+                .setattr_handle(&ctx(req, 0), &path, change, g)
+                .map(|m| crate::sys::fstat(g.file()).unwrap_or(m)),
             None => self.overlay.setattr(&ctx(req, 0), &path, change, None),
         };
         match done {
+            // (Never the attributes of an object of another type: see `getattr`.)
+            Ok(meta) if !self.nodes().is_kind(ino.0, meta.file_type()) => {
+                reply.error(Errno::ESTALE)
+            }
             Ok(meta) => reply.attr(&self.ttl.share, &attr(ino.0, &meta)),
             Err(e) => reply.error(reply_err("setattr", &path, &e)),
         }
@@ -562,7 +601,7 @@ impl CcfsFs {
 
     fn opendir(&self, _req: &Caller, ino: INodeNo, _flags: OpenFlags, reply: impl rep::Open) {
         self.count(Req::Opendir, ino, None);
-        let path = try_reply!(reply, self.path(ino));
+        let (path, seen) = try_reply!(reply, self.path_seen(ino));
         // The kernel keeps the listing it reads through this handle (FOPEN_CACHE_DIR),
         // and keeps the one it has when the directory is as it was when that was listed.
         let mut flags = FopenFlags::FOPEN_CACHE_DIR;
@@ -584,7 +623,8 @@ impl CcfsFs {
             }
             // Not told (the share does not answer): listed now, as the share allows
             // (a cached directory lists what the cache holds), and never kept.
-            Err(_) => (Some(try_reply!(reply, self.list(ino, &path))), None),
+            // (A directory moved meanwhile: listed at the first read.)
+            Err(_) => (try_reply!(reply, self.list(ino, &path, seen)), None),
         };
         let fh = self.add_handle(Handle::Dir {
             listing: Mutex::new(listing),
@@ -626,55 +666,34 @@ impl CcfsFs {
     ) {
         self.count(Req::Readdir, ino, None);
         let h = try_reply!(reply, self.handle(fh));
-        let dir = try_reply!(reply, self.path(ino));
-        let g = try_reply!(reply, self.listing(ino, &h, offset));
-        let entries = g.as_deref().unwrap_or_default();
-        // The first read: the entries with their attributes, or `.` and `..` alone (the
-        // kernel then reads on without attributes; see `habit`).
         let adapts = self.ttl.readdirplus == crate::config::Readdirplus::Adapt;
         if adapts && offset > 0 {
             self.habit.locked().read_on_with_attributes(ino.0);
         }
-        let first = (offset == 0 && adapts).then(|| {
-            let n = entries.len().saturating_sub(2);
-            self.habit.locked().first_reply(ino.0, n)
-        });
-        let upto = match first {
-            Some(habit::FirstReply::First(n)) => 2 + n,
-            Some(habit::FirstReply::All) | None => usize::MAX,
-        };
-        // `.` and `..` are never looked up by the kernel: any attributes of a directory.
-        let mut dots: Option<FileAttr> = None;
-        let look = self.overlay.entries_of(&dir);
-        for (i, (id, _, name)) in entries.iter().enumerate().skip(offset as usize).take(upto) {
-            let next = (i + 1) as u64;
-            if name == "." || name == ".." {
-                if dots.is_none() {
-                    match self.overlay.resolve(&dir) {
-                        Ok(found) => dots = Some(attr(ino.0, &found.meta)),
-                        Err(e) => {
-                            reply.error(reply_err("readdirplus", &dir, &e));
-                            return;
-                        }
-                    }
-                }
-                let Some(a) = dots.as_ref() else { break };
-                if reply.add(INodeNo(*id), next, name, &Duration::ZERO, a, Generation(0)) {
-                    break;
-                }
-                continue;
-            }
-            let Ok(found) = look.resolve(name) else {
-                continue;
+        for _ in 0..MOVED_TRIES {
+            let (dir, seen) = try_reply!(reply, self.path_seen(ino));
+            let g = try_reply!(reply, self.listing(ino, &h, offset));
+            let entries = g.as_deref().unwrap_or_default();
+            // The first read: the entries with their attributes, or `.` and `..` alone
+            // (the kernel then reads on without attributes; see `habit`).
+            let first = (offset == 0 && adapts).then(|| {
+                let n = entries.len().saturating_sub(2);
+                self.habit.locked().first_reply(ino.0, n)
+            });
+            let upto = match first {
+                Some(habit::FirstReply::First(n)) => 2 + n,
+                Some(habit::FirstReply::All) | None => usize::MAX,
             };
-            let a = self.entry(ino, name, &found);
-            if reply.add(a.ino, next, name, &self.ttl(found.layer), &a, Generation(0)) {
-                // Not sent: the kernel does not count it.
-                self.nodes().forget(a.ino.0, 1);
-                break;
+            let part = entries.iter().enumerate().skip(offset as usize).take(upto);
+            match self.plus_entries(ino, &dir, seen, part, &mut reply) {
+                // A directory moved before anything was added: all again, from its path.
+                Ok(Plus::Moved) => continue,
+                Ok(Plus::Added) => reply.ok(),
+                Err(e) => reply.error(e),
             }
+            return;
         }
-        reply.ok();
+        reply.error(Errno::EAGAIN);
     }
 
     fn releasedir(

@@ -34,6 +34,19 @@ impl CcfsFs {
         self.nodes().path(ino.0).ok_or(Errno::ESTALE)
     }
 
+    /// The path of `ino`, and the count of directory moves it holds for (see
+    /// [`crate::nodes::Nodes::moves`]).
+    pub(super) fn path_seen(&self, ino: INodeNo) -> Result<(PathBuf, u64), Errno> {
+        let nodes = self.nodes();
+        let path = nodes.path(ino.0).ok_or(Errno::ESTALE)?;
+        Ok((path, nodes.moves()))
+    }
+
+    /// Whether a directory moved through this mount since `seen`.
+    pub(super) fn moved_since(&self, seen: u64) -> bool {
+        self.nodes().moves() != seen
+    }
+
     /// Counts a request on node `ino` (and `name` in it, for a request on a name).
     pub(super) fn count(&self, r: Req, ino: INodeNo, name: Option<&OsStr>) {
         let requests = &self.overlay.requests;
@@ -47,10 +60,6 @@ impl CcfsFs {
             // A node no longer named (a file removed while open): counted all the same.
             (None, _) => requests.count_at(r, Path::new(crate::counters::UNNAMED)),
         }
-    }
-
-    pub(super) fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
-        Ok(self.path(parent)?.join(name))
     }
 
     /// An entry reply for `name` in `parent`: counts the lookup on its node. A file with
@@ -68,8 +77,28 @@ impl CcfsFs {
         name: &OsStr,
         found: &crate::overlay::Found,
     ) -> FileAttr {
+        let attached = self.entry_seen(parent, name, found, None);
+        // Without a count to check, the entry is always attached.
+        attached.unwrap_or_else(|| attr(0, &found.meta))
+    }
+
+    /// [`Self::entry`] for what was found at a path taken when directory moves were at
+    /// `seen` (see [`crate::nodes::Nodes::moves`]): None, and nothing named, when a
+    /// directory moved since. The path may then have named another directory, and its
+    /// entry must not take this parent's name: a node of another type there would
+    /// detach the one the kernel holds, and the files open on it with it.
+    pub(super) fn entry_seen(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        found: &crate::overlay::Found,
+        seen: Option<u64>,
+    ) -> Option<FileAttr> {
         let m = &found.meta;
         let key = (m.dev(), m.ino());
+        if seen.is_some_and(|s| self.moved_since(s)) {
+            return None;
+        }
         let joined = self.nodes().named(parent.0, name);
         if let Some(id) = joined.filter(|&id| self.nodes().name_count(id) > 1) {
             if !self.holds(id, key) {
@@ -80,15 +109,19 @@ impl CcfsFs {
             let known = self.links().get(&key).copied();
             if let Some(id) = known {
                 if self.holds(id, key) && self.nodes().add_name(id, parent.0, name) {
-                    return attr(id, m);
+                    return Some(attr(id, m));
                 }
             }
-            let id = self.nodes().child(parent.0, name, m.file_type(), true);
+            let id = self
+                .nodes()
+                .child_seen(parent.0, name, m.file_type(), true, seen)?;
             self.links().insert(key, id);
-            return attr(id, m);
+            return Some(attr(id, m));
         }
-        let id = self.nodes().child(parent.0, name, m.file_type(), true);
-        attr(id, m)
+        let id = self
+            .nodes()
+            .child_seen(parent.0, name, m.file_type(), true, seen)?;
+        Some(attr(id, m))
     }
 
     /// Whether the object behind the first name of node `id` is `key` (device, inode).
