@@ -168,17 +168,14 @@ impl FsyncProbe {
             std::sync::OnceLock::new(),
         )));
         let bg = probe.clone();
-        let spawned = std::thread::Builder::new()
+        // Without a thread (none could be made), the first sync finds out itself.
+        let _detached = std::thread::Builder::new()
             .name("rsync-probe".into())
-            .spawn(move || {
-                bg.known();
-            });
-        // Without a thread, the first sync finds out.
-        drop(spawned);
+            .spawn(move || bg.known());
         probe
     }
 
-    /// An answer already known (tests, and rsync binaries whose answer is given).
+    /// An answer already known (the tests' rsync).
     pub fn answered(fsync: bool) -> Self {
         let lock = std::sync::OnceLock::new();
         let _ = lock.set(fsync);

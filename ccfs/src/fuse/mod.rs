@@ -84,12 +84,12 @@ mod ring;
 pub use adapter::Served;
 use convert::*;
 use handles::*;
+pub use kernel_view::KernelView;
+pub use ring::{RingSlot, TransportState};
 
 /// How many times a request that found something at a path takes the path again after a
 /// directory moved under it (see [`Nodes::moves`]) before it gives up with EAGAIN.
 const MOVED_TRIES: usize = 16;
-pub use kernel_view::KernelView;
-pub use ring::{RingSlot, TransportState};
 
 impl CcfsFs {
     pub fn new(overlay: Arc<Overlay>, ttl: Timeouts, io: Arc<Passthrough>) -> Self {
@@ -212,13 +212,19 @@ impl CcfsFs {
                 Err(e) => return fallback(e, reply),
             };
             let found = self.overlay.resolve(&path);
-            if self.moved_since(seen) {
+            // One look at the table for both checks (getattr is the busiest request).
+            let (moved, other_kind) = {
+                let nodes = self.nodes();
+                let other = found
+                    .as_ref()
+                    .is_ok_and(|f| !nodes.is_kind(ino.0, f.meta.file_type()));
+                (nodes.moves() != seen, other)
+            };
+            if moved {
                 continue;
             }
             return match found {
-                Ok(found) if !self.nodes().is_kind(ino.0, found.meta.file_type()) => {
-                    fallback(Errno::ESTALE, reply)
-                }
+                Ok(_) if other_kind => fallback(Errno::ESTALE, reply),
                 Ok(found) => reply.attr(&self.ttl(found.layer), &attr(ino.0, &found.meta)),
                 Err(e) => fallback(reply_err("getattr", &path, &e), reply),
             };
@@ -670,15 +676,19 @@ impl CcfsFs {
         if adapts && offset > 0 {
             self.habit.locked().read_on_with_attributes(ino.0);
         }
+        // The habit decides once a read, not again at each look after a move.
+        let mut first: Option<Option<habit::FirstReply>> = None;
         for _ in 0..MOVED_TRIES {
             let (dir, seen) = try_reply!(reply, self.path_seen(ino));
             let g = try_reply!(reply, self.listing(ino, &h, offset));
             let entries = g.as_deref().unwrap_or_default();
             // The first read: the entries with their attributes, or `.` and `..` alone
             // (the kernel then reads on without attributes; see `habit`).
-            let first = (offset == 0 && adapts).then(|| {
-                let n = entries.len().saturating_sub(2);
-                self.habit.locked().first_reply(ino.0, n)
+            let first = *first.get_or_insert_with(|| {
+                (offset == 0 && adapts).then(|| {
+                    let n = entries.len().saturating_sub(2);
+                    self.habit.locked().first_reply(ino.0, n)
+                })
             });
             let upto = match first {
                 Some(habit::FirstReply::First(n)) => 2 + n,
