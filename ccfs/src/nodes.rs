@@ -32,6 +32,19 @@ struct Node {
     kind: u32,
     /// Lookups the kernel holds (replies it got) and has not forgotten yet.
     lookups: u64,
+    /// Requests under way whose path goes through this node (see [`Nodes::pin`]).
+    pins: u32,
+    /// Requests under way that move or remove this node (see [`Nodes::mark`]).
+    marks: u32,
+}
+
+/// Why [`Nodes::pin`] or [`Nodes::path_clear`] gave no path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unclear {
+    /// A node on the way has no name any more, or the table does not know it.
+    Gone,
+    /// A node on the way is being moved or removed: ask again once it is unmarked.
+    Moving,
 }
 
 /// The names in each directory node: parent -> name -> node. Hashed, and looked up by a
@@ -81,6 +94,8 @@ pub struct Nodes {
     next: u64,
     /// Directories moved (renamed) through this mount so far: see [`Nodes::moves`].
     moves: u64,
+    /// Marks held (see [`Nodes::mark`]).
+    marked: u32,
 }
 
 impl Default for Nodes {
@@ -98,6 +113,8 @@ impl Nodes {
                 names: vec![(ROOT, OsString::new())],
                 kind: libc::S_IFDIR,
                 lookups: 1,
+                pins: 0,
+                marks: 0,
             },
         );
         Self {
@@ -105,13 +122,16 @@ impl Nodes {
             children: Children::default(),
             next: ROOT,
             moves: 0,
+            marked: 0,
         }
     }
 
-    /// How many directories have moved (been renamed) through this mount. A path taken
-    /// from the table before a move may name another directory after it: a request that
-    /// names nodes from what it found at a path checks that this count did not change
+    /// How many directories have moved (been renamed) through this mount, counting also
+    /// each directory marked for a move or removal and unmarked ([`Nodes::mark`]). A path
+    /// taken from the table before a move may name another directory after it: a request
+    /// that names nodes from what it found at a path checks that this count did not change
     /// since it took the path ([`Nodes::child_seen`]), and takes the path again if it did.
+    /// (A request that changes something pins its way instead: [`Nodes::pin`].)
     pub fn moves(&self) -> u64 {
         self.moves
     }
@@ -140,15 +160,104 @@ impl Nodes {
     /// The path of a node below the mount root; None for a node that has no name any more
     /// (or whose parent lost its name) or that the table does not know.
     pub fn path(&self, id: u64) -> Option<PathBuf> {
+        self.way(id, |_, _| true).ok()
+    }
+
+    /// [`Nodes::path`], or [`Unclear::Moving`] when a node on the way (`id` included) is
+    /// being moved or removed ([`Nodes::mark`]): the path may be about to name another
+    /// object.
+    pub fn path_clear(&self, id: u64) -> Result<PathBuf, Unclear> {
+        self.way(id, |_, n| n.marks == 0)
+    }
+
+    /// Pins the way of each of `ids` (every node from the root's child down to the node)
+    /// for a request that acts on their paths: a request that would move or remove a
+    /// pinned node waits until it is unpinned ([`Nodes::pins`]), so the paths name the
+    /// same objects until [`Nodes::unpin`]. The pinned nodes are added to `pinned`; on an
+    /// error nothing is pinned.
+    pub fn pin(&mut self, ids: &[u64], pinned: &mut Vec<u64>) -> Result<Vec<PathBuf>, Unclear> {
+        let start = pinned.len();
+        let mut paths = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let found = self.way(id, |nid, n| {
+                pinned.push(nid);
+                n.marks == 0
+            });
+            match found {
+                Ok(p) => paths.push(p),
+                Err(e) => {
+                    pinned.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        for id in &pinned[start..] {
+            if let Some(n) = self.by_id.get_mut(id) {
+                n.pins += 1;
+            }
+        }
+        Ok(paths)
+    }
+
+    /// Undoes [`Nodes::pin`]. True when a request may be waiting for it (a node is marked).
+    pub fn unpin(&mut self, pinned: &[u64]) -> bool {
+        for id in pinned {
+            if let Some(n) = self.by_id.get_mut(id) {
+                n.pins = n.pins.saturating_sub(1);
+            }
+        }
+        self.marked > 0
+    }
+
+    /// How many requests under way have node `id` on their pinned way.
+    pub fn pins(&self, id: u64) -> u32 {
+        self.by_id.get(&id).map_or(0, |n| n.pins)
+    }
+
+    /// Marks node `id` as about to be moved or removed: no request pins a way through it
+    /// until [`Nodes::unmark`], and readers that took a path through it before look again
+    /// (the move count changes when a directory is marked and unmarked). Returns whether
+    /// the node is a directory, None for a node the table does not know.
+    pub fn mark(&mut self, id: u64) -> Option<bool> {
+        let n = self.by_id.get_mut(&id)?;
+        n.marks += 1;
+        self.marked += 1;
+        let dir = n.kind == libc::S_IFDIR;
+        if dir {
+            self.moves += 1;
+        }
+        Some(dir)
+    }
+
+    /// Undoes [`Nodes::mark`] (`dir`: what it returned).
+    pub fn unmark(&mut self, id: u64, dir: bool) {
+        if let Some(n) = self.by_id.get_mut(&id) {
+            n.marks = n.marks.saturating_sub(1);
+        }
+        self.marked = self.marked.saturating_sub(1);
+        if dir {
+            self.moves += 1;
+        }
+    }
+
+    /// Walks from node `id` up to the root, asking `clear` of each node on the way (the
+    /// root left out), and returns the path: [`Unclear::Moving`] when `clear` said no.
+    fn way(&self, id: u64, mut clear: impl FnMut(u64, &Node) -> bool) -> Result<PathBuf, Unclear> {
         let mut names = Vec::new();
         let mut cur = id;
+        let mut moving = false;
         while cur != ROOT {
-            let (parent, name) = self.by_id.get(&cur)?.names.first()?;
+            let node = self.by_id.get(&cur).ok_or(Unclear::Gone)?;
+            moving |= !clear(cur, node);
+            let (parent, name) = node.names.first().ok_or(Unclear::Gone)?;
             names.push(name.as_os_str());
             cur = *parent;
             if names.len() > 4096 {
-                return None; // a cycle would be a bug; never loop forever
+                return Err(Unclear::Gone); // a cycle would be a bug; never loop forever
             }
+        }
+        if moving {
+            return Err(Unclear::Moving);
         }
         // Joined as bytes: collecting into a PathBuf parses each pushed component again.
         let len = names.iter().map(|n| n.len() + 1).sum::<usize>();
@@ -159,7 +268,7 @@ impl Nodes {
             }
             path.extend_from_slice(n.as_encoded_bytes());
         }
-        Some(PathBuf::from(std::ffi::OsString::from_vec(path)))
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(path)))
     }
 
     /// The node for `name` in `parent` found to be of type `kind`; made on first sight, or
@@ -187,6 +296,8 @@ impl Nodes {
                 names: vec![(parent, name.to_os_string())],
                 kind,
                 lookups: u64::from(lookup),
+                pins: 0,
+                marks: 0,
             },
         );
         self.children.insert(parent, name.to_os_string(), id);
@@ -406,6 +517,40 @@ mod tests {
         assert_eq!(n.path(a).as_deref(), Some(Path::new("c")));
         n.detach(ROOT, OsStr::new("c"));
         assert!(!n.is_attached(a));
+    }
+
+    #[test]
+    fn a_pinned_way_counts_on_each_node_of_it_and_a_mark_stops_new_pins_through_it() {
+        let mut n = Nodes::new();
+        let d = n.child(ROOT, OsStr::new("d"), D, true);
+        let e = n.child(d, OsStr::new("e"), D, true);
+        let f = n.child(e, OsStr::new("f"), F, true);
+        let g = n.child(ROOT, OsStr::new("g"), F, true);
+        let mut pinned = Vec::new();
+        let paths = n.pin(&[f, g], &mut pinned).expect("pinned");
+        assert_eq!(paths, [Path::new("d/e/f"), Path::new("g")]);
+        assert_eq!((n.pins(d), n.pins(e), n.pins(f), n.pins(g)), (1, 1, 1, 1));
+        // Marking e (a directory about to move) changes the move count, and nothing is
+        // pinned through it until it is unmarked; ways beside it are not held up.
+        let before = n.moves();
+        assert_eq!(n.mark(e), Some(true));
+        assert_ne!(n.moves(), before);
+        let mut more = Vec::new();
+        assert_eq!(n.pin(&[g, f], &mut more), Err(Unclear::Moving));
+        assert!(more.is_empty(), "nothing pinned after a refusal");
+        assert_eq!(n.pins(g), 1);
+        assert_eq!(n.path_clear(f), Err(Unclear::Moving));
+        assert_eq!(n.path_clear(d).as_deref(), Ok(Path::new("d")));
+        assert_eq!(n.path(f).as_deref(), Some(Path::new("d/e/f")));
+        assert!(n.unpin(&pinned), "a request may wait for these pins");
+        assert_eq!((n.pins(d), n.pins(e), n.pins(f)), (0, 0, 0));
+        let marked = n.moves();
+        n.unmark(e, true);
+        assert_ne!(n.moves(), marked);
+        assert!(n.pin(&[f], &mut more).is_ok());
+        assert!(!n.unpin(&more), "nothing marked: nobody waits");
+        n.detach(ROOT, OsStr::new("g"));
+        assert_eq!(n.pin(&[g], &mut more), Err(Unclear::Gone));
     }
 
     #[test]

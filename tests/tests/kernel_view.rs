@@ -414,3 +414,130 @@ fn an_open_file_keeps_working_while_its_directory_is_swapped_and_listed() {
         .count();
     assert_eq!(on_share, 1, "the saved file on the share");
 }
+
+/// `name` as a C string.
+fn cname(name: &str) -> std::ffi::CString {
+    std::ffi::CString::new(name).expect("a name without NUL")
+}
+
+#[test]
+fn changes_made_in_a_directory_land_in_it_while_it_is_swapped_with_another() {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const N: usize = 600;
+    let fx = Fixture::new();
+    for (dir, who) in [("race/R", "A"), ("race/S", "B")] {
+        fs::create_dir_all(fx.s(dir)).expect("a directory of the pair");
+        write(&fx.s(&format!("{dir}/whoami")), who);
+        for i in 0..N {
+            for kind in ["u", "o", "t", "m"] {
+                write(&fx.s(&format!("{dir}/{kind}{i}")), who);
+            }
+        }
+    }
+    let _m = fx.mount();
+    let (r, s, t) = (fx.m("race/R"), fx.m("race/S"), fx.m("race/T"));
+    // A directory descriptor follows its directory: every change below is asked of A's
+    // directory node, wherever A's name is at the time.
+    let a = fs::File::open(&r).expect("open A");
+    let fd = a.as_raw_fd();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let swapped = fs::rename(&r, &t)
+                    .and_then(|_| fs::rename(&s, &r))
+                    .and_then(|_| fs::rename(&t, &s));
+                if swapped.is_err() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        for i in 0..N {
+            // SAFETY: plain system calls on a descriptor this test holds open, with
+            // NUL-terminated names.
+            unsafe {
+                libc::unlinkat(fd, cname(&format!("u{i}")).as_ptr(), 0);
+                let o = libc::openat(
+                    fd,
+                    cname(&format!("o{i}")).as_ptr(),
+                    libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC,
+                );
+                if o >= 0 {
+                    libc::close(o);
+                }
+                let proc_path = format!("/proc/self/fd/{fd}/t{i}");
+                libc::truncate(cname(&proc_path).as_ptr(), 0);
+                let c = libc::openat(
+                    fd,
+                    cname(&format!("c{i}")).as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                    0o644,
+                );
+                if c >= 0 {
+                    libc::write(c, b"A".as_ptr().cast(), 1);
+                    libc::close(c);
+                }
+                libc::mkdirat(fd, cname(&format!("d{i}")).as_ptr(), 0o755);
+                libc::renameat(
+                    fd,
+                    cname(&format!("m{i}")).as_ptr(),
+                    fd,
+                    cname(&format!("n{i}")).as_ptr(),
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    drop(a);
+    let (mut dir_a, mut dir_b) = (None, None);
+    for d in ["race/R", "race/S", "race/T"] {
+        match fs::read_to_string(fx.s(&format!("{d}/whoami"))).as_deref() {
+            Ok("A") => dir_a = Some(fx.s(d)),
+            Ok("B") => dir_b = Some(fx.s(d)),
+            _ => {}
+        }
+    }
+    let (dir_a, dir_b) = (
+        dir_a.expect("A on the share"),
+        dir_b.expect("B on the share"),
+    );
+    let mut wrong = Vec::new();
+    for i in 0..N {
+        for kind in ["u", "o", "t", "m"] {
+            // B was never asked for a change: all its files are there, as they were.
+            let b = dir_b.join(format!("{kind}{i}"));
+            if fs::read_to_string(&b).ok().as_deref() != Some("B") {
+                wrong.push(format!("B's {kind}{i} changed or gone"));
+            }
+        }
+        for kind in ["c", "d", "n"] {
+            if dir_b.join(format!("{kind}{i}")).exists() {
+                wrong.push(format!("{kind}{i} made in B"));
+            }
+        }
+        // And A got every change asked of it.
+        for (kind, want) in [
+            ("o", Some("")),
+            ("t", Some("")),
+            ("c", Some("A")),
+            ("n", Some("A")),
+            ("u", None),
+            ("m", None),
+        ] {
+            let got = fs::read_to_string(dir_a.join(format!("{kind}{i}"))).ok();
+            if got.as_deref() != want {
+                wrong.push(format!("A's {kind}{i} is {got:?}, not {want:?}"));
+            }
+        }
+        if !dir_a.join(format!("d{i}")).is_dir() {
+            wrong.push(format!("d{i} not made in A"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} changes went to the wrong directory, first: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+}

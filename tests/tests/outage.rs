@@ -473,6 +473,13 @@ struct Session {
 
 impl Session {
     fn start(server: &dyn FileServer) -> Self {
+        // The kernel keeps what the share answered for a second (not the default ten):
+        // the tests wait that long for their requests to reach the daemon again.
+        Self::start_with(server, "[mount]\nattr_timeout_ms = 1000\n")
+    }
+
+    /// A session whose ccfs configuration is `config`.
+    fn start_with(server: &dyn FileServer, config_text: &str) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix("ccfs-outage-")
             .tempdir()
@@ -491,10 +498,8 @@ impl Session {
         write(&home.join("Documents/essay.txt"), "draft 1\n");
         write(&home.join("Documents/unread.txt"), "never read\n");
         let cache = tmp.path().join("cache");
-        // The kernel keeps what the share answered for a second (not the default ten):
-        // the tests wait that long for their requests to reach the daemon again.
         let config = tmp.path().join("ccfs.toml");
-        write(&config, "[mount]\nattr_timeout_ms = 1000\n");
+        write(&config, config_text);
         let out = ccfs_within(&[
             "mount".as_ref(),
             "--cache-dir".as_ref(),
@@ -911,6 +916,74 @@ fn a_copy_up_waiting_on_a_hung_share_holds_up_no_other_dotfile() {
         read(&s.home.join(".newrc")),
         "made in the session\nduring the copy-up\n"
     );
+}
+
+/// A directory moves only once the changes under way below it are done, so that each lands
+/// where it was asked; when one waits on a hung share, the move gives up (EBUSY) after a
+/// few seconds rather than hang, and the change lands in the directory it was asked of once
+/// the share answers again.
+#[test]
+fn a_directory_move_waits_for_a_change_below_it_and_gives_up_when_that_hangs() {
+    let mut server =
+        CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\nkernel_passthrough = false\n");
+    // The session's kernel keeps names a minute: the move and the new file's name are
+    // known without asking the hung share.
+    let s = Session::start_with(&server, "[mount]\nattr_timeout_ms = 60000\n");
+    std::fs::create_dir(s.home.join("docs")).expect("docs");
+    assert!(s.m("docs").is_dir());
+    assert!(!s.m("moved").exists());
+    assert!(!s.m("docs/report.txt").exists());
+    server.fail(Outage::Hangs);
+    let writer = Command::new("sh")
+        .args(["-c", "printf 'saved\\n' > \"$1\"", "sh"])
+        .arg(s.m("docs/report.txt"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("writer");
+    wait_in_kernel(
+        "the new file to wait on the share",
+        writer.id(),
+        &["request_wait_answer"],
+    );
+    let rename = |what: &str| {
+        within_for(
+            Command::new("/usr/bin/python3")
+                .args([
+                    "-c",
+                    "import os,sys\n\
+                     try:\n\
+                     \x20   os.rename(sys.argv[1], sys.argv[2])\n\
+                     \x20   print('moved')\n\
+                     except OSError as e:\n\
+                     \x20   print(os.strerror(e.errno))\n",
+                ])
+                .arg(s.m("docs"))
+                .arg(s.m("moved")),
+            what,
+            Duration::from_secs(60),
+        )
+    };
+    let out = rename("the move while a change below waits on the share");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "Device or resource busy\n",
+        "{}",
+        text(&out)
+    );
+    server.restore();
+    let done = writer.wait_with_output().expect("writer");
+    assert!(done.status.success(), "{}", text(&done));
+    assert_eq!(read(&s.home.join("docs/report.txt")), "saved\n");
+    let out = rename("the move once nothing waits");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "moved\n",
+        "{}",
+        text(&out)
+    );
+    assert_eq!(read(&s.home.join("moved/report.txt")), "saved\n");
+    assert!(!s.home.join("docs").exists());
 }
 
 /// A handle stuck on a hung share freezes no other open: a program writes for the first

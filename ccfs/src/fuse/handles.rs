@@ -285,7 +285,20 @@ impl CcfsFs {
         let Handle::File { file, node, .. } = h else {
             return Err(Errno::EISDIR);
         };
-        let (ctx, name) = (ctx(req, 0), || self.path(INodeNo(*node)).ok());
+        // A deferred handle's copy-up acts at the node's path: pinned until it is done
+        // (see `CcfsFs::pin`), so that a directory moved meanwhile cannot make it copy or
+        // keep another file. A move that lasts (a hung share) leaves the path unpinned, as
+        // it was before the wait; the copy-up checks the file's identity there anyway.
+        let held = std::cell::RefCell::new(None);
+        let name = || match self.pin(INodeNo(*node)) {
+            Ok((path, pins)) => {
+                *held.borrow_mut() = Some(pins);
+                Some(path)
+            }
+            Err(Errno::EAGAIN) => self.path(INodeNo(*node)).ok(),
+            Err(_) => None,
+        };
+        let ctx = ctx(req, 0);
         let ready = if write {
             self.overlay.file_to_write(&ctx, file, name)
         } else {

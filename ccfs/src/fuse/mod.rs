@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::locks::Locked;
@@ -44,6 +44,8 @@ pub struct CcfsFs {
     overlay: Arc<Overlay>,
     /// Lock order: 11 (ARCHITECTURE.md, Locks), a leaf (as `links` and `listed`).
     nodes: Arc<Mutex<Nodes>>,
+    /// Signalled when a request lets go of the nodes it pinned or marked (with `nodes`).
+    moved: Condvar,
     /// The node of a file with several links, by its backing object (see [`CcfsFs::entry`]).
     links: Mutex<HashMap<(u64, u64), u64>>,
     /// Lock order: 5, a leaf (a handle's own locks are taken after it is let go).
@@ -96,6 +98,7 @@ impl CcfsFs {
         Self {
             overlay,
             nodes: Arc::new(Mutex::new(Nodes::new())),
+            moved: Condvar::new(),
             links: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -251,12 +254,13 @@ impl CcfsFs {
         reply: impl rep::Attr,
     ) {
         self.count(Req::Setattr, ino, None);
-        let path = try_reply!(reply, self.path(ino));
         let handle = fh.and_then(|fh| self.handle(fh).ok());
+        // (Made writable before the path is pinned: a copy-up pins it itself.)
         let guard = match handle.as_deref() {
             Some(h @ Handle::File { .. }) => Some(try_reply!(reply, self.writable(req, h))),
             _ => None,
         };
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
         let change = SetAttr {
             mode,
             uid,
@@ -304,7 +308,7 @@ impl CcfsFs {
         reply: impl rep::Entry,
     ) {
         self.count(Req::Mknod, parent, Some(name));
-        let dir = try_reply!(reply, self.path(parent));
+        let (dir, _pins) = try_reply!(reply, self.pin(parent));
         let path = dir.join(name);
         match self
             .overlay
@@ -329,7 +333,7 @@ impl CcfsFs {
         reply: impl rep::Entry,
     ) {
         self.count(Req::Mkdir, parent, Some(name));
-        let dir = try_reply!(reply, self.path(parent));
+        let (dir, _pins) = try_reply!(reply, self.pin(parent));
         let path = dir.join(name);
         match self.overlay.mkdir(&ctx(req, umask), &dir, name, mode) {
             Ok(found) => reply.entry(
@@ -360,7 +364,7 @@ impl CcfsFs {
         reply: impl rep::Entry,
     ) {
         self.count(Req::Symlink, parent, Some(link_name));
-        let dir = try_reply!(reply, self.path(parent));
+        let (dir, _pins) = try_reply!(reply, self.pin(parent));
         let path = dir.join(link_name);
         match self.overlay.symlink(&ctx(req, 0), &dir, link_name, target) {
             Ok(found) => reply.entry(
@@ -383,8 +387,12 @@ impl CcfsFs {
         reply: impl rep::Empty,
     ) {
         self.count(Req::Rename, parent, Some(name));
-        let from_dir = try_reply!(reply, self.path(parent));
-        let to_dir = try_reply!(reply, self.path(newparent));
+        let (from_dir, to_dir, mut pins) = try_reply!(reply, self.pin_two(parent, newparent));
+        // Both objects leave their names: what is under way on or below them ends first.
+        try_reply!(
+            reply,
+            self.settle(&mut pins, &[(parent, name), (newparent, newname)])
+        );
         let from = from_dir.join(name);
         let replaced = self.nodes().detach(newparent.0, newname);
         let result = self.overlay.rename(
@@ -419,8 +427,7 @@ impl CcfsFs {
         reply: impl rep::Entry,
     ) {
         self.count(Req::Link, newparent, Some(newname));
-        let src = try_reply!(reply, self.path(ino));
-        let dir = try_reply!(reply, self.path(newparent));
+        let (src, dir, _pins) = try_reply!(reply, self.pin_two(ino, newparent));
         let path = dir.join(newname);
         match self.overlay.link(&ctx(req, 0), &src, &dir, newname) {
             Ok(found) => {
@@ -444,7 +451,7 @@ impl CcfsFs {
 
     fn open(&self, req: &Caller, ino: INodeNo, flags: OpenFlags, reply: impl rep::Open) {
         self.count(Req::Open, ino, None);
-        let path = try_reply!(reply, self.path(ino));
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
         match self.overlay.open_file(&ctx(req, 0), &path, flags.0) {
             Ok(file) => {
                 let chosen = {
@@ -759,7 +766,7 @@ impl CcfsFs {
         reply: impl rep::Empty,
     ) {
         self.count(Req::Setxattr, ino, None);
-        let path = try_reply!(reply, self.path(ino));
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
         match self
             .overlay
             .setxattr(&ctx(req, 0), &path, name, value, flags)
@@ -807,7 +814,7 @@ impl CcfsFs {
 
     fn removexattr(&self, req: &Caller, ino: INodeNo, name: &OsStr, reply: impl rep::Empty) {
         self.count(Req::Removexattr, ino, None);
-        let path = try_reply!(reply, self.path(ino));
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
         match self.overlay.removexattr(&ctx(req, 0), &path, name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(reply_err("removexattr", &path, &e)),
@@ -836,7 +843,7 @@ impl CcfsFs {
         reply: impl rep::Create,
     ) {
         self.count(Req::Create, parent, Some(name));
-        let dir = try_reply!(reply, self.path(parent));
+        let (dir, _pins) = try_reply!(reply, self.pin(parent));
         let path = dir.join(name);
         match self
             .overlay
@@ -902,7 +909,7 @@ impl CcfsFs {
         // A file held by block is made whole first: a hole punched or a range zeroed
         // changes blocks its cache file may lack.
         if g.is_held_by_block() {
-            let path = try_reply!(reply, self.path(ino));
+            let (path, _pins) = try_reply!(reply, self.pin(ino));
             if let Err(e) = self.overlay.make_whole(&path) {
                 reply.error(reply_err("fallocate", &path, &e));
                 return;

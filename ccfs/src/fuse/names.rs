@@ -4,15 +4,15 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::MutexGuard;
-use std::time::Duration;
+use std::sync::{MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use fuse_ring::reply as rep;
 use fuser::{Errno, FileAttr, INodeNo};
 
 use crate::counters::Req;
 use crate::locks::Locked;
-use crate::nodes::Nodes;
+use crate::nodes::{Nodes, Unclear};
 use crate::overlay::Layer;
 
 use super::*;
@@ -35,11 +35,112 @@ impl CcfsFs {
     }
 
     /// The path of `ino`, and the count of directory moves it holds for (see
-    /// [`crate::nodes::Nodes::moves`]).
+    /// [`crate::nodes::Nodes::moves`]). Waits for a move or removal under way on the path
+    /// (see [`Self::pin`]).
     pub(super) fn path_seen(&self, ino: INodeNo) -> Result<(PathBuf, u64), Errno> {
-        let nodes = self.nodes();
-        let path = nodes.path(ino.0).ok_or(Errno::ESTALE)?;
-        Ok((path, nodes.moves()))
+        let mut nodes = self.nodes();
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            match nodes.path_clear(ino.0) {
+                Ok(path) => return Ok((path, nodes.moves())),
+                Err(Unclear::Gone) => return Err(Errno::ESTALE),
+                Err(Unclear::Moving) => nodes = self.wait_moved(nodes, deadline, Errno::EAGAIN)?,
+            }
+        }
+    }
+
+    /// Waits until a move or removal under way ends (or `deadline` passes: `late` then).
+    fn wait_moved<'a>(
+        &self,
+        nodes: MutexGuard<'a, Nodes>,
+        deadline: Instant,
+        late: Errno,
+    ) -> Result<MutexGuard<'a, Nodes>, Errno> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(late);
+        }
+        let (nodes, _) = self
+            .moved
+            .wait_timeout(nodes, left)
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(nodes)
+    }
+
+    /// The path of `ino`, pinned for a request that changes something there: the path
+    /// names the same object until the returned [`Pins`] are dropped, whatever moves
+    /// through the mount meanwhile (see [`Nodes::pin`]). Waits for a move or removal under
+    /// way on the path, EAGAIN when it lasts past [`MOVE_WAIT`]; ESTALE for a node that
+    /// has no name.
+    pub(super) fn pin(&self, ino: INodeNo) -> Result<(PathBuf, Pins<'_>), Errno> {
+        let (mut paths, pins) = self.pin_all(&[ino.0])?;
+        Ok((paths.pop().unwrap_or_default(), pins))
+    }
+
+    /// [`Self::pin`] for a request on two nodes (rename, link).
+    pub(super) fn pin_two(
+        &self,
+        a: INodeNo,
+        b: INodeNo,
+    ) -> Result<(PathBuf, PathBuf, Pins<'_>), Errno> {
+        let (mut paths, pins) = self.pin_all(&[a.0, b.0])?;
+        let second = paths.pop().unwrap_or_default();
+        Ok((paths.pop().unwrap_or_default(), second, pins))
+    }
+
+    fn pin_all(&self, ids: &[u64]) -> Result<(Vec<PathBuf>, Pins<'_>), Errno> {
+        let mut nodes = self.nodes();
+        let deadline = Instant::now() + MOVE_WAIT;
+        let mut pinned = Vec::new();
+        loop {
+            match nodes.pin(ids, &mut pinned) {
+                Ok(paths) => {
+                    let pins = Pins {
+                        fs: self,
+                        pinned,
+                        marked: Vec::new(),
+                    };
+                    return Ok((paths, pins));
+                }
+                Err(Unclear::Gone) => return Err(Errno::ESTALE),
+                Err(Unclear::Moving) => nodes = self.wait_moved(nodes, deadline, Errno::EAGAIN)?,
+            }
+        }
+    }
+
+    /// Marks the nodes named `names` (each a parent and a name) as about to be moved or
+    /// removed by the request that holds `pins`, and waits until no other request has a
+    /// way through them pinned: a change under way below a directory, or on a file,
+    /// finishes at the path it took before the directory or file leaves it. EBUSY when
+    /// that lasts past [`MOVE_WAIT`] (a share that hangs). The marks go with `pins`.
+    pub(super) fn settle(
+        &self,
+        pins: &mut Pins<'_>,
+        names: &[(INodeNo, &OsStr)],
+    ) -> Result<(), Errno> {
+        let mut nodes = self.nodes();
+        for (parent, name) in names {
+            let Some(id) = nodes.named(parent.0, name) else {
+                continue;
+            };
+            if pins.marked.iter().any(|(m, _)| *m == id) {
+                continue;
+            }
+            if let Some(dir) = nodes.mark(id) {
+                pins.marked.push((id, dir));
+            }
+        }
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            let busy = pins.marked.iter().any(|(id, _)| {
+                let own = pins.pinned.iter().filter(|p| *p == id).count();
+                nodes.pins(*id) as usize > own
+            });
+            if !busy {
+                return Ok(());
+            }
+            nodes = self.wait_moved(nodes, deadline, Errno::EBUSY)?;
+        }
     }
 
     /// Whether a directory moved through this mount since `seen`.
@@ -141,7 +242,8 @@ impl CcfsFs {
     /// unlink (`dir` false) or rmdir (`dir` true). The name's node is detached first, so
     /// that nothing made meanwhile at that name can get it, and put back if the change fails.
     pub(super) fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: impl rep::Empty) {
-        let parent_path = try_reply!(reply, self.path(parent));
+        let (parent_path, mut pins) = try_reply!(reply, self.pin(parent));
+        try_reply!(reply, self.settle(&mut pins, &[(parent, name)]));
         let path = parent_path.join(name);
         let detached = self.nodes().detach(parent.0, name);
         let result = if dir {
@@ -157,6 +259,36 @@ impl CcfsFs {
                 }
                 reply.error(reply_err(if dir { "rmdir" } else { "unlink" }, &path, &e))
             }
+        }
+    }
+}
+
+/// How long a request waits for a move or removal under way on its path, or a move or
+/// removal for the requests under way below what it moves or removes. Only a share that
+/// hangs makes either last long; the request then fails (EAGAIN, EBUSY) rather than hang
+/// with the table's requests behind it.
+pub(super) const MOVE_WAIT: Duration = Duration::from_secs(5);
+
+/// The nodes one request pinned ([`CcfsFs::pin`]) and marked ([`CcfsFs::settle`]); let go
+/// when dropped, waking the requests that wait for them.
+pub(super) struct Pins<'a> {
+    fs: &'a CcfsFs,
+    pinned: Vec<u64>,
+    /// Each marked node, and whether it is a directory.
+    marked: Vec<(u64, bool)>,
+}
+
+impl Drop for Pins<'_> {
+    fn drop(&mut self) {
+        let mut nodes = self.fs.nodes();
+        let mut wake = !self.marked.is_empty();
+        for (id, dir) in self.marked.drain(..) {
+            nodes.unmark(id, dir);
+        }
+        wake |= nodes.unpin(&self.pinned);
+        drop(nodes);
+        if wake {
+            self.fs.moved.notify_all();
         }
     }
 }
