@@ -36,6 +36,8 @@ struct Node {
     pins: u32,
     /// Requests under way that move or remove this node (see [`Nodes::mark`]).
     marks: u32,
+    /// Of those, the ones whose move is under way (see [`Nodes::begin_move`]).
+    moving: u32,
 }
 
 /// Why [`Nodes::pin`] or [`Nodes::path_clear`] gave no path.
@@ -115,6 +117,7 @@ impl Nodes {
                 lookups: 1,
                 pins: 0,
                 marks: 0,
+                moving: 0,
             },
         );
         Self {
@@ -127,7 +130,7 @@ impl Nodes {
     }
 
     /// How many directories have moved (been renamed) through this mount, counting also
-    /// each directory marked for a move or removal and unmarked ([`Nodes::mark`]). A path
+    /// each move as it starts ([`Nodes::begin_move`]). A path
     /// taken from the table before a move may name another directory after it: a request
     /// that names nodes from what it found at a path checks that this count did not change
     /// since it took the path ([`Nodes::child_seen`]), and takes the path again if it did.
@@ -164,10 +167,9 @@ impl Nodes {
     }
 
     /// [`Nodes::path`], or [`Unclear::Moving`] when a node on the way (`id` included) is
-    /// being moved or removed ([`Nodes::mark`]): the path may be about to name another
-    /// object.
+    /// being moved ([`Nodes::begin_move`]): the path may name another object already.
     pub fn path_clear(&self, id: u64) -> Result<PathBuf, Unclear> {
-        self.way(id, |_, n| n.marks == 0)
+        self.way(id, |_, n| n.moving == 0)
     }
 
     /// Pins the way of each of `ids` (every node from the root's child down to the node)
@@ -215,29 +217,38 @@ impl Nodes {
     }
 
     /// Marks node `id` as about to be moved or removed: no request pins a way through it
-    /// until [`Nodes::unmark`], and readers that took a path through it before look again
-    /// (the move count changes when a directory is marked and unmarked). Returns whether
-    /// the node is a directory, None for a node the table does not know.
-    pub fn mark(&mut self, id: u64) -> Option<bool> {
-        let n = self.by_id.get_mut(&id)?;
+    /// until [`Nodes::unmark`]. False for a node the table does not know.
+    pub fn mark(&mut self, id: u64) -> bool {
+        let Some(n) = self.by_id.get_mut(&id) else {
+            return false;
+        };
         n.marks += 1;
         self.marked += 1;
-        let dir = n.kind == libc::S_IFDIR;
-        if dir {
-            self.moves += 1;
-        }
-        Some(dir)
+        true
     }
 
-    /// Undoes [`Nodes::mark`] (`dir`: what it returned).
-    pub fn unmark(&mut self, id: u64, dir: bool) {
+    /// The move of marked node `id` starts (its paths may name another object from now
+    /// on): [`Nodes::path_clear`] gives no path through it until [`Nodes::unmark`], and
+    /// for a directory the move count changes, so that readers that took a path through
+    /// it look again.
+    pub fn begin_move(&mut self, id: u64) {
+        if let Some(n) = self.by_id.get_mut(&id) {
+            n.moving += 1;
+            if n.kind == libc::S_IFDIR {
+                self.moves += 1;
+            }
+        }
+    }
+
+    /// Undoes [`Nodes::mark`], and [`Nodes::begin_move`] when `moved`.
+    pub fn unmark(&mut self, id: u64, moved: bool) {
         if let Some(n) = self.by_id.get_mut(&id) {
             n.marks = n.marks.saturating_sub(1);
+            if moved {
+                n.moving = n.moving.saturating_sub(1);
+            }
         }
         self.marked = self.marked.saturating_sub(1);
-        if dir {
-            self.moves += 1;
-        }
     }
 
     /// Walks from node `id` up to the root, asking `clear` of each node on the way (the
@@ -298,6 +309,7 @@ impl Nodes {
                 lookups: u64::from(lookup),
                 pins: 0,
                 marks: 0,
+                moving: 0,
             },
         );
         self.children.insert(parent, name.to_os_string(), id);
@@ -530,23 +542,26 @@ mod tests {
         let paths = n.pin(&[f, g], &mut pinned).expect("pinned");
         assert_eq!(paths, [Path::new("d/e/f"), Path::new("g")]);
         assert_eq!((n.pins(d), n.pins(e), n.pins(f), n.pins(g)), (1, 1, 1, 1));
-        // Marking e (a directory about to move) changes the move count, and nothing is
-        // pinned through it until it is unmarked; ways beside it are not held up.
+        // Marking e (a directory about to move): nothing is pinned through it until it is
+        // unmarked; ways beside it are not held up, nor readers until its move starts.
         let before = n.moves();
-        assert_eq!(n.mark(e), Some(true));
-        assert_ne!(n.moves(), before);
+        assert!(n.mark(e));
         let mut more = Vec::new();
         assert_eq!(n.pin(&[g, f], &mut more), Err(Unclear::Moving));
         assert!(more.is_empty(), "nothing pinned after a refusal");
         assert_eq!(n.pins(g), 1);
+        assert_eq!(n.path_clear(f).as_deref(), Ok(Path::new("d/e/f")));
+        assert_eq!(n.moves(), before);
+        // Its move starts: readers wait too, and those that looked before look again.
+        n.begin_move(e);
+        assert_ne!(n.moves(), before);
         assert_eq!(n.path_clear(f), Err(Unclear::Moving));
         assert_eq!(n.path_clear(d).as_deref(), Ok(Path::new("d")));
         assert_eq!(n.path(f).as_deref(), Some(Path::new("d/e/f")));
         assert!(n.unpin(&pinned), "a request may wait for these pins");
         assert_eq!((n.pins(d), n.pins(e), n.pins(f)), (0, 0, 0));
-        let marked = n.moves();
         n.unmark(e, true);
-        assert_ne!(n.moves(), marked);
+        assert!(n.path_clear(f).is_ok());
         assert!(n.pin(&[f], &mut more).is_ok());
         assert!(!n.unpin(&more), "nothing marked: nobody waits");
         n.detach(ROOT, OsStr::new("g"));

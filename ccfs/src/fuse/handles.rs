@@ -264,7 +264,17 @@ impl CcfsFs {
         req: &Caller,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
-        self.file_ready(req, h, true)
+        self.file_ready(req, h, true, None)
+    }
+
+    /// [`Self::writable`] for a request that pinned the node's path already (`path`).
+    pub(super) fn writable_at<'a>(
+        &self,
+        req: &Caller,
+        h: &'a Handle,
+        path: Option<&Path>,
+    ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
+        self.file_ready(req, h, true, path)
     }
 
     /// The file of a handle for reading (see [`Overlay::file_to_read`]).
@@ -273,31 +283,38 @@ impl CcfsFs {
         req: &Caller,
         h: &'a Handle,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
-        self.file_ready(req, h, false)
+        self.file_ready(req, h, false, None)
     }
 
+    /// The handle's file, made ready; `pinned`: the node's path, pinned by the request.
     fn file_ready<'a>(
         &self,
         req: &Caller,
         h: &'a Handle,
         write: bool,
+        pinned: Option<&Path>,
     ) -> Result<RwLockReadGuard<'a, FileIo>, Errno> {
         let Handle::File { file, node, .. } = h else {
             return Err(Errno::EISDIR);
         };
+        let ino = INodeNo(*node);
         // A deferred handle's copy-up acts at the node's path: pinned until it is done
         // (see `CcfsFs::pin`), so that a directory moved meanwhile cannot make it copy or
-        // keep another file. A move that lasts (a hung share) leaves the path unpinned, as
-        // it was before the wait; the copy-up checks the file's identity there anyway.
-        let held = std::cell::RefCell::new(None);
-        let name = || match self.pin(INodeNo(*node)) {
-            Ok((path, pins)) => {
-                *held.borrow_mut() = Some(pins);
-                Some(path)
-            }
-            Err(Errno::EAGAIN) => self.path(INodeNo(*node)).ok(),
-            Err(_) => None,
+        // keep another file. Pinned before the handle's lock is taken, and only when the
+        // handle needs its path (the common case asks for none).
+        let (here, _pins) = match pinned {
+            Some(p) => (Some(p.to_path_buf()), None),
+            None if self.overlay.wants_name(file, write) => match self.pin(ino) {
+                Ok((path, pins)) => (Some(path), Some(pins)),
+                // No name left: the handle's file has none either.
+                Err(Errno::ESTALE) => (None, None),
+                Err(e) => return Err(e),
+            },
+            None => (None, None),
         };
+        // Unpinned only when the handle came to need its path meanwhile (a reader told
+        // that the file went to the cache): it is checked there by its identity.
+        let name = || here.clone().or_else(|| self.path(ino).ok());
         let ctx = ctx(req, 0);
         let ready = if write {
             self.overlay.file_to_write(&ctx, file, name)

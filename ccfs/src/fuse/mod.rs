@@ -254,13 +254,15 @@ impl CcfsFs {
         reply: impl rep::Attr,
     ) {
         self.count(Req::Setattr, ino, None);
+        // Pinned before the handle's file is taken (see `CcfsFs::settle`).
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
         let handle = fh.and_then(|fh| self.handle(fh).ok());
-        // (Made writable before the path is pinned: a copy-up pins it itself.)
         let guard = match handle.as_deref() {
-            Some(h @ Handle::File { .. }) => Some(try_reply!(reply, self.writable(req, h))),
+            Some(h @ Handle::File { .. }) => {
+                Some(try_reply!(reply, self.writable_at(req, h, Some(&path))))
+            }
             _ => None,
         };
-        let (path, _pins) = try_reply!(reply, self.pin(ino));
         let change = SetAttr {
             mode,
             uid,
@@ -290,8 +292,8 @@ impl CcfsFs {
 
     fn readlink(&self, _req: &Caller, ino: INodeNo, reply: impl rep::Data) {
         self.count(Req::Readlink, ino, None);
-        let path = try_reply!(reply, self.path(ino));
-        match self.overlay.readlink(&path) {
+        let (path, target) = try_reply!(reply, self.at_path(ino, |p| self.overlay.readlink(p)));
+        match target {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
             Err(e) => reply.error(reply_err("readlink", &path, &e)),
         }
@@ -388,12 +390,20 @@ impl CcfsFs {
     ) {
         self.count(Req::Rename, parent, Some(name));
         let (from_dir, to_dir, mut pins) = try_reply!(reply, self.pin_two(parent, newparent));
-        // Both objects leave their names: what is under way on or below them ends first.
+        let from = from_dir.join(name);
+        // The files held by block below are made whole before anything waits for the
+        // move (the overlay's rename does it too, for what was written since).
+        if let Err(e) = self.overlay.make_whole_below(&from) {
+            reply.error(reply_err("rename", &from, &e));
+            return;
+        }
+        // Both objects leave their names: what is under way on or below them ends first,
+        // and what looks at a path through them waits for the move.
         try_reply!(
             reply,
             self.settle(&mut pins, &[(parent, name), (newparent, newname)])
         );
-        let from = from_dir.join(name);
+        self.begin_moves(&mut pins);
         let replaced = self.nodes().detach(newparent.0, newname);
         let result = self.overlay.rename(
             &ctx(req, 0),
@@ -407,6 +417,7 @@ impl CcfsFs {
             Ok(()) => {
                 self.nodes()
                     .rename((parent.0, name), (newparent.0, newname));
+                drop(pins);
                 reply.ok()
             }
             Err(e) => {
@@ -785,11 +796,9 @@ impl CcfsFs {
         reply: impl rep::Xattr,
     ) {
         self.count(Req::Getxattr, ino, None);
-        let path = try_reply!(reply, self.path(ino));
-        let value = self
-            .overlay
-            .getxattr(&path, name)
-            .map_err(|e| reply_err("getxattr", &path, &e));
+        let (path, value) =
+            try_reply!(reply, self.at_path(ino, |p| self.overlay.getxattr(p, name)));
+        let value = value.map_err(|e| reply_err("getxattr", &path, &e));
         match value {
             Ok(v) => reply_xattr(reply, size, &v),
             Err(e) => reply.error(e),
@@ -798,8 +807,8 @@ impl CcfsFs {
 
     fn listxattr(&self, _req: &Caller, ino: INodeNo, size: u32, reply: impl rep::Xattr) {
         self.count(Req::Listxattr, ino, None);
-        let path = try_reply!(reply, self.path(ino));
-        match self.overlay.listxattr(&path) {
+        let (path, names) = try_reply!(reply, self.at_path(ino, |p| self.overlay.listxattr(p)));
+        match names {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
@@ -825,8 +834,8 @@ impl CcfsFs {
         self.count(Req::Access, ino, None);
         // Permission bits are checked by the kernel (default_permissions); this only
         // answers whether the object still exists.
-        let path = try_reply!(reply, self.path(ino));
-        match self.overlay.resolve(&path) {
+        let (path, found) = try_reply!(reply, self.at_path(ino, |p| self.overlay.resolve(p)));
+        match found {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(reply_err("access", &path, &e)),
         }
@@ -905,11 +914,12 @@ impl CcfsFs {
     ) {
         self.count(Req::Fallocate, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
-        let g = try_reply!(reply, self.writable(req, &h));
+        // Pinned before the handle's file is taken (see `CcfsFs::settle`).
+        let (path, _pins) = try_reply!(reply, self.pin(ino));
+        let g = try_reply!(reply, self.writable_at(req, &h, Some(&path)));
         // A file held by block is made whole first: a hole punched or a range zeroed
         // changes blocks its cache file may lack.
         if g.is_held_by_block() {
-            let (path, _pins) = try_reply!(reply, self.pin(ino));
             if let Err(e) = self.overlay.make_whole(&path) {
                 reply.error(reply_err("fallocate", &path, &e));
                 return;

@@ -35,11 +35,11 @@ impl CcfsFs {
     }
 
     /// The path of `ino`, and the count of directory moves it holds for (see
-    /// [`crate::nodes::Nodes::moves`]). Waits for a move or removal under way on the path
-    /// (see [`Self::pin`]).
+    /// [`crate::nodes::Nodes::moves`]). Waits for a move under way on the path (see
+    /// [`Self::begin_moves`]).
     pub(super) fn path_seen(&self, ino: INodeNo) -> Result<(PathBuf, u64), Errno> {
         let mut nodes = self.nodes();
-        let deadline = Instant::now() + MOVE_WAIT;
+        let deadline = Instant::now() + MOVED_WAIT;
         loop {
             match nodes.path_clear(ino.0) {
                 Ok(path) => return Ok((path, nodes.moves())),
@@ -70,7 +70,7 @@ impl CcfsFs {
     /// The path of `ino`, pinned for a request that changes something there: the path
     /// names the same object until the returned [`Pins`] are dropped, whatever moves
     /// through the mount meanwhile (see [`Nodes::pin`]). Waits for a move or removal under
-    /// way on the path, EAGAIN when it lasts past [`MOVE_WAIT`]; ESTALE for a node that
+    /// way on the path, EAGAIN when it lasts past [`MOVED_WAIT`]; ESTALE for a node that
     /// has no name.
     pub(super) fn pin(&self, ino: INodeNo) -> Result<(PathBuf, Pins<'_>), Errno> {
         let (mut paths, pins) = self.pin_all(&[ino.0])?;
@@ -90,7 +90,7 @@ impl CcfsFs {
 
     fn pin_all(&self, ids: &[u64]) -> Result<(Vec<PathBuf>, Pins<'_>), Errno> {
         let mut nodes = self.nodes();
-        let deadline = Instant::now() + MOVE_WAIT;
+        let deadline = Instant::now() + MOVED_WAIT;
         let mut pinned = Vec::new();
         loop {
             match nodes.pin(ids, &mut pinned) {
@@ -126,8 +126,8 @@ impl CcfsFs {
             if pins.marked.iter().any(|(m, _)| *m == id) {
                 continue;
             }
-            if let Some(dir) = nodes.mark(id) {
-                pins.marked.push((id, dir));
+            if nodes.mark(id) {
+                pins.marked.push((id, false));
             }
         }
         let deadline = Instant::now() + MOVE_WAIT;
@@ -141,6 +141,35 @@ impl CcfsFs {
             }
             nodes = self.wait_moved(nodes, deadline, Errno::EBUSY)?;
         }
+    }
+
+    /// The moves of the nodes [`Self::settle`] marked start: lookups, listings and
+    /// getattrs on a way through them wait until they are done (see
+    /// [`Nodes::begin_move`]).
+    pub(super) fn begin_moves(&self, pins: &mut Pins<'_>) {
+        let mut nodes = self.nodes();
+        for (id, moving) in pins.marked.iter_mut() {
+            nodes.begin_move(*id);
+            *moving = true;
+        }
+    }
+
+    /// `look` at the path of `ino`, looked at again when a directory moved during the look
+    /// (see [`Self::path_seen`]): the path and what `look` found there. EAGAIN when
+    /// directories kept moving.
+    pub(super) fn at_path<T>(
+        &self,
+        ino: INodeNo,
+        look: impl Fn(&Path) -> T,
+    ) -> Result<(PathBuf, T), Errno> {
+        for _ in 0..MOVED_TRIES {
+            let (path, seen) = self.path_seen(ino)?;
+            let found = look(&path);
+            if !self.moved_since(seen) {
+                return Ok((path, found));
+            }
+        }
+        Err(Errno::EAGAIN)
     }
 
     /// Whether a directory moved through this mount since `seen`.
@@ -263,18 +292,24 @@ impl CcfsFs {
     }
 }
 
-/// How long a request waits for a move or removal under way on its path, or a move or
-/// removal for the requests under way below what it moves or removes. Only a share that
-/// hangs makes either last long; the request then fails (EAGAIN, EBUSY) rather than hang
-/// with the table's requests behind it.
+/// How long a move or removal waits for the changes under way on or below what it moves
+/// or removes ([`CcfsFs::settle`]), then fails with EBUSY. Meanwhile the kernel holds the
+/// directories of the names it changes, and a request that would pin a way through what
+/// it moves waits: only a share that hangs, or the first write to a large dotfile (its
+/// copy to the cache), keeps a change under way that long.
 pub(super) const MOVE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a request waits for a move or removal under way on its way (at most
+/// [`MOVE_WAIT`] and the move's own I/O), then fails with EAGAIN: only a share that hangs
+/// makes it wait that long.
+pub(super) const MOVED_WAIT: Duration = Duration::from_secs(60);
 
 /// The nodes one request pinned ([`CcfsFs::pin`]) and marked ([`CcfsFs::settle`]); let go
 /// when dropped, waking the requests that wait for them.
 pub(super) struct Pins<'a> {
     fs: &'a CcfsFs,
     pinned: Vec<u64>,
-    /// Each marked node, and whether it is a directory.
+    /// Each marked node, and whether its move began ([`CcfsFs::begin_moves`]).
     marked: Vec<(u64, bool)>,
 }
 
@@ -282,8 +317,8 @@ impl Drop for Pins<'_> {
     fn drop(&mut self) {
         let mut nodes = self.fs.nodes();
         let mut wake = !self.marked.is_empty();
-        for (id, dir) in self.marked.drain(..) {
-            nodes.unmark(id, dir);
+        for (id, moved) in self.marked.drain(..) {
+            nodes.unmark(id, moved);
         }
         wake |= nodes.unpin(&self.pinned);
         drop(nodes);

@@ -267,6 +267,14 @@ impl Overlay {
         self.file_for(ctx, f, false, name)
     }
 
+    /// Whether [`Overlay::file_to_write`] (`write`) or [`Overlay::file_to_read`] would ask
+    /// for the handle's path now (its `name`): a deferred handle to be written, or one
+    /// that may have to follow its file to the cache.
+    pub fn wants_name(&self, f: &OpenFile, write: bool) -> bool {
+        let now = self.copy_up_count();
+        matches!(f.current().deferred, Some(d) if write || d.seen != now)
+    }
+
     fn file_for<'a>(
         &self,
         ctx: &Ctx,
