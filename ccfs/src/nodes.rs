@@ -38,6 +38,8 @@ struct Node {
     marks: u32,
     /// Of those, the ones whose move is under way (see [`Nodes::begin_move`]).
     moving: u32,
+    /// The move count ([`Nodes::moves`]) when this node last moved or lost a name.
+    moved_at: u64,
 }
 
 /// Why [`Nodes::pin`] or [`Nodes::path_clear`] gave no path.
@@ -118,6 +120,7 @@ impl Nodes {
                 pins: 0,
                 marks: 0,
                 moving: 0,
+                moved_at: 0,
             },
         );
         Self {
@@ -129,14 +132,45 @@ impl Nodes {
         }
     }
 
-    /// How many directories have moved (been renamed) through this mount, counting also
-    /// each move as it starts ([`Nodes::begin_move`]). A path
-    /// taken from the table before a move may name another directory after it: a request
-    /// that names nodes from what it found at a path checks that this count did not change
-    /// since it took the path ([`Nodes::child_seen`]), and takes the path again if it did.
-    /// (A request that changes something pins its way instead: [`Nodes::pin`].)
+    /// A count of the moves and removals through this mount: each rename of a node, each
+    /// move as it starts ([`Nodes::begin_move`]), each name a node loses. Each node keeps
+    /// the count of its last one. A path taken from the table before a move may name
+    /// another object after it: a request that looks at a path takes this count with it,
+    /// and takes the path again when a node on its way moved since
+    /// ([`Nodes::moved_since`], [`Nodes::child_seen`]). (A request that changes something
+    /// pins its way instead: [`Nodes::pin`].)
     pub fn moves(&self) -> u64 {
         self.moves
+    }
+
+    /// Whether a node on the way of `id` (`id` included) moved or lost its name since the
+    /// move count was `seen`, or `id` has no way to the root any more.
+    pub fn moved_since(&self, id: u64, seen: u64) -> bool {
+        let mut cur = id;
+        for _ in 0..4096 {
+            if cur == ROOT {
+                return false;
+            }
+            let Some(n) = self.by_id.get(&cur) else {
+                return true;
+            };
+            let Some((parent, _)) = n.names.first() else {
+                return true;
+            };
+            if n.moved_at > seen {
+                return true;
+            }
+            cur = *parent;
+        }
+        true
+    }
+
+    /// A new move count, given to node `id` as its last move.
+    fn stamp(&mut self, id: u64) {
+        self.moves += 1;
+        if let Some(n) = self.by_id.get_mut(&id) {
+            n.moved_at = self.moves;
+        }
     }
 
     /// Whether node `id` is of type `kind` (true for a node the table does not know).
@@ -144,8 +178,9 @@ impl Nodes {
         self.by_id.get(&id).is_none_or(|n| n.kind == kind)
     }
 
-    /// [`Nodes::child`], unless a directory moved since `seen` (a count of
-    /// [`Nodes::moves`] taken with the path the caller looked at): None then.
+    /// [`Nodes::child`], unless a node on the parent's way, or the node at the name, moved
+    /// since `seen` (a count of [`Nodes::moves`] taken with the path the caller looked
+    /// at): None then.
     pub fn child_seen(
         &mut self,
         parent: u64,
@@ -154,7 +189,15 @@ impl Nodes {
         lookup: bool,
         seen: Option<u64>,
     ) -> Option<u64> {
-        if seen.is_some_and(|s| s != self.moves) {
+        let moved = |s: u64| {
+            self.moved_since(parent, s)
+                || self
+                    .children
+                    .get(parent, name)
+                    .and_then(|id| self.by_id.get(&id))
+                    .is_some_and(|n| n.moved_at > s)
+        };
+        if seen.is_some_and(moved) {
             return None;
         }
         Some(self.child(parent, name, kind, lookup))
@@ -234,10 +277,8 @@ impl Nodes {
     pub fn begin_move(&mut self, id: u64) {
         if let Some(n) = self.by_id.get_mut(&id) {
             n.moving += 1;
-            if n.kind == libc::S_IFDIR {
-                self.moves += 1;
-            }
         }
+        self.stamp(id);
     }
 
     /// Undoes [`Nodes::mark`], and [`Nodes::begin_move`] when `moved`.
@@ -310,6 +351,7 @@ impl Nodes {
                 pins: 0,
                 marks: 0,
                 moving: 0,
+                moved_at: 0,
             },
         );
         self.children.insert(parent, name.to_os_string(), id);
@@ -368,6 +410,7 @@ impl Nodes {
     /// the name but lives on while the kernel holds it. Returns the node.
     pub fn detach(&mut self, parent: u64, name: &OsStr) -> Option<u64> {
         let id = self.children.remove(parent, name)?;
+        self.stamp(id);
         let drop_now = match self.by_id.get_mut(&id) {
             Some(node) => {
                 node.names
@@ -406,9 +449,7 @@ impl Nodes {
         let Some(id) = self.children.remove(from.0, from.1) else {
             return;
         };
-        if self.by_id.get(&id).is_some_and(|n| n.kind == libc::S_IFDIR) {
-            self.moves += 1;
-        }
+        self.stamp(id);
         if let Some(node) = self.by_id.get_mut(&id) {
             for n in node.names.iter_mut() {
                 if (n.0, n.1.as_os_str()) == from {
@@ -545,6 +586,7 @@ mod tests {
         // Marking e (a directory about to move): nothing is pinned through it until it is
         // unmarked; ways beside it are not held up, nor readers until its move starts.
         let before = n.moves();
+        assert!(!n.moved_since(f, before));
         assert!(n.mark(e));
         let mut more = Vec::new();
         assert_eq!(n.pin(&[g, f], &mut more), Err(Unclear::Moving));
@@ -552,9 +594,13 @@ mod tests {
         assert_eq!(n.pins(g), 1);
         assert_eq!(n.path_clear(f).as_deref(), Ok(Path::new("d/e/f")));
         assert_eq!(n.moves(), before);
-        // Its move starts: readers wait too, and those that looked before look again.
+        // Its move starts: readers wait too, and those below it that looked before look
+        // again; those beside it need not.
         n.begin_move(e);
-        assert_ne!(n.moves(), before);
+        assert!(n.moved_since(f, before));
+        assert!(n.moved_since(e, before));
+        assert!(!n.moved_since(d, before));
+        assert!(!n.moved_since(g, before));
         assert_eq!(n.path_clear(f), Err(Unclear::Moving));
         assert_eq!(n.path_clear(d).as_deref(), Ok(Path::new("d")));
         assert_eq!(n.path(f).as_deref(), Some(Path::new("d/e/f")));

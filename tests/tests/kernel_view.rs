@@ -541,3 +541,111 @@ fn changes_made_in_a_directory_land_in_it_while_it_is_swapped_with_another() {
         &wrong[..wrong.len().min(8)]
     );
 }
+
+/// An open file's attributes stay its own while an editor saves new versions over its
+/// name (a new file renamed over it, again and again): a look at the name taken just
+/// before a save never gives the open file the new version's size.
+#[test]
+fn an_open_file_keeps_its_own_size_while_saves_are_renamed_over_its_name() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let fx = Fixture::new();
+    let _m = fx.mount();
+    for dir in ["saved", ".saved"] {
+        let d = fx.m(dir);
+        fs::create_dir(&d).expect("a directory of saves");
+        write(&d.join("x"), &"0".repeat(100));
+        let stop = AtomicBool::new(false);
+        let (wrong, looks) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut g = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    g += 1;
+                    let tmp = d.join(format!("tmp{}", g % 4));
+                    let body = (g % 10).to_string().repeat(100 + 100 * (g % 2));
+                    fs::write(&tmp, body).expect("write a new version");
+                    fs::rename(&tmp, d.join("x")).expect("save it over x");
+                }
+            });
+            for _ in 0..2 {
+                sc.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(f) = fs::File::open(d.join("x")) else {
+                            continue;
+                        };
+                        let mut buf = [0u8; 1000];
+                        let own = f.read_at(&mut buf, 0).expect("read the open file");
+                        for _ in 0..50 {
+                            let size = f.metadata().expect("fstat the open file").len();
+                            if size != own as u64 {
+                                wrong.fetch_add(1, Ordering::Relaxed);
+                            }
+                            looks.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_secs(5));
+            stop.store(true, Ordering::Relaxed);
+        });
+        let looks = looks.load(Ordering::Relaxed);
+        assert!(
+            looks > 1000,
+            "{dir}: the open files were looked at ({looks})"
+        );
+        assert_eq!(
+            wrong.load(Ordering::Relaxed),
+            0,
+            "{dir}: sizes of another version out of {looks} looks"
+        );
+    }
+}
+
+/// Directories renamed again and again in one place hold up no listing elsewhere: a large
+/// directory of the share, changed and listed over and over meanwhile, lists whole every
+/// time, without an error.
+#[test]
+fn renames_in_one_directory_fail_no_listing_of_another() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.s("big")).expect("big");
+    for i in 0..20_000 {
+        write(&fx.s(&format!("big/f{i}")), "");
+    }
+    let _m = fx.mount();
+    let sw = fx.m(".cache/sw");
+    for d in ["a", "b"] {
+        fs::create_dir_all(sw.join(d)).expect("a directory to swap");
+    }
+    let stop = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    let mut listed = 0;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = fs::rename(sw.join("a"), sw.join("t"))
+                    .and_then(|_| fs::rename(sw.join("b"), sw.join("a")))
+                    .and_then(|_| fs::rename(sw.join("t"), sw.join("b")));
+            }
+        });
+        let until = std::time::Instant::now() + Duration::from_secs(6);
+        while std::time::Instant::now() < until {
+            // A change in the directory: the kernel cannot keep its last listing.
+            write(&fx.m(&format!("big/new{listed}")), "");
+            listed += 1;
+            match fs::read_dir(fx.m("big")).and_then(|r| r.collect::<Result<Vec<_>, _>>()) {
+                Ok(names) if names.len() == 20_000 + listed => {}
+                Ok(names) => failures.push(format!("{} names", names.len())),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {listed} listings failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}

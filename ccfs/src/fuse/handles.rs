@@ -100,14 +100,14 @@ impl CcfsFs {
     ) -> Result<Option<Vec<DirListEntry>>, Errno> {
         let listing = match self.overlay.readdir(path) {
             Ok(l) => l,
-            Err(_) if self.moved_since(seen) => return Ok(None),
+            Err(_) if self.moved_since(ino, seen) => return Ok(None),
             Err(e) => return Err(reply_err("readdir", path, &e)),
         };
         let mut entries = Vec::with_capacity(listing.len() + 2);
         entries.push((ino.0, FileType::Directory, ".".into()));
         entries.push((ino.0, FileType::Directory, "..".into()));
         let mut nodes = self.nodes();
-        if nodes.moves() != seen {
+        if nodes.moved_since(ino.0, seen) {
             return Ok(None);
         }
         for e in listing {
@@ -175,7 +175,7 @@ impl CcfsFs {
                 if dots.is_none() {
                     match self.overlay.resolve(dir) {
                         Ok(found) => dots = Some(attr(ino.0, &found.meta)),
-                        Err(_) if self.moved_since(seen) => return moved(added),
+                        Err(_) if self.moved_since(ino, seen) => return moved(added),
                         Err(e) => return Err(reply_err("readdirplus", dir, &e)),
                     }
                 }
@@ -188,7 +188,7 @@ impl CcfsFs {
             }
             let found = match look.resolve(name) {
                 Ok(found) => found,
-                Err(_) if self.moved_since(seen) => return moved(added),
+                Err(_) if self.moved_since(ino, seen) => return moved(added),
                 Err(_) => continue,
             };
             let Some(a) = self.entry_seen(ino, name, &found, Some(seen)) else {

@@ -156,7 +156,7 @@ impl CcfsFs {
             let (dir, seen) = try_reply!(reply, self.path_seen(parent));
             let path = dir.join(name);
             let found = self.overlay.resolve(&path);
-            if found.is_err() && self.moved_since(seen) {
+            if found.is_err() && self.moved_since(parent, seen) {
                 continue;
             }
             match found {
@@ -221,7 +221,7 @@ impl CcfsFs {
                 let other = found
                     .as_ref()
                     .is_ok_and(|f| !nodes.is_kind(ino.0, f.meta.file_type()));
-                (nodes.moves() != seen, other)
+                (nodes.moved_since(ino.0, seen), other)
             };
             if moved {
                 continue;
@@ -625,11 +625,11 @@ impl CcfsFs {
 
     fn opendir(&self, _req: &Caller, ino: INodeNo, _flags: OpenFlags, reply: impl rep::Open) {
         self.count(Req::Opendir, ino, None);
-        let (path, seen) = try_reply!(reply, self.path_seen(ino));
+        let (path, sig) = try_reply!(reply, self.at_path(ino, |p| self.overlay.dir_signature(p)));
         // The kernel keeps the listing it reads through this handle (FOPEN_CACHE_DIR),
         // and keeps the one it has when the directory is as it was when that was listed.
         let mut flags = FopenFlags::FOPEN_CACHE_DIR;
-        let (listing, sig) = match self.overlay.dir_signature(&path) {
+        let (listing, sig) = match sig {
             Ok(sig) if sig.is_none() => {
                 let e = FsError::enoent();
                 reply.error(reply_err("opendir", &path, &e));
@@ -648,7 +648,10 @@ impl CcfsFs {
             // Not told (the share does not answer): listed now, as the share allows
             // (a cached directory lists what the cache holds), and never kept.
             // (A directory moved meanwhile: listed at the first read.)
-            Err(_) => (try_reply!(reply, self.list(ino, &path, seen)), None),
+            Err(_) => {
+                let (path, seen) = try_reply!(reply, self.path_seen(ino));
+                (try_reply!(reply, self.list(ino, &path, seen)), None)
+            }
         };
         let fh = self.add_handle(Handle::Dir {
             listing: Mutex::new(listing),

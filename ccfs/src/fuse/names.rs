@@ -165,16 +165,17 @@ impl CcfsFs {
         for _ in 0..MOVED_TRIES {
             let (path, seen) = self.path_seen(ino)?;
             let found = look(&path);
-            if !self.moved_since(seen) {
+            if !self.moved_since(ino, seen) {
                 return Ok((path, found));
             }
         }
         Err(Errno::EAGAIN)
     }
 
-    /// Whether a directory moved through this mount since `seen`.
-    pub(super) fn moved_since(&self, seen: u64) -> bool {
-        self.nodes().moves() != seen
+    /// Whether a node on the way of `ino` moved through this mount since `seen` (see
+    /// [`Nodes::moved_since`]).
+    pub(super) fn moved_since(&self, ino: INodeNo, seen: u64) -> bool {
+        self.nodes().moved_since(ino.0, seen)
     }
 
     /// Counts a request on node `ino` (and `name` in it, for a request on a name).
@@ -226,7 +227,7 @@ impl CcfsFs {
     ) -> Option<FileAttr> {
         let m = &found.meta;
         let key = (m.dev(), m.ino());
-        if seen.is_some_and(|s| self.moved_since(s)) {
+        if seen.is_some_and(|s| self.moved_since(parent, s)) {
             return None;
         }
         let joined = self.nodes().named(parent.0, name);
