@@ -367,16 +367,7 @@ fn an_open_file_keeps_working_while_its_directory_is_swapped_and_listed() {
         .expect("the editor's file");
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
-        sc.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let swapped = fs::rename(&r, &t)
-                    .and_then(|_| fs::rename(&s, &r))
-                    .and_then(|_| fs::rename(&t, &s));
-                if swapped.is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        });
+        sc.spawn(|| swap_until(&stop, &r, &s, &t));
         let until = std::time::Instant::now() + Duration::from_secs(8);
         let mut round = 0;
         while std::time::Instant::now() < until {
@@ -415,6 +406,19 @@ fn an_open_file_keeps_working_while_its_directory_is_swapped_and_listed() {
     assert_eq!(on_share, 1, "the saved file on the share");
 }
 
+/// Swaps directories `r` and `s` by name through `t` (three renames), again and again
+/// until `stop`.
+fn swap_until(stop: &std::sync::atomic::AtomicBool, r: &Path, s: &Path, t: &Path) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let swapped = fs::rename(r, t)
+            .and_then(|_| fs::rename(s, r))
+            .and_then(|_| fs::rename(t, s));
+        if swapped.is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 /// `name` as a C string.
 fn cname(name: &str) -> std::ffi::CString {
     std::ffi::CString::new(name).expect("a name without NUL")
@@ -443,16 +447,7 @@ fn changes_made_in_a_directory_land_in_it_while_it_is_swapped_with_another() {
     let fd = a.as_raw_fd();
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
-        sc.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let swapped = fs::rename(&r, &t)
-                    .and_then(|_| fs::rename(&s, &r))
-                    .and_then(|_| fs::rename(&t, &s));
-                if swapped.is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        });
+        sc.spawn(|| swap_until(&stop, &r, &s, &t));
         for i in 0..N {
             // SAFETY: plain system calls on a descriptor this test holds open, with
             // NUL-terminated names.
@@ -622,13 +617,7 @@ fn renames_in_one_directory_fail_no_listing_of_another() {
     let mut failures = Vec::new();
     let mut listed = 0;
     std::thread::scope(|sc| {
-        sc.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = fs::rename(sw.join("a"), sw.join("t"))
-                    .and_then(|_| fs::rename(sw.join("b"), sw.join("a")))
-                    .and_then(|_| fs::rename(sw.join("t"), sw.join("b")));
-            }
-        });
+        sc.spawn(|| swap_until(&stop, &sw.join("a"), &sw.join("b"), &sw.join("t")));
         let until = std::time::Instant::now() + Duration::from_secs(6);
         while std::time::Instant::now() < until {
             // A change in the directory: the kernel cannot keep its last listing.
