@@ -96,7 +96,7 @@ pub struct Nodes {
     by_id: Map<u64, Node>,
     children: Children,
     next: u64,
-    /// Directories moved (renamed) through this mount so far: see [`Nodes::moves`].
+    /// Moves, removals and new names through this mount so far: see [`Nodes::moves`].
     moves: u64,
     /// Marks held (see [`Nodes::mark`]).
     marked: u32,
@@ -133,7 +133,8 @@ impl Nodes {
     }
 
     /// A count of the moves and removals through this mount: each rename of a node, each
-    /// move as it starts ([`Nodes::begin_move`]), each name a node loses. Each node keeps
+    /// move as it starts ([`Nodes::begin_move`]), each name a node loses, each node a
+    /// change made ([`Nodes::touch`]), each node that leaves the table. Each node keeps
     /// the count of its last one. A path taken from the table before a move may name
     /// another object after it: a request that looks at a path takes this count with it,
     /// and takes the path again when a node on its way moved since
@@ -146,6 +147,9 @@ impl Nodes {
     /// Whether a node on the way of `id` (`id` included) moved or lost its name since the
     /// move count was `seen`, or `id` has no way to the root any more.
     pub fn moved_since(&self, id: u64, seen: u64) -> bool {
+        if seen == self.moves {
+            return false;
+        }
         let mut cur = id;
         for _ in 0..4096 {
             if cur == ROOT {
@@ -163,6 +167,12 @@ impl Nodes {
             cur = *parent;
         }
         true
+    }
+
+    /// Stamps node `id`, just made by a change at its name (create, mkdir, link...), as
+    /// moved: a look at the name taken before the change does not name it after.
+    pub fn touch(&mut self, id: u64) {
+        self.stamp(id);
     }
 
     /// A new move count, given to node `id` as its last move.
@@ -272,8 +282,8 @@ impl Nodes {
 
     /// The move of marked node `id` starts (its paths may name another object from now
     /// on): [`Nodes::path_clear`] gives no path through it until [`Nodes::unmark`], and
-    /// for a directory the move count changes, so that readers that took a path through
-    /// it look again.
+    /// it is stamped with a new move count, so that readers that took a path through it
+    /// look again.
     pub fn begin_move(&mut self, id: u64) {
         if let Some(n) = self.by_id.get_mut(&id) {
             n.moving += 1;
@@ -326,11 +336,13 @@ impl Nodes {
     /// The node for `name` in `parent` found to be of type `kind`; made on first sight, or
     /// anew when the name now holds an object of another type. With `lookup`, counts one
     /// lookup the kernel will later forget (a lookup, create or link reply); a directory
-    /// listing names nodes without counting.
+    /// listing names nodes without counting, and keeps a node of another type where it
+    /// is (a listing taken without the directory's lock may be older than the node; the
+    /// next lookup of the name settles it).
     pub fn child(&mut self, parent: u64, name: &OsStr, kind: u32, lookup: bool) -> u64 {
         if let Some(id) = self.children.get(parent, name) {
             if let Some(node) = self.by_id.get_mut(&id) {
-                if node.kind == kind {
+                if node.kind == kind || !lookup {
                     if lookup {
                         node.lookups += 1;
                     }
@@ -498,6 +510,8 @@ impl Nodes {
     }
 
     fn remove(&mut self, id: u64) {
+        // A way through it breaks: readers that took one look again.
+        self.moves += 1;
         if let Some(node) = self.by_id.remove(&id) {
             for (parent, name) in node.names {
                 self.children.remove(parent, &name);
@@ -553,9 +567,29 @@ mod tests {
     fn a_name_that_changes_type_gets_a_new_node() {
         let mut n = Nodes::new();
         let a = n.child(ROOT, OsStr::new("a"), F, true);
+        // A listing (which may be older than the node) leaves it where it is.
+        assert_eq!(n.child(ROOT, OsStr::new("a"), D, false), a);
+        assert_eq!(n.path(a).as_deref(), Some(Path::new("a")));
         let b = n.child(ROOT, OsStr::new("a"), D, true);
         assert_ne!(a, b);
         assert_eq!(n.path(a), None);
+    }
+
+    #[test]
+    fn a_look_taken_before_a_name_was_made_again_names_nothing() {
+        let mut n = Nodes::new();
+        let d = n.child(ROOT, OsStr::new("d"), D, true);
+        let old = n.child(d, OsStr::new("x"), F, true);
+        let seen = n.moves();
+        // rm x; mkdir x: the look taken before must not name the new directory's node
+        // as the file it found.
+        n.detach(d, OsStr::new("x"));
+        let new = n.child(d, OsStr::new("x"), D, true);
+        n.touch(new);
+        assert_eq!(n.child_seen(d, OsStr::new("x"), F, true, Some(seen)), None);
+        assert_eq!(n.path(new).as_deref(), Some(Path::new("d/x")));
+        assert!(n.moved_since(old, seen));
+        assert!(!n.moved_since(d, seen));
     }
 
     #[test]

@@ -34,7 +34,7 @@ impl CcfsFs {
         self.nodes().path(ino.0).ok_or(Errno::ESTALE)
     }
 
-    /// The path of `ino`, and the count of directory moves it holds for (see
+    /// The path of `ino`, and the count of moves it holds for (see
     /// [`crate::nodes::Nodes::moves`]). Waits for a move under way on the path (see
     /// [`Self::begin_moves`]).
     pub(super) fn path_seen(&self, ino: INodeNo) -> Result<(PathBuf, u64), Errno> {
@@ -209,7 +209,11 @@ impl CcfsFs {
         found: &crate::overlay::Found,
     ) -> FileAttr {
         let attached = self.entry_seen(parent, name, found, None);
-        // Without a count to check, the entry is always attached.
+        // Without a count to check, the entry is always attached. Its node is new at the
+        // name to a look taken before (see `Nodes::touch`).
+        if let Some(a) = &attached {
+            self.nodes().touch(a.ino.0);
+        }
         attached.unwrap_or_else(|| attr(0, &found.meta))
     }
 
