@@ -946,8 +946,9 @@ fn a_directory_move_waits_for_a_change_below_it_and_gives_up_when_that_hangs() {
         writer.id(),
         &["request_wait_answer"],
     );
+    // What the move said (the error's text, or "moved"), and the whole output.
     let rename = |what: &str| {
-        within_for(
+        let out = within_for(
             Command::new("/usr/bin/python3")
                 .args([
                     "-c",
@@ -962,26 +963,20 @@ fn a_directory_move_waits_for_a_change_below_it_and_gives_up_when_that_hangs() {
                 .arg(s.m("moved")),
             what,
             Duration::from_secs(60),
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            text(&out),
         )
     };
-    let out = rename("the move while a change below waits on the share");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "Device or resource busy\n",
-        "{}",
-        text(&out)
-    );
+    let (said, out) = rename("the move while a change below waits on the share");
+    assert_eq!(said, "Device or resource busy\n", "{out}");
     server.restore();
     let done = writer.wait_with_output().expect("writer");
     assert!(done.status.success(), "{}", text(&done));
     assert_eq!(read(&s.home.join("docs/report.txt")), "saved\n");
-    let out = rename("the move once nothing waits");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "moved\n",
-        "{}",
-        text(&out)
-    );
+    let (said, out) = rename("the move once nothing waits");
+    assert_eq!(said, "moved\n", "{out}");
     assert_eq!(read(&s.home.join("moved/report.txt")), "saved\n");
     assert!(!s.home.join("docs").exists());
 }

@@ -304,13 +304,17 @@ impl CcfsFs {
         // handle needs its path (the common case asks for none).
         let (here, _pins) = match pinned {
             Some(p) => (Some(p.to_path_buf()), None),
-            None if self.overlay.wants_name(file, write) => match self.pin(ino) {
-                Ok((path, pins)) => (Some(path), Some(pins)),
-                // No name left: the handle's file has none either.
-                Err(Errno::ESTALE) => (None, None),
-                Err(e) => return Err(e),
-            },
-            None => (None, None),
+            None => {
+                if let Some(g) = self.overlay.ready_without_name(file, write) {
+                    return Ok(g);
+                }
+                match self.pin(ino) {
+                    Ok((path, pins)) => (Some(path), Some(pins)),
+                    // No name left: the handle's file has none either.
+                    Err(Errno::ESTALE) => (None, None),
+                    Err(e) => return Err(e),
+                }
+            }
         };
         // Unpinned only when the handle came to need its path meanwhile (a reader told
         // that the file went to the cache): it is checked there by its identity.

@@ -90,7 +90,7 @@ pub use kernel_view::KernelView;
 pub use ring::{RingSlot, TransportState};
 
 /// How many times a request that found something at a path takes the path again after a
-/// directory moved under it (see [`Nodes::moves`]) before it gives up with EAGAIN.
+/// node on its way moved (see [`Nodes::moved_since`]) before it gives up with EAGAIN.
 const MOVED_TRIES: usize = 16;
 
 impl CcfsFs {

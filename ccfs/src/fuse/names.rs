@@ -38,11 +38,21 @@ impl CcfsFs {
     /// [`crate::nodes::Nodes::moves`]). Waits for a move under way on the path (see
     /// [`Self::begin_moves`]).
     pub(super) fn path_seen(&self, ino: INodeNo) -> Result<(PathBuf, u64), Errno> {
+        self.when_clear(|nodes| nodes.path_clear(ino.0).map(|p| (p, nodes.moves())))
+    }
+
+    /// What `take` takes from the table, once no move or removal under way is in its way
+    /// ([`Unclear::Moving`]: waited for, EAGAIN past [`MOVED_WAIT`]); ESTALE for
+    /// [`Unclear::Gone`].
+    fn when_clear<T>(
+        &self,
+        mut take: impl FnMut(&mut Nodes) -> Result<T, Unclear>,
+    ) -> Result<T, Errno> {
         let mut nodes = self.nodes();
         let deadline = Instant::now() + MOVED_WAIT;
         loop {
-            match nodes.path_clear(ino.0) {
-                Ok(path) => return Ok((path, nodes.moves())),
+            match take(&mut nodes) {
+                Ok(v) => return Ok(v),
                 Err(Unclear::Gone) => return Err(Errno::ESTALE),
                 Err(Unclear::Moving) => nodes = self.wait_moved(nodes, deadline, Errno::EAGAIN)?,
             }
@@ -89,23 +99,14 @@ impl CcfsFs {
     }
 
     fn pin_all(&self, ids: &[u64]) -> Result<(Vec<PathBuf>, Pins<'_>), Errno> {
-        let mut nodes = self.nodes();
-        let deadline = Instant::now() + MOVED_WAIT;
         let mut pinned = Vec::new();
-        loop {
-            match nodes.pin(ids, &mut pinned) {
-                Ok(paths) => {
-                    let pins = Pins {
-                        fs: self,
-                        pinned,
-                        marked: Vec::new(),
-                    };
-                    return Ok((paths, pins));
-                }
-                Err(Unclear::Gone) => return Err(Errno::ESTALE),
-                Err(Unclear::Moving) => nodes = self.wait_moved(nodes, deadline, Errno::EAGAIN)?,
-            }
-        }
+        let paths = self.when_clear(|nodes| nodes.pin(ids, &mut pinned))?;
+        let pins = Pins {
+            fs: self,
+            pinned,
+            marked: Vec::new(),
+        };
+        Ok((paths, pins))
     }
 
     /// Marks the nodes named `names` (each a parent and a name) as about to be moved or
@@ -154,9 +155,9 @@ impl CcfsFs {
         }
     }
 
-    /// `look` at the path of `ino`, looked at again when a directory moved during the look
-    /// (see [`Self::path_seen`]): the path and what `look` found there. EAGAIN when
-    /// directories kept moving.
+    /// `look` at the path of `ino`, looked at again when a node on its way moved during the
+    /// look (see [`Self::path_seen`]): the path and what `look` found there. EAGAIN when
+    /// they kept moving.
     pub(super) fn at_path<T>(
         &self,
         ino: INodeNo,

@@ -267,12 +267,21 @@ impl Overlay {
         self.file_for(ctx, f, false, name)
     }
 
-    /// Whether [`Overlay::file_to_write`] (`write`) or [`Overlay::file_to_read`] would ask
-    /// for the handle's path now (its `name`): a deferred handle to be written, or one
+    /// The handle's file, when [`Overlay::file_to_write`] (`write`) or
+    /// [`Overlay::file_to_read`] would give it without asking for the handle's path (the
+    /// common case: one shared lock). None for a deferred handle to be written, or one
     /// that may have to follow its file to the cache.
-    pub fn wants_name(&self, f: &OpenFile, write: bool) -> bool {
+    pub fn ready_without_name<'a>(
+        &self,
+        f: &'a OpenFile,
+        write: bool,
+    ) -> Option<RwLockReadGuard<'a, FileIo>> {
         let now = self.copy_up_count();
-        matches!(f.current().deferred, Some(d) if write || d.seen != now)
+        let g = f.current();
+        match g.deferred {
+            Some(d) if write || d.seen != now => None,
+            _ => Some(g),
+        }
     }
 
     fn file_for<'a>(
@@ -283,13 +292,8 @@ impl Overlay {
         name: impl Fn() -> Option<PathBuf>,
     ) -> Result<RwLockReadGuard<'a, FileIo>, FileFailed> {
         let now = self.copy_up_count();
-        {
-            // The common case, one shared lock: not deferred, or nothing copied up since.
-            let g = f.current();
-            match g.deferred {
-                Some(d) if write || d.seen != now => {}
-                _ => return Ok(g),
-            }
+        if let Some(g) = self.ready_without_name(f, write) {
+            return Ok(g);
         }
         // A share that cannot tell where the file is now: it is read where it was.
         let moved = || {
