@@ -531,6 +531,96 @@ impl Drop for SmallTmpfs {
     }
 }
 
+/// A share reached through sshfs, a FUSE client that writes behind: it answers a write
+/// before the server has it, and a write the server failed at the next write or at the
+/// close. The server is OpenSSH's sftp-server, started by sshfs over a pipe (no network),
+/// serving a tmpfs of the given size; the client is mounted at the fixture's share. Both
+/// go when dropped.
+pub struct SftpShare {
+    client: PathBuf,
+    server: SmallTmpfs,
+}
+
+impl SftpShare {
+    pub fn mount(fx: &Fixture, size: &str) -> Self {
+        let sftp_server = Path::new("/usr/lib/openssh/sftp-server");
+        assert!(
+            sftp_server.exists() && which("sshfs"),
+            "sshfs and OpenSSH's sftp-server are needed: run scripts/setup"
+        );
+        let server = SmallTmpfs::mount(&fx.tmp.path().join("sftp-server"), size);
+        std::fs::create_dir_all(&fx.share).expect("share");
+        // sshfs runs this in place of ssh (with ssh's arguments, which it drops).
+        let ssh = fx.tmp.path().join("sftp-over-a-pipe");
+        std::fs::write(&ssh, format!("#!/bin/sh\nexec {}\n", sftp_server.display()))
+            .expect("script");
+        std::fs::set_permissions(&ssh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let st = Command::new("sshfs")
+            .arg("-o")
+            .arg(format!("ssh_command={}", ssh.display()))
+            .arg(format!("localhost:{}", server.0.display()))
+            .arg(&fx.share)
+            .status()
+            .expect("sshfs");
+        assert!(st.success(), "sshfs did not mount");
+        SftpShare {
+            client: fx.share.clone(),
+            server,
+        }
+    }
+
+    /// The server's own directory (what the server has, not what the client shows).
+    pub fn server(&self) -> &Path {
+        &self.server.0
+    }
+
+    /// Fills the server's disk but for about `room` bytes.
+    pub fn fill_leaving(&self, room: u64) {
+        let st = fsinfo::statfs(self.server()).expect("statfs");
+        let free = st.blocks_free * st.block_size;
+        let f = std::fs::File::create(self.server().join(".filler")).expect("filler");
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(f);
+        let chunk = vec![0u8; 4096];
+        let mut left = free.saturating_sub(room);
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            w.write_all(&chunk[..n]).expect("fill");
+            left -= n as u64;
+        }
+        w.flush().expect("fill");
+    }
+
+    /// Gives the room [`SftpShare::fill_leaving`] took back.
+    pub fn empty(&self) {
+        std::fs::remove_file(self.server().join(".filler")).expect("filler");
+    }
+}
+
+impl Drop for SftpShare {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.client).status();
+    }
+}
+
+/// Whether `prog` is on PATH.
+pub fn which(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(prog).is_file()))
+}
+
+/// Closes `f` and answers with the close's result (dropping a File drops it).
+pub fn close_checked(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: the descriptor is ours alone, closed once.
+    if unsafe { libc::close(f.into_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Runs a command with its output captured; None when it has not ended within a minute (it
 /// is killed): a guard against a hang, not a speed target.
 pub fn run_bounded(cmd: &mut Command) -> Option<Output> {

@@ -664,31 +664,55 @@ fn status_counts_requests_by_path_when_asked() {
 }
 
 /// With kernel passthrough (the default), the data of an open file goes between the
-/// program and the backing file (the share's document, the cache's dotfile) without the
-/// daemon: the bytes are all there, and the daemon saw none of them. An append lands at
-/// the end, also right after a write through another descriptor (a share whose client
-/// keeps a file's length per descriptor, MooseFS, lost the first write when the append
-/// went through the daemon's own descriptor instead).
+/// program and the backing file (the cache's dotfile; the share's document on a share
+/// that has nothing to do at a close, a local disk) without the daemon: the bytes are all
+/// there, and the daemon saw none of them. On a share whose client acts at a close (a
+/// network or FUSE client: the testbeds' servers) a document goes through the daemon,
+/// which passes each close on (FLUSH). An append lands at the end, also right after a
+/// write through another descriptor (a share whose client keeps a file's length per
+/// descriptor, MooseFS, lost the first write when the append went through the daemon's
+/// own descriptor instead).
 #[test]
 fn open_files_are_read_and_written_by_the_kernel_itself() {
     let fx = Fixture::new();
     fs::create_dir_all(fx.s("Documents")).expect("mkdir");
     write(&fx.s(".bashrc"), "old\n");
+    let share_type = fsinfo::statfs(&fx.share).expect("statfs").fs_type;
+    let kernel_writes_documents = fsinfo::nothing_at_close(share_type);
     let m = fx.mount();
-    let bytes = |k: &str| -> u64 {
+    let status = || -> serde_json::Value {
         let out = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
         assert!(out.status.success(), "{}", text(&out));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        v["requests"][k].as_u64().unwrap_or(0)
+        serde_json::from_slice(&out.stdout).expect("json")
     };
+    let bytes = |k: &str| -> u64 { status()["requests"][k].as_u64().unwrap_or(0) };
+    let flushes = || -> u64 { status()["requests"]["by_op"]["flush"].as_u64().unwrap_or(0) };
     let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    fs::write(fx.m("Documents/data.bin"), &block).expect("write doc");
     fs::write(fx.m(".newrc"), &block).expect("write new dotfile");
-    assert_eq!(fs::read(fx.m("Documents/data.bin")).expect("read"), block);
     assert_eq!(fs::read(fx.m(".newrc")).expect("read"), block);
+    assert_eq!(bytes("write_bytes"), 0, "the daemon wrote a dotfile's data");
+    assert_eq!(bytes("read_bytes"), 0, "the daemon read a dotfile's data");
+    assert_eq!(flushes(), 0, "a close of a cache file was passed on");
+    fs::write(fx.m("Documents/data.bin"), &block).expect("write doc");
+    assert_eq!(fs::read(fx.m("Documents/data.bin")).expect("read"), block);
     assert_eq!(fs::read(fx.s("Documents/data.bin")).expect("share"), block);
-    assert_eq!(bytes("write_bytes"), 0, "the daemon wrote file data");
-    assert_eq!(bytes("read_bytes"), 0, "the daemon read file data");
+    if kernel_writes_documents {
+        assert_eq!(
+            bytes("write_bytes"),
+            0,
+            "the daemon wrote a document's data"
+        );
+        assert_eq!(bytes("read_bytes"), 0, "the daemon read a document's data");
+        assert_eq!(flushes(), 0, "a close on a local share was passed on");
+    } else {
+        let share = fsinfo::fs_type_name(share_type);
+        assert_eq!(
+            bytes("write_bytes"),
+            block.len() as u64,
+            "a document on a share that acts at a close ({share}) is written by the daemon"
+        );
+        assert_eq!(flushes(), 1, "the document's close was passed on ({share})");
+    }
     // A dotfile still on the share, rewritten: the kernel truncates it after the open
     // (SETATTR), so that open was one the daemon must see (its copy-up), and the next
     // open of the copy is the kernel's again.

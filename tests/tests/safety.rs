@@ -560,6 +560,67 @@ fn a_cache_left_full_at_logout_keeps_no_clean_copy_and_the_next_login_works() {
     assert_eq!(fs::read(fx.s(".config/s0")).expect("share"), b"later");
 }
 
+// ---- a share that answers a failed write at the close ------------------------------------
+
+/// Saves `data` as `p` the way a program does (create, write, close) and answers with the
+/// first error of the three: what the program is told of its save.
+fn save(p: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = fs::File::create(p)?;
+    let written = f.write_all(data);
+    let closed = close_checked(f);
+    written.and(closed)
+}
+
+/// A document saved on a share whose client writes behind (sshfs: a write is answered
+/// before the server has it, and one the server failed is answered at the close), with
+/// the server's disk full: the program is told its save failed, at the write or at the
+/// close, as it is told on the share's own mount; a save that is answered well is whole
+/// on the server by then. The same as the share's own client: a save with room, and a
+/// document saved again once there is room.
+#[test]
+fn a_save_the_share_fails_behind_the_write_fails_at_the_close() {
+    let fx = Fixture::new();
+    let share = SftpShare::mount(&fx, "2m");
+    fs::create_dir(fx.s("Documents")).expect("mkdir");
+    let on_server = |name: &str| fs::read(share.server().join("Documents").join(name));
+    // The share's own client, for the record of what it tells a program.
+    share.fill_leaving(100 << 10);
+    let direct = save(&fx.s("Documents/direct.odt"), &pattern(400 << 10, 1));
+    assert!(direct.is_err(), "sshfs itself tells of the failed save");
+    fs::remove_file(fx.s("Documents/direct.odt")).expect("rm");
+    share.empty();
+
+    let m = fx.mount();
+    let notes = pattern(300 << 10, 2);
+    save(&fx.m("Documents/notes.odt"), &notes).expect("a save with room");
+    assert!(
+        on_server("notes.odt").expect("on the server") == notes,
+        "a save answered well is whole on the server when its close returns"
+    );
+    share.fill_leaving(100 << 10);
+    let report = pattern(400 << 10, 3);
+    let e = save(&fx.m("Documents/report.odt"), &report)
+        .expect_err("a save the server could not take must not be answered as done");
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::ENOSPC)),
+        "the share's own error, not {e}"
+    );
+    let kept = on_server("report.odt").unwrap_or_default();
+    assert!(kept.len() < report.len(), "the server did run out of room");
+    share.empty();
+    save(&fx.m("Documents/report.odt"), &report).expect("saved again with room");
+    assert!(on_server("report.odt").expect("on the server") == report);
+    // A dotfile's write stays in the cache until the logout, which sends it.
+    save(&fx.m(".profile"), b"export A=1\n").expect("dotfile");
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read(share.server().join(".profile")).expect(".profile"),
+        b"export A=1\n"
+    );
+    assert!(on_server("notes.odt").expect("notes") == notes);
+}
+
 // ---- a program that keeps writing across a crash ------------------------------------------
 
 /// A program of the user's that keeps a file open for appending: each line sent to it is

@@ -13,16 +13,26 @@ use crate::error::FsError;
 use crate::overlay::Ctx;
 use crate::sys::{SetTime, Stat};
 
-/// The open flags that tell the kernel how to do a handle's I/O.
-pub(super) fn fopen_flags(mode: IoMode) -> FopenFlags {
-    // ccfs has nothing to do at close (FLUSH): the kernel need not ask.
-    let mut f = FopenFlags::FOPEN_NOFLUSH;
+/// The open flags that tell the kernel how to do a handle's I/O. `flush`: the kernel
+/// tells the daemon of every close (FLUSH), which hands it to the share (a file of the
+/// share opened for writing); otherwise ccfs has nothing to do at close.
+pub(super) fn fopen_flags(mode: IoMode, flush: bool) -> FopenFlags {
+    let mut f = if flush {
+        FopenFlags::empty()
+    } else {
+        FopenFlags::FOPEN_NOFLUSH
+    };
     match mode {
         IoMode::Passthrough(_) => {}
         IoMode::Cached { keep_cache: true } => f |= FopenFlags::FOPEN_KEEP_CACHE,
         IoMode::Cached { keep_cache: false } => {}
     }
     f
+}
+
+/// Whether an open's flags let it write.
+pub(super) fn writable(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
 pub(super) fn reply_err(op: &'static str, path: &Path, e: &FsError) -> Errno {

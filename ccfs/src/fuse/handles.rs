@@ -204,19 +204,26 @@ impl CcfsFs {
         Ok(Plus::Added)
     }
 
-    /// The I/O mode of a new handle on `node`, counted as open (see [`crate::backing`]).
+    /// The I/O mode of a new handle on `node` (`through`: its writes must reach the
+    /// daemon), counted as open (see [`crate::backing`]), and whether the kernel tells the
+    /// daemon of its closes (FLUSH): a file of a share that acts at a close, opened for
+    /// writing (`writable`), whose I/O goes through the daemon for that reason (see
+    /// [`crate::overlay::Overlay::close_reaches_share`]).
     pub(super) fn io_mode(
         &self,
         node: u64,
         file: &File,
-        deferred: bool,
-    ) -> std::io::Result<IoMode> {
+        through: bool,
+        writable: bool,
+    ) -> std::io::Result<(IoMode, bool)> {
         let meta = crate::sys::fstat(file)?;
+        let to_share = self.overlay.close_reaches_share(&meta);
         let kind = OpenKind {
-            through_daemon: deferred,
+            through_daemon: through || to_share,
             keep_for: self.ttl.share,
         };
-        self.io.choose(node, file, &meta, kind)
+        let mode = self.io.choose(node, file, &meta, kind)?;
+        Ok((mode, to_share && writable && !through))
     }
 
     pub(super) fn handles(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {

@@ -468,10 +468,11 @@ impl CcfsFs {
                 let chosen = {
                     let g = file.current();
                     // A file held by block is read and written through the daemon.
-                    self.io_mode(ino.0, g.file(), g.is_deferred() || g.is_held_by_block())
+                    let through = g.is_deferred() || g.is_held_by_block();
+                    self.io_mode(ino.0, g.file(), through, writable(flags.0))
                 };
-                let mode = match chosen {
-                    Ok(mode) => mode,
+                let (mode, flush) = match chosen {
+                    Ok(chosen) => chosen,
                     Err(e) => {
                         self.overlay.close_file(&file);
                         let e = FsError::from(e);
@@ -484,9 +485,9 @@ impl CcfsFs {
                     // `id` is registered with this session and stays so while a handle
                     // uses it (closed in `released` after the last one).
                     IoMode::Passthrough(id) => {
-                        reply.opened_passthrough_raw(fh, fopen_flags(mode), id)
+                        reply.opened_passthrough_raw(fh, fopen_flags(mode, flush), id)
                     }
-                    _ => reply.opened(fh, fopen_flags(mode)),
+                    _ => reply.opened(fh, fopen_flags(mode, flush)),
                 }
             }
             Err(e) => reply.error(reply_err("open", &path, &e)),
@@ -541,16 +542,38 @@ impl CcfsFs {
         }
     }
 
+    /// A close of a handle of a share's file opened for writing (the others are opened
+    /// with FOPEN_NOFLUSH): the share's client is told of it as a close of its own file
+    /// would, and its answer is the close's (an NFS client writes out what it holds at
+    /// a close; a client that writes behind answers with a write that failed).
     fn flush(
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: impl rep::Empty,
     ) {
         self.count(Req::Flush, ino, None);
-        reply.ok();
+        let h = try_reply!(reply, self.file_of(fh));
+        let r = match &*h {
+            Handle::File { file, .. } => {
+                let g = file.current();
+                if g.is_share_file() {
+                    crate::sys::flush(g.file())
+                } else {
+                    Ok(())
+                }
+            }
+            Handle::Dir { .. } => Ok(()),
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                let path = self.path(ino).unwrap_or_default();
+                reply.error(reply_err("flush", &path, &FsError::from(e)))
+            }
+        }
     }
 
     fn release(
@@ -876,10 +899,10 @@ impl CcfsFs {
                 let chosen = {
                     let g = opened.current();
                     let through = found.layer == Layer::Lower || g.is_held_by_block();
-                    self.io_mode(a.ino.0, g.file(), through)
+                    self.io_mode(a.ino.0, g.file(), through, writable(flags))
                 };
-                let mode = match chosen {
-                    Ok(mode) => mode,
+                let (mode, flush) = match chosen {
+                    Ok(chosen) => chosen,
                     Err(e) => {
                         self.overlay.close_file(&opened);
                         let e = FsError::from(e);
@@ -895,10 +918,10 @@ impl CcfsFs {
                         &a,
                         Generation(0),
                         fh,
-                        fopen_flags(mode),
+                        fopen_flags(mode, flush),
                         id,
                     ),
-                    _ => reply.created(&ttl, &a, Generation(0), fh, fopen_flags(mode)),
+                    _ => reply.created(&ttl, &a, Generation(0), fh, fopen_flags(mode, flush)),
                 }
             }
             Err(e) => reply.error(reply_err("create", &path, &e)),

@@ -291,6 +291,11 @@ pub struct Overlay {
     /// The share is an NFS mount: a clean copy's look at it opens the file (see
     /// [`Overlay::share_look`]).
     share_is_nfs: AtomicBool,
+    /// The share's filesystem has something to do at a close (see
+    /// [`Overlay::close_reaches_share`]).
+    share_acts_at_close: bool,
+    /// The cache's device: a file on another one is the share's.
+    cache_dev: u64,
     /// The share's clock as last told (see [`racy`]). Lock order: 13, a leaf.
     share_clock: Mutex<Option<racy::ShareClock>>,
     /// The name of this workstation as the last sync was given it (see
@@ -558,8 +563,14 @@ impl Overlay {
         let share_meta = share
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let share_type = fsinfo::statfs(share.path()).map(|s| s.fs_type).ok();
         // NFS_SUPER_MAGIC
-        let share_is_nfs = fsinfo::statfs(share.path()).is_ok_and(|s| s.fs_type == 0x6969);
+        let share_is_nfs = share_type == Some(0x6969);
+        let share_acts_at_close = !share_type.is_some_and(fsinfo::nothing_at_close);
+        let cache_dev = cache
+            .stat(Path::new(""))?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?
+            .dev();
         let root_look = spawn_root_look(Root::open_gated(share.path(), gate.clone())?)?;
         let overlay = Self {
             share,
@@ -599,6 +610,8 @@ impl Overlay {
             share_clock: Mutex::new(None),
             sync_host: Mutex::new(String::new()),
             share_is_nfs: AtomicBool::new(share_is_nfs),
+            share_acts_at_close,
+            cache_dev,
             block_files: Mutex::new(HashMap::new()),
             by_block_from: AtomicU64::new(0),
         };
@@ -920,6 +933,16 @@ impl Overlay {
     /// How many copy-ups this mount has made (see [`Overlay::open_deferred`]).
     pub fn copy_up_count(&self) -> u64 {
         self.copy_ups.load(Ordering::Acquire)
+    }
+
+    /// Whether a program's close of an open file whose attributes are `meta` must reach
+    /// the file itself: a file of the share (not on the cache's device) whose filesystem
+    /// has something to do at a close ([`fsinfo::nothing_at_close`]). Such a file is read
+    /// and written through the daemon, which passes each close on: the kernel's own
+    /// backing file of a passthrough open would be closed without one (the share's
+    /// client would never be asked to write out, nor answer with what it failed to).
+    pub fn close_reaches_share(&self, meta: &sys::Stat) -> bool {
+        self.share_acts_at_close && meta.dev() != self.cache_dev
     }
 
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {

@@ -44,6 +44,14 @@ impl FileIo {
     pub fn is_held_by_block(&self) -> bool {
         self.blocks.as_ref().is_some_and(|b| b.is_partial())
     }
+
+    /// Whether a program's close of the handle must reach the file it has open: a file
+    /// of the share (the share's client answers a close with what it could not write),
+    /// not a cache file (counted as written; the logout sync sends it) nor a deferred
+    /// copy-up (nothing written yet).
+    pub fn is_share_file(&self) -> bool {
+        self.writer.is_none() && self.deferred.is_none() && self.blocks.is_none()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

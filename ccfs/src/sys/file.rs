@@ -192,6 +192,18 @@ pub fn data_extents(src: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)
     Ok(out)
 }
 
+/// Closes a duplicate of `file`'s descriptor: what a program's close(2) of it would make
+/// the filesystem below do (a network client writes out what it holds and answers with
+/// the error it kept, as NFS's close-to-open and sshfs's and GlusterFS's write-behind do).
+/// The descriptor itself stays open.
+pub fn flush(file: &File) -> io::Result<()> {
+    // SAFETY: dup of an open descriptor; the new one is ours alone and closed once below.
+    let fd = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    check(fd)?;
+    // SAFETY: `fd` is the duplicate made above, closed once.
+    check(unsafe { libc::close(fd) })
+}
+
 /// fchmod(2).
 pub fn fchmod(file: &File, mode: u32) -> io::Result<()> {
     // SAFETY: the fd is owned by `file`.

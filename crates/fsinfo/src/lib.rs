@@ -119,6 +119,15 @@ pub fn statfs(path: &Path) -> io::Result<FsStats> {
     })
 }
 
+/// Whether a filesystem of this statfs type magic has nothing to do at a close(2) of a
+/// file: a local disk or memory filesystem (ext2/3/4, XFS, Btrfs, tmpfs). A network
+/// client (NFS writes out and commits what it holds at a close), a FUSE client (told of
+/// every close; one that writes behind answers with a write that failed) or any other
+/// has.
+pub fn nothing_at_close(magic: i64) -> bool {
+    matches!(magic, 0xEF53 | 0x0102_1994 | 0x5846_5342 | 0x9123_683E)
+}
+
 /// A readable name for a statfs type magic.
 pub fn fs_type_name(magic: i64) -> &'static str {
     match magic {
