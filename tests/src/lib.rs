@@ -543,13 +543,19 @@ pub struct SftpShare {
 
 impl SftpShare {
     pub fn mount(fx: &Fixture, size: &str) -> Self {
+        Self::mount_at(fx, &fx.share, size)
+    }
+
+    /// [`SftpShare::mount`], with the client mounted at `at` (a directory of the share,
+    /// as a network filesystem automounted below a home).
+    pub fn mount_at(fx: &Fixture, at: &Path, size: &str) -> Self {
         let sftp_server = Path::new("/usr/lib/openssh/sftp-server");
         assert!(
             sftp_server.exists() && which("sshfs"),
             "sshfs and OpenSSH's sftp-server are needed: run scripts/setup"
         );
         let server = SmallTmpfs::mount(&fx.tmp.path().join("sftp-server"), size);
-        std::fs::create_dir_all(&fx.share).expect("share");
+        std::fs::create_dir_all(at).expect("client's mount point");
         // sshfs runs this in place of ssh (with ssh's arguments, which it drops).
         let ssh = fx.tmp.path().join("sftp-over-a-pipe");
         std::fs::write(&ssh, format!("#!/bin/sh\nexec {}\n", sftp_server.display()))
@@ -560,12 +566,12 @@ impl SftpShare {
             .arg("-o")
             .arg(format!("ssh_command={}", ssh.display()))
             .arg(format!("localhost:{}", server.0.display()))
-            .arg(&fx.share)
+            .arg(at)
             .status()
             .expect("sshfs");
         assert!(st.success(), "sshfs did not mount");
         SftpShare {
-            client: fx.share.clone(),
+            client: at.to_path_buf(),
             server,
         }
     }

@@ -849,6 +849,88 @@ fn a_hung_server_holds_up_only_the_requests_waiting_on_it() {
     );
 }
 
+/// Documents open for writing when the server hangs, as many as the daemon has threads:
+/// once the daemon has noticed the hang, each program's next write and its close fail at
+/// once (ENOTCONN) instead of each holding one of the daemon's threads until the server
+/// answers, and a cached dotfile is read meanwhile. (A document's I/O and its close go
+/// through the daemon on a share that acts at a close, as this FUSE server does.)
+#[test]
+fn documents_written_and_closed_during_a_hang_hold_up_no_thread_of_the_daemon() {
+    let mut server = CcfsServer::start();
+    let s = Session::start(&server);
+    write(&s.m(".newrc"), "made in the session\n");
+    // Each program opens its document, writes, and waits for a line; then it writes
+    // again, closes, and says how each went.
+    let script = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"before\n")
+print("open", flush=True)
+sys.stdin.readline()
+def tried(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return os.strerror(e.errno)
+w = tried(lambda: os.write(fd, b"during\n"))
+c = tried(lambda: os.close(fd))
+print(w + "|" + c, flush=True)
+"#;
+    let threads = 4; // the daemon's default
+    let mut writers = Vec::new();
+    for i in 0..threads {
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(s.m(&format!("Documents/open{i}.txt")))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+        assert_eq!(line, "open\n");
+        writers.push((child, out));
+    }
+    server.fail(Outage::Hangs);
+    std::thread::sleep(Duration::from_millis(1500));
+    wait_until("the daemon to notice the hang", GUARD, || {
+        let out = ccfs_within(&["status".as_ref(), s.mnt.as_os_str()]);
+        String::from_utf8_lossy(&out.stdout).contains("share: unreachable")
+    });
+    for (child, _) in &mut writers {
+        let stdin = child.stdin.as_mut().expect("stdin");
+        std::io::Write::write_all(stdin, b"go\n").expect("go");
+    }
+    let out = within(
+        Command::new("cat").arg(s.m(".newrc")),
+        "reading a cached dotfile while documents are written and closed",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "made in the session\n"
+    );
+    for (i, (mut child, mut out)) in writers.into_iter().enumerate() {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+        let (w, c) = line.trim_end().split_once('|').expect("two answers");
+        assert!(
+            w.contains("not connected") && c.contains("not connected"),
+            "document {i} during the hang: write {w:?}, close {c:?}"
+        );
+        child.wait().expect("wait");
+    }
+    server.restore();
+    wait_until("the share to answer through the mount again", GUARD, || {
+        std::fs::read_to_string(s.m("Documents/essay.txt")).is_ok_and(|t| t == "draft 1\n")
+    });
+    let out = ccfs_within(&["umount".as_ref(), s.mnt.as_os_str()]);
+    assert!(out.status.success(), "umount: {}", text(&out));
+    assert_eq!(read(&s.home.join(".newrc")), "made in the session\n");
+}
+
 /// A copy-up waits on the share without holding up the rest of the cache: a program
 /// changes the mode of a large dotfile while the server hangs (the copy-up reads the
 /// share's file and waits), and meanwhile another dotfile in the cache is read and written.

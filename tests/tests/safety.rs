@@ -621,6 +621,29 @@ fn a_save_the_share_fails_behind_the_write_fails_at_the_close() {
     assert!(on_server("notes.odt").expect("notes") == notes);
 }
 
+/// A network filesystem mounted below a share on a local disk (a project directory
+/// automounted in the home): a save there is its client's as on the share itself, told to
+/// the program when the server failed it, whole on the server once answered well.
+#[test]
+fn a_save_on_a_network_filesystem_mounted_in_the_share_fails_at_the_close_too() {
+    let fx = Fixture::new();
+    let share = SftpShare::mount_at(&fx, &fx.s("projects"), "2m");
+    let m = fx.mount();
+    share.fill_leaving(100 << 10);
+    let report = pattern(400 << 10, 4);
+    let e = save(&fx.m("projects/report.odt"), &report)
+        .expect_err("a save the server could not take must not be answered as done");
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::ENOSPC)),
+        "the share's own error, not {e}"
+    );
+    share.empty();
+    save(&fx.m("projects/report.odt"), &report).expect("saved again with room");
+    assert!(fs::read(share.server().join("report.odt")).expect("on the server") == report);
+    let out = m.umount();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 // ---- a program that keeps writing across a crash ------------------------------------------
 
 /// A program of the user's that keeps a file open for appending: each line sent to it is

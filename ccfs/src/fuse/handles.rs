@@ -217,7 +217,7 @@ impl CcfsFs {
         writable: bool,
     ) -> std::io::Result<(IoMode, bool)> {
         let meta = crate::sys::fstat(file)?;
-        let to_share = self.overlay.close_reaches_share(&meta);
+        let to_share = self.overlay.close_reaches_share(file, &meta);
         let kind = OpenKind {
             through_daemon: through || to_share,
             keep_for: self.ttl.share,

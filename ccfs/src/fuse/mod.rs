@@ -557,14 +557,7 @@ impl CcfsFs {
         self.count(Req::Flush, ino, None);
         let h = try_reply!(reply, self.file_of(fh));
         let r = match &*h {
-            Handle::File { file, .. } => {
-                let g = file.current();
-                if g.is_share_file() {
-                    crate::sys::flush(g.file())
-                } else {
-                    Ok(())
-                }
-            }
+            Handle::File { file, .. } => self.overlay.flush_file(&file.current()),
             Handle::Dir { .. } => Ok(()),
         };
         match r {

@@ -291,9 +291,10 @@ pub struct Overlay {
     /// The share is an NFS mount: a clean copy's look at it opens the file (see
     /// [`Overlay::share_look`]).
     share_is_nfs: AtomicBool,
-    /// The share's filesystem has something to do at a close (see
-    /// [`Overlay::close_reaches_share`]).
-    share_acts_at_close: bool,
+    /// Whether the filesystem of each device the share's files were found on has
+    /// something to do at a close (see [`Overlay::close_reaches_share`]): the share's
+    /// root's, and any mounted below it. Lock order: 19c, a leaf.
+    acts_at_close: Mutex<HashMap<u64, bool>>,
     /// The cache's device: a file on another one is the share's.
     cache_dev: u64,
     /// The share's clock as last told (see [`racy`]). Lock order: 13, a leaf.
@@ -566,7 +567,10 @@ impl Overlay {
         let share_type = fsinfo::statfs(share.path()).map(|s| s.fs_type).ok();
         // NFS_SUPER_MAGIC
         let share_is_nfs = share_type == Some(0x6969);
-        let share_acts_at_close = !share_type.is_some_and(fsinfo::nothing_at_close);
+        let acts_at_close = HashMap::from([(
+            share_meta.dev(),
+            !share_type.is_some_and(fsinfo::nothing_at_close),
+        )]);
         let cache_dev = cache
             .stat(Path::new(""))?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?
@@ -610,7 +614,7 @@ impl Overlay {
             share_clock: Mutex::new(None),
             sync_host: Mutex::new(String::new()),
             share_is_nfs: AtomicBool::new(share_is_nfs),
-            share_acts_at_close,
+            acts_at_close: Mutex::new(acts_at_close),
             cache_dev,
             block_files: Mutex::new(HashMap::new()),
             by_block_from: AtomicU64::new(0),
@@ -935,14 +939,53 @@ impl Overlay {
         self.copy_ups.load(Ordering::Acquire)
     }
 
-    /// Whether a program's close of an open file whose attributes are `meta` must reach
-    /// the file itself: a file of the share (not on the cache's device) whose filesystem
-    /// has something to do at a close ([`fsinfo::nothing_at_close`]). Such a file is read
-    /// and written through the daemon, which passes each close on: the kernel's own
-    /// backing file of a passthrough open would be closed without one (the share's
-    /// client would never be asked to write out, nor answer with what it failed to).
-    pub fn close_reaches_share(&self, meta: &sys::Stat) -> bool {
-        self.share_acts_at_close && meta.dev() != self.cache_dev
+    /// Whether `file` (whose attributes are `meta`) is the share's: not on the cache's
+    /// device.
+    pub fn is_on_share(&self, meta: &sys::Stat) -> bool {
+        meta.dev() != self.cache_dev
+    }
+
+    /// Whether a program's close of `file` (whose attributes are `meta`) must reach the
+    /// file itself: a file of the share whose filesystem has something to do at a close
+    /// ([`fsinfo::nothing_at_close`]; asked once per device, so that a network
+    /// filesystem mounted below a share on a local disk counts as what it is). Such a
+    /// file is read and written through the daemon, which passes each close on: the
+    /// kernel's own backing file of a passthrough open would be closed without one (the
+    /// share's client would never be asked to write out, nor answer with what it failed
+    /// to).
+    pub fn close_reaches_share(&self, file: &File, meta: &sys::Stat) -> bool {
+        if !self.is_on_share(meta) {
+            return false;
+        }
+        let dev = meta.dev();
+        if let Some(acts) = self.acts_at_close.locked().get(&dev) {
+            return *acts;
+        }
+        // Asked without the lock (a share's client answers statfs itself); a filesystem
+        // that does not answer counts as one that acts at a close.
+        let acts = self
+            .gate
+            .enter()
+            .and_then(|g| g.passed(fsinfo::fstatfs(file)))
+            .map_or(true, |s| !fsinfo::nothing_at_close(s.fs_type));
+        self.acts_at_close.locked().insert(dev, acts);
+        acts
+    }
+
+    /// Runs `io` on a descriptor of the share's file (`on_share`) through the share's
+    /// gate: refused at once while the share does not answer, as every access of the
+    /// daemon to the share is, so that no request for a document holds one of the FUSE
+    /// threads through an outage. Other files' I/O runs as it is.
+    pub(crate) fn share_io<T>(
+        &self,
+        on_share: bool,
+        io: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        if on_share {
+            self.gate.enter()?.passed(io())
+        } else {
+            io()
+        }
     }
 
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {

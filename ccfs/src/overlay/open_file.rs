@@ -26,6 +26,9 @@ pub struct FileIo {
     deferred: Option<Deferred>,
     /// The file is held by block (see `blocks.rs`): reads and writes go through it.
     blocks: Option<Arc<BlockFile>>,
+    /// `file` is the share's (see [`Overlay::is_on_share`]): its I/O passes the share's
+    /// gate.
+    on_share: bool,
 }
 
 impl FileIo {
@@ -43,14 +46,6 @@ impl FileIo {
     /// Whether the file is held by block: its I/O must go through the daemon.
     pub fn is_held_by_block(&self) -> bool {
         self.blocks.as_ref().is_some_and(|b| b.is_partial())
-    }
-
-    /// Whether a program's close of the handle must reach the file it has open: a file
-    /// of the share (the share's client answers a close with what it could not write),
-    /// not a cache file (counted as written; the logout sync sends it) nor a deferred
-    /// copy-up (nothing written yet).
-    pub fn is_share_file(&self) -> bool {
-        self.writer.is_none() && self.deferred.is_none() && self.blocks.is_none()
     }
 }
 
@@ -91,17 +86,18 @@ const PROMOTE_TRIES: usize = 3;
 impl OpenFile {
     /// A file opened for real (no deferred copy-up): `writer` is the cache inode it is
     /// counted as a writer of.
-    pub fn opened(file: File, writer: Option<u64>) -> Self {
-        Self::with(file, writer, None)
+    pub fn opened(file: File, writer: Option<u64>, on_share: bool) -> Self {
+        Self::with(file, writer, None, on_share)
     }
 
-    fn with(file: File, writer: Option<u64>, deferred: Option<Deferred>) -> Self {
+    fn with(file: File, writer: Option<u64>, deferred: Option<Deferred>, on_share: bool) -> Self {
         Self {
             io: RwLock::new(FileIo {
                 file,
                 writer,
                 deferred,
                 blocks: None,
+                on_share,
             }),
         }
     }
@@ -145,7 +141,8 @@ impl Overlay {
         let seen = self.copy_up_count();
         let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
         let deferred = what.map(|what| Deferred { flags, seen, what });
-        let f = OpenFile::with(file, writer, deferred);
+        let on_share = self.file_on_share(&file);
+        let f = OpenFile::with(file, writer, deferred, on_share);
         if what.is_none() {
             self.attach_blocks(&mut f.writing(), rel)?;
         }
@@ -155,9 +152,16 @@ impl Overlay {
     /// A handle for a file opened by a create that found it there (`Overlay::create`):
     /// held by block, it reads and writes through its blocks like any open.
     pub fn created_file(&self, rel: &Path, file: File, writer: Option<u64>) -> FsResult<OpenFile> {
-        let f = OpenFile::opened(file, writer);
+        let on_share = self.file_on_share(&file);
+        let f = OpenFile::opened(file, writer, on_share);
         self.attach_blocks(&mut f.writing(), rel)?;
         Ok(f)
+    }
+
+    /// Whether an open descriptor is the share's file (one whose device cannot be told
+    /// counts as the share's: its I/O then passes the gate).
+    fn file_on_share(&self, file: &File) -> bool {
+        sys::fstat(file).map_or(true, |m| self.is_on_share(&m))
     }
 
     /// Attaches the block file of `rel` to a handle's I/O when the file is held by block:
@@ -195,6 +199,23 @@ impl Overlay {
         self.setattr(ctx, rel, attr, Some(&g.file))
     }
 
+    /// A program closed a descriptor of a handle (FLUSH): a handle still on the share's
+    /// file, not deferred, passes the close on to the share (see [`sys::flush`]) and
+    /// answers with the share's answer; any other has nothing to do. ENOSYS is answered
+    /// as EIO: the kernel would take it for a daemon without FLUSH and stop telling it
+    /// of closes.
+    pub fn flush_file(&self, g: &FileIo) -> io::Result<()> {
+        if !g.on_share || g.deferred.is_some() {
+            return Ok(());
+        }
+        match self.share_io(true, || sys::flush(&g.file)) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
+            r => r,
+        }
+    }
+
     /// Closes a handle: the blocks of a file held by block written through it are
     /// journaled, and its share of the cache file's writers is let go of.
     pub fn close_file(&self, f: &OpenFile) {
@@ -218,34 +239,38 @@ impl Overlay {
         if let Some(bf) = &g.blocks {
             return bf.read_at(&self.share, &g.file, buf, offset);
         }
-        let mut got = 0;
-        while got < buf.len() {
-            match g.file.read_at(&mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+        self.share_io(g.on_share, || {
+            let mut got = 0;
+            while got < buf.len() {
+                match g.file.read_at(&mut buf[got..], offset + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
             }
-        }
-        Ok(got)
+            Ok(got)
+        })
     }
 
     /// Writes `data` at `offset` of a handle's file (one made ready for writing).
     pub fn write_at(&self, g: &FileIo, data: &[u8], offset: u64) -> io::Result<()> {
         match &g.blocks {
             Some(bf) => bf.write_at(&self.share, &g.file, data, offset),
-            None => g.file.write_all_at(data, offset),
+            None => self.share_io(g.on_share, || g.file.write_all_at(data, offset)),
         }
     }
 
     /// `fsync` of a handle's file: its data on disk, and of a file held by block the
     /// record of the blocks written.
     pub fn sync_file(&self, g: &FileIo, datasync: bool) -> FsResult<()> {
-        if datasync {
-            g.file.sync_data()?;
-        } else {
-            g.file.sync_all()?;
-        }
+        self.share_io(g.on_share, || {
+            if datasync {
+                g.file.sync_data()
+            } else {
+                g.file.sync_all()
+            }
+        })?;
         match &g.blocks {
             Some(bf) => self.record_blocks(bf, &g.file),
             None => Ok(()),
@@ -362,6 +387,7 @@ impl Overlay {
             };
             // None: the name changed meanwhile; looked at again.
             if let Some((file, writer)) = opened {
+                g.on_share = self.file_on_share(&file);
                 g.file = file;
                 g.writer = writer;
                 g.deferred = None;
@@ -385,6 +411,7 @@ impl Overlay {
             g.file = self
                 .detached_copy(&g.file)
                 .map_err(|e| FileFailed::new("write (file without a name)", Path::new(""), e))?;
+            g.on_share = self.file_on_share(&g.file);
             g.writer = None;
         }
         g.deferred = None;

@@ -1178,7 +1178,7 @@ impl World {
             (Err(_), At::End | At::Offset(_)) => return false,
             (Err(_), At::Start) => o
                 .create(&ctx(), parent, file, 0o644, libc::O_WRONLY)
-                .map(|(_, f, wr)| OpenFile::opened(f, wr)),
+                .and_then(|(_, f, wr)| o.created_file(p, f, wr)),
         };
         let f = match opened {
             Ok(o) => o,

@@ -102,6 +102,20 @@ pub fn statfs(path: &Path) -> io::Result<FsStats> {
     let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: see above.
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
+    stats(rc, &buf)
+}
+
+/// [`statfs`] of the filesystem an open file is on.
+pub fn fstatfs(file: &impl std::os::fd::AsRawFd) -> io::Result<FsStats> {
+    // SAFETY: `buf` is a properly sized, writable statfs structure that the kernel fills
+    // in; the descriptor is open.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut buf) };
+    stats(rc, &buf)
+}
+
+fn stats(rc: libc::c_int, buf: &libc::statfs) -> io::Result<FsStats> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
