@@ -939,55 +939,6 @@ impl Overlay {
         self.copy_ups.load(Ordering::Acquire)
     }
 
-    /// Whether `file` (whose attributes are `meta`) is the share's: not on the cache's
-    /// device.
-    pub fn is_on_share(&self, meta: &sys::Stat) -> bool {
-        meta.dev() != self.cache_dev
-    }
-
-    /// Whether a program's close of `file` (whose attributes are `meta`) must reach the
-    /// file itself: a file of the share whose filesystem has something to do at a close
-    /// ([`fsinfo::nothing_at_close`]; asked once per device, so that a network
-    /// filesystem mounted below a share on a local disk counts as what it is). Such a
-    /// file is read and written through the daemon, which passes each close on: the
-    /// kernel's own backing file of a passthrough open would be closed without one (the
-    /// share's client would never be asked to write out, nor answer with what it failed
-    /// to).
-    pub fn close_reaches_share(&self, file: &File, meta: &sys::Stat) -> bool {
-        if !self.is_on_share(meta) {
-            return false;
-        }
-        let dev = meta.dev();
-        if let Some(acts) = self.acts_at_close.locked().get(&dev) {
-            return *acts;
-        }
-        // Asked without the lock (a share's client answers statfs itself); a filesystem
-        // that does not answer counts as one that acts at a close.
-        let acts = self
-            .gate
-            .enter()
-            .and_then(|g| g.passed(fsinfo::fstatfs(file)))
-            .map_or(true, |s| !fsinfo::nothing_at_close(s.fs_type));
-        self.acts_at_close.locked().insert(dev, acts);
-        acts
-    }
-
-    /// Runs `io` on a descriptor of the share's file (`on_share`) through the share's
-    /// gate: refused at once while the share does not answer, as every access of the
-    /// daemon to the share is, so that no request for a document holds one of the FUSE
-    /// threads through an outage. Other files' I/O runs as it is.
-    pub(crate) fn share_io<T>(
-        &self,
-        on_share: bool,
-        io: impl FnOnce() -> io::Result<T>,
-    ) -> io::Result<T> {
-        if on_share {
-            self.gate.enter()?.passed(io())
-        } else {
-            io()
-        }
-    }
-
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {
         Ok(fsinfo::statfs(self.share.path())?)
     }

@@ -2,7 +2,9 @@
 //! holds, and, while its copy-up is deferred ([`Overlay::open_deferred`]), what it stands
 //! for. The deferred copy-up's state machine lives here: a handle is made writable at its
 //! first write, follows its file to the cache when another handle wrote it there, and is
-//! detached when its name holds another file now.
+//! detached when its name holds another file now. A handle on the share's file passes
+//! the share's gate for its I/O, and its close is passed on where the share's filesystem
+//! acts at a close.
 
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -118,6 +120,55 @@ impl OpenFile {
 }
 
 impl Overlay {
+    /// Whether `file` (whose attributes are `meta`) is the share's: not on the cache's
+    /// device.
+    pub fn is_on_share(&self, meta: &sys::Stat) -> bool {
+        meta.dev() != self.cache_dev
+    }
+
+    /// Whether a program's close of `file` (whose attributes are `meta`) must reach the
+    /// file itself: a file of the share whose filesystem has something to do at a close
+    /// ([`fsinfo::nothing_at_close`]; asked once per device, so that a network
+    /// filesystem mounted below a share on a local disk counts as what it is). Such a
+    /// file is read and written through the daemon, which passes each close on: the
+    /// kernel's own backing file of a passthrough open would be closed without one (the
+    /// share's client would never be asked to write out, nor answer with what it failed
+    /// to).
+    pub fn close_reaches_share(&self, file: &File, meta: &sys::Stat) -> bool {
+        if !self.is_on_share(meta) {
+            return false;
+        }
+        let dev = meta.dev();
+        if let Some(acts) = self.acts_at_close.locked().get(&dev) {
+            return *acts;
+        }
+        // Asked without the lock (a share's client answers statfs itself); a filesystem
+        // that does not answer counts as one that acts at a close.
+        let acts = self
+            .gate
+            .enter()
+            .and_then(|g| g.passed(fsinfo::fstatfs(file)))
+            .map_or(true, |s| !fsinfo::nothing_at_close(s.fs_type));
+        self.acts_at_close.locked().insert(dev, acts);
+        acts
+    }
+
+    /// Runs `io` on a descriptor of the share's file (`on_share`) through the share's
+    /// gate: refused at once while the share does not answer, as every access of the
+    /// daemon to the share is, so that no request for a document holds one of the FUSE
+    /// threads through an outage. Other files' I/O runs as it is.
+    pub(crate) fn share_io<T>(
+        &self,
+        on_share: bool,
+        io: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        if on_share {
+            self.gate.enter()?.passed(io())
+        } else {
+            io()
+        }
+    }
+
     /// Opens `rel` for a handle, with [`Overlay::open_deferred`]: a writable open of a
     /// cached file still on the share copies nothing yet.
     pub fn open_file(&self, ctx: &Ctx, rel: &Path, flags: i32) -> FsResult<OpenFile> {
