@@ -850,9 +850,10 @@ fn a_hung_server_holds_up_only_the_requests_waiting_on_it() {
 }
 
 /// Documents open for writing when the server hangs, as many as the daemon has threads:
-/// once the daemon has noticed the hang, each program's next write and its close fail at
-/// once (ENOTCONN) instead of each holding one of the daemon's threads until the server
-/// answers, and a cached dotfile is read meanwhile. (A document's I/O and its close go
+/// once the daemon has noticed the hang, each program's look at its file's size, next
+/// write and close fail at once (ENOTCONN) instead of each holding one of the daemon's
+/// threads until the server answers, and a cached dotfile is read meanwhile; the mount's
+/// free space (the share's) fails at once too. (A document's I/O and its close go
 /// through the daemon on a share that acts at a close, as this FUSE server does.)
 #[test]
 fn documents_written_and_closed_during_a_hang_hold_up_no_thread_of_the_daemon() {
@@ -873,9 +874,10 @@ def tried(f):
         return "ok"
     except OSError as e:
         return os.strerror(e.errno)
+s = tried(lambda: os.lseek(fd, 0, os.SEEK_END))
 w = tried(lambda: os.write(fd, b"during\n"))
 c = tried(lambda: os.close(fd))
-print(w + "|" + c, flush=True)
+print(s + "|" + w + "|" + c, flush=True)
 "#;
     let threads = 4; // the daemon's default
     let mut writers = Vec::new();
@@ -912,10 +914,28 @@ print(w + "|" + c, flush=True)
         String::from_utf8_lossy(&out.stdout),
         "made in the session\n"
     );
+    // The share's free space (df, a file manager) is the share's too.
+    let out = within(
+        Command::new("stat").arg("-f").arg(&s.mnt),
+        "the mount's free space during the hang",
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not connected"),
+        "{}",
+        text(&out)
+    );
     for (i, (mut child, mut out)) in writers.into_iter().enumerate() {
         let mut line = String::new();
         std::io::BufRead::read_line(&mut out, &mut line).expect("read");
-        let (w, c) = line.trim_end().split_once('|').expect("two answers");
+        let answers: Vec<&str> = line.trim_end().split('|').collect();
+        let [seek, w, c] = answers[..] else {
+            panic!("three answers: {line:?}");
+        };
+        // The seek to the end asks for the file's size (the kernel's has run out).
+        assert!(
+            seek == "ok" || seek.contains("not connected"),
+            "document {i} during the hang: seek {seek:?}"
+        );
         assert!(
             w.contains("not connected") && c.contains("not connected"),
             "document {i} during the hang: write {w:?}, close {c:?}"

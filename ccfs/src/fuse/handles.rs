@@ -251,7 +251,7 @@ impl CcfsFs {
             .cloned()
             .collect();
         open.iter().find_map(|h| match &**h {
-            Handle::File { file, .. } => crate::sys::fstat(file.current().file()).ok(),
+            Handle::File { file, .. } => self.overlay.stat_open(&file.current()).ok(),
             _ => None,
         })
     }

@@ -193,7 +193,7 @@ impl CcfsFs {
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh) {
                 if let Handle::File { file, .. } = &*h {
-                    if let Ok(m) = crate::sys::fstat(file.current().file()) {
+                    if let Ok(m) = self.overlay.stat_open(&file.current()) {
                         reply.attr(&self.ttl.share, &attr(ino.0, &m));
                         return;
                     }

@@ -939,8 +939,12 @@ impl Overlay {
         self.copy_ups.load(Ordering::Acquire)
     }
 
+    /// The share's filesystem's counts (through the share's gate).
     pub fn statfs(&self) -> FsResult<fsinfo::FsStats> {
-        Ok(fsinfo::statfs(self.share.path())?)
+        Ok(self
+            .gate
+            .enter()?
+            .passed(fsinfo::statfs(self.share.path()))?)
     }
 
     /// Counts for `ccfs status`: dirty objects, their bytes, pending deletions.

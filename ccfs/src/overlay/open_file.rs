@@ -250,6 +250,12 @@ impl Overlay {
         self.setattr(ctx, rel, attr, Some(&g.file))
     }
 
+    /// The attributes of a handle's file, from its descriptor (through the share's gate
+    /// when it is the share's).
+    pub fn stat_open(&self, g: &FileIo) -> io::Result<sys::Stat> {
+        self.share_io(g.on_share, || sys::fstat(&g.file))
+    }
+
     /// A program closed a descriptor of a handle (FLUSH): a handle still on the share's
     /// file, not deferred, passes the close on to the share (see [`sys::flush`]) and
     /// answers with the share's answer; any other has nothing to do. ENOSYS is answered
