@@ -6,10 +6,12 @@ use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::sys::launcher::{self, Launcher, Program};
 
 /// What rsync reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +86,9 @@ pub struct RsyncOptions {
     /// runs: the cache's lock, so that `ccfs recover` cannot start while an rsync of a dead
     /// daemon still writes to the share.
     pub hold_fd: Option<std::os::fd::RawFd>,
+    /// What starts rsync: the daemon's launcher (see [`crate::sys::launcher`]), or this
+    /// process itself without one.
+    pub launcher: Option<Arc<Launcher>>,
     /// Send the directories above the listed paths (rsync's default): only when one is
     /// missing on the share (see [`crate::overlay::SyncSession`]'s `carries`).
     pub implied_dirs: bool,
@@ -158,13 +163,14 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
 /// once): [`FsyncProbe::start`] runs it on a thread of its own, and the first sync waits
 /// for its answer (or finds out itself).
 #[derive(Debug, Clone)]
-pub struct FsyncProbe(std::sync::Arc<(PathBuf, std::sync::OnceLock<bool>)>);
+pub struct FsyncProbe(Arc<(PathBuf, Option<Arc<Launcher>>, std::sync::OnceLock<bool>)>);
 
 impl FsyncProbe {
-    /// Starts finding out for `binary`, in the background.
-    pub fn start(binary: &Path) -> Self {
-        let probe = Self(std::sync::Arc::new((
+    /// Starts finding out for `binary` (run by `launcher`, if any), in the background.
+    pub fn start(binary: &Path, launcher: Option<Arc<Launcher>>) -> Self {
+        let probe = Self(Arc::new((
             binary.to_path_buf(),
+            launcher,
             std::sync::OnceLock::new(),
         )));
         let bg = probe.clone();
@@ -179,20 +185,23 @@ impl FsyncProbe {
     pub fn answered(fsync: bool) -> Self {
         let lock = std::sync::OnceLock::new();
         let _ = lock.set(fsync);
-        Self(std::sync::Arc::new((PathBuf::new(), lock)))
+        Self(Arc::new((PathBuf::new(), None, lock)))
     }
 
     /// The answer; waits for a probe under way, or runs it.
     pub fn known(&self) -> bool {
-        *self.0 .1.get_or_init(|| rsync_has_fsync(&self.0 .0))
+        *self
+            .0
+             .2
+            .get_or_init(|| rsync_has_fsync(&self.0 .0, self.0 .1.as_deref()))
     }
 }
 
 /// True when this rsync knows `--fsync`.
-pub fn rsync_has_fsync(binary: &Path) -> bool {
-    Command::new(binary)
-        .arg("--help")
-        .output()
+pub fn rsync_has_fsync(binary: &Path, launcher: Option<&Launcher>) -> bool {
+    let help = Program::new(binary).args(["--help"]).piped_output();
+    launcher::spawn(launcher, &help)
+        .and_then(|c| c.wait_with_output())
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("--fsync"))
         .unwrap_or(false)
 }
@@ -389,18 +398,18 @@ pub(crate) fn rsync_reported(
 ) -> Result<(Transfer, Option<String>, Option<Listed>), SyncError> {
     let args = rsync_args(opts, upper, share);
     tracing::info!(files = files.len(), "rsync to share");
-    let mut cmd = Command::new(&opts.binary);
-    cmd.args(&args)
+    let mut program = Program::new(&opts.binary)
+        .args(&args)
         // rsync's `%M` is local time: UTC, with no time zone file needed.
         .env("TZ", "UTC0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    crate::sys::die_with_parent(&mut cmd, opts.hold_fd);
-    let mut child = cmd.spawn().map_err(|source| SyncError::Spawn {
-        binary: opts.binary.clone(),
-        source,
-    })?;
+        .piped_output();
+    program.stdin = true;
+    program.hold = opts.hold_fd;
+    let mut child =
+        launcher::spawn(opts.launcher.as_deref(), &program).map_err(|source| SyncError::Spawn {
+            binary: opts.binary.clone(),
+            source,
+        })?;
     let mut list = Vec::new();
     for p in files {
         list.extend_from_slice(p.as_os_str().as_bytes());
@@ -576,6 +585,7 @@ mod tests {
             caps,
             fsync: FsyncProbe::answered(true),
             hold_fd: None,
+            launcher: None,
             implied_dirs: false,
         }
     }

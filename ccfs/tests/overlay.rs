@@ -60,6 +60,7 @@ impl Env {
             caps: ccfs::sync::probe_share(&self.share),
             fsync: ccfs::sync::FsyncProbe::answered(false),
             hold_fd: None,
+            launcher: None,
             implied_dirs: false,
         }
     }

@@ -410,6 +410,16 @@ pub fn alive(pid: u32) -> bool {
     })
 }
 
+/// The descendants of `pid` whose command name (/proc/PID/comm) is `comm`.
+pub fn descendants_named(pid: u32, comm: &str) -> Vec<u32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|d| {
+            std::fs::read_to_string(format!("/proc/{d}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
 /// Every descendant of `pid`, found through /proc.
 pub fn descendants(pid: u32) -> Vec<u32> {
     let mut parent_of = Vec::new();

@@ -380,8 +380,10 @@ fn sync_killed_midway(kill_daemon: bool, points: u64, seed: u64) {
             .arg(&fx.mnt)
             .spawn()
             .expect("sync");
+        // (The daemon's launcher, which starts rsync, is one of its descendants throughout.)
+        let rsyncs = || descendants_named(pid, "rsync");
         wait_until("rsync to start", Duration::from_secs(10), || {
-            !descendants(pid).is_empty()
+            !rsyncs().is_empty()
         });
         std::thread::sleep(Duration::from_millis(rng.below(900)));
         if kill_daemon {
@@ -391,7 +393,7 @@ fn sync_killed_midway(kill_daemon: bool, points: u64, seed: u64) {
                 kill(k, libc::SIGKILL);
             }
         } else {
-            for k in descendants(pid) {
+            for k in rsyncs() {
                 kill(k, libc::SIGKILL);
             }
         }
@@ -619,6 +621,79 @@ fn a_save_the_share_fails_behind_the_write_fails_at_the_close() {
         b"export A=1\n"
     );
     assert!(on_server("notes.odt").expect("notes") == notes);
+}
+
+/// A sync between a document's write and its close (a periodic sync, `ccfs sync`) that
+/// starts rsync (a dotfile open for writing is sent by rsync): the document's save the
+/// server failed is still told to the program at its close, not taken by what the daemon
+/// starts (a process that starts holds a copy of every open file, and each copy closed is
+/// a flush, which the share's client answers with the save's error, once). The program
+/// holding the document starts nothing itself meanwhile (its own child would take the
+/// error so: the share's client does the same without ccfs).
+#[test]
+fn a_sync_between_a_failed_write_and_its_close_leaves_the_error_to_the_close() {
+    use std::io::{BufRead, BufReader};
+    let fx = Fixture::new();
+    let share = SftpShare::mount(&fx, "2m");
+    fs::create_dir(fx.s("Documents")).expect("mkdir");
+    let _m = fx.mount();
+    share.fill_leaving(100 << 10);
+    let report = fx.tmp.path().join("report.in");
+    fs::write(&report, pattern(300 << 10, 5)).expect("the document's bytes");
+    // One write of the document (answered before the server has it: sshfs writes behind)
+    // and a dotfile kept open for writing; the close once told to.
+    let script = r#"
+import os, sys
+doc = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+rc = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(rc, b"export B=2\n")
+try:
+    n = os.write(doc, open(sys.argv[3], "rb").read())
+    print("written", n, flush=True)
+except OSError as e:
+    print("write", e.errno, flush=True)
+sys.stdin.readline()
+try:
+    os.close(doc)
+    print("closed", flush=True)
+except OSError as e:
+    print("close", e.errno, flush=True)
+"#;
+    let mut program = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(fx.m("Documents/report.odt"))
+        .arg(fx.m(".profile"))
+        .arg(&report)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut said = BufReader::new(program.stdout.take().expect("stdout")).lines();
+    let mut next = || said.next().and_then(Result::ok).unwrap_or_default();
+    let wrote = next();
+    assert_eq!(
+        wrote,
+        format!("written {}", 300 << 10),
+        "the write itself was answered"
+    );
+    // (The server is full: the dotfile stays in the cache; rsync did run.)
+    let out = e2e::ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(
+        text(&out).contains(".profile"),
+        "the sync tried to send the dotfile: {}",
+        text(&out)
+    );
+    let mut stdin = program.stdin.take().expect("stdin");
+    writeln!(stdin).expect("go on");
+    let closed = next();
+    let _ = program.wait();
+    let kept = fs::read(share.server().join("Documents/report.odt")).unwrap_or_default();
+    assert!(kept.len() < 300 << 10, "the server did run out of room");
+    assert!(
+        closed == format!("close {}", libc::EIO) || closed == format!("close {}", libc::ENOSPC),
+        "a save the server could not take must not be answered as done at its close: {closed}"
+    );
+    share.empty();
 }
 
 /// A network filesystem mounted below a share on a local disk (a project directory

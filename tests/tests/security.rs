@@ -242,6 +242,13 @@ fn everything_root_starts_for_a_user_runs_as_the_user_for_good() {
                 .expect("status");
         check("a daemon thread", &status, None);
     }
+    // The launcher that starts the daemon's programs: the user's, with no capability.
+    let launchers = descendants_named(pid, "ccfs-launcher");
+    assert_eq!(launchers.len(), 1, "the daemon's launcher");
+    let status = fs::read_to_string(format!("/proc/{}/status", launchers[0])).expect("status");
+    check("the daemon's launcher", &status, None);
+    assert_eq!(status_field(&status, "CapPrm:"), "0000000000000000");
+    assert_eq!(status_field(&status, "CapEff:"), "0000000000000000");
     let out = as_user(
         "ccfs-alice",
         &format!("echo set > {}/.exrc", fx.mnt.display()),

@@ -295,9 +295,9 @@ fn an_rsync_of_a_killed_daemon_does_not_outlive_it() {
     let pid = m.daemon_pid();
     let mnt = fx.mnt.clone();
     let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
-    wait_until("rsync to start", Duration::from_secs(30), || {
-        !descendants(pid).is_empty()
-    });
+    // (The daemon's launcher, which starts rsync, is one of its descendants from the start.)
+    let rsync_running = || !descendants_named(pid, "rsync").is_empty();
+    wait_until("rsync to start", Duration::from_secs(30), rsync_running);
     let kids = descendants(pid);
     m.crash();
     wait_until(
@@ -309,6 +309,33 @@ fn an_rsync_of_a_killed_daemon_does_not_outlive_it() {
     ok(&recover(&fx.cache));
     assert_eq!(fs::read(fx.s(".big")).expect("read"), big);
     assert!(!fx.s(&format!(".{}", ccfs::sync::PARTIAL_DIR)).exists());
+}
+
+/// The user kills the daemon's launcher (the process that starts rsync; it is theirs):
+/// the syncs that follow still run rsync (the daemon starts it itself from then on) and
+/// the logout sends everything.
+#[test]
+fn a_killed_launcher_stops_no_sync() {
+    let fx = Fixture::new();
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    let launcher = *descendants_named(pid, "ccfs-launcher")
+        .first()
+        .expect("the daemon's launcher");
+    kill(launcher, libc::SIGKILL);
+    wait_until("the launcher to die", Duration::from_secs(10), || {
+        !alive(launcher)
+    });
+    // Two names of one file: rsync sends them (the daemon sends only single files itself).
+    write(&fx.m(".a"), "a\n");
+    fs::hard_link(fx.m(".a"), fx.m(".b")).expect("link");
+    ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
+    assert_eq!(read(&fx.s(".b")), "a\n");
+    write(&fx.m(".c"), "c\n");
+    fs::hard_link(fx.m(".c"), fx.m(".d")).expect("link");
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".d")), "c\n");
+    assert_eq!(read(&fx.s(".a")), "a\n");
 }
 
 /// Scenario 10: a conflict copy name would pass 255 bytes, and another path is too long
@@ -411,12 +438,17 @@ fn a_recovery_cut_short_is_finished_by_the_next() {
         .expect("recover");
     let pid = child.id();
     wait_until("the recovery's rsync", Duration::from_secs(30), || {
-        descendants(pid).iter().any(|d| {
-            std::fs::read_to_string(format!("/proc/{d}/comm")).is_ok_and(|c| c.trim() == "rsync")
-        }) || !alive(pid)
+        !descendants_named(pid, "rsync").is_empty() || !alive(pid)
     });
+    let kids = descendants(pid);
     kill(pid, libc::SIGKILL);
     let _ = child.wait();
+    // (Its child for the cache and that child's rsync die with it, an instant later.)
+    wait_until(
+        "the killed recovery's children to end",
+        Duration::from_secs(10),
+        || kids.iter().all(|k| !alive(*k)),
+    );
     let out = recover(&fx.cache);
     ok(&out);
     assert!(fx.s(".f0").exists(), "{}", text(&out));

@@ -19,14 +19,22 @@ use crate::sys::{self, DirFd};
 
 use super::*;
 
-pub fn rsync_options(settings: &Settings, binary: &Path, share: &Path) -> RsyncOptions {
+/// How this mount's (or recovery's) syncs run rsync: started by `launcher` in a daemon
+/// (see [`crate::sys::launcher`]), by this process itself without one.
+pub fn rsync_options(
+    settings: &Settings,
+    binary: &Path,
+    share: &Path,
+    launcher: Option<std::sync::Arc<sys::launcher::Launcher>>,
+) -> RsyncOptions {
     RsyncOptions {
         binary: binary.to_path_buf(),
         extra_args: settings.rsync_extra_args.clone(),
         timeout: settings.rsync_timeout,
         caps: sync::probe_share(share),
-        fsync: sync::FsyncProbe::start(binary),
+        fsync: sync::FsyncProbe::start(binary, launcher.clone()),
         hold_fd: None,
+        launcher,
         implied_dirs: false,
     }
 }
@@ -242,7 +250,8 @@ fn recover_as_owner(
     let overlay = Overlay::new(&meta.share, cache_dir, settings.policy.clone())?;
     overlay.set_keep_copies(settings.keep_copies);
     overlay.set_by_block_from(settings.by_block_from);
-    let mut opts = rsync_options(&settings, &rsync, &meta.share);
+    // (`ccfs recover` opens no user's document: it starts rsync itself.)
+    let mut opts = rsync_options(&settings, &rsync, &meta.share, None);
     opts.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&_lock));
     let outcome = recover_overlay(&overlay, &opts);
     if let Some(report) = outcome.as_ref().and_then(|o| o.report.as_ref()) {

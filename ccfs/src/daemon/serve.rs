@@ -139,12 +139,17 @@ impl Drop for UserMount {
     }
 }
 
-/// Unmounts a user's mount as the user (`fusermount3 -u`).
-fn unmount_as_user(fusermount: &Path, mountpoint: &Path) -> io::Result<()> {
-    let out = std::process::Command::new(fusermount)
-        .args(["-u", "--"])
-        .arg(mountpoint)
-        .output()?;
+/// Unmounts a user's mount as the user (`fusermount3 -u`), started by `launcher` (a
+/// signal comes while the user's documents are open).
+fn unmount_as_user(
+    fusermount: &Path,
+    mountpoint: &Path,
+    launcher: Option<&sys::launcher::Launcher>,
+) -> io::Result<()> {
+    let unmount = sys::launcher::Program::new(fusermount)
+        .args(["-u".as_ref(), "--".as_ref(), mountpoint.as_os_str()])
+        .piped_output();
+    let out = sys::launcher::spawn(launcher, &unmount)?.wait_with_output()?;
     if out.status.success() {
         return Ok(());
     }
@@ -221,7 +226,10 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // Modes passed by the kernel are final: our own umask must not mask them again.
     sys::set_umask(0);
 
-    let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock)?;
+    // What the daemon runs (rsync, fusermount3) is started by a process forked now, before
+    // any file of the share is open (see [`sys::launcher`]).
+    let launcher = start_launcher();
+    let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock, launcher.clone())?;
 
     let socket = plan.cache_dir.join("control.sock");
     if socket.as_os_str().len() >= 100 {
@@ -275,7 +283,7 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     )?;
     let unmounter = session.unmount_callable();
     let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
-    spawn_unmount_on_signal(unmounter, user_unmount)?;
+    spawn_unmount_on_signal(unmounter, user_unmount, launcher)?;
     let (share, mountpoint) = (LogPath(&plan.share), LogPath(&plan.mountpoint));
     let cache = LogPath(&plan.cache_dir);
     tracing::info!(%share, %mountpoint, %cache, "ccfs is mounted");
@@ -307,6 +315,22 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     daemon.drain_waiters(Duration::from_secs(5));
     let _ = fs::remove_file(&socket);
     Ok(ok)
+}
+
+/// The daemon's launcher; None (programs started by the daemon itself, as before) when it
+/// cannot start, which the log says.
+fn start_launcher() -> Option<Arc<sys::launcher::Launcher>> {
+    match sys::launcher::Launcher::start() {
+        Ok(l) => Some(Arc::new(l)),
+        Err(e) => {
+            tracing::warn!(
+                "cannot start the launcher ({e}); the daemon starts rsync itself, and a write \
+                 behind that a share's client fails may then be told to rsync's start \
+                 instead of the program's close"
+            );
+            None
+        }
+    }
 }
 
 /// Hands the session's device to what needs its own: kernel passthrough's registrar (a
@@ -431,6 +455,7 @@ fn fuse_config(plan: &MountPlan, started_as_root: bool) -> anyhow::Result<fuser:
 fn open_overlay(
     plan: &MountPlan,
     lock: &fs::File,
+    launcher: Option<Arc<sys::launcher::Launcher>>,
 ) -> anyhow::Result<(Arc<Overlay>, crate::sync::RsyncOptions, bool)> {
     let overlay = Arc::new(Overlay::new(
         &plan.share,
@@ -443,7 +468,7 @@ fn open_overlay(
     overlay.set_revalidate_after(plan.settings.cache_timeout);
     overlay.set_keep_copies(plan.settings.keep_copies);
     overlay.set_by_block_from(plan.settings.by_block_from);
-    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share);
+    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share, launcher);
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(lock));
     // What an earlier session left unsent is shown at once and sent once the mount is
     // live, in the background (a sync of this session): a login waits for no transfer,
@@ -467,6 +492,7 @@ fn open_overlay(
 fn spawn_unmount_on_signal(
     mut unmounter: fuser::SessionUnmounter,
     user_unmount: Option<(PathBuf, PathBuf)>,
+    launcher: Option<Arc<sys::launcher::Launcher>>,
 ) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -479,7 +505,9 @@ fn spawn_unmount_on_signal(
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting on signal");
                 let unmounted = match &user_unmount {
-                    Some((fusermount, mountpoint)) => unmount_as_user(fusermount, mountpoint),
+                    Some((fusermount, mountpoint)) => {
+                        unmount_as_user(fusermount, mountpoint, launcher.as_deref())
+                    }
                     None => unmounter.unmount(),
                 };
                 if let Err(e) = unmounted {

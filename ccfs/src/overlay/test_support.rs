@@ -23,6 +23,7 @@ pub(super) fn rsync(share: &Path) -> RsyncOptions {
         caps: crate::rsync::probe_share(share),
         fsync: crate::rsync::FsyncProbe::answered(false),
         hold_fd: None,
+        launcher: None,
         implied_dirs: false,
     }
 }

@@ -243,42 +243,7 @@ pub fn broker_send(
     let mut msg = [0u8; 5];
     msg[0] = op;
     msg[1..].copy_from_slice(&id.to_le_bytes());
-    let mut iov = libc::iovec {
-        iov_base: msg.as_mut_ptr().cast(),
-        iov_len: msg.len(),
-    };
-    let mut control = [0u64; 4];
-    // SAFETY: a zeroed msghdr is valid; every pointer set below points to a live local
-    // for the duration of sendmsg, and the control buffer is large enough for one fd.
-    unsafe {
-        let mut hdr: libc::msghdr = std::mem::zeroed();
-        hdr.msg_iov = &mut iov;
-        hdr.msg_iovlen = 1;
-        if let Some(f) = file {
-            hdr.msg_control = control.as_mut_ptr().cast();
-            hdr.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&hdr);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), f.as_raw_fd());
-        }
-        loop {
-            let n = libc::sendmsg(sock.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL);
-            if n == msg.len() as isize {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if n < 0 && e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(if n < 0 {
-                e
-            } else {
-                io::Error::from_raw_os_error(libc::EIO)
-            });
-        }
-    }
+    super::launcher::send_with_fds(sock, &msg, file.as_slice())
 }
 
 /// The broker's answer to an open request: the backing id.

@@ -76,6 +76,7 @@ mod backing;
 mod creds;
 mod dirfd;
 mod file;
+pub mod launcher;
 mod mount;
 mod pam;
 mod peer;

@@ -646,6 +646,7 @@ impl World {
             caps: ccfs::sync::probe_share(&self.share),
             fsync: ccfs::sync::FsyncProbe::answered(false),
             hold_fd: None,
+            launcher: None,
             implied_dirs: false,
         }
     }
