@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 use super::*;
 
@@ -79,18 +79,7 @@ pub fn spawn_backing_broker(dev: BorrowedFd<'_>, acct: &Account) -> io::Result<O
             "cannot start the backing broker: this process runs several threads",
         ));
     }
-    let mut pair = [0; 2];
-    // SAFETY: socketpair writes two descriptors into a valid array of two.
-    check(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            pair.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: socketpair succeeded: both descriptors are open and ours.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let (ours, theirs) = super::launcher::seqpacket_pair()?;
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the process has a single thread; the child calls only system calls on

@@ -300,7 +300,8 @@ impl Launched {
     }
 }
 
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A pair of connected sockets of sequenced packets (close-on-exec).
+pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut pair = [0; 2];
     // SAFETY: socketpair writes two descriptors into a valid array of two.
     check(unsafe {
