@@ -460,6 +460,13 @@ impl Settings {
         if raw.sync.timeout_secs == 0 {
             return Err(value_err("[sync].timeout_secs must be at least 1"));
         }
+        let extra: usize = raw.sync.extra_args.iter().map(|a| a.len() + 1).sum();
+        if extra > crate::sys::launcher::MAX_EXTRA_ARGS {
+            return Err(value_err(&format!(
+                "[sync].extra_args hold {extra} bytes; at most {} are passed to rsync",
+                crate::sys::launcher::MAX_EXTRA_ARGS
+            )));
+        }
         check_homes(&raw.homes).map_err(|m| value_err(&m))?;
         let s = &raw.session;
         for (key, v, min, max) in [
@@ -663,6 +670,9 @@ mod tests {
         assert!(e.to_string().contains("local_only"), "{e}");
         let e = Settings::from_toml("not toml at all [", Path::new("c.toml")).expect_err("syntax");
         assert!(e.to_string().contains("c.toml"), "{e}");
+        let long = format!("[sync]\nextra_args = [\"--{}\"]\n", "x".repeat(70_000));
+        let e = Settings::from_toml(&long, Path::new("c.toml")).expect_err("too long");
+        assert!(e.to_string().contains("extra_args"), "{e}");
     }
 
     /// The shipped /etc/ccfs/ccfs.toml documents every key with its default: as shipped

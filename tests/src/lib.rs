@@ -556,15 +556,28 @@ impl SftpShare {
         Self::mount_at(fx, &fx.share, size)
     }
 
+    /// [`SftpShare::mount`], the server's directory `owner`'s and the client open to every
+    /// user (`allow_other`), as a share of users' homes is.
+    pub fn mount_for(fx: &Fixture, size: &str, owner: &ccfs::sys::Account) -> Self {
+        Self::mount_with(fx, &fx.share, size, Some(owner))
+    }
+
     /// [`SftpShare::mount`], with the client mounted at `at` (a directory of the share,
     /// as a network filesystem automounted below a home).
     pub fn mount_at(fx: &Fixture, at: &Path, size: &str) -> Self {
+        Self::mount_with(fx, at, size, None)
+    }
+
+    fn mount_with(fx: &Fixture, at: &Path, size: &str, owner: Option<&ccfs::sys::Account>) -> Self {
         let sftp_server = Path::new("/usr/lib/openssh/sftp-server");
         assert!(
             sftp_server.exists() && which("sshfs"),
             "sshfs and OpenSSH's sftp-server are needed: run scripts/setup"
         );
         let server = SmallTmpfs::mount(&fx.tmp.path().join("sftp-server"), size);
+        if let Some(a) = owner {
+            std::os::unix::fs::chown(&server.0, Some(a.uid), Some(a.gid)).expect("chown");
+        }
         std::fs::create_dir_all(at).expect("client's mount point");
         // sshfs runs this in place of ssh (with ssh's arguments, which it drops).
         let ssh = fx.tmp.path().join("sftp-over-a-pipe");
@@ -574,7 +587,11 @@ impl SftpShare {
             .expect("chmod");
         let st = Command::new("sshfs")
             .arg("-o")
-            .arg(format!("ssh_command={}", ssh.display()))
+            .arg(format!(
+                "ssh_command={}{}",
+                ssh.display(),
+                if owner.is_some() { ",allow_other" } else { "" }
+            ))
             .arg(format!("localhost:{}", server.0.display()))
             .arg(at)
             .status()

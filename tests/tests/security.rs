@@ -261,6 +261,8 @@ fn everything_root_starts_for_a_user_runs_as_the_user_for_good() {
     assert!(!logout.is_empty(), "the logout sync ran the wrapper");
     for r in &logout {
         check("the daemon's rsync", r, None);
+        // (Started by the daemon's launcher, which blocks every signal: rsync has its own.)
+        assert_eq!(status_field(r, "SigBlk:"), "0000000000000000", "{r}");
     }
 
     let out = mount_for_alice(&fx, &["--config", cfg]);

@@ -311,31 +311,81 @@ fn an_rsync_of_a_killed_daemon_does_not_outlive_it() {
     assert!(!fx.s(&format!(".{}", ccfs::sync::PARTIAL_DIR)).exists());
 }
 
-/// The user kills the daemon's launcher (the process that starts rsync; it is theirs):
-/// the syncs that follow still run rsync (the daemon starts it itself from then on) and
-/// the logout sends everything.
+/// Two names of one dotfile, which rsync sends (the daemon sends single files itself).
+fn linked_dotfile(fx: &Fixture, name: &str, text: &str) {
+    write(&fx.m(name), text);
+    fs::hard_link(fx.m(name), fx.m(&format!("{name}-link"))).expect("link");
+}
+
+/// The daemon's launcher (the process that starts rsync; it is the user's, as the daemon
+/// is) takes none of the signals a terminal or a session's end sends the daemon's
+/// process group. Killed by its user, it stops no sync: the daemon starts rsync itself,
+/// once it holds no document open (a child of the daemon would close a copy of each,
+/// which the share's client may take as the program's close), and the logout sends all.
 #[test]
-fn a_killed_launcher_stops_no_sync() {
+fn the_launcher_outlives_the_groups_signals_and_a_killed_one_stops_no_sync() {
+    let fx = Fixture::new();
+    // (A share of its own device, as a network share is: its files count as the share's.)
+    let _share = Tmpfs::mount(&fx.share, "64m", "");
+    let m = fx.mount();
+    let pid = m.daemon_pid();
+    let launcher = *descendants_named(pid, "ccfs-launcher")
+        .first()
+        .expect("the daemon's launcher");
+    let doc = fs::File::create(fx.m("report.txt")).expect("a document open for writing");
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+        kill(launcher, sig);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(launcher),
+        "the launcher took a signal meant for the daemon"
+    );
+    // With a document open, only the launcher may start rsync.
+    linked_dotfile(&fx, ".a", "a\n");
+    ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
+    assert_eq!(read(&fx.s(".a-link")), "a\n");
+
+    kill(launcher, libc::SIGKILL);
+    wait_until("the launcher to die", Duration::from_secs(10), || {
+        !alive(launcher)
+    });
+    linked_dotfile(&fx, ".b", "b\n");
+    let out = ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
+    assert!(
+        !out.status.success() && text(&out).contains("launcher is gone"),
+        "a sync that would start rsync from the daemon with a document open: {}",
+        text(&out)
+    );
+    assert!(!fx.s(".b-link").exists(), "{}", text(&out));
+    drop(doc);
+    ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
+    assert_eq!(read(&fx.s(".b-link")), "b\n");
+    linked_dotfile(&fx, ".c", "c\n");
+    ok(&m.umount());
+    assert_eq!(read(&fx.s(".c-link")), "c\n");
+    assert_eq!(read(&fx.s(".a")), "a\n");
+}
+
+/// A launcher its user stopped holds up a sync for a bounded time only: it is let go
+/// (killed and reaped) and the daemon starts rsync itself.
+#[test]
+fn a_stopped_launcher_is_let_go() {
     let fx = Fixture::new();
     let m = fx.mount();
     let pid = m.daemon_pid();
     let launcher = *descendants_named(pid, "ccfs-launcher")
         .first()
         .expect("the daemon's launcher");
-    kill(launcher, libc::SIGKILL);
-    wait_until("the launcher to die", Duration::from_secs(10), || {
-        !alive(launcher)
-    });
-    // Two names of one file: rsync sends them (the daemon sends only single files itself).
-    write(&fx.m(".a"), "a\n");
-    fs::hard_link(fx.m(".a"), fx.m(".b")).expect("link");
+    kill(launcher, libc::SIGSTOP);
+    linked_dotfile(&fx, ".a", "a\n");
     ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
-    assert_eq!(read(&fx.s(".b")), "a\n");
-    write(&fx.m(".c"), "c\n");
-    fs::hard_link(fx.m(".c"), fx.m(".d")).expect("link");
+    assert_eq!(read(&fx.s(".a-link")), "a\n");
+    assert!(
+        !Path::new(&format!("/proc/{launcher}")).exists(),
+        "the stopped launcher was killed and reaped"
+    );
     ok(&m.umount());
-    assert_eq!(read(&fx.s(".d")), "c\n");
-    assert_eq!(read(&fx.s(".a")), "a\n");
 }
 
 /// Scenario 10: a conflict copy name would pass 255 bytes, and another path is too long

@@ -313,6 +313,106 @@ fn sigterm_to_a_users_daemon_unmounts_and_syncs() {
     assert_eq!(read(&fx.s(".termrc")), "on-term\n");
 }
 
+/// A user's own mount (no root: /dev/fuse opened to her for the test) on a share that
+/// writes behind, its server's disk full: SIGTERM to her daemon (what `kill` and a
+/// session's end send) while a document whose save the server failed is still open
+/// unmounts lazily, through the daemon's launcher, and her program's close still tells
+/// of the failed save (an unmount the daemon started itself would hold a copy of the
+/// document, whose close is a flush that takes the error).
+#[test]
+fn a_signal_to_a_users_own_daemon_leaves_a_failed_saves_error_to_its_close() {
+    struct DevFuseFor(String);
+    impl Drop for DevFuseFor {
+        fn drop(&mut self) {
+            let _ = Command::new("setfacl")
+                .args(["-x", &format!("u:{}", self.0), "/dev/fuse"])
+                .status();
+        }
+    }
+    let alice = account("ccfs-alice");
+    let fx = Fixture::new();
+    fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    let share = SftpShare::mount_for(&fx, "2m", &alice);
+    let own = fx.tmp.path().join("alice");
+    fs::create_dir(&own).expect("mkdir");
+    for d in [&own, &fx.mnt] {
+        std::os::unix::fs::chown(d, Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    let st = Command::new("setfacl")
+        .args(["-m", "u:ccfs-alice:rw", "/dev/fuse"])
+        .status()
+        .expect("setfacl");
+    assert!(st.success(), "setfacl on /dev/fuse");
+    let _fuse = DevFuseFor("ccfs-alice".into());
+    let cache = own.join("cache");
+    let out = as_user(
+        "ccfs-alice",
+        &format!(
+            "HOME={} {} mount --cache-dir {} {} {}",
+            own.display(),
+            ccfs_bin().display(),
+            cache.display(),
+            fx.share.display(),
+            fx.mnt.display()
+        ),
+    );
+    assert!(out.status.success(), "her own mount: {}", text(&out));
+    let pid = ccfs(&["status".as_ref(), "--json".as_ref(), fx.mnt.as_os_str()]);
+    let pid = serde_json::from_slice::<serde_json::Value>(&pid.stdout).expect("status")["pid"]
+        .as_u64()
+        .expect("pid") as u32;
+    let docs = share.server().join("Documents");
+    fs::create_dir(&docs).expect("mkdir");
+    std::os::unix::fs::chown(&docs, Some(alice.uid), Some(alice.gid)).expect("chown");
+    share.fill_leaving(100 << 10);
+    let script = r#"
+import os, sys
+doc = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+n = os.write(doc, os.urandom(300 << 10))
+print("written", n, flush=True)
+sys.stdin.readline()
+try:
+    os.close(doc)
+    print("closed", flush=True)
+except OSError as e:
+    print("close", e.errno, flush=True)
+"#;
+    let mut program = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "ccfs-alice",
+            "--regid",
+            "ccfs-alice",
+            "--init-groups",
+        ])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(fx.m("Documents/report.odt"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut said =
+        std::io::BufRead::lines(std::io::BufReader::new(program.stdout.take().expect("out")));
+    let mut next = || said.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(next(), format!("written {}", 300 << 10));
+    kill(pid, libc::SIGTERM);
+    wait_until("the lazy unmount", Duration::from_secs(10), || {
+        !is_mounted(&fx.mnt)
+    });
+    // (The unmount's own work done: the daemon may have started a program meanwhile.)
+    std::thread::sleep(Duration::from_secs(1));
+    let mut stdin = program.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, b"go\n").expect("go on");
+    let closed = next();
+    let _ = program.wait();
+    wait_until("daemon exit", Duration::from_secs(30), || !alive(pid));
+    assert!(
+        closed == format!("close {}", libc::EIO) || closed == format!("close {}", libc::ENOSPC),
+        "a save the server could not take must not be answered as done at its close: {closed}"
+    );
+    share.empty();
+}
+
 /// The user may log out of the mount root made for them, with `ccfs umount`.
 #[test]
 fn the_user_may_unmount_the_mount_root_made_for_them() {

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,8 +122,8 @@ impl UserMount {
 
     /// `fusermount3 -u` (not lazy: a busy mount stays, as a root unmount would), run by
     /// the daemon as the user.
-    fn unmount_command(&self) -> (PathBuf, PathBuf) {
-        (self.fusermount.clone(), self.mountpoint.clone())
+    fn unmount_command(&self) -> (PathBuf, PathBuf, bool) {
+        (self.fusermount.clone(), self.mountpoint.clone(), false)
     }
 }
 
@@ -139,15 +139,16 @@ impl Drop for UserMount {
     }
 }
 
-/// Unmounts a user's mount as the user (`fusermount3 -u`), started by `launcher` (a
-/// signal comes while the user's documents are open).
+/// Unmounts a user's mount as the user (`fusermount3 -u`, with `-z -q` when `lazy`),
+/// started by `launcher` (a signal comes while the user's documents are open).
 fn unmount_as_user(
-    fusermount: &Path,
-    mountpoint: &Path,
+    (fusermount, mountpoint, lazy): &(PathBuf, PathBuf, bool),
     launcher: Option<&sys::launcher::Launcher>,
 ) -> io::Result<()> {
+    let how: &[&str] = if *lazy { &["-u", "-z", "-q"] } else { &["-u"] };
     let unmount = sys::launcher::Program::new(fusermount)
-        .args(["-u".as_ref(), "--".as_ref(), mountpoint.as_os_str()])
+        .args(how)
+        .args(["--".as_ref(), mountpoint.as_os_str()])
         .piped_output();
     let out = sys::launcher::spawn(launcher, &unmount)?.wait_with_output()?;
     if out.status.success() {
@@ -230,6 +231,17 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     // any file of the share is open (see [`sys::launcher`]).
     let launcher = start_launcher();
     let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock, launcher.clone())?;
+    if let Some(l) = &launcher {
+        // Without it, a program is started by the daemon itself only while it holds no
+        // file of the share open (at the logout, every one is closed).
+        let overlay = Arc::downgrade(&overlay);
+        l.fallback_when(
+            move || match overlay.upgrade().map(|o| o.share_files_open()) {
+                Some(n) if n > 0 => Err(format!("{n} file(s) of the share are open")),
+                _ => Ok(()),
+            },
+        );
+    }
 
     let socket = plan.cache_dir.join("control.sock");
     if socket.as_os_str().len() >= 100 {
@@ -282,7 +294,15 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         std::os::fd::AsFd::as_fd(&session),
     )?;
     let unmounter = session.unmount_callable();
-    let user_unmount = user_mount.as_ref().map(UserMount::unmount_command);
+    let user_unmount = match user_mount.as_ref() {
+        Some(m) => Some(m.unmount_command()),
+        // A user's own mount: fusermount3 (lazily, as fuser would), started by the
+        // launcher, not by fuser from the daemon itself.
+        None if !started_as_root => {
+            sync::find_program("fusermount3").map(|f| (f, plan.mountpoint.clone(), true))
+        }
+        None => None,
+    };
     spawn_unmount_on_signal(unmounter, user_unmount, launcher)?;
     let (share, mountpoint) = (LogPath(&plan.share), LogPath(&plan.mountpoint));
     let cache = LogPath(&plan.cache_dir);
@@ -488,10 +508,11 @@ fn open_overlay(
 }
 
 /// Unmounts on SIGTERM, SIGINT and SIGHUP (as the user, through fusermount3, for a
-/// mount root made for a user): the session then ends and the logout sync runs.
+/// mount root made for a user and a user's own): the session then ends and the logout
+/// sync runs.
 fn spawn_unmount_on_signal(
     mut unmounter: fuser::SessionUnmounter,
-    user_unmount: Option<(PathBuf, PathBuf)>,
+    user_unmount: Option<(PathBuf, PathBuf, bool)>,
     launcher: Option<Arc<sys::launcher::Launcher>>,
 ) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
@@ -505,9 +526,7 @@ fn spawn_unmount_on_signal(
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting on signal");
                 let unmounted = match &user_unmount {
-                    Some((fusermount, mountpoint)) => {
-                        unmount_as_user(fusermount, mountpoint, launcher.as_deref())
-                    }
+                    Some(how) => unmount_as_user(how, launcher.as_deref()),
                     None => unmounter.unmount(),
                 };
                 if let Err(e) = unmounted {

@@ -18,8 +18,8 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{errno, FsError, FsResult};
 use crate::gate;
@@ -295,6 +295,8 @@ pub struct Overlay {
     /// something to do at a close (see [`Overlay::close_reaches_share`]): the share's
     /// root's, and any mounted below it. Lock order: 19c, a leaf.
     acts_at_close: Mutex<HashMap<u64, bool>>,
+    /// How many files of the share the handles hold open (see [`Overlay::share_files_open`]).
+    share_files: Arc<AtomicUsize>,
     /// The cache's device: a file on another one is the share's.
     cache_dev: u64,
     /// The share's clock as last told (see [`racy`]). Lock order: 13, a leaf.
@@ -615,6 +617,7 @@ impl Overlay {
             sync_host: Mutex::new(String::new()),
             share_is_nfs: AtomicBool::new(share_is_nfs),
             acts_at_close: Mutex::new(acts_at_close),
+            share_files: Arc::new(AtomicUsize::new(0)),
             cache_dev,
             block_files: Mutex::new(HashMap::new()),
             by_block_from: AtomicU64::new(0),

@@ -7,6 +7,7 @@
 //! acts at a close.
 
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::locks::RwLocked;
@@ -30,7 +31,26 @@ pub struct FileIo {
     blocks: Option<Arc<BlockFile>>,
     /// `file` is the share's (see [`Overlay::is_on_share`]): its I/O passes the share's
     /// gate.
-    on_share: bool,
+    on_share: ShareOpen,
+}
+
+/// Whether a handle's file is the share's, counted in [`Overlay::share_files_open`] while
+/// the handle holds it.
+#[derive(Debug)]
+struct ShareOpen(Option<Arc<AtomicUsize>>);
+
+impl ShareOpen {
+    fn is(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl Drop for ShareOpen {
+    fn drop(&mut self) {
+        if let Some(count) = &self.0 {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl FileIo {
@@ -88,11 +108,16 @@ const PROMOTE_TRIES: usize = 3;
 impl OpenFile {
     /// A file opened for real (no deferred copy-up): `writer` is the cache inode it is
     /// counted as a writer of.
-    pub fn opened(file: File, writer: Option<u64>, on_share: bool) -> Self {
+    fn opened(file: File, writer: Option<u64>, on_share: ShareOpen) -> Self {
         Self::with(file, writer, None, on_share)
     }
 
-    fn with(file: File, writer: Option<u64>, deferred: Option<Deferred>, on_share: bool) -> Self {
+    fn with(
+        file: File,
+        writer: Option<u64>,
+        deferred: Option<Deferred>,
+        on_share: ShareOpen,
+    ) -> Self {
         Self {
             io: RwLock::new(FileIo {
                 file,
@@ -192,7 +217,7 @@ impl Overlay {
         let seen = self.copy_up_count();
         let (file, writer, what) = self.open_deferred(ctx, rel, flags)?;
         let deferred = what.map(|what| Deferred { flags, seen, what });
-        let on_share = self.file_on_share(&file);
+        let on_share = self.share_open(&file);
         let f = OpenFile::with(file, writer, deferred, on_share);
         if what.is_none() {
             self.attach_blocks(&mut f.writing(), rel)?;
@@ -203,16 +228,26 @@ impl Overlay {
     /// A handle for a file opened by a create that found it there (`Overlay::create`):
     /// held by block, it reads and writes through its blocks like any open.
     pub fn created_file(&self, rel: &Path, file: File, writer: Option<u64>) -> FsResult<OpenFile> {
-        let on_share = self.file_on_share(&file);
+        let on_share = self.share_open(&file);
         let f = OpenFile::opened(file, writer, on_share);
         self.attach_blocks(&mut f.writing(), rel)?;
         Ok(f)
     }
 
     /// Whether an open descriptor is the share's file (one whose device cannot be told
-    /// counts as the share's: its I/O then passes the gate).
-    fn file_on_share(&self, file: &File) -> bool {
-        sys::fstat(file).map_or(true, |m| self.is_on_share(&m))
+    /// counts as the share's: its I/O then passes the gate), counted while it is held.
+    fn share_open(&self, file: &File) -> ShareOpen {
+        if !sys::fstat(file).map_or(true, |m| self.is_on_share(&m)) {
+            return ShareOpen(None);
+        }
+        self.share_files.fetch_add(1, Ordering::AcqRel);
+        ShareOpen(Some(self.share_files.clone()))
+    }
+
+    /// How many files of the share the handles hold open: a process forked now would
+    /// close a copy of each (see [`crate::sys::launcher`]).
+    pub fn share_files_open(&self) -> usize {
+        self.share_files.load(Ordering::Acquire)
     }
 
     /// Attaches the block file of `rel` to a handle's I/O when the file is held by block:
@@ -253,7 +288,7 @@ impl Overlay {
     /// The attributes of a handle's file, from its descriptor (through the share's gate
     /// when it is the share's).
     pub fn stat_open(&self, g: &FileIo) -> io::Result<sys::Stat> {
-        self.share_io(g.on_share, || sys::fstat(&g.file))
+        self.share_io(g.on_share.is(), || sys::fstat(&g.file))
     }
 
     /// A program closed a descriptor of a handle (FLUSH): a handle still on the share's
@@ -262,7 +297,7 @@ impl Overlay {
     /// as EIO: the kernel would take it for a daemon without FLUSH and stop telling it
     /// of closes.
     pub fn flush_file(&self, g: &FileIo) -> io::Result<()> {
-        if !g.on_share || g.deferred.is_some() {
+        if !g.on_share.is() || g.deferred.is_some() {
             return Ok(());
         }
         match self.share_io(true, || sys::flush(&g.file)) {
@@ -296,7 +331,7 @@ impl Overlay {
         if let Some(bf) = &g.blocks {
             return bf.read_at(&self.share, &g.file, buf, offset);
         }
-        self.share_io(g.on_share, || {
+        self.share_io(g.on_share.is(), || {
             let mut got = 0;
             while got < buf.len() {
                 match g.file.read_at(&mut buf[got..], offset + got as u64) {
@@ -314,14 +349,14 @@ impl Overlay {
     pub fn write_at(&self, g: &FileIo, data: &[u8], offset: u64) -> io::Result<()> {
         match &g.blocks {
             Some(bf) => bf.write_at(&self.share, &g.file, data, offset),
-            None => self.share_io(g.on_share, || g.file.write_all_at(data, offset)),
+            None => self.share_io(g.on_share.is(), || g.file.write_all_at(data, offset)),
         }
     }
 
     /// `fsync` of a handle's file: its data on disk, and of a file held by block the
     /// record of the blocks written.
     pub fn sync_file(&self, g: &FileIo, datasync: bool) -> FsResult<()> {
-        self.share_io(g.on_share, || {
+        self.share_io(g.on_share.is(), || {
             if datasync {
                 g.file.sync_data()
             } else {
@@ -444,7 +479,7 @@ impl Overlay {
             };
             // None: the name changed meanwhile; looked at again.
             if let Some((file, writer)) = opened {
-                g.on_share = self.file_on_share(&file);
+                g.on_share = self.share_open(&file);
                 g.file = file;
                 g.writer = writer;
                 g.deferred = None;
@@ -468,7 +503,7 @@ impl Overlay {
             g.file = self
                 .detached_copy(&g.file)
                 .map_err(|e| FileFailed::new("write (file without a name)", Path::new(""), e))?;
-            g.on_share = self.file_on_share(&g.file);
+            g.on_share = self.share_open(&g.file);
             g.writer = None;
         }
         g.deferred = None;

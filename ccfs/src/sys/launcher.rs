@@ -26,8 +26,15 @@ use std::process::ExitStatus;
 use super::check;
 
 /// The largest request: a program's arguments are short (rsync reads its file list from
-/// its standard input).
-const MAX_REQUEST: usize = 64 << 10;
+/// its standard input; the config's `extra_args` are held to [`MAX_EXTRA_ARGS`]). A
+/// packet this size fits a socket's default send buffer.
+const MAX_REQUEST: usize = 128 << 10;
+/// The most bytes of rsync arguments a config may add (`[sync] extra_args`).
+pub const MAX_EXTRA_ARGS: usize = 64 << 10;
+/// How long the launcher has to take a request and say it started the program: one
+/// stopped by its user is let go after that (it is killed, and the daemon starts its
+/// programs itself from then on).
+const ANSWER_WITHIN: libc::time_t = 10;
 /// The most descriptors a request carries: the answer socket, three pipes, one to hold.
 const MAX_FDS: usize = 5;
 
@@ -81,13 +88,25 @@ impl Program {
 }
 
 /// The launcher process of a daemon (see the module's documentation).
-#[derive(Debug)]
 pub struct Launcher {
     sock: OwnedFd,
     pid: libc::pid_t,
-    /// The launcher is gone (its user may kill it: it is theirs): programs are started by
-    /// the caller itself from then on.
+    /// The launcher is gone (its user may kill or stop it: it is theirs): programs are
+    /// started by the caller itself from then on, when [`Launcher::fallback_when`] lets.
     gone: std::sync::atomic::AtomicBool,
+    /// Whether a program may be started by the caller itself once the launcher is gone.
+    fallback: std::sync::OnceLock<Fallback>,
+}
+
+type Fallback = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for Launcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launcher")
+            .field("pid", &self.pid)
+            .field("gone", &self.gone)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A program started by [`Launcher::spawn`] or [`spawn`]: its pipes, and its end.
@@ -140,11 +159,35 @@ impl Launcher {
             unsafe { libc::_exit(code) }
         }
         drop(theirs);
+        set_timeout(ours.as_fd(), libc::SO_SNDTIMEO, ANSWER_WITHIN)?;
         Ok(Self {
             sock: ours,
             pid,
             gone: false.into(),
+            fallback: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Once the launcher is gone, a program is started by the caller itself only when
+    /// `may` says so (Err: why not, which the start's error says).
+    pub fn fallback_when(&self, may: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+        let _ = self.fallback.set(Box::new(may));
+    }
+
+    /// The launcher is gone: killed (it may be stopped) and reaped, once.
+    fn let_go(&self) {
+        if !self.gone.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            tracing::warn!(
+                "the launcher is gone (killed or stopped); the daemon starts its programs \
+                 itself from now on, while it holds no file of the share open"
+            );
+            let mut status = 0;
+            // SAFETY: signals and reaps our own child, writing its status into a local.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, &mut status, 0);
+            }
+        }
     }
 
     /// Starts `p` through the launcher; Ok(None) when the launcher is gone.
@@ -178,18 +221,27 @@ impl Launcher {
             sent.push(unsafe { BorrowedFd::borrow_raw(h) });
         }
         let request = encode(p, flags)?;
+        let gone = |e: &io::Error| {
+            matches!(
+                e.raw_os_error(),
+                Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::EAGAIN)
+            )
+        };
         if let Err(e) = send_with_fds(self.sock.as_fd(), &request, &sent) {
-            return match e.raw_os_error() {
-                Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN) => Ok(None),
-                _ => Err(e),
-            };
+            return if gone(&e) { Ok(None) } else { Err(e) };
         }
         drop(sent);
         drop(fds);
         drop(answer_theirs);
-        let Some(pid) = read_answer(answer.as_fd())? else {
-            return Ok(None);
+        set_timeout(answer.as_fd(), libc::SO_RCVTIMEO, ANSWER_WITHIN)?;
+        let pid = match read_answer(answer.as_fd()) {
+            Ok(Some(pid)) => pid,
+            Ok(None) => return Ok(None),
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
         };
+        // The program's end is waited for as long as it runs.
+        set_timeout(answer.as_fd(), libc::SO_RCVTIMEO, 0)?;
         if pid < 0 {
             return Err(io::Error::from_raw_os_error((-pid) as i32));
         }
@@ -220,15 +272,18 @@ impl Drop for Launcher {
 /// launcher is gone (killed by its user; the log says so once: a program started so may
 /// take a failed write's error from a document's close, as it did without a launcher).
 pub fn spawn(launcher: Option<&Launcher>, p: &Program) -> io::Result<Launched> {
-    use std::sync::atomic::Ordering;
-    if let Some(l) = launcher.filter(|l| !l.gone.load(Ordering::Acquire)) {
-        if let Some(launched) = l.spawn(p)? {
-            return Ok(launched);
+    if let Some(l) = launcher {
+        if !l.gone.load(std::sync::atomic::Ordering::Acquire) {
+            if let Some(launched) = l.spawn(p)? {
+                return Ok(launched);
+            }
+            l.let_go();
         }
-        if !l.gone.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                "the launcher is gone; the daemon starts its programs itself from now on"
-            );
+        if let Some(Err(why)) = l.fallback.get().map(|may| may()) {
+            return Err(io::Error::other(format!(
+                "the daemon's launcher is gone, and {why}: a program the daemon started \
+                 itself would take their closes' errors (it starts once they are closed)"
+            )));
         }
     }
     let mut cmd = command(p);
@@ -498,6 +553,24 @@ fn read_answer(sock: BorrowedFd<'_>) -> io::Result<Option<i64>> {
     }
 }
 
+/// Sets a socket's send or receive timeout (`opt`) to `secs` (0: none).
+fn set_timeout(sock: BorrowedFd<'_>, opt: libc::c_int, secs: libc::time_t) -> io::Result<()> {
+    let wait = libc::timeval {
+        tv_sec: secs,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt reads a timeval from a valid pointer of the size given.
+    check(unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&wait as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })
+}
+
 fn answer(sock: BorrowedFd<'_>, v: i64) {
     let bytes = v.to_le_bytes();
     // SAFETY: send reads `bytes.len()` bytes from a live local. A caller gone is fine.
@@ -519,7 +592,7 @@ fn launcher_main(sock: RawFd, parent: libc::pid_t) -> i32 {
         // (a pipe to the command that started it) are not held open by the launcher.
         let s = libc::fcntl(sock, libc::F_DUPFD_CLOEXEC, 10);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if s < 0 || null < 0 || libc::dup2(s, 3) < 0 {
+        if s < 0 || null < 0 || libc::dup3(s, 3, libc::O_CLOEXEC) < 0 {
             return 120;
         }
         for fd in 0..3 {
@@ -534,6 +607,13 @@ fn launcher_main(sock: RawFd, parent: libc::pid_t) -> i32 {
             return 121;
         }
         libc::prctl(libc::PR_SET_NAME, c"ccfs-launcher".as_ptr(), 0, 0, 0);
+        // A signal sent to the daemon's process group (a terminal's Ctrl-C or hang-up, a
+        // session's end, `pkill`) is the daemon's to act on: the launcher, whose end would
+        // leave the daemon to start programs itself, takes none (blocked here and in the
+        // threads it makes; a program it starts gets an empty mask from std).
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
     }
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
