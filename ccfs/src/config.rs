@@ -460,12 +460,18 @@ impl Settings {
         if raw.sync.timeout_secs == 0 {
             return Err(value_err("[sync].timeout_secs must be at least 1"));
         }
-        let extra: usize = raw.sync.extra_args.iter().map(|a| a.len() + 1).sum();
+        // (Each argument costs its length and 4 bytes on the way to rsync.)
+        let extra: usize = raw.sync.extra_args.iter().map(|a| a.len() + 4).sum();
         if extra > crate::sys::launcher::MAX_EXTRA_ARGS {
             return Err(value_err(&format!(
-                "[sync].extra_args hold {extra} bytes; at most {} are passed to rsync",
+                "[sync].extra_args take {extra} bytes; at most {} are passed to rsync",
                 crate::sys::launcher::MAX_EXTRA_ARGS
             )));
+        }
+        if raw.sync.extra_args.iter().any(|a| a.contains('\0')) {
+            return Err(value_err(
+                "[sync].extra_args: an argument holds a NUL character, which no program argument can",
+            ));
         }
         check_homes(&raw.homes).map_err(|m| value_err(&m))?;
         let s = &raw.session;
@@ -673,6 +679,15 @@ mod tests {
         let long = format!("[sync]\nextra_args = [\"--{}\"]\n", "x".repeat(70_000));
         let e = Settings::from_toml(&long, Path::new("c.toml")).expect_err("too long");
         assert!(e.to_string().contains("extra_args"), "{e}");
+        let many = format!(
+            "[sync]\nextra_args = [{}]\n",
+            vec!["\"-t\""; 21_800].join(",")
+        );
+        let e = Settings::from_toml(&many, Path::new("c.toml")).expect_err("too many");
+        assert!(e.to_string().contains("extra_args"), "{e}");
+        let nul = "[sync]\nextra_args = [\"--a\\u0000b\"]\n";
+        let e = Settings::from_toml(nul, Path::new("c.toml")).expect_err("NUL");
+        assert!(e.to_string().contains("NUL"), "{e}");
     }
 
     /// The shipped /etc/ccfs/ccfs.toml documents every key with its default: as shipped

@@ -263,8 +263,11 @@ pub fn run_sync(
     let mut why: Vec<String> = Vec::new();
     send_with_rsync(overlay, &session, opts, &files, &mut parts, &mut why)?;
     let rsynced = start.elapsed();
-    let exact = send_plain_files(overlay, direct, &mut why);
-    send_ourselves(overlay, &session, &mut parts, &mut why);
+    let exact = overlay.while_sending(|| {
+        let exact = send_plain_files(overlay, direct, &mut why);
+        send_ourselves(overlay, &session, &mut parts, &mut why);
+        exact
+    });
     report.sent_directly = direct.to_vec();
     // The directories rsync sent keep the times it gave them.
     let own_dirs: std::collections::HashSet<&Path> = direct

@@ -485,19 +485,94 @@ pub fn account(name: &str) -> ccfs::sys::Account {
 
 /// Runs `sh -c script` as user `name` (ids and groups, for good).
 pub fn as_user(name: &str, script: &str) -> Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            name,
-            "--regid",
-            name,
-            "--init-groups",
-            "sh",
-            "-c",
-            script,
-        ])
+    user_command(name, "sh")
+        .args(["-c", script])
         .output()
         .expect("setpriv")
+}
+
+/// `setpriv` running `program` as user `name` (ids and groups, for good).
+pub fn user_command(name: &str, program: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid", name, "--regid", name, "--init-groups", program]);
+    cmd
+}
+
+/// A program (python3) that saves a document in one write and closes it when told, as an
+/// editor does: what it was told at the write and at the close. It starts nothing itself
+/// meanwhile (a child of its own would close a copy of the document).
+pub struct HeldSave {
+    child: std::process::Child,
+    said: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl HeldSave {
+    /// Writes `len` bytes to `doc` (as `user`, when given), with `also` opened for writing
+    /// beside it (a line written, kept open) when given. Returns once the write has been
+    /// answered, with what it was told: `written N` or `write ERRNO`.
+    pub fn start(
+        user: Option<&str>,
+        doc: &Path,
+        len: usize,
+        also: Option<&Path>,
+    ) -> (Self, String) {
+        const SCRIPT: &str = r#"
+import os, sys
+doc = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+if sys.argv[3]:
+    rc = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(rc, b"export B=2\n")
+try:
+    print("written", os.write(doc, os.urandom(int(sys.argv[2]))), flush=True)
+except OSError as e:
+    print("write", e.errno, flush=True)
+sys.stdin.readline()
+try:
+    os.close(doc)
+    print("closed", flush=True)
+except OSError as e:
+    print("close", e.errno, flush=True)
+"#;
+        let mut cmd = match user {
+            Some(u) => user_command(u, "/usr/bin/python3"),
+            None => Command::new("/usr/bin/python3"),
+        };
+        let mut child = cmd
+            .args(["-c", SCRIPT])
+            .arg(doc)
+            .arg(len.to_string())
+            .arg(also.map(|p| p.as_os_str()).unwrap_or_default())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let out = child.stdout.take().expect("stdout");
+        let mut save = Self {
+            child,
+            said: std::io::BufRead::lines(std::io::BufReader::new(out)),
+        };
+        let wrote = save.next();
+        (save, wrote)
+    }
+
+    fn next(&mut self) -> String {
+        self.said.next().and_then(Result::ok).unwrap_or_default()
+    }
+
+    /// Tells it to close the document: what the close was told, `closed` or `close ERRNO`.
+    pub fn close(mut self) -> String {
+        use std::io::Write;
+        let mut stdin = self.child.stdin.take().expect("stdin");
+        let _ = writeln!(stdin);
+        let closed = self.next();
+        let _ = self.child.wait();
+        closed
+    }
+}
+
+/// Whether a close told of a save the server failed (EIO, or ENOSPC as the server said).
+pub fn told_the_save_failed(closed: &str) -> bool {
+    closed == format!("close {}", libc::EIO) || closed == format!("close {}", libc::ENOSPC)
 }
 
 /// Every conflict copy of `name` in `dir`, sorted.

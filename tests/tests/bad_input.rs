@@ -115,6 +115,22 @@ fn cache_dir_inside_the_share() {
     assert!(!inside.exists());
 }
 
+/// A cache on a network filesystem (here sshfs): its files would count as the share's, and
+/// a close its client failed would go untold. Refused before the mount, leaving nothing.
+#[test]
+fn cache_dir_on_a_network_filesystem() {
+    let fx = Fixture::new();
+    let remote = fx.tmp.path().join("remote");
+    let _sftp = SftpShare::mount_at(&fx, &remote, "8m");
+    let cache = remote.join("cache");
+    refused(
+        &fx,
+        &mount_args(&cache, &fx.share, &fx.mnt),
+        &["not a local disk", "fuse"],
+    );
+    assert!(!cache.exists(), "the cache dir made for the mount is gone");
+}
+
 #[test]
 fn mountpoint_inside_the_share() {
     let fx = Fixture::new();

@@ -632,49 +632,23 @@ fn a_save_the_share_fails_behind_the_write_fails_at_the_close() {
 /// error so: the share's client does the same without ccfs).
 #[test]
 fn a_sync_between_a_failed_write_and_its_close_leaves_the_error_to_the_close() {
-    use std::io::{BufRead, BufReader};
     let fx = Fixture::new();
     let share = SftpShare::mount(&fx, "2m");
     fs::create_dir(fx.s("Documents")).expect("mkdir");
     let _m = fx.mount();
     share.fill_leaving(100 << 10);
-    let report = fx.tmp.path().join("report.in");
-    fs::write(&report, pattern(300 << 10, 5)).expect("the document's bytes");
     // One write of the document (answered before the server has it: sshfs writes behind)
     // and a dotfile kept open for writing; the close once told to.
-    let script = r#"
-import os, sys
-doc = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-rc = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-os.write(rc, b"export B=2\n")
-try:
-    n = os.write(doc, open(sys.argv[3], "rb").read())
-    print("written", n, flush=True)
-except OSError as e:
-    print("write", e.errno, flush=True)
-sys.stdin.readline()
-try:
-    os.close(doc)
-    print("closed", flush=True)
-except OSError as e:
-    print("close", e.errno, flush=True)
-"#;
-    let mut program = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .arg(fx.m("Documents/report.odt"))
-        .arg(fx.m(".profile"))
-        .arg(&report)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut said = BufReader::new(program.stdout.take().expect("stdout")).lines();
-    let mut next = || said.next().and_then(Result::ok).unwrap_or_default();
-    let wrote = next();
+    let (save, wrote) = HeldSave::start(
+        None,
+        &fx.m("Documents/report.odt"),
+        300 << 10,
+        Some(&fx.m(".profile")),
+    );
     assert_eq!(
         wrote,
         format!("written {}", 300 << 10),
-        "the write itself was answered"
+        "the write was answered"
     );
     // (The server is full: the dotfile stays in the cache; rsync did run.)
     let out = e2e::ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]);
@@ -683,14 +657,11 @@ except OSError as e:
         "the sync tried to send the dotfile: {}",
         text(&out)
     );
-    let mut stdin = program.stdin.take().expect("stdin");
-    writeln!(stdin).expect("go on");
-    let closed = next();
-    let _ = program.wait();
+    let closed = save.close();
     let kept = fs::read(share.server().join("Documents/report.odt")).unwrap_or_default();
     assert!(kept.len() < 300 << 10, "the server did run out of room");
     assert!(
-        closed == format!("close {}", libc::EIO) || closed == format!("close {}", libc::ENOSPC),
+        told_the_save_failed(&closed),
         "a save the server could not take must not be answered as done at its close: {closed}"
     );
     share.empty();

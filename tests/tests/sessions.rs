@@ -388,6 +388,42 @@ fn a_stopped_launcher_is_let_go() {
     ok(&m.umount());
 }
 
+/// A launcher its user stops while rsync runs: rsync ends, but the stopped launcher
+/// cannot say so. The sync waits for it a bounded time only (it finds it stopped, lets it
+/// go), takes what rsync reported it sent, and the next sync runs rsync from the daemon
+/// itself.
+#[test]
+fn a_launcher_stopped_while_rsync_runs_is_let_go() {
+    let fx = Fixture::new();
+    let slow = fx.tmp.path().join("slow-rsync");
+    write(&slow, "#!/bin/sh\nsleep 3\nexec rsync \"$@\"\n");
+    fs::set_permissions(&slow, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = fx.config(&format!(
+        "[sync]\nrsync = \"{}\"\ninterval_secs = 0\n",
+        slow.display()
+    ));
+    let m = fx.mount_with(&["--config", config.to_str().expect("utf8")]);
+    let pid = m.daemon_pid();
+    let launcher = *descendants_named(pid, "ccfs-launcher")
+        .first()
+        .expect("the daemon's launcher");
+    linked_dotfile(&fx, ".a", "a\n");
+    let mnt = fx.mnt.clone();
+    let syncer = std::thread::spawn(move || ccfs(&["sync".as_ref(), mnt.as_os_str()]));
+    wait_until("rsync to start", Duration::from_secs(30), || {
+        !descendants_named(launcher, "sleep").is_empty()
+    });
+    kill(launcher, libc::SIGSTOP);
+    let out = syncer.join().expect("sync");
+    ok(&out);
+    assert_eq!(read(&fx.s(".a-link")), "a\n", "{}", text(&out));
+    assert!(!alive(launcher), "the stopped launcher was let go");
+    linked_dotfile(&fx, ".b", "b\n");
+    ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
+    assert_eq!(read(&fx.s(".b-link")), "b\n");
+    ok(&m.umount());
+}
+
 /// Scenario 10: a conflict copy name would pass 255 bytes, and another path is too long
 /// for rsync: both are reported, and everything else still reaches the share.
 #[test]

@@ -863,10 +863,24 @@ fn a_killed_storm_is_cleaned_up_by_the_next() {
 
     // A user's ccfs that dies mid-storm: the storm stops with that said, and detaches it.
     let child = long_storm();
+    // Both mounts live: in the mount table, and neither `ccfs mount` still waiting for its
+    // daemon (a daemon killed before it is live is a mount that failed, not one that died).
+    let mounting = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    c.contains(&work_name) && c.contains("\0mount\0") && !c.contains("--daemon")
+                })
+            })
+    };
     e2e::wait_until(
         "both users' mounts",
         std::time::Duration::from_secs(60),
-        || mounts() == 2,
+        || mounts() == 2 && !mounting(),
     );
     let killed = Command::new("pkill")
         .args(["-KILL", "-f"])

@@ -365,49 +365,23 @@ fn a_signal_to_a_users_own_daemon_leaves_a_failed_saves_error_to_its_close() {
     fs::create_dir(&docs).expect("mkdir");
     std::os::unix::fs::chown(&docs, Some(alice.uid), Some(alice.gid)).expect("chown");
     share.fill_leaving(100 << 10);
-    let script = r#"
-import os, sys
-doc = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-n = os.write(doc, os.urandom(300 << 10))
-print("written", n, flush=True)
-sys.stdin.readline()
-try:
-    os.close(doc)
-    print("closed", flush=True)
-except OSError as e:
-    print("close", e.errno, flush=True)
-"#;
-    let mut program = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "ccfs-alice",
-            "--regid",
-            "ccfs-alice",
-            "--init-groups",
-        ])
-        .args(["/usr/bin/python3", "-c", script])
-        .arg(fx.m("Documents/report.odt"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut said =
-        std::io::BufRead::lines(std::io::BufReader::new(program.stdout.take().expect("out")));
-    let mut next = || said.next().and_then(Result::ok).unwrap_or_default();
-    assert_eq!(next(), format!("written {}", 300 << 10));
+    let (save, wrote) = HeldSave::start(
+        Some("ccfs-alice"),
+        &fx.m("Documents/report.odt"),
+        300 << 10,
+        None,
+    );
+    assert_eq!(wrote, format!("written {}", 300 << 10));
     kill(pid, libc::SIGTERM);
     wait_until("the lazy unmount", Duration::from_secs(10), || {
         !is_mounted(&fx.mnt)
     });
     // (The unmount's own work done: the daemon may have started a program meanwhile.)
     std::thread::sleep(Duration::from_secs(1));
-    let mut stdin = program.stdin.take().expect("stdin");
-    std::io::Write::write_all(&mut stdin, b"go\n").expect("go on");
-    let closed = next();
-    let _ = program.wait();
+    let closed = save.close();
     wait_until("daemon exit", Duration::from_secs(30), || !alive(pid));
     assert!(
-        closed == format!("close {}", libc::EIO) || closed == format!("close {}", libc::ENOSPC),
+        told_the_save_failed(&closed),
         "a save the server could not take must not be answered as done at its close: {closed}"
     );
     share.empty();

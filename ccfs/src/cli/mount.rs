@@ -182,8 +182,15 @@ fn wait_until_live(
         .or_else(|| said.last())
         .map(String::as_str)
         .unwrap_or("");
+    let last = last.trim_start_matches("ccfs: error: ");
+    // The daemon refused the input (exit 2, its line what and what to do): so does the
+    // command, in the same words.
+    if status.code() == Some(2) {
+        if let Some((problem, fix)) = last.split_once("; ") {
+            return Err(daemon::user_error(problem, fix).into());
+        }
+    }
     Err(fail(format!(
-        "the ccfs daemon exited ({status}) before the mount was live: {}",
-        last.trim_start_matches("ccfs: error: ")
+        "the ccfs daemon exited ({status}) before the mount was live: {last}"
     )))
 }

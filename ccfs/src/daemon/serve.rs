@@ -213,35 +213,13 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
         Some(u) if started_as_root => Some(mount_for_user(plan, &config, u, &io)?),
         _ => None,
     };
+    cache_on_a_local_disk(&plan.cache_dir)?;
     open_daemon_log(&plan.cache_dir);
-    let _lock = lock_cache(&plan.cache_dir)?;
-    let meta = CacheMeta {
-        share: plan.share.clone(),
-        mountpoint: plan.mountpoint.clone(),
-        config: plan.config.clone(),
-    };
-    write_atomic(
-        &plan.cache_dir.join("meta.json"),
-        &serde_json::to_vec_pretty(&meta)?,
-    )?;
-    // Modes passed by the kernel are final: our own umask must not mask them again.
-    sys::set_umask(0);
-
+    let _lock = take_cache(plan)?;
     // What the daemon runs (rsync, fusermount3) is started by a process forked now, before
     // any file of the share is open (see [`sys::launcher`]).
-    let launcher = start_launcher();
-    let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock, launcher.clone())?;
-    if let Some(l) = &launcher {
-        // Without it, a program is started by the daemon itself only while it holds no
-        // file of the share open (at the logout, every one is closed).
-        let overlay = Arc::downgrade(&overlay);
-        l.fallback_when(
-            move || match overlay.upgrade().map(|o| o.share_files_open()) {
-                Some(n) if n > 0 => Err(format!("{n} file(s) of the share are open")),
-                _ => Ok(()),
-            },
-        );
-    }
+    let launcher = start_launcher()?;
+    let (overlay, rsync, earlier_work) = open_overlay(plan, &_lock, &launcher)?;
 
     let socket = plan.cache_dir.join("control.sock");
     if socket.as_os_str().len() >= 100 {
@@ -337,20 +315,56 @@ fn serve(plan: &MountPlan, live: &mut bool) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// The daemon's launcher; None (programs started by the daemon itself, as before) when it
-/// cannot start, which the log says.
-fn start_launcher() -> Option<Arc<sys::launcher::Launcher>> {
-    match sys::launcher::Launcher::start() {
-        Ok(l) => Some(Arc::new(l)),
-        Err(e) => {
-            tracing::warn!(
-                "cannot start the launcher ({e}); the daemon starts rsync itself, and a write \
-                 behind that a share's client fails may then be told to rsync's start \
-                 instead of the program's close"
-            );
-            None
-        }
+/// Takes the cache for this mount: its lock (returned), its record of the share and mount
+/// point; and the umask the kernel's modes need.
+fn take_cache(plan: &MountPlan) -> anyhow::Result<fs::File> {
+    let lock = lock_cache(&plan.cache_dir)?;
+    let meta = CacheMeta {
+        share: plan.share.clone(),
+        mountpoint: plan.mountpoint.clone(),
+        config: plan.config.clone(),
+    };
+    write_atomic(
+        &plan.cache_dir.join("meta.json"),
+        &serde_json::to_vec_pretty(&meta)?,
+    )?;
+    // Modes passed by the kernel are final: our own umask must not mask them again.
+    sys::set_umask(0);
+    Ok(lock)
+}
+
+/// The daemon's launcher (see [`sys::launcher`]).
+fn start_launcher() -> anyhow::Result<Arc<sys::launcher::Launcher>> {
+    sys::launcher::Launcher::start()
+        .map(Arc::new)
+        .map_err(|e| anyhow::anyhow!("cannot start the daemon's launcher: {e}"))
+}
+
+/// Refuses a cache on a filesystem that acts at a close (a network or FUSE filesystem, the
+/// share's own among them): the cache's files would count as the share's for no check,
+/// and a close the share's client failed would go untold (see
+/// [`crate::overlay::Overlay::close_reaches_share`]). overlayfs (a container's disk) is
+/// taken as the local disk it is over. Asked before anything is written there (the
+/// directory is removed again: a mount that made it).
+fn cache_on_a_local_disk(cache_dir: &std::path::Path) -> anyhow::Result<()> {
+    const OVERLAYFS: i64 = 0x794C_7630;
+    let dir = sys::DirFd::open(cache_dir)
+        .map_err(|e| anyhow::anyhow!("cannot open the cache dir {}: {e}", LogPath(cache_dir)))?;
+    let kind = fsinfo::fstatfs(&dir)
+        .map_err(|e| anyhow::anyhow!("cannot ask what holds {}: {e}", LogPath(cache_dir)))?
+        .fs_type;
+    if fsinfo::nothing_at_close(kind) || kind == OVERLAYFS {
+        return Ok(());
     }
+    Err(user_error(
+        format!(
+            "cache dir {} is on a {} filesystem, not a local disk",
+            LogPath(cache_dir),
+            fsinfo::fs_type_name(kind)
+        ),
+        "put the cache on a local disk: ext4, XFS, Btrfs or tmpfs (default /var/tmp/ccfs)",
+    )
+    .into())
 }
 
 /// Hands the session's device to what needs its own: kernel passthrough's registrar (a
@@ -475,20 +489,32 @@ fn fuse_config(plan: &MountPlan, started_as_root: bool) -> anyhow::Result<fuser:
 fn open_overlay(
     plan: &MountPlan,
     lock: &fs::File,
-    launcher: Option<Arc<sys::launcher::Launcher>>,
+    launcher: &Arc<sys::launcher::Launcher>,
 ) -> anyhow::Result<(Arc<Overlay>, crate::sync::RsyncOptions, bool)> {
     let overlay = Arc::new(Overlay::new(
         &plan.share,
         &plan.cache_dir,
         plan.settings.policy.clone(),
     )?);
+    // Without the launcher, a program is started by the daemon itself only while it holds
+    // no file of the share open (at the logout, every one is closed).
+    let held = Arc::downgrade(&overlay);
+    launcher.fallback_when(move || match held.upgrade().map(|o| o.share_files_open()) {
+        Some(n) if n > 0 => Err(format!("{n} file(s) of the share are open")),
+        _ => Ok(()),
+    });
     overlay.requests.count_paths(plan.settings.count_paths);
     // A clean copy is checked against the share as often as the kernel asks about what
     // the cache holds.
     overlay.set_revalidate_after(plan.settings.cache_timeout);
     overlay.set_keep_copies(plan.settings.keep_copies);
     overlay.set_by_block_from(plan.settings.by_block_from);
-    let mut rsync = rsync_options(&plan.settings, &plan.rsync, &plan.share, launcher);
+    let mut rsync = rsync_options(
+        &plan.settings,
+        &plan.rsync,
+        &plan.share,
+        Some(launcher.clone()),
+    );
     rsync.hold_fd = Some(std::os::fd::AsRawFd::as_raw_fd(lock));
     // What an earlier session left unsent is shown at once and sent once the mount is
     // live, in the background (a sync of this session): a login waits for no transfer,
@@ -513,7 +539,7 @@ fn open_overlay(
 fn spawn_unmount_on_signal(
     mut unmounter: fuser::SessionUnmounter,
     user_unmount: Option<(PathBuf, PathBuf, bool)>,
-    launcher: Option<Arc<sys::launcher::Launcher>>,
+    launcher: Arc<sys::launcher::Launcher>,
 ) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -526,7 +552,7 @@ fn spawn_unmount_on_signal(
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting on signal");
                 let unmounted = match &user_unmount {
-                    Some(how) => unmount_as_user(how, launcher.as_deref()),
+                    Some(how) => unmount_as_user(how, Some(&launcher)),
                     None => unmounter.unmount(),
                 };
                 if let Err(e) = unmounted {

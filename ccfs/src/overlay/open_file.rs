@@ -244,10 +244,19 @@ impl Overlay {
         ShareOpen(Some(self.share_files.clone()))
     }
 
-    /// How many files of the share the handles hold open: a process forked now would
-    /// close a copy of each (see [`crate::sys::launcher`]).
+    /// How many files of the share the handles (and a sync sending files itself) hold
+    /// open: a process forked now would close a copy of each (see
+    /// [`crate::sys::launcher`]).
     pub fn share_files_open(&self) -> usize {
         self.share_files.load(Ordering::Acquire)
+    }
+
+    /// Runs `send` (a sync sending files itself: it writes files of the share, and checks
+    /// their fsync) counted as a file of the share open.
+    pub fn while_sending<T>(&self, send: impl FnOnce() -> T) -> T {
+        self.share_files.fetch_add(1, Ordering::AcqRel);
+        let _sending = ShareOpen(Some(self.share_files.clone()));
+        send()
     }
 
     /// Attaches the block file of `rel` to a handle's I/O when the file is held by block:

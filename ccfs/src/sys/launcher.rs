@@ -121,8 +121,8 @@ pub struct Launched {
 
 #[derive(Debug)]
 enum End {
-    /// The launcher's answer socket: the wait status comes on it.
-    Answer(OwnedFd),
+    /// The launcher's answer socket (the wait status comes on it), and the launcher.
+    Answer(OwnedFd, libc::pid_t),
     /// A child of this process (no launcher).
     Child(std::process::Child),
 }
@@ -240,8 +240,6 @@ impl Launcher {
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
-        // The program's end is waited for as long as it runs.
-        set_timeout(answer.as_fd(), libc::SO_RCVTIMEO, 0)?;
         if pid < 0 {
             return Err(io::Error::from_raw_os_error((-pid) as i32));
         }
@@ -251,7 +249,7 @@ impl Launcher {
             stdin,
             stdout,
             stderr,
-            end: End::Answer(answer),
+            end: End::Answer(answer, self.pid),
         }))
     }
 }
@@ -318,11 +316,26 @@ impl Launched {
         drop(self.stdin.take());
         match &mut self.end {
             End::Child(c) => c.wait(),
-            End::Answer(sock) => match read_answer(sock.as_fd())? {
-                Some(raw) => Ok(ExitStatus::from_raw(raw as i32)),
-                None => Err(io::Error::other(
-                    "the launcher ended before the program did",
-                )),
+            // The program's end is waited for as long as it runs, and the launcher's
+            // while it is not stopped: one its user stopped is killed (and with it the
+            // program), and the next start finds it gone.
+            End::Answer(sock, launcher) => loop {
+                match read_answer(sock.as_fd()) {
+                    Ok(Some(raw)) => return Ok(ExitStatus::from_raw(raw as i32)),
+                    Ok(None) => {
+                        return Err(io::Error::other(
+                            "the launcher ended before the program did",
+                        ))
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                        if super::process_stopped(*launcher as u32) {
+                            // SAFETY: kill has no memory preconditions; the launcher is
+                            // our child, not reaped yet (`Launcher::let_go` reaps it).
+                            unsafe { libc::kill(*launcher, libc::SIGKILL) };
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
             },
         }
     }

@@ -149,7 +149,7 @@ pub fn fs_type_name(magic: i64) -> &'static str {
         0x0102_1994 => "tmpfs",
         0x5846_5342 => "xfs",
         0x9123_683E => "btrfs",
-        0x6573_7546 => "fuse",
+        0x6573_5546 => "fuse",
         0x6969 => "nfs",
         0x0000_00FF_534D_4242 => "cifs",
         0xFF53_4D42 => "cifs",
