@@ -340,20 +340,19 @@ fn start_launcher() -> anyhow::Result<Arc<sys::launcher::Launcher>> {
         .map_err(|e| anyhow::anyhow!("cannot start the daemon's launcher: {e}"))
 }
 
-/// Refuses a cache on a filesystem that acts at a close (a network or FUSE filesystem, the
-/// share's own among them): the cache's files would count as the share's for no check,
-/// and a close the share's client failed would go untold (see
-/// [`crate::overlay::Overlay::close_reaches_share`]). overlayfs (a container's disk) is
-/// taken as the local disk it is over. Asked before anything is written there (the
-/// directory is removed again: a mount that made it).
+/// Refuses a cache on a network or FUSE filesystem (the share's own among them): the
+/// cache's files would count as the share's for no check, and a close the share's client
+/// failed would go untold (see [`crate::overlay::Overlay::close_reaches_share`]). Any
+/// other filesystem is a local disk (ext4, XFS, Btrfs, ZFS, F2FS, tmpfs, a container's
+/// overlayfs). Asked before anything is written there (the directory is removed again: a
+/// mount that made it).
 fn cache_on_a_local_disk(cache_dir: &std::path::Path) -> anyhow::Result<()> {
-    const OVERLAYFS: i64 = 0x794C_7630;
     let dir = sys::DirFd::open(cache_dir)
         .map_err(|e| anyhow::anyhow!("cannot open the cache dir {}: {e}", LogPath(cache_dir)))?;
     let kind = fsinfo::fstatfs(&dir)
         .map_err(|e| anyhow::anyhow!("cannot ask what holds {}: {e}", LogPath(cache_dir)))?
         .fs_type;
-    if fsinfo::nothing_at_close(kind) || kind == OVERLAYFS {
+    if !fsinfo::is_remote_or_fuse(kind) {
         return Ok(());
     }
     Err(user_error(
@@ -362,7 +361,7 @@ fn cache_on_a_local_disk(cache_dir: &std::path::Path) -> anyhow::Result<()> {
             LogPath(cache_dir),
             fsinfo::fs_type_name(kind)
         ),
-        "put the cache on a local disk: ext4, XFS, Btrfs or tmpfs (default /var/tmp/ccfs)",
+        "put the cache on a local disk (default /var/tmp/ccfs)",
     )
     .into())
 }

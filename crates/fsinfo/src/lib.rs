@@ -142,6 +142,26 @@ pub fn nothing_at_close(magic: i64) -> bool {
     matches!(magic, 0xEF53 | 0x0102_1994 | 0x5846_5342 | 0x9123_683E)
 }
 
+/// Whether a filesystem of this statfs type magic is a network filesystem or a FUSE one:
+/// NFS, SMB/CIFS, CephFS's kernel client, 9P, AFS, Lustre, or any FUSE filesystem (sshfs,
+/// GlusterFS's and MooseFS's clients, ccfs itself). Its files are a server's, and a close
+/// may carry a server's error.
+pub fn is_remote_or_fuse(magic: i64) -> bool {
+    matches!(
+        magic,
+        0x6573_5546 // FUSE
+            | 0x6969 // NFS
+            | 0xFF53_4D42 // CIFS
+            | 0xFE53_4D42 // SMB2
+            | 0x517B // SMB
+            | 0x00C3_6400 // Ceph
+            | 0x0102_1997 // 9P
+            | 0x5346_414F // AFS
+            | 0x6B41_4653 // kAFS
+            | 0x0BD0_0BD0 // Lustre
+    )
+}
+
 /// A readable name for a statfs type magic.
 pub fn fs_type_name(magic: i64) -> &'static str {
     match magic {
@@ -177,6 +197,29 @@ mod tests {
         assert!(m[0].options.contains("errors=continue"));
         assert_eq!(m[1].fs_type, "fuse.ccfs");
         assert_eq!(m[1].mount_point, PathBuf::from("/home/alice"));
+    }
+
+    #[test]
+    fn network_and_fuse_filesystems_are_told_from_local_ones() {
+        for remote in [0x6573_5546, 0x6969, 0xFF53_4D42, 0x00C3_6400] {
+            assert!(is_remote_or_fuse(remote), "{remote:#x}");
+            assert!(!nothing_at_close(remote), "{remote:#x}");
+        }
+        // ext4, tmpfs, XFS, Btrfs, ZFS, F2FS, bcachefs.
+        for local in [
+            0xEF53,
+            0x0102_1994,
+            0x5846_5342,
+            0x9123_683E,
+            0x2FC1_2FC1,
+            0xF2F5_2010,
+            0xCA45_1A4E,
+        ] {
+            assert!(!is_remote_or_fuse(local), "{local:#x}");
+        }
+        assert_eq!(fs_type_name(0x6573_5546), "fuse");
+        let tmp = statfs(Path::new("/dev/shm")).expect("statfs /dev/shm");
+        assert!(nothing_at_close(tmp.fs_type) && !is_remote_or_fuse(tmp.fs_type));
     }
 
     #[test]
