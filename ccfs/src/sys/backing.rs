@@ -96,20 +96,7 @@ pub fn spawn_backing_broker(dev: BorrowedFd<'_>, acct: &Account) -> io::Result<O
     drop(theirs);
     // A broker that stops answering (a user may stop it: it is theirs) fails the
     // registration after a second instead of holding up every open.
-    let wait = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: setsockopt reads a timeval from a valid pointer of the size given.
-    check(unsafe {
-        libc::setsockopt(
-            ours.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&wait as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    })?;
+    super::launcher::set_timeout(std::os::fd::AsFd::as_fd(&ours), libc::SO_RCVTIMEO, 1)?;
     Ok(ours)
 }
 

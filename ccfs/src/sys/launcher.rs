@@ -112,7 +112,6 @@ impl std::fmt::Debug for Launcher {
 /// A program started by [`Launcher::spawn`] or [`spawn`]: its pipes, and its end.
 #[derive(Debug)]
 pub struct Launched {
-    pub pid: u32,
     pub stdin: Option<std::fs::File>,
     pub stdout: Option<std::fs::File>,
     pub stderr: Option<std::fs::File>,
@@ -245,7 +244,6 @@ impl Launcher {
         }
         let [stdin, stdout, stderr] = ours;
         Ok(Some(Launched {
-            pid: pid as u32,
             stdin,
             stdout,
             stderr,
@@ -287,7 +285,6 @@ pub fn spawn(launcher: Option<&Launcher>, p: &Program) -> io::Result<Launched> {
     let mut cmd = command(p);
     let mut child = cmd.spawn()?;
     Ok(Launched {
-        pid: child.id(),
         stdin: child.stdin.take().map(|s| OwnedFd::from(s).into()),
         stdout: child.stdout.take().map(|s| OwnedFd::from(s).into()),
         stderr: child.stderr.take().map(|s| OwnedFd::from(s).into()),
@@ -567,7 +564,11 @@ fn read_answer(sock: BorrowedFd<'_>) -> io::Result<Option<i64>> {
 }
 
 /// Sets a socket's send or receive timeout (`opt`) to `secs` (0: none).
-fn set_timeout(sock: BorrowedFd<'_>, opt: libc::c_int, secs: libc::time_t) -> io::Result<()> {
+pub(super) fn set_timeout(
+    sock: BorrowedFd<'_>,
+    opt: libc::c_int,
+    secs: libc::time_t,
+) -> io::Result<()> {
     let wait = libc::timeval {
         tv_sec: secs,
         tv_usec: 0,
