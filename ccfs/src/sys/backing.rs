@@ -224,27 +224,9 @@ pub fn broker_send(
 
 /// The broker's answer to an open request: the backing id.
 pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
-    let mut buf = [0u8; 8];
-    loop {
-        // SAFETY: recv writes at most `buf.len()` bytes into `buf`.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n == 8 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if n < 0 && e.kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        return Err(if n < 0 {
-            e
-        } else {
-            io::Error::from_raw_os_error(libc::EPIPE)
-        });
-    }
-    let v = i64::from_le_bytes(buf);
-    if v < 0 {
-        Err(io::Error::from_raw_os_error((-v) as i32))
-    } else {
-        Ok(v as u32)
+    match super::launcher::read_answer(sock)? {
+        Some(v) if v < 0 => Err(io::Error::from_raw_os_error((-v) as i32)),
+        Some(v) => Ok(v as u32),
+        None => Err(io::Error::from_raw_os_error(libc::EPIPE)),
     }
 }

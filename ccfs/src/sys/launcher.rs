@@ -548,7 +548,7 @@ fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>
 }
 
 /// One answer (a pid, minus an errno, or a wait status); None at the end of the stream.
-fn read_answer(sock: BorrowedFd<'_>) -> io::Result<Option<i64>> {
+pub(super) fn read_answer(sock: BorrowedFd<'_>) -> io::Result<Option<i64>> {
     let mut buf = [0u8; 8];
     loop {
         // SAFETY: recv writes at most `buf.len()` bytes into `buf`.
