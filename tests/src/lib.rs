@@ -391,6 +391,35 @@ pub fn kill(pid: u32, sig: i32) {
     }
 }
 
+/// Stops process `pid` (SIGSTOP) and waits until every thread of it has stopped. The
+/// signal wakes one thread, which then stops the others; until it has, they go on (the
+/// idle threads of a FUSE daemon still take the next request), so a test that freezes a
+/// server or a daemon waits for the whole of it before it counts on it.
+pub fn stop(pid: u32) {
+    kill(pid, libc::SIGSTOP);
+    wait_until(
+        &format!("every thread of process {pid} to stop"),
+        Duration::from_secs(60),
+        || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return true;
+            };
+            tasks.flatten().all(|t| {
+                // io_uring's workers take no stop; they run nothing of the process's own.
+                let worker = std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("iou-"));
+                // Gone, a zombie or stopped (by the signal, or traced).
+                worker
+                    || std::fs::read_to_string(t.path().join("stat")).map_or(true, |stat| {
+                        stat.rsplit_once(") ").is_none_or(|(_, rest)| {
+                            ["T", "t", "Z", "X"].iter().any(|s| rest.starts_with(s))
+                        })
+                    })
+            })
+        },
+    );
+}
+
 /// Whether any thread of process `pid` still runs. A killed process's leader is a zombie
 /// as soon as it exits, while a thread of it stuck in a call to a slow share (a FUSE
 /// client's) may take a while to follow, holding every descriptor, the cache's lock

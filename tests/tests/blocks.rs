@@ -5,7 +5,7 @@
 //! when another workstation saved the database meanwhile, and when the database is larger
 //! than the cache's free space.
 
-use e2e::{alive, kill, recover, sqlite, text, wait_until, Fixture, SmallTmpfs};
+use e2e::{alive, kill, recover, sqlite, stop, text, wait_until, Fixture, SmallTmpfs};
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -174,7 +174,7 @@ fn crash_inside_the_send() -> bool {
         );
         std::hint::spin_loop();
     }
-    kill(pid, libc::SIGSTOP);
+    stop(pid);
     let stopped_in_send = tmp.exists();
     if stopped_in_send {
         // The share still has the old database, whole.

@@ -267,7 +267,7 @@ impl FileServer for CcfsServer {
                 self.pid = None;
             }
             Outage::Hangs => {
-                kill(pid, libc::SIGSTOP);
+                stop(pid);
                 self.frozen = true;
             }
         }
@@ -410,7 +410,7 @@ impl FileServer for GlusterServer {
         for &pid in &bricks {
             match how {
                 Outage::Died => kill(pid, libc::SIGKILL),
-                Outage::Hangs => kill(pid, libc::SIGSTOP),
+                Outage::Hangs => stop(pid),
             }
         }
         match how {

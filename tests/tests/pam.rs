@@ -531,7 +531,7 @@ fn a_hung_share_delays_a_login_by_the_configured_time_only() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("json");
     let server = v["pid"].as_u64().expect("pid") as u32;
-    kill(server, libc::SIGSTOP);
+    stop(server);
     let start = Instant::now();
     let s = lab.open_as(USER, "one", Duration::from_secs(90));
     let took = start.elapsed();

@@ -377,7 +377,7 @@ fn a_stopped_launcher_is_let_go() {
     let launcher = *descendants_named(pid, "ccfs-launcher")
         .first()
         .expect("the daemon's launcher");
-    kill(launcher, libc::SIGSTOP);
+    stop(launcher);
     linked_dotfile(&fx, ".a", "a\n");
     ok(&ccfs(&["sync".as_ref(), fx.mnt.as_os_str()]));
     assert_eq!(read(&fx.s(".a-link")), "a\n");
@@ -413,7 +413,7 @@ fn a_launcher_stopped_while_rsync_runs_is_let_go() {
     wait_until("rsync to start", Duration::from_secs(30), || {
         !descendants_named(launcher, "sleep").is_empty()
     });
-    kill(launcher, libc::SIGSTOP);
+    stop(launcher);
     let out = syncer.join().expect("sync");
     ok(&out);
     assert_eq!(read(&fx.s(".a-link")), "a\n", "{}", text(&out));
