@@ -768,6 +768,57 @@ fn a_busy_mount_on_a_hung_server_is_detached_lazily() {
     assert!(last["share_unreachable"].is_null(), "{last}");
 }
 
+/// A daemon killed before its mount is live (here while its start waits on a hung share):
+/// `ccfs mount` fails, names how the daemon ended and where its log is, and leaves no
+/// mount.
+#[test]
+fn a_daemon_killed_before_its_mount_is_live_is_reported_with_its_log() {
+    // The server's kernel keeps the home's attributes a minute: `ccfs mount`'s own look
+    // at it is answered, and the daemon's start is what waits on the hung share.
+    let mut server = CcfsServer::start_with("[mount]\nattr_timeout_ms = 60000\n");
+    let home = server.root().join("home");
+    std::fs::create_dir(&home).expect("home");
+    write(&home.join(".bashrc"), "bashrc\n");
+    assert!(home.join(".bashrc").is_file() && home.is_dir());
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mnt");
+    let cache = tmp.path().join("cache");
+    server.fail(Outage::Hangs);
+    let mount = Command::new(ccfs_bin())
+        .arg("mount")
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg(&home)
+        .arg(&mnt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ccfs mount");
+    let mut daemon = None;
+    wait_until("the daemon to wait on the share", GUARD, || {
+        daemon = descendants(mount.id()).into_iter().find(|d| {
+            std::fs::read_to_string(format!("/proc/{d}/wchan"))
+                .is_ok_and(|w| w == "request_wait_answer")
+        });
+        daemon.is_some()
+    });
+    let daemon = daemon.expect("daemon");
+    kill(daemon, libc::SIGKILL);
+    let out = mount.wait_with_output().expect("ccfs mount");
+    server.restore();
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("before the mount was live")
+            && stderr.contains("SIGKILL")
+            && stderr.contains(&format!("{}/ccfs.log", cache.display())),
+        "{}",
+        text(&out)
+    );
+    assert!(!in_mount_table(&mnt), "{}", text(&out));
+}
+
 /// A hung server holds up only the requests that wait on it: with a reader stuck on a
 /// document and nobody asking `ccfs status`, a cached dotfile is read and written (the
 /// mount root answers from the cache's stand-in); once the daemon has noticed the hang,

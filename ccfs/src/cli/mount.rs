@@ -190,7 +190,12 @@ fn wait_until_live(
             return Err(daemon::user_error(problem, fix).into());
         }
     }
+    let why = if last.is_empty() {
+        format!("it said nothing; see {}/ccfs.log", shown(&plan.cache_dir))
+    } else {
+        last.to_string()
+    };
     Err(fail(format!(
-        "the ccfs daemon exited ({status}) before the mount was live: {last}"
+        "the ccfs daemon exited ({status}) before the mount was live: {why}"
     )))
 }
