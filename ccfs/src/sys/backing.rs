@@ -224,9 +224,8 @@ pub fn broker_send(
 
 /// The broker's answer to an open request: the backing id.
 pub fn broker_answer(sock: BorrowedFd<'_>) -> io::Result<u32> {
-    match super::launcher::read_answer(sock)? {
-        Some(v) if v < 0 => Err(io::Error::from_raw_os_error((-v) as i32)),
-        Some(v) => Ok(v as u32),
-        None => Err(io::Error::from_raw_os_error(libc::EPIPE)),
-    }
+    let v = super::launcher::read_answer(sock)?
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
+    u32::try_from(super::launcher::value_or_errno(v)?)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EIO))
 }

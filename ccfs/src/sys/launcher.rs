@@ -233,15 +233,13 @@ impl Launcher {
         drop(fds);
         drop(answer_theirs);
         set_timeout(answer.as_fd(), libc::SO_RCVTIMEO, ANSWER_WITHIN)?;
-        let pid = match read_answer(answer.as_fd()) {
-            Ok(Some(pid)) => pid,
+        // The program's pid (unused: the launcher waits for it), or minus an errno.
+        match read_answer(answer.as_fd()) {
+            Ok(Some(pid)) => value_or_errno(pid)?,
             Ok(None) => return Ok(None),
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
-        if pid < 0 {
-            return Err(io::Error::from_raw_os_error((-pid) as i32));
-        }
         let [stdin, stdout, stderr] = ours;
         Ok(Some(Launched {
             stdin,
@@ -563,6 +561,14 @@ pub(super) fn read_answer(sock: BorrowedFd<'_>) -> io::Result<Option<i64>> {
     }
 }
 
+/// An answer that is a value or minus an errno: the value, or that error (EIO for a
+/// number no errno can be).
+pub(super) fn value_or_errno(v: i64) -> io::Result<u64> {
+    u64::try_from(v).map_err(|_| {
+        io::Error::from_raw_os_error(i32::try_from(v.unsigned_abs()).unwrap_or(libc::EIO))
+    })
+}
+
 /// Sets a socket's send or receive timeout (`opt`) to `secs` (0: none).
 pub(super) fn set_timeout(
     sock: BorrowedFd<'_>,
@@ -704,6 +710,15 @@ fn serve_request(req: &[u8], fds: Vec<OwnedFd>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_a_value_or_an_errno_and_never_a_panic() {
+        assert_eq!(value_or_errno(4321).expect("value"), 4321);
+        let errno = |v| value_or_errno(v).expect_err("error").raw_os_error();
+        assert_eq!(errno(-i64::from(libc::ENOENT)), Some(libc::ENOENT));
+        assert_eq!(errno(i64::MIN), Some(libc::EIO));
+        assert_eq!(errno(-(1i64 << 40)), Some(libc::EIO));
+    }
 
     #[test]
     fn a_request_reads_back_as_sent() {
